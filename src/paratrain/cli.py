@@ -1,0 +1,184 @@
+"""`paratrain train | plan | bench`. With launch.py, the only reader of environment variables.
+
+User errors (bad flags, impossible combinations) print one line and exit with status 2,
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import fields
+from typing import Any, NoReturn
+
+from paratrain.config import SECTIONS, RunConfig, apply_overrides, field_types, load_toml
+from paratrain.validate import resolve
+
+log = logging.getLogger("paratrain")
+
+# Flags whose name is not simply --<field-name-with-dashes>.
+FLAG_NAMES = {("data", "path"): "--data"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def flag_for(section: str, name: str) -> str:
+    return FLAG_NAMES.get((section, name), "--" + name.replace("_", "-"))
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"[{section}]")
+        types = field_types(cls)
+        for f in fields(cls):
+            group.add_argument(
+                flag_for(section, f.name),
+                dest=f"{section}.{f.name}",
+                type=types[f.name],
+                default=None,
+                metavar=types[f.name].__name__.upper(),
+                help=f"{f.metadata['help']} (default: {f.default!r})",
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="paratrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    train = sub.add_parser("train", help="train the GPT (default: 2 CPU workers, stdlib data)")
+    train.add_argument("--config", help="TOML file with [model] [parallel] [train] [data]")
+    train.add_argument("--json", action="store_true", help="print a JSON summary as last line")
+    train.add_argument("--launched-worker", action="store_true", help=argparse.SUPPRESS)
+    add_config_flags(train)
+    sub.add_parser("plan", help="predict memory, communication and bubbles (not built yet)")
+    bench = sub.add_parser("bench", help="benchmarks against PyTorch-native peers")
+    bench.add_argument("name", help="which benchmark: overhead")
+    bench.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    bench.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    cfg = RunConfig()
+    if args.config:
+        apply_overrides(cfg, load_toml(args.config), f"config file {args.config}")
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in vars(args).items():
+        if "." in key and value is not None:
+            section, name = key.split(".", 1)
+            overrides.setdefault(section, {})[name] = value
+    apply_overrides(cfg, overrides, "command line")
+    return cfg
+
+
+def torchrun_env() -> dict[str, int] | None:
+    """Rank facts when started by torchrun / elastic launch, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return {
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    }
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    print(
+        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
+        f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
+        f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
+        f"run directory {summary['run_dir']}",
+        flush=True,
+    )
+    if as_json:
+        print(json.dumps(summary), flush=True)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from paratrain.train.worker import WorkerEnv, run_worker
+
+    env = torchrun_env()
+    setup_logging(env["rank"] if env else 0)
+    cfg = config_from_args(args)
+    world = env["world_size"] if env else cfg.parallel.nproc
+    resolve(cfg, world)
+    if env is not None:  # a worker: of our launcher, or of a user's torchrun
+        worker_env = WorkerEnv(use_env_rendezvous=True, **env)
+        summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
+        if summary is not None and not args.launched_worker:
+            print_summary(summary, args.json)
+        return 0
+    return launch_and_report(cfg, args.json)
+
+
+def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
+    from paratrain.launch import WorkersFailed, launch_local
+    from paratrain.train import run_dir as rd
+    from paratrain.train.worker import WorkerEnv, run_worker
+
+    run_dir = rd.prepare_run_dir(cfg.train.out)
+    cfg.train.out = str(run_dir)
+    config_path = rd.write_config(run_dir, cfg)
+    if cfg.parallel.nproc == 1:  # the same worker code, in this process
+        env = WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False)
+        summary = run_worker(cfg, env, run_dir_prepared=True)
+    else:
+        try:
+            launch_local(cfg.parallel.nproc, config_path)
+        except WorkersFailed as e:
+            log.error("paratrain: %s; run directory %s", e, run_dir)
+            return 1
+        summary = rd.read_summary(run_dir)
+    assert summary is not None
+    print_summary(summary, as_json)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    setup_logging(0)
+    if args.name != "overhead":
+        raise ValueError(f"unknown benchmark {args.name!r}; valid: overhead")
+    from paratrain.bench.overhead import run_overhead_bench
+
+    result = run_overhead_bench(steps=args.steps, rounds=args.rounds)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        raise ValueError(
+            "paratrain plan is not built yet (the planner issue adds it); valid now: train, bench"
+        )
+    except ValueError as e:
+        print(f"paratrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""Run configuration: dataclasses with a help text per field, TOML files and CLI overrides.
+
+Precedence is CLI flag > TOML file > default. For example, with `run.toml` holding
+`[train]\nsteps = 50` the command `paratrain train --config run.toml --steps 80` runs 80
+steps, and without `--steps` it runs 50. Every check that can fail on user input lives
+in `validate`, which the CLI calls before any worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+import tomli_w
+
+
+def param(default: Any, help: str) -> Any:
+    """A dataclass field whose help text becomes the `--help` line of its CLI flag."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = param(256, "Vocabulary size; 256 for byte-level text.")
+    n_layer: int = param(4, "Number of transformer blocks.")
+    n_head: int = param(4, "Attention heads per block; must divide d_model.")
+    d_model: int = param(128, "Width of the residual stream.")
+    max_seq_len: int = param(256, "Longest sequence the position embedding covers.")
+    dropout: float = param(0.0, "Dropout probability in embeddings, attention and residuals.")
+
+
+@dataclass
+class ParallelConfig:
+    nproc: int = param(2, "Local worker processes started by the launcher.")
+    dp: int = param(0, "Data-parallel degree; 0 means world size / (pp * tp).")
+    pp: int = param(1, "Pipeline-parallel degree (stages).")
+    tp: int = param(1, "Tensor-parallel degree.")
+    zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group.")
+    schedule: str = param("", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
+    backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
+    comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = param(300, "Optimizer steps.")
+    seq_len: int = param(128, "Tokens per training sequence.")
+    global_batch: int = param(16, "Sequences per optimizer step (G), over all replicas.")
+    micro_batch: int = param(8, "Sequences per forward pass (b).")
+    microbatches: int = param(
+        0, "Micro-batches per replica per step (K = G / (b * dp)); 0: from G."
+    )
+    lr: float = param(3e-3, "Peak learning rate (after warmup).")
+    min_lr_ratio: float = param(
+        0.1, "Final learning rate of the cosine decay, as a fraction of lr."
+    )
+    warmup_steps: int = param(30, "Steps of linear warmup from 0 to lr.")
+    weight_decay: float = param(0.1, "AdamW weight decay, applied to matrices and embeddings only.")
+    beta1: float = param(0.9, "AdamW beta1.")
+    beta2: float = param(0.95, "AdamW beta2.")
+    grad_clip: float = param(1.0, "Clip the global gradient norm to this value; 0 disables.")
+    seed: int = param(1234, "Seed for model initialisation and data order.")
+    dtype: str = param(
+        "auto", "Compute dtype: float32, bfloat16, or auto (bf16 on CUDA, else fp32)."
+    )
+    val_batches: int = param(8, "Batches of held-out data for the final validation loss.")
+    log_every: int = param(10, "Steps between log lines when stderr is not a terminal.")
+    out: str = param("", "Run directory; default runs/<date>-<time>.")
+
+
+@dataclass
+class DataConfig:
+    path: str = param("", "Text file, folder of text files or .bin of uint16 ids; default stdlib.")
+    val_fraction: float = param(0.05, "Fraction of files (or of tokens) held out for validation.")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.dp * self.parallel.pp * self.parallel.tp
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.global_batch * self.train.seq_len
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+}
+
+
+def _check_type(where: str, value: Any, expected: type) -> Any:
+    # TOML integers are accepted where a float is expected; bool is not an int here.
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+        raise ValueError(
+            f"{where} = {value!r} has type {type(value).__name__}; expected {expected.__name__}"
+        )
+    return value
+
+
+def field_types(section: type) -> dict[str, type]:
+    hints = {"int": int, "float": float, "str": str, "bool": bool}
+    return {f.name: hints[str(f.type)] for f in fields(section)}
+
+
+def apply_overrides(cfg: RunConfig, values: dict[str, dict[str, Any]], origin: str) -> None:
+    """Set `values[section][key]` on cfg, refusing unknown sections, keys and wrong types."""
+    for section, entries in values.items():
+        if section not in SECTIONS:
+            raise ValueError(f"{origin}: unknown section [{section}]; valid: {', '.join(SECTIONS)}")
+        if not isinstance(entries, dict):
+            raise ValueError(f"{origin}: {section} must be a table like [{section}]")
+        types = field_types(SECTIONS[section])
+        target = getattr(cfg, section)
+        for key, value in entries.items():
+            if key not in types:
+                valid = ", ".join(types)
+                raise ValueError(f"{origin}: unknown key {section}.{key}; valid keys: {valid}")
+            setattr(target, key, _check_type(f"{origin}: {section}.{key}", value, types[key]))
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {str(p)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+
+
+def to_toml(cfg: RunConfig) -> str:
+    return tomli_w.dumps(dataclasses.asdict(cfg))
+
+
+def from_toml_text(text: str) -> RunConfig:
+    cfg = RunConfig()
+    apply_overrides(cfg, tomllib.loads(text), "config")
+    return cfg

@@ -1,0 +1,138 @@
+"""The rank grid: named axes pp, dp, tp mapped to coordinates and process groups.
+
+Ranks are laid out as `arange(world).view(pp, dp, tp)`: tp is innermost, so the ranks of
+one tensor-parallel group are adjacent (same node, fastest links: TP talks twice per block
+per pass); dp next, since its gradient all-reduce is the next heaviest traffic; pp
+outermost, since stages exchange only one activation per micro-batch and tolerate slower
+links. This is Megatron-LM's default order (arXiv:2104.04473, section 3).
+
+`MeshShape` is the pure arithmetic; `Mesh` adds the rank's process groups. A Mesh is an
+ordinary object passed to whatever needs it: there is no global registry of groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from paratrain.comm.group import CommGroup
+from paratrain.comm.ledger import Ledger
+
+AXES = ("pp", "dp", "tp")  # outermost to innermost
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            if getattr(self, axis) < 1:
+                raise ValueError(f"mesh {self.describe()}: every degree must be at least 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def size(self, axis: str) -> int:
+        if axis not in AXES:
+            raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(AXES)}")
+        return getattr(self, axis)
+
+    def describe(self) -> str:
+        return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.dp * self.pp * self.tp})"
+
+    def coords(self, global_rank: int) -> dict[str, int]:
+        """Coordinates of a rank on each axis, e.g. {'pp': 1, 'dp': 0, 'tp': 1}."""
+        if not 0 <= global_rank < self.world_size:
+            raise ValueError(f"rank {global_rank} outside mesh {self.describe()}")
+        coords = {}
+        rest = global_rank
+        for axis in reversed(AXES):
+            coords[axis] = rest % self.size(axis)
+            rest //= self.size(axis)
+        return coords
+
+    def rank_at(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for axis in AXES:
+            rank = rank * self.size(axis) + coords[axis]
+        return rank
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """All groups along an axis: ranks that differ only in that axis' coordinate."""
+        size = self.size(axis)
+        seen: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coords(rank)
+            key = tuple(c[a] for a in AXES if a != axis)
+            seen.setdefault(key, [None] * size)[c[axis]] = rank  # type: ignore[index]
+        return list(seen.values())
+
+    def group_of(self, axis: str, global_rank: int) -> list[int]:
+        return next(g for g in self.groups(axis) if global_rank in g)
+
+
+class Mesh:
+    """One rank's view of the grid: its coordinates and one CommGroup per axis."""
+
+    def __init__(
+        self, shape: MeshShape, global_rank: int, groups: dict[str, CommGroup], ledger: Ledger
+    ) -> None:
+        self.shape = shape
+        self.global_rank = global_rank
+        self.ledger = ledger
+        self._groups = groups
+
+    @classmethod
+    def build(cls, dp: int = 1, pp: int = 1, tp: int = 1, ledger: Ledger | None = None) -> Mesh:
+        """Create the groups of every axis. Every rank must call this, in the same order.
+
+        With torch.distributed not initialised the world must be a single rank.
+        """
+        shape = MeshShape(dp=dp, pp=pp, tp=tp)
+        ledger = ledger if ledger is not None else Ledger()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world != shape.world_size:
+            raise ValueError(
+                f"mesh {shape.describe()} does not match the world size {world}; "
+                f"the degrees must multiply to {world}"
+            )
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        groups = {"world": CommGroup.world(ledger)}
+        for axis in AXES:
+            groups[axis] = cls._build_axis(shape, axis, rank, ledger)
+        return cls(shape, rank, groups, ledger)
+
+    @staticmethod
+    def _build_axis(shape: MeshShape, axis: str, rank: int, ledger: Ledger) -> CommGroup:
+        if shape.size(axis) == shape.world_size:
+            return CommGroup.world(ledger, name=axis)
+        mine = shape.group_of(axis, rank)
+        if shape.size(axis) == 1:
+            return CommGroup(axis, None, mine, rank, ledger)
+        # new_group is collective over the whole world: every rank creates every group
+        # of the axis in the same order and keeps its own.
+        for ranks in shape.groups(axis):
+            pg = dist.new_group(ranks)
+            if ranks == mine:
+                own = CommGroup(axis, pg, ranks, rank, ledger)
+        return own
+
+    def group(self, axis: str) -> CommGroup:
+        if axis not in self._groups:
+            raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(self._groups)}")
+        return self._groups[axis]
+
+    def coord(self, axis: str) -> int:
+        return self.shape.coords(self.global_rank)[axis]
+
+    def size(self, axis: str) -> int:
+        return self.shape.size(axis)
+
+    def __repr__(self) -> str:
+        coords = ", ".join(f"{a}={self.coord(a)}/{self.size(a)}" for a in AXES)
+        return f"Mesh(rank {self.global_rank}: {coords})"

@@ -1,0 +1,1 @@
+"""Plain single-device models. Nothing here imports torch.distributed."""

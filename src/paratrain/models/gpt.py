@@ -1,0 +1,127 @@
+"""A small decoder-only transformer (GPT-2 shape, pre-norm), in plain PyTorch.
+
+Parallelism is applied from outside (tensor parallel splits `attn.q/k/v/proj` and
+`mlp.fc/proj`; the pipeline takes `blocks` in order), so the model stays readable and
+knows nothing about devices or process groups. The ends (`tok_emb`, `pos_emb`, `norm`,
+`head`) may be set to None by a pipeline split: a stage without embeddings takes hidden
+states as input, a stage without a head returns hidden states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    max_seq_len: int = 256
+    dropout: float = 0.0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # The head count is read from the weight, not the config, so that a layer whose
+        # q/k/v keep only some heads (tensor parallel) still splits them correctly.
+        head_dim = self.q.weight.shape[1] // self.n_head
+        local_heads = self.q.weight.shape[0] // head_dim
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq, local_heads, head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        y = y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim)  # (B, T, C_local)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb: nn.Embedding | None = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
+        self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so that the
+        # residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, V), or the mean cross-entropy if targets given.
+
+        On a pipeline stage without embeddings x is hidden states (B, T, C); on one
+        without a head the hidden states are returned.
+        """
+        if self.tok_emb is not None and self.pos_emb is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.drop(self.tok_emb(x) + self.pos_emb(positions))  # (B, T, C)
+        for block in self.blocks.values():
+            x = block(x)
+        if self.norm is None or self.head is None:
+            return x
+        logits = self.head(self.norm(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,158 @@
+"""Token data: the embedded default (the Python standard library's own source), text files,
+or a .bin of uint16 token ids; a deterministic split; a stateless batch sampler.
+
+Training text is cut into non-overlapping windows of seq_len + 1 tokens. Each epoch visits
+every window once, in an order drawn from (seed, epoch). Step s takes the next G windows of
+that order: the global batch depends only on (seed, step), never on the parallel layout,
+and data-parallel replica r takes rows [r * K * b, (r + 1) * K * b) of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".c", ".h", ".json", ".toml", ".cfg", ".html"}
+
+
+@dataclass(frozen=True)
+class TokenData:
+    train: torch.Tensor  # 1-D token ids (uint8 for bytes, int32 for .bin)
+    val: torch.Tensor
+    vocab_size: int  # smallest vocabulary that covers the ids
+    fingerprint: str  # sha256 over the sources, recorded with each run
+    description: str
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _is_val_file(relative: str, val_fraction: float) -> bool:
+    # Hash of the path, not its position, so that the split of a file never changes when
+    # other files are added or removed.
+    digest = hashlib.sha256(relative.encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
+
+
+def _files_to_tokens(root: Path, files: list[Path], val_fraction: float, what: str) -> TokenData:
+    h = hashlib.sha256()
+    parts: dict[bool, list[bytes]] = {True: [], False: []}
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        data = f.read_bytes()
+        h.update(rel.encode() + b"\0" + data)
+        parts[_is_val_file(rel, val_fraction)].append(data)
+    if not parts[True] or not parts[False]:
+        # Too few files for a split by file: hold out the tail of the concatenation.
+        joined = b"".join(parts[True] + parts[False])
+        return _split_stream(_bytes(joined), 256, h.hexdigest(), what, val_fraction)
+    train, val = _bytes(b"".join(parts[False])), _bytes(b"".join(parts[True]))
+    desc = f"{what}: {len(files)} files, {len(train)} train / {len(val)} val bytes"
+    return TokenData(train, val, 256, h.hexdigest(), desc)
+
+
+def _bytes(b: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+
+def _split_stream(
+    tokens: torch.Tensor, vocab: int, fingerprint: str, what: str, val_fraction: float
+) -> TokenData:
+    n_val = max(1, int(len(tokens) * val_fraction))
+    train, val = tokens[:-n_val], tokens[-n_val:]
+    desc = f"{what}: {len(train)} train / {len(val)} val tokens (tail held out)"
+    return TokenData(train.clone(), val.clone(), vocab, fingerprint, desc)
+
+
+def load_default(val_fraction: float = 0.05) -> TokenData:
+    """Byte tokens of the standard library's .py files (tests and site-packages excluded)."""
+    root = stdlib_root()
+    skip = {"site-packages", "test", "tests", "__pycache__"}
+    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    return _files_to_tokens(root, files, val_fraction, f"stdlib {root}")
+
+
+def load_tokens(path: str, val_fraction: float = 0.05) -> TokenData:
+    """Load the embedded default (empty path), a text file, a folder or a .bin of uint16."""
+    if not path:
+        return load_default(val_fraction)
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--data {path!r} does not exist; give a text file, a folder or a .bin")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
+        if not files:
+            suffixes = " ".join(sorted(TEXT_SUFFIXES))
+            raise ValueError(f"--data {path!r} holds no text files (suffixes: {suffixes})")
+        return _files_to_tokens(p, files, val_fraction, f"folder {p}")
+    raw = p.read_bytes()
+    fingerprint = hashlib.sha256(raw).hexdigest()
+    if p.suffix == ".bin":
+        if len(raw) % 2:
+            raise ValueError(f"--data {path!r} has an odd size; a .bin holds uint16 token ids")
+        ids = torch.frombuffer(bytearray(raw), dtype=torch.uint16).to(torch.int32)
+        vocab = int(ids.max()) + 1 if len(ids) else 0
+        return _split_stream(ids, vocab, fingerprint, f"token file {p}", val_fraction)
+    return _split_stream(_bytes(raw), 256, fingerprint, f"text file {p}", val_fraction)
+
+
+class BatchSampler:
+    """Stateless: `global_batch(step)` depends only on (seed, step).
+
+    Returns (G, seq_len + 1) int64 token ids; inputs are [:, :-1], targets [:, 1:].
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch: int, seed: int) -> None:
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.global_batch = global_batch
+        self.seed = seed
+        self.num_windows = (len(tokens) - 1) // seq_len
+        if self.num_windows < 1:
+            raise ValueError(
+                f"the data has {len(tokens)} tokens, too few for one sequence of "
+                f"seq_len + 1 = {seq_len + 1}; give more data or a shorter --seq-len"
+            )
+        self._epoch_order: tuple[int, torch.Tensor] | None = None
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._epoch_order = (epoch, torch.randperm(self.num_windows, generator=g))
+        return self._epoch_order[1]
+
+    def epoch_of(self, step: int) -> int:
+        return step * self.global_batch // self.num_windows
+
+    def global_batch_at(self, step: int) -> torch.Tensor:
+        rows = []
+        for i in range(step * self.global_batch, (step + 1) * self.global_batch):
+            epoch, pos = divmod(i, self.num_windows)
+            start = int(self._order(epoch)[pos]) * self.seq_len
+            rows.append(self.tokens[start : start + self.seq_len + 1])
+        return torch.stack(rows).long()  # (G, T + 1)
+
+    def replica_microbatches(
+        self, step: int, replica: int, num_replicas: int, micro_batch: int
+    ) -> list[torch.Tensor]:
+        """Replica r's K micro-batches of b rows each, from step's global batch."""
+        batch = self.global_batch_at(step)
+        per_replica = self.global_batch // num_replicas
+        mine = batch[replica * per_replica : (replica + 1) * per_replica]
+        return list(mine.split(micro_batch))
+
+
+def validation_batches(
+    tokens: torch.Tensor, seq_len: int, batch_size: int, num_batches: int
+) -> list[torch.Tensor]:
+    """The first windows of the held-out stream, in order: the same for every run."""
+    n = min(num_batches * batch_size, (len(tokens) - 1) // seq_len)
+    if n < batch_size:
+        return []
+    rows = [tokens[i * seq_len : i * seq_len + seq_len + 1] for i in range(n - n % batch_size)]
+    return list(torch.stack(rows).long().split(batch_size))

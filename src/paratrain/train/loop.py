@@ -1,0 +1,100 @@
+"""The training loop: build the model, make it data parallel, step, measure.
+
+`train` is what both the CLI worker and the equivalence tests run, so the numbers that the
+tests check are the numbers that users get.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.parallel.data_parallel import broadcast_parameters
+from paratrain.train.data import BatchSampler, TokenData, validation_batches
+from paratrain.train.optim import build_adamw, learning_rate
+from paratrain.train.step import evaluate, train_step
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    grad_norm: float
+    step_s: float
+    compute_s: float  # step time not spent waiting for communication or data
+    comm_s: float  # time blocked in collectives (from the ledger)
+    data_s: float  # time spent producing this step's batches
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    metrics: list[StepMetrics]
+    val_loss: float
+
+
+def gpt_config(cfg: RunConfig) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout)
+
+
+def build_model(cfg: RunConfig) -> nn.Module:
+    """Every rank builds the full model from the same seed: all layouts start equal."""
+    torch.manual_seed(cfg.train.seed)
+    return GPT(gpt_config(cfg))
+
+
+def train(
+    cfg: RunConfig,
+    mesh: Mesh,
+    data: TokenData,
+    on_step: Callable[[StepMetrics], None] | None = None,
+) -> TrainResult:
+    t = cfg.train
+    dp = mesh.group("dp")
+    model = build_model(cfg)
+    broadcast_parameters(model, dp)
+    # Dropout masks differ between replicas (they see different data) but not between runs.
+    torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))
+    optimizer = build_adamw(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    metrics: list[StepMetrics] = []
+    for step in range(t.steps):
+        start = time.perf_counter()
+        micro_batches = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
+        data_done = time.perf_counter()
+        waited_before = mesh.ledger.wait_s()
+        lr = learning_rate(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+        out = train_step(model, optimizer, micro_batches, dp, lr, t.grad_clip)
+        end = time.perf_counter()
+        comm_s = mesh.ledger.wait_s() - waited_before
+        step_s = end - start
+        m = StepMetrics(
+            step=step + 1,
+            loss=out.loss,
+            lr=lr,
+            tokens_per_s=cfg.tokens_per_step / step_s,
+            grad_norm=out.grad_norm,
+            step_s=step_s,
+            compute_s=end - data_done - comm_s,
+            comm_s=comm_s,
+            data_s=data_done - start,
+        )
+        metrics.append(m)
+        if on_step is not None:
+            on_step(m)
+    val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+    val_loss = evaluate(model, val, dp) if val else float("nan")
+    return TrainResult(model=model, metrics=metrics, val_loss=val_loss)

@@ -1,0 +1,38 @@
+"""AdamW with decoupled weight decay on matrices and embeddings, and the LR schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def learning_rate(step: int, base_lr: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup from 0 over `warmup` steps, then cosine decay to min_ratio * base_lr.
+
+    `step` counts from 0; the first step uses base_lr / warmup (not 0), so no step is wasted.
+    """
+    if warmup and step < warmup:
+        return base_lr * (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return base_lr * (min_ratio + (1.0 - min_ratio) * cosine)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay 2-D weights (linear layers, embeddings); not biases or LayerNorm gains."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_adamw(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.AdamW:
+    # foreach=True is PyTorch's fast CPU/GPU path for many small tensors.
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, foreach=True)

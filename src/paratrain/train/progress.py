@@ -1,0 +1,42 @@
+"""What rank 0 shows while training: a live tqdm bar on a terminal, log lines otherwise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tqdm import tqdm
+
+from paratrain.train.loop import StepMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    def __init__(self, total_steps: int, log_every: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.log_every = log_every
+        self.total = total_steps
+        live = enabled and sys.stderr.isatty()
+        self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True) if live else None
+
+    def update(self, m: StepMetrics) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}")
+            self.bar.update(1)
+        elif m.step % self.log_every == 0 or m.step in (1, self.total):
+            log.info(
+                "step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  grad_norm %.3f",
+                m.step,
+                self.total,
+                m.loss,
+                m.lr,
+                m.tokens_per_s,
+                m.grad_norm,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,136 @@
+"""The run directory: resolved config, per-step metrics, loss plot, provenance, summary."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import paratrain
+from paratrain.config import RunConfig, to_toml
+from paratrain.train.data import TokenData
+from paratrain.train.loop import StepMetrics
+
+CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PROVENANCE_FILE = "provenance.json"
+PLOT_FILE = "loss.png"
+
+
+def prepare_run_dir(out: str) -> Path:
+    """Create a fresh run directory; never write into one that already holds files."""
+    if out:
+        path = Path(out)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ValueError(
+                f"--out {out!r} already exists and is not empty; give a new directory so that "
+                "no earlier run is overwritten"
+            )
+    else:
+        base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_config(run_dir: Path, cfg: RunConfig) -> Path:
+    path = run_dir / CONFIG_FILE
+    path.write_text(to_toml(cfg))
+    return path
+
+
+class MetricsWriter:
+    """Appends one JSON object per step, flushed at once so a crashed run keeps its steps."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._file = (run_dir / METRICS_FILE).open("a")
+
+    def write(self, m: StepMetrics) -> None:
+        self._file.write(json.dumps(m.as_dict()) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_loss_plot(run_dir: Path, metrics: list[StepMetrics], val_loss: float) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([m.step for m in metrics], [m.loss for m in metrics], label="train loss")
+    if metrics and val_loss == val_loss:  # not NaN
+        ax.scatter([metrics[-1].step], [val_loss], color="C1", zorder=3, label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(f"paratrain: {run_dir.name}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = run_dir / PLOT_FILE
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def git_commit() -> str:
+    """The commit of the source tree paratrain was imported from, '+dirty' if modified."""
+    src = Path(paratrain.__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown (not a git checkout)"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (git not available)"
+
+
+def write_provenance(run_dir: Path, cfg: RunConfig, data: TokenData, world_size: int) -> None:
+    record: dict[str, Any] = {
+        "data_fingerprint_sha256": data.fingerprint,
+        "data": data.description,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "paratrain": paratrain.__version__,
+        "git_commit": git_commit(),
+        "world_size": world_size,
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "command": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (run_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / SUMMARY_FILE).read_text())

@@ -1,0 +1,124 @@
+"""What each worker process runs: join the process group, build the mesh, train, record."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paratrain import comm
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.train import run_dir as rd
+from paratrain.train.data import load_tokens
+from paratrain.train.loop import TrainResult, train
+from paratrain.train.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Facts about this process that the CLI read from the launcher's environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    use_env_rendezvous: bool  # False: one process, no launcher (an in-memory store)
+
+
+def init_process_group(cfg: RunConfig, env: WorkerEnv) -> None:
+    timeout = timedelta(seconds=cfg.parallel.comm_timeout_s)
+    if cfg.parallel.backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    if env.use_env_rendezvous:
+        dist.init_process_group(cfg.parallel.backend, timeout=timeout)
+    else:
+        store = dist.HashStore()
+        dist.init_process_group(
+            cfg.parallel.backend, store=store, rank=0, world_size=1, timeout=timeout
+        )
+
+
+def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
+    """Rank 0 makes (or was handed) the run directory; every rank learns it, or the error."""
+    answer: str | ValueError | None = None
+    if mesh.global_rank == 0:
+        try:
+            answer = cfg.train.out if prepared else str(rd.prepare_run_dir(cfg.train.out))
+        except ValueError as e:
+            answer = e
+    answer = comm.broadcast_object(answer, mesh.group("world"))
+    if isinstance(answer, ValueError):
+        raise answer
+    return Path(answer)
+
+
+def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    metrics = result.metrics
+    steady = metrics[1:] or metrics  # the first step pays for warm-up allocations
+    return {
+        "initial_loss": metrics[0].loss,
+        "final_loss": metrics[-1].loss,
+        "val_loss": result.val_loss,
+        "steps": len(metrics),
+        "world_size": cfg.world_size,
+        "dp": cfg.parallel.dp,
+        "pp": cfg.parallel.pp,
+        "tp": cfg.parallel.tp,
+        "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
+        "train_s": sum(m.step_s for m in metrics),
+        "run_dir": str(run_dir),
+    }
+
+
+def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[str, Any] | None:
+    """Train on this rank. Rank 0 writes the run directory and returns the summary."""
+    torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // env.local_world_size))
+    init_process_group(cfg, env)
+    try:
+        p = cfg.parallel
+        mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
+        run_dir = _share_run_dir(cfg, mesh, run_dir_prepared)
+        data = load_tokens(cfg.data.path, cfg.data.val_fraction)
+        if data.vocab_size > cfg.model.vocab_size:
+            raise ValueError(
+                f"the data has token ids up to {data.vocab_size - 1} but model.vocab_size = "
+                f"{cfg.model.vocab_size}; use --vocab-size {data.vocab_size} or more"
+            )
+        is_writer = mesh.global_rank == 0
+        if is_writer:
+            cfg.train.out = str(run_dir)
+            rd.write_config(run_dir, cfg)
+            rd.write_provenance(run_dir, cfg, data, cfg.world_size)
+            log.info("data: %s", data.description)
+            log.info("run directory: %s", run_dir)
+        writer = rd.MetricsWriter(run_dir) if is_writer else None
+        progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
+
+        def on_step(m: Any) -> None:
+            if writer is not None:
+                writer.write(m)
+            progress.update(m)
+
+        try:
+            result = train(cfg, mesh, data, on_step)
+        finally:
+            progress.close()
+            if writer is not None:
+                writer.close()
+        if not is_writer:
+            return None
+        rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
+        summary = summarize(result, cfg, run_dir)
+        rd.write_summary(run_dir, summary)
+        return summary
+    finally:
+        dist.destroy_process_group()

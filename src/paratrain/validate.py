@@ -1,0 +1,173 @@
+"""Every check on user input, run by the CLI before any worker starts.
+
+Each failure is a ValueError whose one-line message names the bad value and what would be
+valid; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from paratrain.config import RunConfig
+
+BUILT_DTYPES = ("float32",)
+KNOWN_DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
+    """Fill the automatic fields (dp, K, G, backend, dtype) and check everything."""
+    _check_positive(cfg)
+    _resolve_device_defaults(cfg)
+    _check_not_built_yet(cfg)
+    _resolve_mesh(cfg, world_size)
+    _resolve_batch(cfg)
+    _check_model(cfg)
+    _check_data(cfg)
+    return cfg
+
+
+def _check_positive(cfg: RunConfig) -> None:
+    checks = {
+        "parallel.nproc": cfg.parallel.nproc,
+        "parallel.pp": cfg.parallel.pp,
+        "parallel.tp": cfg.parallel.tp,
+        "model.n_layer": cfg.model.n_layer,
+        "model.n_head": cfg.model.n_head,
+        "model.d_model": cfg.model.d_model,
+        "model.max_seq_len": cfg.model.max_seq_len,
+        "model.vocab_size": cfg.model.vocab_size,
+        "train.steps": cfg.train.steps,
+        "train.seq_len": cfg.train.seq_len,
+        "train.micro_batch": cfg.train.micro_batch,
+        "train.lr": cfg.train.lr,
+        "train.log_every": cfg.train.log_every,
+        "parallel.comm_timeout_s": cfg.parallel.comm_timeout_s,
+    }
+    for name, value in checks.items():
+        if value <= 0:
+            raise ValueError(f"{name} = {value} must be positive")
+    non_negative = {
+        "parallel.dp": cfg.parallel.dp,
+        "train.global_batch": cfg.train.global_batch,
+        "train.microbatches": cfg.train.microbatches,
+        "train.warmup_steps": cfg.train.warmup_steps,
+        "train.weight_decay": cfg.train.weight_decay,
+        "train.grad_clip": cfg.train.grad_clip,
+        "train.val_batches": cfg.train.val_batches,
+    }
+    for name, value in non_negative.items():
+        if value < 0:
+            raise ValueError(f"{name} = {value} must be zero or positive")
+    for name, value in {
+        "model.dropout": cfg.model.dropout,
+        "train.min_lr_ratio": cfg.train.min_lr_ratio,
+        "train.beta1": cfg.train.beta1,
+        "train.beta2": cfg.train.beta2,
+    }.items():
+        if not 0.0 <= value < 1.0 and not (name == "train.min_lr_ratio" and value == 1.0):
+            raise ValueError(f"{name} = {value} must be in [0, 1)")
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction = {cfg.data.val_fraction} must be in (0, 1)")
+
+
+def _resolve_device_defaults(cfg: RunConfig) -> None:
+    cuda = torch.cuda.is_available()
+    backend = cfg.parallel.backend
+    if backend == "auto":
+        cfg.parallel.backend = "nccl" if cuda else "gloo"
+    elif backend not in ("gloo", "nccl"):
+        raise ValueError(f"parallel.backend = {backend!r}; valid: auto, gloo, nccl")
+    elif backend == "nccl" and not cuda:
+        raise ValueError("parallel.backend = 'nccl' needs CUDA, which this machine lacks; use gloo")
+    dtype = cfg.train.dtype
+    if dtype == "auto":
+        cfg.train.dtype = "bfloat16" if cuda else "float32"
+    elif dtype not in KNOWN_DTYPES:
+        raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(KNOWN_DTYPES)}")
+
+
+def _check_not_built_yet(cfg: RunConfig) -> None:
+    """Flags named now so scripts can rely on them, refused until their feature lands."""
+    p, t = cfg.parallel, cfg.train
+    if p.pp != 1:
+        raise ValueError(f"--pp {p.pp}: pipeline parallelism is not built yet; valid: --pp 1")
+    if p.tp != 1:
+        raise ValueError(f"--tp {p.tp}: tensor parallelism is not built yet; valid: --tp 1")
+    if p.zero != 0:
+        raise ValueError(f"--zero {p.zero}: ZeRO is not built yet; valid: --zero 0")
+    if p.schedule:
+        known = ", ".join(SCHEDULES)
+        raise ValueError(
+            f"--schedule {p.schedule!r}: pipeline schedules ({known}) are not built yet; "
+            "leave --schedule unset"
+        )
+    if t.dtype not in BUILT_DTYPES:
+        raise ValueError(
+            f"--dtype {t.dtype}: mixed precision is not built yet; valid: --dtype float32"
+        )
+
+
+def _resolve_mesh(cfg: RunConfig, world_size: int) -> None:
+    p = cfg.parallel
+    if p.dp == 0:
+        if world_size % (p.pp * p.tp) != 0:
+            raise ValueError(
+                f"world size {world_size} is not divisible by pp * tp = {p.pp} * {p.tp}; "
+                "choose degrees whose product divides the number of processes"
+            )
+        p.dp = world_size // (p.pp * p.tp)
+    if p.dp * p.pp * p.tp != world_size:
+        raise ValueError(
+            f"dp * pp * tp = {p.dp} * {p.pp} * {p.tp} = {p.dp * p.pp * p.tp} but the world size "
+            f"is {world_size}; choose degrees whose product is {world_size}"
+        )
+
+
+def _resolve_batch(cfg: RunConfig) -> None:
+    """G sequences per step, b per micro-batch, K = G / (b * dp) micro-batches per replica."""
+    t, dp = cfg.train, cfg.parallel.dp
+    per_pass = t.micro_batch * dp
+    if t.microbatches and not t.global_batch:
+        t.global_batch = t.microbatches * per_pass
+    if t.global_batch == 0:
+        raise ValueError("give --global-batch G or --microbatches K (both are 0)")
+    if t.global_batch % per_pass != 0:
+        raise ValueError(
+            f"--global-batch {t.global_batch} is not divisible by micro-batch * dp = "
+            f"{t.micro_batch} * {dp} = {per_pass}; use a multiple of {per_pass}"
+        )
+    k = t.global_batch // per_pass
+    if t.microbatches and t.microbatches != k:
+        raise ValueError(
+            f"--microbatches {t.microbatches} disagrees with --global-batch {t.global_batch}: "
+            f"G / (b * dp) = {t.global_batch} / ({t.micro_batch} * {dp}) = {k}"
+        )
+    t.microbatches = k
+
+
+def _check_model(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.d_model % m.n_head != 0:
+        raise ValueError(
+            f"model.n_head = {m.n_head} does not divide model.d_model = {m.d_model}; "
+            f"choose a divisor of {m.d_model}"
+        )
+    if cfg.train.seq_len > m.max_seq_len:
+        raise ValueError(
+            f"train.seq_len = {cfg.train.seq_len} exceeds model.max_seq_len = {m.max_seq_len}; "
+            f"use at most {m.max_seq_len} or raise max_seq_len"
+        )
+
+
+def _check_data(cfg: RunConfig) -> None:
+    path = cfg.data.path
+    if path and not Path(path).exists():
+        raise ValueError(f"--data {path!r} does not exist; give a text file, a folder or a .bin")
+    if (not path or not path.endswith(".bin")) and cfg.model.vocab_size < 256:
+        raise ValueError(
+            f"model.vocab_size = {cfg.model.vocab_size} is too small for byte-level text; "
+            "use at least 256"
+        )

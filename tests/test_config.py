@@ -1,0 +1,138 @@
+"""Configuration: TOML + CLI precedence, batch arithmetic, and every refusal of bad input.
+
+Each bad input must give exit status 2 and one line on stderr naming the bad value, with
+no traceback, before any worker starts (these tests would hang or take seconds otherwise).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from paratrain.cli import build_parser, config_from_args, main
+from paratrain.config import RunConfig, apply_overrides, from_toml_text, to_toml
+from paratrain.validate import resolve
+
+
+def test_cli_overrides_file_overrides_default(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nsteps = 50\nlr = 1\n[model]\nn_layer = 2\n")
+    args = build_parser().parse_args(["train", "--config", str(path), "--steps", "80"])
+    cfg = config_from_args(args)
+    assert cfg.train.steps == 80  # CLI beats file
+    assert cfg.train.lr == 1.0  # file beats default; a TOML int is accepted as a float
+    assert cfg.model.n_layer == 2
+    assert cfg.model.d_model == RunConfig().model.d_model  # default
+
+
+def test_resolved_config_round_trips_through_toml():
+    cfg = resolve(RunConfig(), world_size=2)
+    assert from_toml_text(to_toml(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "world, flags, dp, k, g",
+    [
+        (2, {"global_batch": 16, "micro_batch": 8}, 2, 1, 16),
+        (2, {"global_batch": 32, "micro_batch": 4}, 2, 4, 32),
+        (4, {"global_batch": 0, "microbatches": 3, "micro_batch": 2}, 4, 3, 24),
+        (1, {"global_batch": 16, "micro_batch": 2, "microbatches": 8}, 1, 8, 16),
+    ],
+)
+def test_batch_arithmetic(world, flags, dp, k, g):
+    cfg = RunConfig()
+    apply_overrides(cfg, {"train": flags}, "test")
+    resolve(cfg, world)
+    assert (cfg.parallel.dp, cfg.train.microbatches, cfg.train.global_batch) == (dp, k, g)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+BAD_INPUTS = [
+    (["--nproc", "4", "--dp", "3"], "dp * pp * tp = 3 * 1 * 1 = 3 but the world size is 4"),
+    (["--nproc", "3", "--dp", "2"], "world size is 3"),
+    (["--n-head", "3"], "model.n_head = 3 does not divide model.d_model = 128"),
+    (["--seq-len", "512"], "train.seq_len = 512 exceeds model.max_seq_len = 256"),
+    (["--data", "/no/such/file.txt"], "--data '/no/such/file.txt' does not exist"),
+    (["--global-batch", "10"], "--global-batch 10 is not divisible by micro-batch * dp = 8 * 2"),
+    (["--microbatches", "3"], "--microbatches 3 disagrees with --global-batch 16"),
+    (["--tp", "2"], "--tp 2: tensor parallelism is not built yet"),
+    (["--pp", "2"], "--pp 2: pipeline parallelism is not built yet"),
+    (["--zero", "1"], "--zero 1: ZeRO is not built yet"),
+    (["--schedule", "1f1b"], "pipeline schedules"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16: mixed precision is not built yet"),
+    (["--dtype", "float8"], "train.dtype = 'float8'; valid: auto, float32"),
+    (["--backend", "mpi"], "parallel.backend = 'mpi'; valid: auto, gloo, nccl"),
+    (["--steps", "0"], "train.steps = 0 must be positive"),
+    (["--nproc", "0"], "parallel.nproc = 0 must be positive"),
+    (["--steps", "many"], "argument --steps: invalid int value: 'many'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_INPUTS)
+def test_bad_flags_are_refused_in_one_line(capsys, flags, message):
+    try:
+        code, err = run_cli(capsys, "train", *flags)
+    except SystemExit as e:  # argparse's own errors exit directly
+        code, err = e.code, capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("[train]\nstepz = 5\n", "unknown key train.stepz; valid keys: steps,"),
+        ("[trian]\nsteps = 5\n", "unknown section [trian]; valid: model, parallel, train, data"),
+        ('[train]\nsteps = "five"\n', "train.steps = 'five' has type str; expected int"),
+        ("[model]\ndropout = true\n", "model.dropout = True has type bool; expected float"),
+        ("[train\nsteps = 5\n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_files_are_refused_in_one_line(capsys, tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    code, err = run_cli(capsys, "train", "--config", str(path))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, err = run_cli(capsys, "train", "--config", str(tmp_path / "nope.toml"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_existing_run_directory_is_never_overwritten(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("precious\n")
+    code, err = run_cli(capsys, "train", "--out", str(out))
+    assert code == 2 and "already exists and is not empty" in err
+    assert (out / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_plan_is_refused_until_built(capsys):
+    code, err = run_cli(capsys, "plan")
+    assert code == 2 and "not built yet" in err
+
+
+def test_console_script_exits_2_without_traceback():
+    """The installed entry point, as a user runs it (one process start, ~3 s)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", "--tp", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "paratrain train: error: --tp 3: tensor parallelism is not built yet; valid: --tp 1"
+    )

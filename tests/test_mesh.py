@@ -1,0 +1,70 @@
+"""The rank grid: coordinates (pure arithmetic) and the process groups built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from paratrain.mesh import Mesh, MeshShape
+from tests.distributed import run_distributed
+
+SHAPES_OF_8 = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (4, 1, 2), (2, 4, 1), (1, 2, 4)]
+
+
+def test_tensor_parallel_ranks_are_adjacent():
+    shape = MeshShape(dp=2, pp=2, tp=2)
+    assert shape.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert shape.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert shape.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shape.coords(5) == {"pp": 1, "dp": 0, "tp": 1}
+
+
+@pytest.mark.parametrize("dp, pp, tp", SHAPES_OF_8)
+def test_groups_partition_the_world(dp, pp, tp):
+    shape = MeshShape(dp=dp, pp=pp, tp=tp)
+    for axis in ("dp", "pp", "tp"):
+        groups = shape.groups(axis)
+        assert sorted(r for g in groups for r in g) == list(range(8))
+        assert all(len(g) == shape.size(axis) for g in groups)
+        for g in groups:  # members differ only along this axis, in coordinate order
+            coords = [shape.coords(r) for r in g]
+            assert [c[axis] for c in coords] == list(range(len(g)))
+            others = {tuple(v for a, v in c.items() if a != axis) for c in coords}
+            assert len(others) == 1
+    for rank in range(8):
+        assert shape.rank_at(shape.coords(rank)) == rank
+
+
+def test_bad_shapes_are_refused_with_the_numbers():
+    with pytest.raises(ValueError, match="at least 1"):
+        MeshShape(dp=0)
+    with pytest.raises(ValueError, match="unknown mesh axis 'cp'"):
+        MeshShape().size("cp")
+
+
+def _mesh_facts(rank, world_size, dp, pp, tp):
+    mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
+    facts = {}
+    for axis in ("dp", "pp", "tp"):
+        group = mesh.group(axis)
+        facts[axis] = (mesh.coord(axis), group.rank, group.size, group.ranks)
+    return facts
+
+
+@pytest.mark.parametrize("dp, pp, tp", [(2, 2, 2), (4, 1, 2), (1, 8, 1)])
+def test_mesh_groups_on_8_ranks(dp, pp, tp):
+    shape = MeshShape(dp=dp, pp=pp, tp=tp)
+    facts = run_distributed(_mesh_facts, 8, dp, pp, tp)
+    for rank, rank_facts in enumerate(facts):
+        for axis, (coord, group_rank, size, ranks) in rank_facts.items():
+            assert coord == shape.coords(rank)[axis] == group_rank
+            assert size == shape.size(axis)
+            assert ranks == shape.group_of(axis, rank)
+
+
+def _mesh_mismatch(rank, world_size):
+    Mesh.build(dp=3)
+
+
+def test_mesh_that_does_not_match_the_world_is_refused():
+    with pytest.raises(AssertionError, match="does not match the world size 2"):
+        run_distributed(_mesh_mismatch, 2)
