@@ -1,0 +1,1 @@
+"""Benchmarks run as commands (`paratrain bench X`), never as timed tests."""
