@@ -55,15 +55,17 @@ def _rank_main(
             world_size=world_size,
             timeout=timedelta(seconds=collective_timeout),
         )
-        try:
-            value = fn(rank, world_size, *pickle.loads(args))
-        finally:
-            dist.destroy_process_group()
+        value = fn(rank, world_size, *pickle.loads(args))
         # Plain pickle copies tensors by value; the queue's own pickler would share them
         # through file descriptors that vanish when this process exits.
         results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # report everything, including assertion errors, to the parent
         results.put((rank, "error", traceback.format_exc()))
+    # Leave without destroying the process group: after a deliberately failed collective
+    # gloo still holds the pending work, and destroy_process_group would wait for it.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 class RankFailed(AssertionError):

@@ -119,11 +119,6 @@ def test_existing_run_directory_is_never_overwritten(capsys, tmp_path):
     assert (out / "metrics.jsonl").read_text() == "precious\n"
 
 
-def test_plan_is_refused_until_built(capsys):
-    code, err = run_cli(capsys, "plan")
-    assert code == 2 and "not built yet" in err
-
-
 def test_console_script_exits_2_without_traceback():
     """The installed entry point, as a user runs it (one process start, ~3 s)."""
     proc = subprocess.run(

@@ -47,6 +47,7 @@ class ParallelConfig:
     schedule: str = param("", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
     backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
+    comm_algo: str = param("native", "Default collective algorithm: native, ring or tree.")
 
 
 @dataclass

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from paratrain.comm.group import CommGroup
+from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
+from paratrain.comm.watchdog import Watchdog, default_store
 
 AXES = ("pp", "dp", "tp")  # outermost to innermost
 
@@ -80,21 +81,37 @@ class Mesh:
     """One rank's view of the grid: its coordinates and one CommGroup per axis."""
 
     def __init__(
-        self, shape: MeshShape, global_rank: int, groups: dict[str, CommGroup], ledger: Ledger
+        self,
+        shape: MeshShape,
+        global_rank: int,
+        groups: dict[str, CommGroup],
+        ledger: Ledger,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.shape = shape
         self.global_rank = global_rank
         self.ledger = ledger
+        self.watchdog = watchdog
         self._groups = groups
 
     @classmethod
-    def build(cls, dp: int = 1, pp: int = 1, tp: int = 1, ledger: Ledger | None = None) -> Mesh:
+    def build(
+        cls,
+        dp: int = 1,
+        pp: int = 1,
+        tp: int = 1,
+        options: CommOptions | None = None,
+        ledger: Ledger | None = None,
+    ) -> Mesh:
         """Create the groups of every axis. Every rank must call this, in the same order.
 
-        With torch.distributed not initialised the world must be a single rank.
+        With torch.distributed not initialised the world must be a single rank. All groups
+        share this rank's ledger, the options (timeout, default algorithm, checking) and a
+        watchdog that publishes the ledger for hang reports.
         """
         shape = MeshShape(dp=dp, pp=pp, tp=tp)
         ledger = ledger if ledger is not None else Ledger()
+        options = options or CommOptions()
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world != shape.world_size:
             raise ValueError(
@@ -102,25 +119,33 @@ class Mesh:
                 f"the degrees must multiply to {world}"
             )
         rank = dist.get_rank() if dist.is_initialized() else 0
-        groups = {"world": CommGroup.world(ledger)}
+        store = default_store() if world > 1 else None
+        watchdog = Watchdog(ledger, store, rank) if store is not None else None
+        common = {"ledger": ledger, "options": options, "watchdog": watchdog}
+        groups = {"world": CommGroup.world(**common)}
         for axis in AXES:
-            groups[axis] = cls._build_axis(shape, axis, rank, ledger)
-        return cls(shape, rank, groups, ledger)
+            groups[axis] = cls._build_axis(shape, axis, rank, common)
+        return cls(shape, rank, groups, ledger, watchdog)
 
     @staticmethod
-    def _build_axis(shape: MeshShape, axis: str, rank: int, ledger: Ledger) -> CommGroup:
+    def _build_axis(shape: MeshShape, axis: str, rank: int, common: dict) -> CommGroup:
         if shape.size(axis) == shape.world_size:
-            return CommGroup.world(ledger, name=axis)
+            return CommGroup.world(name=axis, **common)
         mine = shape.group_of(axis, rank)
         if shape.size(axis) == 1:
-            return CommGroup(axis, None, mine, rank, ledger)
+            return CommGroup(axis, None, mine, rank, **common)
         # new_group is collective over the whole world: every rank creates every group
         # of the axis in the same order and keeps its own.
         for ranks in shape.groups(axis):
             pg = dist.new_group(ranks)
             if ranks == mine:
-                own = CommGroup(axis, pg, ranks, rank, ledger)
+                own = CommGroup(axis, pg, ranks, rank, **common)
         return own
+
+    def close(self) -> None:
+        """Stop the watchdog; call before destroying the process group."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
 
     def group(self, axis: str) -> CommGroup:
         if axis not in self._groups:

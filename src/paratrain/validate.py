@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from paratrain.comm.group import ALGOS
 from paratrain.config import RunConfig
 
 BUILT_DTYPES = ("float32",)
@@ -20,6 +21,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     """Fill the automatic fields (dp, K, G, backend, dtype) and check everything."""
     _check_positive(cfg)
+    _check_comm(cfg)
     _resolve_device_defaults(cfg)
     _check_not_built_yet(cfg)
     _resolve_mesh(cfg, world_size)
@@ -71,6 +73,11 @@ def _check_positive(cfg: RunConfig) -> None:
             raise ValueError(f"{name} = {value} must be in [0, 1)")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ValueError(f"data.val_fraction = {cfg.data.val_fraction} must be in (0, 1)")
+
+
+def _check_comm(cfg: RunConfig) -> None:
+    if cfg.parallel.comm_algo not in ALGOS:
+        raise ValueError(f"--comm-algo {cfg.parallel.comm_algo!r}; valid: {', '.join(ALGOS)}")
 
 
 def _resolve_device_defaults(cfg: RunConfig) -> None:

@@ -1,16 +1,37 @@
-"""A process group with a name, its member ranks and the ledger that counts its traffic."""
+"""A process group with a name, its member ranks, its options and the ledger that counts it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
 
+if TYPE_CHECKING:
+    from paratrain.comm.watchdog import Watchdog
+
+ALGOS = ("native", "ring", "tree")
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    timeout_s: float = 300.0  # a collective not completed by then fails with a report
+    algo: str = "native"  # default algorithm where a call does not choose one
+    check: bool = False  # verify before each call that all ranks issue the same op/shapes
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"comm algo {self.algo!r}; valid: {', '.join(ALGOS)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"comm timeout {self.timeout_s} s must be positive")
+
 
 class CommGroup:
     """`rank` is this process's rank within the group; `ranks[i]` is group rank i's global rank.
 
-    `pg` is None for a group of one rank, where every collective is a no-op.
+    `pg` is None for a group of one rank, where every collective is a local no-op.
     """
 
     def __init__(
@@ -20,6 +41,8 @@ class CommGroup:
         ranks: list[int],
         global_rank: int,
         ledger: Ledger,
+        options: CommOptions | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         if global_rank not in ranks:
             raise ValueError(f"rank {global_rank} is not in group {name} {ranks}")
@@ -29,14 +52,22 @@ class CommGroup:
         self.global_rank = global_rank
         self.rank = self.ranks.index(global_rank)
         self.ledger = ledger
+        self.options = options or CommOptions()
+        self.watchdog = watchdog
 
     @classmethod
-    def world(cls, ledger: Ledger, name: str = "world") -> CommGroup:
+    def world(
+        cls,
+        ledger: Ledger,
+        name: str = "world",
+        options: CommOptions | None = None,
+        watchdog: Watchdog | None = None,
+    ) -> CommGroup:
         if not dist.is_initialized():
-            return cls(name, None, [0], 0, ledger)
+            return cls(name, None, [0], 0, ledger, options, watchdog)
         size = dist.get_world_size()
         pg = dist.group.WORLD if size > 1 else None
-        return cls(name, pg, list(range(size)), dist.get_rank(), ledger)
+        return cls(name, pg, list(range(size)), dist.get_rank(), ledger, options, watchdog)
 
     @property
     def size(self) -> int:

@@ -1,14 +1,26 @@
-"""Per-rank record of communication: bytes, messages and waiting time per op and group.
+"""Per-rank record of communication, like PyTorch's flight recorder but for every backend.
 
-For native collectives the bytes recorded are what a bandwidth-optimal algorithm must move
-per rank (the backend does not report what it sent); for our own point-to-point algorithms
-they are what was actually sent. `native_traffic` states the formulas.
+Two views of the same calls:
+- totals per (group, op): calls, bytes sent and received, messages, seconds waited. A rank
+  reads and resets its own; `gather_report` collects everyone's into one report.
+- the recent calls, each with a per-group sequence number, op, algorithm, shapes, dtype
+  and state (started or done). The watchdog publishes them so that, when a collective
+  times out, the ranks' records can be compared to name the first divergence.
+
+Native collectives are counted with the bandwidth-optimal formulas of `traffic.py` (the
+backend does not say what it sent); our ring and tree algorithms count what they sent.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paratrain.comm.traffic import Traffic
 
 
 @dataclass
@@ -20,87 +32,105 @@ class OpTotals:
     wait_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class CommEvent:
-    seq: int
+@dataclass
+class CallRecord:
+    """One call as the divergence report compares it across ranks."""
+
+    seq: int  # per group: the n-th call this rank made on this group
     op: str
     group: str
-    bytes_sent: int
+    ranks: tuple[int, ...]
+    algo: str
+    shapes: str  # e.g. "float32[4, 8]" or "float32[4] -> [16]"
     start: float
-    end: float
+    end: float | None = None  # None while the call is in flight
+    bytes_sent: int = 0
+
+    @property
+    def signature(self) -> str:
+        return f"{self.op}({self.algo}) {self.shapes}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
-def native_traffic(op: str, nbytes: int, size: int, is_root: bool = False) -> tuple[int, int]:
-    """(sent, received) bytes per rank for a bandwidth-optimal native collective.
-
-    all_reduce: reduce-scatter then all-gather, each moving (k-1)/k of the tensor:
-        sent = received = 2 (k-1) S / k.
-    broadcast: the k-1 non-root ranks must each receive S; spreading the (k-1) S of
-        sends evenly (scatter + all-gather, or a pipelined chain) gives (k-1) S / k each.
-    """
-    if size == 1:
-        return 0, 0
-    if op == "all_reduce":
-        moved = 2 * (size - 1) * nbytes // size
-        return moved, moved
-    if op == "broadcast":
-        return (size - 1) * nbytes // size, 0 if is_root else nbytes
-    raise ValueError(f"no traffic formula for op {op!r}")
-
-
+@dataclass
 class Ledger:
-    """Counters of one rank. Keeps totals per (group, op) and the last `max_events` calls."""
+    """Counters and recent calls of one rank. Thread-safe: the watchdog reads it."""
 
-    def __init__(self, max_events: int = 10_000) -> None:
-        self.max_events = max_events
-        self.reset()
+    max_recent: int = 64
+    _totals: dict[tuple[str, str], OpTotals] = field(default_factory=dict)
+    _recent: deque = field(default_factory=deque)
+    _seq: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    version: int = 0  # bumped on every change, so the watchdog publishes only news
+
+    def start(
+        self, op: str, group: str, ranks: tuple[int, ...], algo: str, shapes: str
+    ) -> CallRecord:
+        with self._lock:
+            key = (group, ranks)
+            self._seq[key] = self._seq.get(key, 0) + 1
+            record = CallRecord(self._seq[key], op, group, ranks, algo, shapes, time.perf_counter())
+            self._recent.append(record)
+            while len(self._recent) > self.max_recent:
+                self._recent.popleft()
+            self.version += 1
+            return record
+
+    def finish(
+        self, record: CallRecord, sent: int, recv: int, messages: int, waited: float
+    ) -> None:
+        """Count a completed call; `waited` is the time this rank was blocked on it."""
+        with self._lock:
+            record.end = time.perf_counter()
+            record.bytes_sent = sent
+            t = self._totals.setdefault((record.group, record.op), OpTotals())
+            t.calls += 1
+            t.bytes_sent += sent
+            t.bytes_recv += recv
+            t.messages += messages
+            t.wait_s += waited
+            self.version += 1
+
+    def count(self, group: str, op: str, traffic: Traffic, waited: float = 0.0) -> None:
+        """Count traffic that is not a call of its own (e.g. the per-call consistency check)."""
+        with self._lock:
+            t = self._totals.setdefault((group, op), OpTotals())
+            t.calls += 1
+            t.bytes_sent += traffic.sent
+            t.bytes_recv += traffic.recv
+            t.messages += traffic.messages
+            t.wait_s += waited
+            self.version += 1
 
     def reset(self) -> None:
-        self._totals: dict[tuple[str, str], OpTotals] = {}
-        self.events: list[CommEvent] = []
-        self._seq = 0
+        """Zero the counters. Sequence numbers keep counting: they identify calls."""
+        with self._lock:
+            self._totals.clear()
+            self.version += 1
 
-    def next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def record(
-        self,
-        op: str,
-        group: str,
-        sent: int,
-        recv: int,
-        messages: int,
-        start: float,
-        end: float | None = None,
-        seq: int | None = None,
-    ) -> None:
-        end = time.perf_counter() if end is None else end
-        t = self._totals.setdefault((group, op), OpTotals())
-        t.calls += 1
-        t.bytes_sent += sent
-        t.bytes_recv += recv
-        t.messages += messages
-        t.wait_s += end - start
-        if len(self.events) < self.max_events:
-            self.events.append(CommEvent(seq or self.next_seq(), op, group, sent, start, end))
+    def recent(self) -> list[CallRecord]:
+        with self._lock:
+            return list(self._recent)
 
     def totals(self) -> dict[tuple[str, str], OpTotals]:
-        return dict(self._totals)
+        with self._lock:
+            return {k: OpTotals(**asdict(v)) for k, v in self._totals.items()}
 
     def bytes_sent(self, group: str | None = None, op: str | None = None) -> int:
         return sum(
             t.bytes_sent
-            for (g, o), t in self._totals.items()
+            for (g, o), t in self.totals().items()
             if (group is None or g == group) and (op is None or o == op)
         )
 
     def wait_s(self) -> float:
-        return sum(t.wait_s for t in self._totals.values())
+        return sum(t.wait_s for t in self.totals().values())
 
     def report(self) -> dict[str, dict[str, dict[str, float]]]:
         """{group: {op: {calls, bytes_sent, bytes_recv, messages, wait_s}}}, JSON-ready."""
         out: dict[str, dict[str, dict[str, float]]] = {}
-        for (group, op), t in sorted(self._totals.items()):
+        for (group, op), t in sorted(self.totals().items()):
             out.setdefault(group, {})[op] = asdict(t)
         return out

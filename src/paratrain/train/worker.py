@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain import comm
+from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
@@ -83,42 +84,51 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     """Train on this rank. Rank 0 writes the run directory and returns the summary."""
     torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // env.local_world_size))
     init_process_group(cfg, env)
+    p = cfg.parallel
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options)
     try:
-        p = cfg.parallel
-        mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
-        run_dir = _share_run_dir(cfg, mesh, run_dir_prepared)
-        data = load_tokens(cfg.data.path, cfg.data.val_fraction)
-        if data.vocab_size > cfg.model.vocab_size:
-            raise ValueError(
-                f"the data has token ids up to {data.vocab_size - 1} but model.vocab_size = "
-                f"{cfg.model.vocab_size}; use --vocab-size {data.vocab_size} or more"
-            )
-        is_writer = mesh.global_rank == 0
-        if is_writer:
-            cfg.train.out = str(run_dir)
-            rd.write_config(run_dir, cfg)
-            rd.write_provenance(run_dir, cfg, data, cfg.world_size)
-            log.info("data: %s", data.description)
-            log.info("run directory: %s", run_dir)
-        writer = rd.MetricsWriter(run_dir) if is_writer else None
-        progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
-
-        def on_step(m: Any) -> None:
-            if writer is not None:
-                writer.write(m)
-            progress.update(m)
-
-        try:
-            result = train(cfg, mesh, data, on_step)
-        finally:
-            progress.close()
-            if writer is not None:
-                writer.close()
-        if not is_writer:
-            return None
-        rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
-        summary = summarize(result, cfg, run_dir)
-        rd.write_summary(run_dir, summary)
-        return summary
+        summary = _train_and_record(cfg, mesh, run_dir_prepared)
     finally:
-        dist.destroy_process_group()
+        mesh.close()
+    # Only on success: after a failed collective gloo may still hold the pending work, and
+    # destroy_process_group would wait for it instead of letting the process exit.
+    dist.destroy_process_group()
+    return summary
+
+
+def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dict[str, Any] | None:
+    run_dir = _share_run_dir(cfg, mesh, run_dir_prepared)
+    data = load_tokens(cfg.data.path, cfg.data.val_fraction)
+    if data.vocab_size > cfg.model.vocab_size:
+        raise ValueError(
+            f"the data has token ids up to {data.vocab_size - 1} but model.vocab_size = "
+            f"{cfg.model.vocab_size}; use --vocab-size {data.vocab_size} or more"
+        )
+    is_writer = mesh.global_rank == 0
+    if is_writer:
+        cfg.train.out = str(run_dir)
+        rd.write_config(run_dir, cfg)
+        rd.write_provenance(run_dir, cfg, data, cfg.world_size)
+        log.info("data: %s", data.description)
+        log.info("run directory: %s", run_dir)
+    writer = rd.MetricsWriter(run_dir) if is_writer else None
+    progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
+
+    def on_step(m: Any) -> None:
+        if writer is not None:
+            writer.write(m)
+        progress.update(m)
+
+    try:
+        result = train(cfg, mesh, data, on_step)
+    finally:
+        progress.close()
+        if writer is not None:
+            writer.close()
+    if not is_writer:
+        return None
+    rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
+    summary = summarize(result, cfg, run_dir)
+    rd.write_summary(run_dir, summary)
+    return summary

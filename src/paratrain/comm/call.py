@@ -1,0 +1,124 @@
+"""The life of one communication call: record it, wait with a timeout, count it, or explain.
+
+Every op in this package goes through `begin` and then either `finish` (blocking calls) or
+a `Handle` (asynchronous ones). Waiting is always bounded by the group's timeout; a call
+that does not complete raises CommError naming this rank, the group, the op and its
+sequence number, followed by the watchdog's comparison of all ranks' ledgers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paratrain.comm.group import CommGroup
+from paratrain.comm.ledger import CallRecord
+from paratrain.comm.traffic import Traffic
+
+
+class CommError(RuntimeError):
+    pass
+
+
+def describe(*tensors: torch.Tensor | None) -> str:
+    """'float32[4, 8]' for one tensor, 'float32[4] -> [16]' for an input and an output."""
+    shown = [t for t in tensors if t is not None]
+    if not shown:
+        return "-"
+    first = f"{str(shown[0].dtype).removeprefix('torch.')}{list(shown[0].shape)}"
+    return " -> ".join([first] + [str(list(t.shape)) for t in shown[1:]])
+
+
+def begin(group: CommGroup, op: str, algo: str, shapes: str) -> CallRecord:
+    record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes)
+    if group.options.check and group.size > 1:
+        from paratrain.comm.check import verify_same_call
+
+        verify_same_call(group, record)
+    return record
+
+
+def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
+    group.ledger.finish(
+        record, traffic.sent, traffic.recv, traffic.messages, time.perf_counter() - record.start
+    )
+
+
+def timeout(group: CommGroup) -> timedelta:
+    return timedelta(seconds=group.options.timeout_s)
+
+
+def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work | None]) -> None:
+    for work in works:
+        if work is None:
+            continue
+        try:
+            work.wait(timeout=timeout(group))
+        except RuntimeError as e:
+            raise failure(group, record, e) from e
+
+
+def failure(group: CommGroup, record: CallRecord, err: BaseException) -> CommError:
+    elapsed = time.perf_counter() - record.start
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    head = (
+        f"rank {group.global_rank} (rank {group.rank} of group {group.name!r}, ranks "
+        f"{group.ranks}): {record.op}({record.algo}) call #{record.seq} {record.shapes} "
+        f"failed after {elapsed:.1f} s: {cause}"
+    )
+    if group.watchdog is None:
+        return CommError(head + "\n(no watchdog on this group: no comparison of ledgers)")
+    return CommError(head + "\n" + group.watchdog.divergence_report(group, record))
+
+
+class Handle:
+    """A call in flight. `wait()` blocks (bounded by the timeout), counts it, returns its result.
+
+    Our own algorithms run to completion when issued, so their handles are already done.
+    """
+
+    def __init__(
+        self,
+        group: CommGroup,
+        record: CallRecord,
+        works: Sequence[dist.Work | None],
+        traffic: Traffic,
+        result: Any = None,
+        then: Callable[[], Any] | None = None,
+    ) -> None:
+        self.group, self.record, self.works, self.traffic = group, record, list(works), traffic
+        self._result, self._then, self._done = result, then, False
+
+    def is_completed(self) -> bool:
+        return self._done or all(w is None or w.is_completed() for w in self.works)
+
+    def wait(self) -> Any:
+        if not self._done:
+            issued = time.perf_counter()
+            wait_works(self.group, self.record, self.works)
+            if self._then is not None:
+                self._result = self._then()
+            waited = time.perf_counter() - issued
+            self.group.ledger.finish(
+                self.record, self.traffic.sent, self.traffic.recv, self.traffic.messages, waited
+            )
+            self._done = True
+        return self._result
+
+
+class Done:
+    """The handle of a call that already finished (and was counted, if it communicated)."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        return self._result

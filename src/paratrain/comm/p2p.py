@@ -1,0 +1,76 @@
+"""Point-to-point messages: the public send/recv, and the exchange our algorithms build on.
+
+Ranks are relative to the group. The public calls are recorded in the ledger like any op;
+`exchange`, used inside ring and tree algorithms, is not recorded on its own: its bytes
+count toward the collective that uses it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paratrain.comm.call import Handle, begin, describe, wait_works
+from paratrain.comm.group import CommGroup
+from paratrain.comm.ledger import CallRecord
+from paratrain.comm.traffic import Traffic
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _check_peer(group: CommGroup, peer: int, what: str) -> int:
+    if peer == group.rank:
+        raise ValueError(f"{what} {peer} is this rank itself in group {group.name}")
+    return group.to_global(peer)
+
+
+def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
+    """Start sending `tensor` to group rank `dst`; wait() on the handle before reusing it."""
+    peer = _check_peer(group, dst, "destination")
+    record = begin(group, "send", "native", describe(tensor))
+    work = dist.isend(tensor.contiguous(), dst=peer, group=group.pg)
+    return Handle(group, record, [work], Traffic(_nbytes(tensor), 0, 1), tensor)
+
+
+def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
+    """Start receiving into `tensor` from group rank `src`; wait() returns the tensor."""
+    peer = _check_peer(group, src, "source")
+    record = begin(group, "recv", "native", describe(tensor))
+    work = dist.irecv(tensor, src=peer, group=group.pg)
+    return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
+
+
+def send(tensor: torch.Tensor, group: CommGroup, dst: int) -> None:
+    isend(tensor, group, dst).wait()
+
+
+def recv(tensor: torch.Tensor, group: CommGroup, src: int) -> torch.Tensor:
+    return irecv(tensor, group, src).wait()
+
+
+def exchange(
+    group: CommGroup,
+    record: CallRecord,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> Traffic:
+    """Post all sends and receives of one algorithm step at once, then wait for them.
+
+    Posting both sides before waiting is what keeps a ring from deadlocking: every rank
+    sends right and receives left in the same step.
+    """
+    # Chunk sizes are known on both sides, so both skip the same empty messages.
+    sends = [(t, dst) for t, dst in sends if t.numel() > 0]
+    recvs = [(t, src) for t, src in recvs if t.numel() > 0]
+    works = [dist.irecv(t, src=group.to_global(src), group=group.pg) for t, src in recvs]
+    works += [
+        dist.isend(t.contiguous(), dst=group.to_global(dst), group=group.pg) for t, dst in sends
+    ]
+    wait_works(group, record, works)
+    return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
+
+
+def add(a: Traffic, b: Traffic) -> Traffic:
+    return Traffic(a.sent + b.sent, a.recv + b.recv, a.messages + b.messages)

@@ -1,0 +1,158 @@
+"""A collective that cannot complete fails within its timeout, with a report naming the first
+divergence between the ranks' ledgers, instead of hanging forever.
+
+Each rank catches the CommError and returns its message and how long it took, so the test
+can check every rank's report. The timeout is 3 s; each report must arrive within 3 + 5 s.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from paratrain import comm
+from paratrain.comm.group import CommOptions
+from paratrain.comm.watchdog import first_divergence
+from paratrain.mesh import Mesh
+from tests.distributed import run_distributed
+
+TIMEOUT_S = 3.0
+
+
+def _good_calls(group, n):
+    for _ in range(n):
+        comm.all_reduce(torch.ones(4), group)
+
+
+def _until_error(rank, body):
+    mesh = Mesh.build(dp=4, options=CommOptions(timeout_s=TIMEOUT_S))
+    group = mesh.group("dp")
+    _good_calls(group, 4)
+    start = time.monotonic()
+    try:
+        body(rank, group)
+    except comm.CommError as e:
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def wrong_op(rank, world_size):
+    def body(rank, group):
+        if rank == 3:
+            comm.all_gather_flat(torch.ones(4), group, sizes=[4] * 4)
+        else:
+            comm.all_reduce(torch.ones(4), group)
+
+    return _until_error(rank, body)
+
+
+def skipped_call(rank, world_size):
+    def body(rank, group):
+        if rank != 2:  # rank 2 skips call #5 and goes on to call #6
+            comm.all_reduce(torch.ones(4), group)
+        comm.all_reduce(torch.ones(8), group)
+
+    return _until_error(rank, body)
+
+
+def stuck_in_compute(rank, world_size):
+    def body(rank, group):
+        if rank == 1:
+            time.sleep(TIMEOUT_S + 4)  # stuck outside communication, then gives up
+            return
+        comm.all_reduce(torch.ones(4), group)
+
+    return _until_error(rank, body)
+
+
+def test_different_op_at_the_same_call_is_named():
+    results = run_distributed(wrong_op, 4, timeout=60)
+    for message, elapsed in results:
+        assert message is not None and elapsed < TIMEOUT_S + 5
+        assert "first divergence in group 'dp' [0, 1, 2, 3] at call #5" in message
+        assert "ranks [0, 1, 2] called all_reduce(native) float32[4]" in message
+        assert "ranks [3] called all_gather(native) float32[4]" in message
+
+
+def test_a_skipped_call_is_named():
+    results = run_distributed(skipped_call, 4, timeout=60)
+    reports = [m for m, _ in results if m is not None]
+    assert reports, "no rank reported the hang"
+    for message, elapsed in results:
+        if message is not None:
+            assert elapsed < TIMEOUT_S + 5
+            assert "at call #5" in message
+            assert "ranks [0, 1, 3] called all_reduce(native) float32[4]" in message
+            assert "ranks [2] called all_reduce(native) float32[8]" in message
+
+
+def test_a_rank_stuck_outside_communication_is_named():
+    results = run_distributed(stuck_in_compute, 4, timeout=60)
+    for rank, (message, elapsed) in enumerate(results):
+        if rank == 1:
+            continue
+        assert message is not None and elapsed < TIMEOUT_S + 5
+        assert f"rank {rank} (rank {rank} of group 'dp'" in message
+        assert "at call #5" in message and "ranks [0, 2, 3] called all_reduce" in message
+        assert (
+            "rank 1 did not make this call (not in any collective; last completed call #4"
+            in message
+        )
+
+
+def checked_mismatch(rank, world_size):
+    mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=TIMEOUT_S, check=True))
+    group = mesh.group("dp")
+    comm.all_reduce(torch.ones(4), group)
+    try:
+        comm.all_reduce(torch.ones(4 if rank == 0 else 5), group)
+    except comm.CommError as e:
+        return str(e)
+    return None
+
+
+def test_per_call_checking_refuses_mismatched_shapes_at_once():
+    start = time.monotonic()
+    messages = run_distributed(checked_mismatch, 2, timeout=60)
+    assert time.monotonic() - start < TIMEOUT_S + 5
+    for message in messages:
+        assert "disagree on the next call" in message
+        assert "ranks [0]: #2 all_reduce(native) float32[4]" in message
+        assert "ranks [1]: #2 all_reduce(native) float32[5]" in message
+
+
+def test_first_divergence_is_pure():
+    def ledger(*calls):
+        recent = [
+            {
+                "seq": i + 1,
+                "op": op,
+                "algo": "native",
+                "shapes": shape,
+                "group": "dp",
+                "ranks": [0, 1],
+                "start": 0.0,
+                "end": 1.0,
+            }
+            for i, (op, shape) in enumerate(calls)
+        ]
+        return {"recent": recent, "published_at": time.time(), "perf_now": 2.0}
+
+    same = first_divergence(
+        "dp",
+        [0, 1],
+        {0: ledger(("all_reduce", "float32[4]")), 1: ledger(("all_reduce", "float32[4]"))},
+    )
+    assert same.startswith("no divergence")
+    differ = first_divergence(
+        "dp",
+        [0, 1],
+        {
+            0: ledger(("all_reduce", "f[1]"), ("broadcast", "f[2]")),
+            1: ledger(("all_reduce", "f[1]"), ("broadcast", "f[3]")),
+        },
+    )
+    assert "at call #2" in differ and "f[2]" in differ and "f[3]" in differ
+    silent = first_divergence("dp", [0, 1], {0: ledger(("all_reduce", "f[1]")), 1: None})
+    assert "ranks [1] published no ledger" in silent
