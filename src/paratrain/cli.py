@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--json", action="store_true", help="print a JSON summary as last line")
     train.add_argument("--launched-worker", action="store_true", help=argparse.SUPPRESS)
     add_config_flags(train)
-    sub.add_parser("plan", help="predict memory, communication and bubbles (not built yet)")
+    plan = sub.add_parser("plan", help="predict memory, communication, bubbles and step time")
+    from paratrain.plan.command import add_plan_arguments
+
+    add_plan_arguments(plan)
     bench = sub.add_parser("bench", help="benchmarks against PyTorch-native peers")
     bench.add_argument("name", help="which benchmark: overhead")
     bench.add_argument("--json", action="store_true", help="print a JSON result as last line")
@@ -161,6 +164,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from paratrain.plan.command import run_plan
+
+    setup_logging(0)
+    return run_plan(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -169,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "bench":
             return cmd_bench(args)
-        raise ValueError(
-            "paratrain plan is not built yet (the planner issue adds it); valid now: train, bench"
-        )
+        if args.command == "plan":
+            return cmd_plan(args)
+        raise ValueError(f"unknown command {args.command!r}; valid: train, plan, bench")
     except ValueError as e:
         print(f"paratrain {args.command}: error: {e}", file=sys.stderr)
         return 2

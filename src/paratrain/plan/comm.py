@@ -1,0 +1,160 @@
+"""Bytes each GPU sends per optimizer step, by collective, axis and link.
+
+Per-rank volumes of bandwidth-optimal (ring) algorithms on k ranks and S bytes
+(Patarasuk and Yuan 2009; Thakur et al. 2005): reduce-scatter and all-gather each send
+(k - 1) S / k; all-reduce is one of each, 2 (k - 1) S / k (seeds, result 9.2.1). The
+counts match `paratrain.comm.traffic.native_traffic`, which is what the runtime records.
+
+Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
+- ZeRO-1 and ZeRO-2 reduce-scatter gradients and all-gather updated parameters:
+  2 (k - 1) S / k, the same as DDP; ZeRO-3 adds a second parameter gather, 3 (k - 1) S / k
+  (ZeRO, arXiv:1910.02054, section 7). ZeRO-2 and ZeRO-3 keep only a gradient shard, so
+  they reduce-scatter after every micro-batch: K-fold gradient traffic with accumulation.
+- Megatron tensor parallelism (arXiv:1909.08053, section 3) does not all-gather between
+  the column- and row-parallel layers: per layer one all-reduce of the b s h activation
+  after attention and one after the MLP in forward, two more in backward (and two more
+  with full recomputation, which reruns the forward: arXiv:2205.05198, section 5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from paratrain.plan.cluster import ClusterSpec
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.memory import local_params
+from paratrain.plan.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class CommEntry:
+    op: str  # all_reduce, reduce_scatter, all_gather, send
+    axis: str  # dp, tp or pp
+    link: str  # intra (NVLink, inside a node) or inter (InfiniBand, between nodes)
+    what: str  # what moves, e.g. "gradients"
+    bytes: int  # sent by one GPU per optimizer step
+    messages: int  # point-to-point messages one GPU sends per step (latency terms)
+
+    def as_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+
+def all_reduce_bytes(nbytes: int, k: int) -> int:
+    """Ring all-reduce, per rank: 2 (k - 1) S / k (reduce-scatter then all-gather)."""
+    return 2 * (k - 1) * nbytes // k
+
+
+def reduce_scatter_bytes(nbytes: int, k: int) -> int:
+    """Ring reduce-scatter (or all-gather of the same full size), per rank: (k - 1) S / k."""
+    return (k - 1) * nbytes // k
+
+
+def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:
+    """Whether a group of this axis fits in one node, given tp innermost, pp outermost."""
+    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "pp": layout.world}[axis]
+    return "intra" if span <= cluster.gpus_per_node else "inter"
+
+
+def dp_traffic(
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+) -> list[CommEntry]:
+    """Gradient (and for ZeRO, parameter) traffic over the dp group of k ranks."""
+    k = layout.dp
+    if k == 1:
+        return []
+    n = local_params(model.params, layout.tp, layout.pp)
+    grads, params = workload.precision.grad_bytes * n, workload.precision.param_bytes * n
+    link = axis_link("dp", layout, cluster)
+    buckets = max(1, math.ceil(grads / workload.bucket_bytes))
+    units = (model.n_layer or 0) + 1  # ZeRO-3 / FSDP gathers one block (or the ends) at a time
+    rs, ag = reduce_scatter_bytes(grads, k), reduce_scatter_bytes(params, k)
+
+    def entry(op: str, what: str, nbytes: int, messages: int) -> CommEntry:
+        return CommEntry(op, "dp", link, what, nbytes, messages)
+
+    if layout.zero == 0:
+        return [entry("all_reduce", "gradients", all_reduce_bytes(grads, k), buckets * 2 * (k - 1))]
+    if layout.zero == 1:
+        return [
+            entry("reduce_scatter", "gradients", rs, buckets * (k - 1)),
+            entry("all_gather", "updated parameters", ag, buckets * (k - 1)),
+        ]
+    m = microbatches
+    if layout.zero == 2:
+        return [
+            entry("reduce_scatter", "gradients, every micro-batch", m * rs, m * buckets * (k - 1)),
+            entry("all_gather", "updated parameters", ag, buckets * (k - 1)),
+        ]
+    return [
+        entry("all_gather", "parameters for forward", m * ag, m * units * (k - 1)),
+        entry("all_gather", "parameters for backward", m * ag, m * units * (k - 1)),
+        entry("reduce_scatter", "gradients, every micro-batch", m * rs, m * units * (k - 1)),
+    ]
+
+
+def activation_message_bytes(model: ModelSpec, workload: Workload) -> int:
+    """One micro-batch's hidden states b s h, the size of every TP and PP message."""
+    b, act = workload.micro_batch, workload.precision.activation_bytes
+    return b * model.seq_len * model.d_model * act  # type: ignore[operator]
+
+
+def tp_traffic(
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+) -> list[CommEntry]:
+    """Megatron all-reduces over the tp group, on the busiest stage (the first)."""
+    t = layout.tp
+    if t == 1:
+        return []
+    per_layer = 6 if workload.recompute == "full" else 4
+    layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
+    # Vocab-parallel embedding output (forward) and the head's input gradient (backward);
+    # one of each when the first and last stage are the same GPU.
+    ends = 2 if layout.pp == 1 else 1
+    calls = microbatches * (layers * per_layer + ends)
+    size = activation_message_bytes(model, workload)
+    link = axis_link("tp", layout, cluster)
+    return [
+        CommEntry(
+            "all_reduce",
+            "tp",
+            link,
+            "activations and their gradients",
+            calls * all_reduce_bytes(size, t),
+            calls * 2 * (t - 1),
+        )
+    ]
+
+
+def pp_traffic(
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+) -> list[CommEntry]:
+    """Activations forward and their gradients backward between neighbouring stages.
+
+    A middle stage sends both for each of its v chunks: 2 v K messages per step; with two
+    stages the first chunk has no predecessor and the last no successor: (2 v - 1) K.
+    Each message is the full b s h tensor (without Megatron's scatter-gather optimisation).
+    """
+    s, v = layout.pp, layout.chunks
+    if s == 1:
+        return []
+    sends = microbatches * (2 * v - (1 if s == 2 else 0))
+    size = activation_message_bytes(model, workload)
+    link = axis_link("pp", layout, cluster)
+    return [CommEntry("send", "pp", link, "activations and gradients", sends * size, sends)]
+
+
+def traffic(
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+) -> list[CommEntry]:
+    """All traffic of one GPU per step. TP and PP need the model's shape."""
+    entries = dp_traffic(model, workload, layout, cluster, microbatches)
+    if layout.tp > 1 or layout.pp > 1:
+        if not model.has_shape:
+            raise ValueError(
+                f"{layout.label}: tensor and pipeline traffic need the model's shape "
+                "(--layers --hidden --heads --vocab --seq-len)"
+            )
+        entries += tp_traffic(model, workload, layout, cluster, microbatches)
+        entries += pp_traffic(model, workload, layout, cluster, microbatches)
+    return entries

@@ -1,0 +1,203 @@
+"""`paratrain plan`: flags to specs, specs to a plan, the plan to a table, JSON and a chart.
+
+Flags override presets: `--preset 7b --preset a100-80gb-nvlink300-ib25 --gpus 64`.
+Every bad value raises ValueError naming it and what is valid; cli.main prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from paratrain.plan.cluster import (
+    CLUSTER_PRESETS,
+    DEFAULT_CLUSTER,
+    GB,
+    ClusterSpec,
+    cluster_preset,
+    cluster_with,
+)
+from paratrain.plan.layout import RECOMPUTE, SCHEDULES, Workload, precision
+from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
+from paratrain.plan.recommend import Plan, candidate_layouts, plan
+from paratrain.plan.report import chart, table
+
+DEFAULT_MODEL = "7b"
+DEFAULT_SEQ_LEN = 2048  # for a model given by its parameter count alone
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    presets = ", ".join([*MODEL_PRESETS, *CLUSTER_PRESETS])
+    p.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"model or cluster preset, repeatable: {presets} "
+        f"(default: {DEFAULT_MODEL}, {DEFAULT_CLUSTER})",
+    )
+    m = p.add_argument_group("model (overrides the preset)")
+    m.add_argument("--params", type=float, help="parameter count N, e.g. 7e9")
+    m.add_argument("--layers", type=int, help="transformer blocks")
+    m.add_argument("--hidden", type=int, help="hidden size (d_model)")
+    m.add_argument("--heads", type=int, help="attention heads")
+    m.add_argument("--vocab", type=int, help="vocabulary size")
+    m.add_argument(
+        "--seq-len",
+        type=int,
+        help=f"tokens per sequence (default {DEFAULT_SEQ_LEN} with --params alone)",
+    )
+    w = p.add_argument_group("training")
+    w.add_argument(
+        "--micro-batch", type=int, default=1, help="sequences per forward, b (default 1)"
+    )
+    w.add_argument("--global-batch", type=int, help="sequences per step, G (default 512)")
+    w.add_argument("--microbatches", type=int, help="K = G / (b dp); alternative to G")
+    w.add_argument("--precision", default="mixed", help="mixed (16 B/param with Adam), fp32, bf16")
+    w.add_argument("--optimizer", default="adam", help="adam, sgd-momentum, sgd")
+    w.add_argument(
+        "--recompute", default="none", choices=RECOMPUTE, help="activation recomputation"
+    )
+    w.add_argument(
+        "--activation-gb",
+        type=float,
+        help="activation GB per GPU, replacing the count (e.g. the seeds' 40)",
+    )
+    w.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="fraction of data-parallel traffic hidden behind backward (default 0)",
+    )
+    w.add_argument(
+        "--train-tokens",
+        type=float,
+        default=300e9,
+        help="tokens for the total training time (default 3e11)",
+    )
+    c = p.add_argument_group("cluster (overrides the preset)")
+    c.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
+    c.add_argument("--gpus-per-node", type=int)
+    c.add_argument("--gpu-memory-gb", type=float)
+    c.add_argument("--intra-bw-gbs", type=float, help="NVLink GB/s per GPU per direction")
+    c.add_argument("--inter-bw-gbs", type=float, help="InfiniBand GB/s per GPU per direction")
+    c.add_argument("--intra-latency-us", type=float)
+    c.add_argument("--inter-latency-us", type=float)
+    c.add_argument("--peak-flops", type=float, help="peak FLOP/s per GPU")
+    c.add_argument("--utilisation", type=float, help="fraction of peak reached, 0 < u <= 1")
+    lay = p.add_argument_group("layout (evaluate one instead of searching)")
+    for axis in ("dp", "tp", "pp"):
+        lay.add_argument(f"--{axis}", type=int, help=f"{axis} degree")
+    lay.add_argument("--zero", type=int, help="ZeRO stage 0-3")
+    lay.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)}")
+    lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the plan as JSON, last line")
+    out.add_argument("--chart", default="plan.png", help="PNG chart path (default plan.png)")
+    out.add_argument("--no-chart", action="store_true", help="do not write the chart")
+    out.add_argument(
+        "--validate",
+        action="store_true",
+        help="run small jobs here and compare predicted with measured",
+    )
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{name} {value}; must be > 0")
+
+
+def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Workload]:
+    model_name, cluster_name = None, None
+    for name in args.preset:
+        if name in MODEL_PRESETS and model_name is None:
+            model_name = name
+        elif name in CLUSTER_PRESETS and cluster_name is None:
+            cluster_name = name
+        else:
+            valid = ", ".join([*MODEL_PRESETS, *CLUSTER_PRESETS])
+            raise ValueError(f"preset {name!r} unknown or given twice; valid: {valid}")
+    for flag in ("params", "gpu_memory_gb", "intra_bw_gbs", "inter_bw_gbs", "peak_flops"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    shape = (args.layers, args.hidden, args.heads, args.vocab)
+    if args.params is not None and model_name is None and all(v is None for v in shape):
+        model = ModelSpec(
+            "custom", n_params=int(args.params), seq_len=args.seq_len or DEFAULT_SEQ_LEN
+        )
+    else:
+        base = model_preset(model_name or DEFAULT_MODEL)
+        model = with_overrides(
+            base,
+            n_params=None if args.params is None else int(args.params),
+            n_layer=args.layers,
+            d_model=args.hidden,
+            n_head=args.heads,
+            vocab_size=args.vocab,
+            seq_len=args.seq_len,
+        )
+    us = 1e-6
+    cluster = cluster_with(
+        cluster_preset(cluster_name or DEFAULT_CLUSTER),
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        gpu_memory_bytes=None if args.gpu_memory_gb is None else args.gpu_memory_gb * GB,
+        intra_bw=None if args.intra_bw_gbs is None else args.intra_bw_gbs * GB,
+        inter_bw=None if args.inter_bw_gbs is None else args.inter_bw_gbs * GB,
+        intra_latency_s=None if args.intra_latency_us is None else args.intra_latency_us * us,
+        inter_latency_s=None if args.inter_latency_us is None else args.inter_latency_us * us,
+        peak_flops=args.peak_flops,
+        utilisation=args.utilisation,
+    )
+    g = args.global_batch
+    if g is None and args.microbatches is None:
+        g = 512
+    workload = Workload(
+        micro_batch=args.micro_batch,
+        global_batch=g,
+        microbatches=args.microbatches,
+        precision=precision(args.precision),
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        activation_bytes_override=None if args.activation_gb is None else args.activation_gb * GB,
+        overlap=args.overlap,
+        train_tokens=args.train_tokens,
+    )
+    return model, cluster, workload
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    model, cluster, workload = specs_from_args(args)
+    if args.schedule is not None and args.schedule not in SCHEDULES:
+        raise ValueError(f"schedule {args.schedule!r}; valid: {', '.join(SCHEDULES)}")
+    if args.chunks < 1:
+        raise ValueError(f"chunks {args.chunks}; must be at least 1")
+    if args.chunks > 1 and args.schedule not in (None, "interleaved"):
+        raise ValueError(f"chunks {args.chunks} needs --schedule interleaved")
+    if args.zero is not None and args.zero not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage {args.zero}; valid: 0, 1, 2, 3")
+    for axis in ("dp", "tp", "pp"):
+        _positive("--" + axis, getattr(args, axis))
+    fixed = {"dp": args.dp, "tp": args.tp, "pp": args.pp, "zero": args.zero}
+    layouts = candidate_layouts(cluster, args.schedule, args.chunks, fixed)
+    if not layouts:
+        given = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
+        raise ValueError(
+            f"no layout with {given} on {cluster.gpus} GPUs: dp * tp * pp must equal the GPUs"
+        )
+    return plan(model, cluster, workload, layouts)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the table (and JSON last); write the chart; with --validate, also validate."""
+    result = plan_from_args(args)
+    print(table(result), flush=True)
+    if not args.no_chart:
+        print(f"chart: {chart(result, args.chart)}", flush=True)
+    status = 0
+    if args.validate:
+        from paratrain.bench.validate import run_validation
+
+        status = run_validation()
+    if args.json:
+        print(json.dumps(result.as_dict()), flush=True)
+    return status

@@ -1,0 +1,153 @@
+"""A candidate layout (tp x pp x dp, ZeRO stage, schedule) and the workload it runs.
+
+Batch arithmetic is the project's one definition (ARCHITECTURE.md): G sequences per step,
+b per micro-batch, K = G / (b * dp) micro-batches per replica per step, which is both the
+gradient-accumulation count and the pipeline's micro-batch count (seeds, definition 9.2.2:
+B_global = K * B_micro * k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each model-state kind, and of one activation element.
+
+    ZeRO (arXiv:1910.02054, section 3.1) counts mixed-precision Adam as 2 + 2 + K with
+    K = 12: fp32 master weights (4) and the two fp32 moments (4 + 4).
+    """
+
+    name: str
+    param_bytes: int
+    grad_bytes: int
+    moment_bytes: int  # bytes of one optimizer moment per parameter
+    master_bytes: int  # fp32 copy of the weights; 0 when the weights are already fp32
+    activation_bytes: int  # one stored activation element
+
+
+PRECISIONS: dict[str, Precision] = {
+    "mixed": Precision("mixed", 2, 2, 4, 4, 2),  # bf16/fp16 compute, fp32 master + moments
+    "fp32": Precision("fp32", 4, 4, 4, 0, 4),
+    "bf16": Precision("bf16", 2, 2, 2, 0, 2),  # pure bf16, moments in bf16 too
+}
+OPTIMIZER_MOMENTS = {"adam": 2, "sgd-momentum": 1, "sgd": 0}
+
+
+def precision(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def optimizer_moments(name: str) -> int:
+    if name not in OPTIMIZER_MOMENTS:
+        raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZER_MOMENTS)}")
+    return OPTIMIZER_MOMENTS[name]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How the model is trained, independent of the layout."""
+
+    micro_batch: int = 1  # b, sequences per forward pass
+    global_batch: int | None = 512  # G; None: derived per layout from `microbatches`
+    microbatches: int | None = None  # K; None: derived per layout from G
+    precision: Precision = PRECISIONS["mixed"]
+    optimizer: str = "adam"
+    recompute: str = "none"
+    activation_bytes_override: float | None = None  # per GPU, replaces the count
+    overlap: float = 0.0  # fraction of data-parallel traffic hidden behind backward
+    bucket_bytes: int = 25 * 2**20  # gradient bucket (PyTorch DDP's 25 MiB default)
+    train_tokens: float = 300e9  # for the total training time (GPT-3 trained on 300B)
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise ValueError(f"micro-batch {self.micro_batch}; must be at least 1")
+        if self.global_batch is None and self.microbatches is None:
+            raise ValueError(
+                "give a global batch (--global-batch) or micro-batches (--microbatches)"
+            )
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ValueError(f"global batch {self.global_batch}; must be at least 1")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"micro-batches {self.microbatches}; must be at least 1")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute {self.recompute!r}; valid: {', '.join(RECOMPUTE)}")
+        optimizer_moments(self.optimizer)
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"overlap {self.overlap}; valid: 0 <= overlap <= 1")
+        if self.train_tokens <= 0:
+            raise ValueError(f"train tokens {self.train_tokens}; must be > 0")
+
+    @property
+    def moments(self) -> int:
+        return optimizer_moments(self.optimizer)
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """16 for mixed-precision Adam: the seeds' 16N."""
+        p = self.precision
+        return p.param_bytes + p.grad_bytes + self.moments * p.moment_bytes + p.master_bytes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay the job out: world = dp * pp * tp, tp innermost (see mesh.py)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0  # ZeRO stage over the dp group: 0 (plain DP), 1, 2, 3 (= FSDP)
+    schedule: str = ""  # pipeline schedule when pp > 1
+    chunks: int = 1  # v, model chunks per GPU for the interleaved schedule
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "chunks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"layout {name} = {getattr(self, name)}; must be at least 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage {self.zero}; valid: 0, 1, 2, 3")
+        if self.pp > 1 and self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"schedule {self.schedule!r} for pp={self.pp}; valid: {', '.join(SCHEDULES)}"
+            )
+        if self.chunks > 1 and self.schedule != "interleaved":
+            raise ValueError(f"chunks {self.chunks} needs the interleaved schedule")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def label(self) -> str:
+        """Short name for tables and charts, e.g. tp2.pp4.dp8.z1.1f1b."""
+        name = f"tp{self.tp}.pp{self.pp}.dp{self.dp}.z{self.zero}"
+        if self.pp > 1:
+            name += "." + self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
+        return name
+
+
+def microbatches_for(workload: Workload, layout: Layout) -> int:
+    """K = G / (b * dp); raises ValueError naming the numbers when it is not a whole number."""
+    b, dp = workload.micro_batch, layout.dp
+    if workload.global_batch is None:
+        return workload.microbatches  # type: ignore[return-value]
+    g = workload.global_batch
+    if g % (b * dp):
+        raise ValueError(f"global batch {g} is not divisible by micro-batch {b} x dp {dp}")
+    k = g // (b * dp)
+    if workload.microbatches is not None and workload.microbatches != k:
+        raise ValueError(
+            f"micro-batches {workload.microbatches} disagree with G / (b * dp) = "
+            f"{g} / ({b} * {dp}) = {k}"
+        )
+    return k
+
+
+def global_batch_for(workload: Workload, layout: Layout) -> int:
+    return microbatches_for(workload, layout) * workload.micro_batch * layout.dp

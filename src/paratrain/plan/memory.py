@@ -1,0 +1,136 @@
+"""Memory per GPU: model states itemised (ZeRO's accounting) and activations.
+
+Model states (ZeRO, arXiv:1910.02054, section 3.1; seeds, definition 9.2.3): with
+mixed-precision Adam each parameter costs 2 bytes of weights, 2 of gradient, 4 + 4 of
+moments and 4 of fp32 master weights, 16N in all. Tensor and pipeline parallelism divide
+N among tp * pp GPUs; ZeRO then shards over the dp group of k GPUs:
+
+    stage:      params   grads   optimizer + master
+    0 (DP)        1        1           1
+    1             1        1          1/k
+    2             1       1/k         1/k
+    3 (FSDP)     1/k      1/k         1/k
+
+A sharded flat buffer is padded to a multiple of k, so a shard is ceil(n / k) elements.
+
+Activations per transformer layer and micro-batch (Korthikanti et al., arXiv:2205.05198,
+section 4, 16-bit activations): s b h (34 + 5 a s / h) bytes; with tensor parallelism of
+degree t and no sequence parallelism s b h (10 + 24 / t + 5 a s / (h t)); selective
+recomputation drops the attention-score terms 5 a s / (h t); full recomputation keeps only
+each layer's input, 2 s b h. The output layer adds 4 s b v / t (fp32 logits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Model-state bytes on one GPU, by kind (the seeds' table 9.2.3 columns)."""
+
+    params: int
+    grads: int
+    optimizer: int  # all moments (Adam: m and v)
+    master: int  # fp32 master weights
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.master
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "master": self.master,
+            "total": self.total,
+        }
+
+
+def local_params(n_params: int, tp: int, pp: int) -> int:
+    """Parameters held by one GPU before ZeRO: N / (tp * pp), rounded up.
+
+    An approximation for real models (LayerNorms are replicated across tp, embeddings and
+    head sit on the end stages); exact when tp = pp = 1.
+    """
+    return math.ceil(n_params / (tp * pp))
+
+
+def model_state_bytes(n_params: int, workload: Workload, layout: Layout) -> ModelState:
+    """Bytes of parameters, gradients, optimizer moments and master weights on one GPU."""
+    n = local_params(n_params, layout.tp, layout.pp)
+    shard = math.ceil(n / layout.dp)  # elements of one ZeRO shard
+    p = workload.precision
+    z = layout.zero
+    return ModelState(
+        params=p.param_bytes * (shard if z >= 3 else n),
+        grads=p.grad_bytes * (shard if z >= 2 else n),
+        optimizer=workload.moments * p.moment_bytes * (shard if z >= 1 else n),
+        master=p.master_bytes * (shard if z >= 1 else n),
+    )
+
+
+def redundant_bytes(n_params: int, workload: Workload, layout: Layout) -> int:
+    """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP."""
+    per_gpu = model_state_bytes(n_params, workload, layout).total
+    return max(0, layout.world * per_gpu - workload.state_bytes_per_param * n_params)
+
+
+def layer_activation_bytes(
+    seq_len: int, micro_batch: int, d_model: int, n_head: int, tp: int, recompute: str
+) -> float:
+    """Activation bytes one transformer layer keeps for one micro-batch (16-bit elements)."""
+    s, b, h, a, t = seq_len, micro_batch, d_model, n_head, tp
+    if recompute == "full":
+        return 2 * s * b * h
+    per_sbh = 10 + 24 / t
+    if recompute == "none":
+        per_sbh += 5 * a * s / (h * t)
+    return s * b * h * per_sbh
+
+
+def in_flight_microbatches(layout: Layout, microbatches: int) -> float:
+    """Micro-batches whose activations the first stage holds at its peak, in stage units.
+
+    No pipeline: 1 (accumulation runs micro-batches one after another). GPipe
+    (arXiv:1811.06965): all K forwards before any backward, K. 1F1B (PipeDream-Flush,
+    arXiv:2006.09503): at most S - stage, so min(K, S) on stage 0. Interleaved 1F1B
+    (arXiv:2104.04473): stage 0 warms up 2(S - 1) + (v - 1) S chunks and then holds one
+    more, each chunk 1/v of a stage: (v S + S - 1) / v = S + (S - 1) / v stage units.
+    """
+    k, s, v = microbatches, layout.pp, layout.chunks
+    if s == 1:
+        return 1
+    if layout.schedule == "gpipe":
+        return k
+    if layout.schedule == "1f1b":
+        return min(k, s)
+    return min(k * v, 2 * (s - 1) + (v - 1) * s + 1) / v
+
+
+def activation_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int
+) -> float | None:
+    """Peak activation bytes on the busiest GPU, or None when the model has no shape.
+
+    The first stage holds the most micro-batches; the last holds the logits. Scaled from
+    16-bit by the precision's activation element size.
+    """
+    if workload.activation_bytes_override is not None:
+        return workload.activation_bytes_override
+    if not model.has_shape:
+        return None
+    s, b, t = model.seq_len, workload.micro_batch, layout.tp
+    per_layer = layer_activation_bytes(s, b, model.d_model, model.n_head, t, workload.recompute)
+    per_layer *= workload.precision.activation_bytes / 2
+    stage_layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
+    logits = 4 * s * b * model.vocab_size / t  # type: ignore[operator]
+    first = in_flight_microbatches(layout, microbatches) * stage_layers * per_layer
+    last_in_flight = microbatches if layout.schedule == "gpipe" else 1
+    last = last_in_flight * stage_layers * per_layer + logits
+    return max(first, last) if layout.pp > 1 else first + logits

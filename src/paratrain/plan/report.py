@@ -1,0 +1,120 @@
+"""The terminal table and the PNG chart of a plan. Memory in GB (1e9 bytes), as the seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paratrain.plan.cluster import GB
+from paratrain.plan.estimate import Estimate
+from paratrain.plan.recommend import SYNC_VS_ASYNC, Plan
+
+MAX_REJECTED_ROWS = 20
+HEADER = (
+    f"{'layout':<32} {'K':>5} {'params':>7} {'grads':>7} {'optim':>7} {'master':>7} "
+    f"{'act':>7} {'total':>7} {'comm':>8} {'msgs':>7} {'bubble':>6} {'step s':>9} {'days':>7}"
+)
+
+
+def _gb(x: float | None) -> str:
+    return "?" if x is None else f"{x / GB:.2f}"
+
+
+def _row(e: Estimate, mark: str) -> str:
+    s, t = e.model_state, e.time
+    k = "-" if e.microbatches is None else str(e.microbatches)
+    bubble = "-" if e.bubble is None else f"{e.bubble:.0%}"
+    step = "-" if t is None else f"{t.total_s:.4g}"
+    days = "-" if e.train_time_s is None else f"{e.train_time_s / 86400:.3g}"
+    return (
+        f"{mark + e.layout.label:<32} {k:>5} {_gb(s.params):>7} {_gb(s.grads):>7} "
+        f"{_gb(s.optimizer):>7} {_gb(s.master):>7} {_gb(e.activation_bytes):>7} "
+        f"{_gb(e.memory_bytes):>7} {_gb(e.comm_bytes):>8} {e.messages:>7} {bubble:>6} "
+        f"{step:>9} {days:>7}"
+    )
+
+
+def table(plan: Plan) -> str:
+    """Fitting layouts (recommended marked *), then rejected ones with their reasons."""
+    m, c, w = plan.model, plan.cluster, plan.workload
+    lines = [
+        f"model {m.name}: N = {m.params:.4g} parameters"
+        + (f", {m.n_layer} layers, hidden {m.d_model}, {m.n_head} heads" if m.has_shape else "")
+        + f", seq {m.seq_len}; {w.precision.name} precision, {w.optimizer}: "
+        f"{w.state_bytes_per_param} bytes/param; recompute {w.recompute}",
+        f"cluster {c.name}: {c.gpus} GPUs, {c.gpus_per_node} per node, "
+        f"{c.gpu_memory_bytes / GB:.0f} GB each, intra {c.intra_bw / GB:.0f} GB/s, "
+        f"inter {c.inter_bw / GB:.0f} GB/s, {c.effective_flops:.3g} FLOP/s effective",
+        "GB per GPU (1e9 bytes); comm = GB sent per GPU per step; days to train "
+        f"{w.train_tokens:.3g} tokens",
+        "",
+        HEADER,
+    ]
+    fitting = sorted((e for e in plan.estimates if e.fits), key=lambda e: e.memory_bytes)
+    for e in fitting:
+        lines.append(_row(e, "* " if e is plan.recommended else "  "))
+    rejected = [e for e in plan.estimates if not e.fits]
+    if rejected:
+        lines += ["", f"rejected ({len(rejected)}):"]
+        for e in rejected[:MAX_REJECTED_ROWS]:
+            lines.append(f"  {e.layout.label:<30} {e.reason}")
+        if len(rejected) > MAX_REJECTED_ROWS:
+            lines.append(f"  ... and {len(rejected) - MAX_REJECTED_ROWS} more (see --json)")
+    lines += ["", plan.explanation]
+    lines += [f"warning: {x}" for x in plan.warnings]
+    lines += ["", SYNC_VS_ASYNC]
+    return "\n".join(lines)
+
+
+def chart(plan: Plan, path: str | Path, max_layouts: int = 24) -> Path:
+    """Two panels: memory per GPU stacked by kind against capacity; step time by part."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [e for e in plan.estimates if e.time is not None]
+    shown.sort(key=lambda e: (not e.fits, e.memory_bytes))
+    shown = shown[:max_layouts]
+    # "*" marks the recommendation, "x" a rejected layout (it may fit in memory but not run).
+    labels = [
+        ("* " if e is plan.recommended else "" if e.fits else "x ") + e.layout.label for e in shown
+    ]
+    x = range(len(shown))
+    fig, (ax_mem, ax_time) = plt.subplots(2, 1, figsize=(max(8, 0.5 * len(shown) + 3), 9))
+    bottom = [0.0] * len(shown)
+    kinds = [
+        ("params", lambda e: e.model_state.params),
+        ("grads", lambda e: e.model_state.grads),
+        ("optimizer", lambda e: e.model_state.optimizer),
+        ("master", lambda e: e.model_state.master),
+        ("activations", lambda e: e.activation_bytes or 0.0),
+    ]
+    for name, get in kinds:
+        heights = [get(e) / GB for e in shown]
+        ax_mem.bar(x, heights, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax_mem.axhline(plan.cluster.gpu_memory_bytes / GB, color="red", ls="--", label="capacity")
+    ax_mem.set_ylabel("GB per GPU")
+    ax_mem.set_title(f"{plan.model.name} on {plan.cluster.name}: memory per GPU")
+    ax_mem.legend(fontsize=8)
+    bottom = [0.0] * len(shown)
+    parts = [
+        ("compute", lambda e: e.time.compute_s),
+        ("exposed comm", lambda e: e.time.exposed_comm_s),
+        ("bubble", lambda e: e.time.bubble_s),
+    ]
+    for name, get in parts:
+        heights = [get(e) for e in shown]
+        ax_time.bar(x, heights, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax_time.set_ylabel("seconds per step")
+    ax_time.set_title("step time: compute, exposed communication, bubble (fitting layouts first)")
+    ax_time.legend(fontsize=8)
+    for ax in (ax_mem, ax_time):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

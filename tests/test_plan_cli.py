@@ -1,0 +1,135 @@
+"""`paratrain plan` from the command line: the JSON contract, errors, the chart, --validate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paratrain.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_is_the_last_line_with_the_seeds_numbers(capsys, tmp_path):
+    code, out, _ = run(
+        capsys,
+        "--preset",
+        "7b",
+        "--dp",
+        "8",
+        "--zero",
+        "1",
+        "--json",
+        "--chart",
+        str(tmp_path / "c.png"),
+    )
+    assert code == 0
+    data = json.loads(out.strip().splitlines()[-1])
+    (entry,) = data["layouts"]
+    assert entry["model_state_bytes_per_gpu"] == {
+        "params": 14_000_000_000,
+        "grads": 14_000_000_000,
+        "optimizer": 7_000_000_000,
+        "master": 3_500_000_000,
+        "total": 38_500_000_000,
+    }
+    assert entry["comm_bytes_per_gpu"] == 24_500_000_000
+    assert data["recommended"]["zero"] == 1
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert "tp1.pp1.dp8.z1" in out  # the table
+
+
+def test_params_alone_and_overrides(capsys):
+    code, out, _ = run(
+        capsys, "--params", "13e9", "--activation-gb", "40", "--dp", "8", "--json", "--no-chart"
+    )
+    assert code == 0
+    data = json.loads(out.strip().splitlines()[-1])
+    fits = {e["zero"]: e["fits"] for e in data["layouts"]}
+    assert fits == {0: False, 1: False, 2: False, 3: True}
+
+
+def test_pipeline_layout_and_bubble(capsys):
+    code, out, _ = run(
+        capsys,
+        "--preset",
+        "13b",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--dp",
+        "1",
+        "--schedule",
+        "1f1b",
+        "--global-batch",
+        "8",
+        "--json",
+        "--no-chart",
+    )
+    assert code == 0
+    (entry,) = json.loads(out.strip().splitlines()[-1])["layouts"]
+    assert entry["bubble_fraction"] == 3 / 11
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--preset", "8b"], "unknown or given twice; valid: paratrain, 1.3b"),
+        (["--precision", "fp8"], "unknown precision 'fp8'; valid: mixed, fp32, bf16"),
+        (["--zero", "4"], "ZeRO stage 4; valid: 0, 1, 2, 3"),
+        (["--dp", "3"], "no layout with dp=3 on 8 GPUs"),
+        (["--gpus", "12"], "not a whole number of nodes"),
+        (["--schedule", "zigzag"], "schedule 'zigzag'; valid: gpipe, 1f1b, interleaved"),
+        (["--utilisation", "1.5"], "utilisation = 1.5; valid: 0 < u <= 1"),
+        (["--micro-batch", "0"], "micro-batch 0; must be at least 1"),
+        (["--params", "-1"], "--params -1.0; must be > 0"),
+        (["--heads", "7"], "heads 7 do not divide hidden 4096"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv, "--no-chart")
+    assert code == 2, out
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_batch_arithmetic_that_fails_rejects_the_layout_with_its_numbers(capsys):
+    code, out, _ = run(
+        capsys,
+        "--global-batch",
+        "24",
+        "--microbatches",
+        "2",
+        "--dp",
+        "8",
+        "--zero",
+        "3",
+        "--json",
+        "--no-chart",
+    )
+    assert code == 0
+    (entry,) = json.loads(out.strip().splitlines()[-1])["layouts"]
+    assert not entry["fits"]
+    assert "micro-batches 2 disagree with G / (b * dp) = 24 / (1 * 8) = 3" in entry["reason"]
+
+
+def test_unknown_flag_is_argparse_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--bogus"])
+    assert exc.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_validate_dp_matches_exactly(capsys):
+    from paratrain.bench.validate import run_validation
+
+    assert run_validation(steps=2) == 0
+    out = capsys.readouterr().out
+    assert "NO" not in out and "quantities agree" in out
