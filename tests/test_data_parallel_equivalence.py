@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from paratrain import comm
+from paratrain.comm import CommOptions
 from paratrain.mesh import Mesh
 from paratrain.parallel import data_parallel
 from paratrain.train.loop import train
@@ -27,31 +27,42 @@ from tests.equivalence import (
 )
 
 
-def _skip_reduction(model, group):  # each replica keeps its own gradient
-    pass
+def _break(mode):
+    """Sabotage the gradient reduction in this worker process only."""
+    if mode == "skip":  # each replica keeps its own gradient
+
+        def launch(self, force=False):
+            self._next_launch = len(self.buckets)
+
+        data_parallel.DataParallel._launch_ready = launch
+    elif mode == "avg":  # averages token-normalised gradients: k times too small
+        original = data_parallel.DataParallel.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.reduce_op = "avg"
+
+        data_parallel.DataParallel.__init__ = init
 
 
-def _sum_reduction(model, group):  # sums instead of averaging: gradients k times too big
-    for p in model.parameters():
-        comm.all_reduce(p.grad, group, op="sum")
-
-
-BROKEN = {"skip": _skip_reduction, "sum": _sum_reduction}
-
-
-def train_on_ranks(rank, world_size, cfg, data, broken=None):
+def train_on_ranks(rank, world_size, cfg, data, broken=None, algo="native"):
     if broken is not None:
-        data_parallel.all_reduce_gradients = BROKEN[broken]
-    mesh = Mesh.build(dp=world_size)
+        _break(broken)
+    mesh = Mesh.build(dp=world_size, options=CommOptions(algo=algo))
     result = train(cfg, mesh, data)
     state = copy.deepcopy(result.model.state_dict())
     return RunRecord([m.loss for m in result.metrics], [m.grad_norm for m in result.metrics], state)
 
 
-@pytest.mark.parametrize("world_size, micro_batch", [(1, 8), (2, 4), (2, 2), (4, 2), (4, 1)])
-def test_data_parallel_matches_single_process(world_size, micro_batch):
+@pytest.mark.parametrize(
+    "world_size, micro_batch, bucket_mb",
+    [(1, 8, 25), (2, 4, 25), (2, 2, 0.01), (4, 2, 0), (4, 1, 0.003)],
+)
+def test_data_parallel_matches_single_process(world_size, micro_batch, bucket_mb):
+    """With and without accumulation (K = 1, 2), one bucket, uneven small buckets."""
     cfg = tiny_config(micro_batch=micro_batch)
     cfg.parallel.dp = world_size
+    cfg.parallel.bucket_mb = bucket_mb
     cfg.train.microbatches = cfg.train.global_batch // (micro_batch * world_size)
     data = tiny_data()
     reference, initial = reference_training(cfg, data)
@@ -60,7 +71,18 @@ def test_data_parallel_matches_single_process(world_size, micro_batch):
         assert_equivalent(record, reference, initial)
 
 
-@pytest.mark.parametrize("broken", ["skip", "sum"])
+@pytest.mark.parametrize("algo", ["ring", "tree"])
+def test_our_algorithms_train_like_native(algo):
+    cfg = tiny_config(micro_batch=2)
+    cfg.parallel.dp = 2
+    cfg.parallel.bucket_mb = 0.01
+    data = tiny_data()
+    reference, initial = reference_training(cfg, data)
+    records = run_distributed(train_on_ranks, 2, cfg, data, None, algo)
+    assert_equivalent(records[0], reference, initial)
+
+
+@pytest.mark.parametrize("broken", ["skip", "avg"])
 def test_equivalence_helper_catches_a_broken_reduction(broken):
     cfg = tiny_config(micro_batch=4)
     cfg.parallel.dp = 2

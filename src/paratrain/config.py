@@ -48,6 +48,9 @@ class ParallelConfig:
     backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
     comm_algo: str = param("native", "Default collective algorithm: native, ring or tree.")
+    bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
+    dp_mode: str = param("sync", "Data parallel: sync (all-reduce) or async (parameter server).")
+    straggler: str = param("", "Make one rank slower, RANK:FACTOR (e.g. 1:3 = 3x its compute).")
 
 
 @dataclass
@@ -59,7 +62,9 @@ class TrainConfig:
     microbatches: int = param(
         0, "Micro-batches per replica per step (K = G / (b * dp)); 0: from G."
     )
-    lr: float = param(3e-3, "Peak learning rate (after warmup).")
+    lr: float = param(3e-3, "Peak learning rate (after warmup), at batch lr_base_batch.")
+    lr_scaling: str = param("none", "Scale lr with the global batch: none, linear or sqrt.")
+    lr_base_batch: int = param(16, "Global batch at which lr applies unscaled.")
     min_lr_ratio: float = param(
         0.1, "Final learning rate of the cosine decay, as a fraction of lr."
     )

@@ -16,6 +16,7 @@ from paratrain.config import RunConfig
 BUILT_DTYPES = ("float32",)
 KNOWN_DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+LR_SCALINGS = ("none", "linear", "sqrt")
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
@@ -25,6 +26,8 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     _resolve_device_defaults(cfg)
     _check_not_built_yet(cfg)
     _resolve_mesh(cfg, world_size)
+    if cfg.parallel.straggler:
+        parse_straggler(cfg.parallel.straggler, world_size)
     _resolve_batch(cfg)
     _check_model(cfg)
     _check_data(cfg)
@@ -80,6 +83,20 @@ def _check_comm(cfg: RunConfig) -> None:
         raise ValueError(f"--comm-algo {cfg.parallel.comm_algo!r}; valid: {', '.join(ALGOS)}")
 
 
+def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
+    """'RANK:FACTOR' -> (rank, factor): that rank's steps take FACTOR times its compute."""
+    try:
+        rank_text, factor_text = text.split(":")
+        rank, factor = int(rank_text), float(factor_text)
+    except ValueError:
+        raise ValueError(f"--straggler {text!r}; expected RANK:FACTOR such as 1:3") from None
+    if not 0 <= rank < world_size or factor < 1:
+        raise ValueError(
+            f"--straggler {text!r}: rank must be in 0..{world_size - 1} and factor at least 1"
+        )
+    return rank, factor
+
+
 def _resolve_device_defaults(cfg: RunConfig) -> None:
     cuda = torch.cuda.is_available()
     backend = cfg.parallel.backend
@@ -111,6 +128,8 @@ def _check_not_built_yet(cfg: RunConfig) -> None:
             f"--schedule {p.schedule!r}: pipeline schedules ({known}) are not built yet; "
             "leave --schedule unset"
         )
+    if p.dp_mode == "async":
+        raise ValueError("--dp-mode async: the parameter server is not built yet; valid: sync")
     if t.dtype not in BUILT_DTYPES:
         raise ValueError(
             f"--dtype {t.dtype}: mixed precision is not built yet; valid: --dtype float32"

@@ -70,6 +70,7 @@ def small_config(world: int, steps: int) -> RunConfig:
     cfg.train.micro_batch = 2
     cfg.train.val_batches = 0
     cfg.train.dtype = "float32"
+    cfg.parallel.bucket_mb = 0  # one bucket: one gradient all-reduce, as the planner counts
     return cfg
 
 
@@ -207,8 +208,9 @@ def compare(case: Case, measured: list[dict[str, Any]], steps: int) -> list[Row]
     )
     est = estimate(model_spec(cfg), cluster, workload_for(cfg), case.layout)
     predicted_state = est.model_state.as_dict()
-    # The loop also averages the step's loss over dp: one fp32 scalar all-reduce per step.
-    loss_bytes = plan_comm.all_reduce_bytes(4, case.layout.dp)
+    # The loop also sums (loss, tokens) over dp for token weighting: one all-reduce of two
+    # float64 numbers per step.
+    loss_bytes = plan_comm.all_reduce_bytes(16, case.layout.dp)
     rows = []
     for rank, m in enumerate(measured):
         for kind in ("params", "grads", "optimizer", "master"):
@@ -220,7 +222,7 @@ def compare(case: Case, measured: list[dict[str, Any]], steps: int) -> list[Row]
                     f"rank {rank} step {step} bytes sent",
                     est.comm_bytes + loss_bytes,
                     sent,
-                    note=f"{est.comm_bytes} gradients + {loss_bytes} loss scalar",
+                    note=f"{est.comm_bytes} gradients + {loss_bytes} (loss, tokens)",
                 )
             )
     return rows

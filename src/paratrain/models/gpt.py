@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+IGNORE_INDEX = -100  # target id that is masked out of the loss (padding)
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -88,6 +90,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # A module, not a call, so that tensor parallelism can swap in a loss that works on
+        # vocabulary-split logits without the model knowing (models/plans.py).
+        self.loss_fn: nn.Module = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so that the
         # residual stream's variance does not grow with depth.
@@ -120,7 +125,7 @@ class GPT(nn.Module):
         logits = self.head(self.norm(x))  # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return self.loss_fn(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,17 +1,36 @@
-"""Data parallelism, first version: replicas start equal and average their gradients.
+"""Data parallelism: replicas start equal and average their gradients, overlapped with backward.
 
-Every replica holds the whole model and a different slice of the global batch; averaging
-the gradients over the dp group makes each optimizer step equal to one step on the whole
-batch (seeds, definition 9.2.1). This version all-reduces one flat buffer after the
-backward pass; bucketing and overlap with backward come with the data-parallel issue.
+Every replica holds the whole model and a different slice of the global batch; reducing the
+gradients over the dp group makes each optimizer step equal to one step on the whole batch
+(seeds, definition 9.2.1). As in PyTorch DDP (arXiv:2006.15704), gradients are grouped in
+buckets in reverse order of use; a hook on each parameter notes when its gradient is
+complete, and a bucket's all-reduce starts, asynchronously, as soon as the bucket is full,
+while autograd goes on with earlier layers. Buckets are launched strictly in index order
+so that every rank issues the same sequence of collectives even when a parameter is unused
+on some ranks; `finish_gradient_sync` launches what is left and waits for everything.
+
+Usage from a user's own loop:
+
+    model = DataParallel(MyModel(), mesh.group("dp"))
+    for batch in my_shard:
+        loss = loss_fn(model(batch.x), batch.y)
+        loss.backward()
+        model.finish_gradient_sync()
+        optimizer.step()
+        model.zero_grad()
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.buckets import Bucket, build_buckets
 
 
 def broadcast_parameters(model: nn.Module, group: comm.CommGroup) -> None:
@@ -21,29 +40,114 @@ def broadcast_parameters(model: nn.Module, group: comm.CommGroup) -> None:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
     comm.broadcast(flat, group, src=0)
-    _unflatten_into(flat, tensors)
-
-
-def all_reduce_gradients(model: nn.Module, group: comm.CommGroup) -> None:
-    """Average every parameter's gradient over the group.
-
-    A parameter that got no gradient on this rank contributes zeros, so every rank sends
-    the same buffer and a parameter unused in one step cannot hang the collective.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if group.size == 1 or not params:
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, group, op="avg")
-    _unflatten_into(flat, grads)
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
+
+
+class DataParallel(nn.Module):
+    """Wrap any module for data-parallel training over `group`.
+
+    reduce_op: "avg" divides the summed gradients by the group size (DDP's behaviour);
+    "sum" is for losses already normalised by the global token count.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        group: comm.CommGroup,
+        bucket_mb: float = 25.0,
+        reduce_op: str = "avg",
+        broadcast_buffers: bool = True,
+    ) -> None:
+        super().__init__()
+        if reduce_op not in ("avg", "sum"):
+            raise ValueError(f"reduce_op {reduce_op!r}; valid: avg, sum")
+        self.module = module
+        self.group = group
+        self.reduce_op = reduce_op
+        self.broadcast_buffers = broadcast_buffers
+        broadcast_parameters(module, group)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = build_buckets(params, int(bucket_mb * 2**20))
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
+        for bucket in self.buckets:
+            for i, p in enumerate(bucket.params):
+                self._bucket_of[id(p)] = (bucket, i)
+                p.grad = bucket.views[i]
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._sync = True
+        self._next_launch = 0
+        self._handles: list[Any] = []
+        self._touched: set[int] = set()  # params whose hook fired since the last sync
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self.group.size > 1:
+            buffers = list(self.module.buffers())
+            if buffers:  # e.g. BatchNorm running statistics: rank 0's are the truth
+                for b in buffers:
+                    comm.broadcast(b.data, self.group, src=0)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (in the bucket buffers) without communicating."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        bucket, i = self._bucket_of[id(p)]
+        if p.grad is not None and p.grad.data_ptr() != bucket.views[i].data_ptr():
+            # .grad was replaced (zero_grad(set_to_none=True) before this backward): this
+            # is the first gradient of the step, so it overwrites the stale view.
+            bucket.views[i].copy_(p.grad)
+            p.grad = bucket.views[i]
+        self._touched.add(id(p))
+        if not self._sync:
+            return
+        bucket.ready.add(id(p))
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        """Launch complete buckets in index order; with force, launch all the rest."""
+        while self._next_launch < len(self.buckets):
+            bucket = self.buckets[self._next_launch]
+            if not (force or bucket.is_complete()):
+                return
+            if force:
+                self._attach_unused(bucket)
+            handle = comm.all_reduce(bucket.buffer, self.group, op=self.reduce_op, async_op=True)
+            self._handles.append(handle)
+            self._next_launch += 1
+
+    def _attach_unused(self, bucket: Bucket) -> None:
+        """A parameter that got no gradient this step contributes zeros (others may not)."""
+        for p, view in zip(bucket.params, bucket.views, strict=True):
+            if id(p) not in self._touched and (
+                p.grad is None or p.grad.data_ptr() != view.data_ptr()
+            ):
+                view.zero_()
+            p.grad = view  # every rank then steps on the same averaged gradient
+
+    def finish_gradient_sync(self) -> None:
+        """Launch buckets whose parameters got no gradient this step, then wait for all."""
+        self._launch_ready(force=True)
+        for handle in self._handles:
+            handle.wait()
+        self._handles.clear()
+        self._next_launch = 0
+        self._touched.clear()
+        for bucket in self.buckets:
+            bucket.ready.clear()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero the bucket buffers (the gradients are views into them)."""
+        del set_to_none  # the views must stay: gradients live in the buckets
+        for bucket in self.buckets:
+            bucket.buffer.zero_()
+            for p, view in zip(bucket.params, bucket.views, strict=True):
+                p.grad = view

@@ -6,6 +6,7 @@ tests check are the numbers that users get.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,10 +17,13 @@ from torch import nn
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
-from paratrain.parallel.data_parallel import broadcast_parameters
+from paratrain.parallel.data_parallel import DataParallel
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
-from paratrain.train.optim import build_adamw, learning_rate
+from paratrain.train.optim import build_adamw, learning_rate, scaled_lr
 from paratrain.train.step import evaluate, train_step
+from paratrain.validate import parse_straggler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class StepMetrics:
 
 @dataclass
 class TrainResult:
-    model: nn.Module
+    model: nn.Module  # the plain model (unwrapped)
     metrics: list[StepMetrics]
     val_loss: float
 
@@ -56,6 +60,20 @@ def build_model(cfg: RunConfig) -> nn.Module:
     return GPT(gpt_config(cfg))
 
 
+def peak_lr(cfg: RunConfig) -> float:
+    t = cfg.train
+    return scaled_lr(t.lr, t.global_batch, t.lr_base_batch, t.lr_scaling)
+
+
+def straggle(cfg: RunConfig, mesh: Mesh, busy_s: float) -> None:
+    """Reproduce the seeds' slow worker: sleep so this rank's step takes FACTOR x its work."""
+    if not cfg.parallel.straggler:
+        return
+    rank, factor = parse_straggler(cfg.parallel.straggler, mesh.shape.world_size)
+    if mesh.global_rank == rank:
+        time.sleep((factor - 1.0) * busy_s)
+
+
 def train(
     cfg: RunConfig,
     mesh: Mesh,
@@ -64,11 +82,20 @@ def train(
 ) -> TrainResult:
     t = cfg.train
     dp = mesh.group("dp")
-    model = build_model(cfg)
-    broadcast_parameters(model, dp)
+    model = DataParallel(build_model(cfg), dp, bucket_mb=cfg.parallel.bucket_mb, reduce_op="sum")
     # Dropout masks differ between replicas (they see different data) but not between runs.
     torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))
-    optimizer = build_adamw(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    lr = peak_lr(cfg)
+    if t.lr_scaling != "none":
+        log.info(
+            "learning rate %.3g at batch %d, %s scaling to batch %d: %.3g",
+            t.lr,
+            t.lr_base_batch,
+            t.lr_scaling,
+            t.global_batch,
+            lr,
+        )
+    optimizer = build_adamw(model.module, lr, t.weight_decay, (t.beta1, t.beta2))
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     metrics: list[StepMetrics] = []
     for step in range(t.steps):
@@ -76,16 +103,18 @@ def train(
         micro_batches = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
         data_done = time.perf_counter()
         waited_before = mesh.ledger.wait_s()
-        lr = learning_rate(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
-        out = train_step(model, optimizer, micro_batches, dp, lr, t.grad_clip)
+        step_lr = learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+        out = train_step(model, optimizer, micro_batches, step_lr, t.grad_clip)
         end = time.perf_counter()
         comm_s = mesh.ledger.wait_s() - waited_before
+        straggle(cfg, mesh, end - data_done - comm_s)
+        end = time.perf_counter()
         step_s = end - start
         m = StepMetrics(
             step=step + 1,
             loss=out.loss,
-            lr=lr,
-            tokens_per_s=cfg.tokens_per_step / step_s,
+            lr=step_lr,
+            tokens_per_s=out.tokens / step_s,
             grad_norm=out.grad_norm,
             step_s=step_s,
             compute_s=end - data_done - comm_s,
@@ -96,5 +125,5 @@ def train(
         if on_step is not None:
             on_step(m)
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
-    val_loss = evaluate(model, val, dp) if val else float("nan")
-    return TrainResult(model=model, metrics=metrics, val_loss=val_loss)
+    val_loss = evaluate(model.module, val, dp) if val else float("nan")
+    return TrainResult(model=model.module, metrics=metrics, val_loss=val_loss)

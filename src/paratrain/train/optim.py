@@ -21,6 +21,23 @@ def learning_rate(step: int, base_lr: float, warmup: int, total: int, min_ratio:
     return base_lr * (min_ratio + (1.0 - min_ratio) * cosine)
 
 
+def scaled_lr(base_lr: float, global_batch: int, base_batch: int, scaling: str) -> float:
+    """The peak rate for a global batch, from a rate tuned at `base_batch` (seeds, 9.2.1).
+
+    linear: lr * G / G0 (Goyal et al. 2017, arXiv:1706.02677), for SGD-like optimizers;
+    sqrt: lr * sqrt(G / G0), which keeps the update's noise scale (Krizhevsky 2014,
+    arXiv:1404.5997; Malladi et al. 2022 for Adam); none: lr unchanged.
+    """
+    ratio = global_batch / base_batch
+    if scaling == "linear":
+        return base_lr * ratio
+    if scaling == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    if scaling == "none":
+        return base_lr
+    raise ValueError(f"lr scaling {scaling!r}; valid: none, linear, sqrt")
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay 2-D weights (linear layers, embeddings); not biases or LayerNorm gains."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]

@@ -1,65 +1,81 @@
-"""One optimizer step of data-parallel training over K micro-batches."""
+"""One optimizer step of data-parallel training over K micro-batches.
+
+Token weighting: each micro-batch contributes the sum of its token losses, and the summed
+gradients (over micro-batches and, by the dp all-reduce, over replicas) are divided by the
+number of target tokens in the whole global batch. The step therefore equals one step on
+all K * b * dp sequences at once even when micro-batches hold different numbers of tokens
+(targets equal to IGNORE_INDEX are masked out and do not count).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from paratrain import comm
-from paratrain.parallel import data_parallel
+from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.data_parallel import DataParallel
 
 
 @dataclass(frozen=True)
 class StepOutput:
     loss: float  # mean token loss over the global batch (all replicas)
-    grad_norm: float  # global L2 norm of the averaged gradient, before clipping
+    grad_norm: float  # global L2 norm of the reduced gradient, before clipping
+    tokens: int  # target tokens in the global batch
 
 
 def train_step(
-    model: nn.Module,
+    model: DataParallel,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[torch.Tensor],
-    dp_group: comm.CommGroup,
     lr: float,
     grad_clip: float,
 ) -> StepOutput:
-    """Accumulate gradients over the micro-batches, average over dp, clip, update.
-
-    Each micro-batch row is seq_len + 1 token ids; all rows are full length, so every
-    micro-batch holds the same number of tokens and 1/K per micro-batch weights each token
-    equally: the step equals one step on all K * b * dp sequences at once.
-    """
+    """Accumulate over the micro-batches (one gradient sync), normalise, clip, update."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    num_micro = len(micro_batches)
-    total = torch.zeros(())
-    for batch in micro_batches:
-        loss = model(batch[:, :-1], batch[:, 1:])
-        (loss / num_micro).backward()
-        total += loss.detach()
-    # Looked up on the module so that a test can swap in a deliberately broken reduction.
-    data_parallel.all_reduce_gradients(model, dp_group)
-    params = [p for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
+    last = len(micro_batches) - 1
+    for i, batch in enumerate(micro_batches):
+        # Masked (padding) positions are fed token 0; their targets carry the mask.
+        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]
+        tokens = int((targets != IGNORE_INDEX).sum())
+        if tokens == 0:
+            continue  # nothing to learn from; finish_gradient_sync still syncs this step
+        # Only the last micro-batch's backward triggers the gradient all-reduce.
+        sync = contextlib.nullcontext() if i == last else model.no_sync()
+        with sync:
+            mean_loss = model(inputs, targets)
+            (mean_loss * tokens).backward()
+        sums[0] += mean_loss.detach().double() * tokens
+        sums[1] += tokens
+    model.finish_gradient_sync()
+    comm.all_reduce(sums, model.group, op="sum")
+    total_tokens = max(1.0, float(sums[1]))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, 1.0 / total_tokens)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
     optimizer.step()
-    mean_loss = comm.all_reduce(total / num_micro, dp_group, op="avg")
-    return StepOutput(loss=mean_loss.item(), grad_norm=grad_norm.item())
+    return StepOutput(float(sums[0]) / total_tokens, grad_norm.item(), int(sums[1]))
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup) -> float:
-    """Mean loss over the held-out batches; replica r takes batches r, r + dp, ..."""
+def evaluate(
+    model: torch.nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup
+) -> float:
+    """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ..."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64)  # (loss * tokens, tokens)
     for batch in batches[dp_group.rank :: dp_group.size]:
-        tokens = batch[:, 1:].numel()
-        sums[0] += model(batch[:, :-1], batch[:, 1:]).double() * tokens
-        sums[1] += tokens
+        tokens = int((batch[:, 1:] != IGNORE_INDEX).sum())
+        if tokens:
+            sums[0] += model(batch[:, :-1].clamp(min=0), batch[:, 1:]).double() * tokens
+            sums[1] += tokens
     comm.all_reduce(sums, dp_group, op="sum")
     model.train(was_training)
     return float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
