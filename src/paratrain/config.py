@@ -50,6 +50,8 @@ class ParallelConfig:
     comm_algo: str = param("native", "Default collective algorithm: native, ring or tree.")
     bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
     dp_mode: str = param("sync", "Data parallel: sync (all-reduce) or async (parameter server).")
+    dc_lambda: float = param(0.0, "Async: DC-ASGD delay compensation strength (0 = off).")
+    staleness_bound: int = param(0, "Async: drop gradients staler than this (0 = no bound).")
     straggler: str = param("", "Make one rank slower, RANK:FACTOR (e.g. 1:3 = 3x its compute).")
 
 

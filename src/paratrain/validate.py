@@ -128,8 +128,6 @@ def _check_not_built_yet(cfg: RunConfig) -> None:
             f"--schedule {p.schedule!r}: pipeline schedules ({known}) are not built yet; "
             "leave --schedule unset"
         )
-    if p.dp_mode == "async":
-        raise ValueError("--dp-mode async: the parameter server is not built yet; valid: sync")
     if t.dtype not in BUILT_DTYPES:
         raise ValueError(
             f"--dtype {t.dtype}: mixed precision is not built yet; valid: --dtype float32"
@@ -155,6 +153,13 @@ def _resolve_mesh(cfg: RunConfig, world_size: int) -> None:
 def _resolve_batch(cfg: RunConfig) -> None:
     """G sequences per step, b per micro-batch, K = G / (b * dp) micro-batches per replica."""
     t, dp = cfg.train, cfg.parallel.dp
+    if cfg.parallel.dp_mode == "async":
+        if dp < 2 or cfg.parallel.pp * cfg.parallel.tp != 1:
+            raise ValueError(
+                f"--dp-mode async needs pp = tp = 1 and dp >= 2 (one server, at least one "
+                f"worker); got dp={dp} pp={cfg.parallel.pp} tp={cfg.parallel.tp}"
+            )
+        dp -= 1  # rank 0 serves parameters; the other ranks are the replicas
     per_pass = t.micro_batch * dp
     if t.microbatches and not t.global_batch:
         t.global_batch = t.microbatches * per_pass

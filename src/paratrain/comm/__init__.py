@@ -21,7 +21,7 @@ from paratrain.comm.ops import (
     reduce_scatter,
     scatter,
 )
-from paratrain.comm.p2p import irecv, isend, recv, send
+from paratrain.comm.p2p import irecv, isend, recv, recv_any, send
 from paratrain.comm.report import gather_report
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "irecv",
     "isend",
     "recv",
+    "recv_any",
     "reduce",
     "reduce_scatter",
     "scatter",

@@ -42,6 +42,18 @@ def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
     return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
 
 
+def recv_any(tensor: torch.Tensor, group: CommGroup) -> int:
+    """Receive into `tensor` from whichever group rank sends first; return that rank.
+
+    What a parameter server needs: it serves workers in the order they push.
+    """
+    record = begin(group, "recv", "native", describe(tensor))
+    work = dist.irecv(tensor, src=None, group=group.pg)
+    handle = Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
+    handle.wait()
+    return work.source_rank()  # the rank within the process group, which is ours
+
+
 def send(tensor: torch.Tensor, group: CommGroup, dst: int) -> None:
     isend(tensor, group, dst).wait()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -47,6 +47,7 @@ class TrainResult:
     model: nn.Module  # the plain model (unwrapped)
     metrics: list[StepMetrics]
     val_loss: float
+    extra: dict = field(default_factory=dict)  # mode-specific facts, e.g. async staleness
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -80,6 +81,10 @@ def train(
     data: TokenData,
     on_step: Callable[[StepMetrics], None] | None = None,
 ) -> TrainResult:
+    if cfg.parallel.dp_mode == "async":
+        from paratrain.train.async_loop import train_async  # it builds on this module
+
+        return train_async(cfg, mesh, data, on_step)
     t = cfg.train
     dp = mesh.group("dp")
     model = DataParallel(build_model(cfg), dp, bucket_mb=cfg.parallel.bucket_mb, reduce_op="sum")

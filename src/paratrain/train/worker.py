@@ -77,6 +77,7 @@ def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, A
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
         "train_s": sum(m.step_s for m in metrics),
         "run_dir": str(run_dir),
+        **({"async": result.extra} if result.extra else {}),
     }
 
 

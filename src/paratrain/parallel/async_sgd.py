@@ -1,0 +1,180 @@
+"""Asynchronous data parallelism: a parameter server and workers that never wait for each other.
+
+Rank 0 of the group holds the master parameters and the optimizer. Each worker pulls the
+parameters, computes a gradient on its own batch and pushes it; the server applies every
+gradient as it arrives and answers that worker alone with fresh parameters and its next
+batch. A gradient computed on parameters that are `s` updates old has staleness `s`
+(seeds, 9.2: Hogwild!/parameter-server asynchronous SGD, Dean et al. 2012).
+
+Delay compensation (DC-ASGD, Zheng et al. 2017, arXiv:1609.08326) corrects a stale gradient
+with a first-order Taylor term, approximating the Hessian by lambda * g * g:
+    g_corrected = g + lambda * g * g * (w_now - w_pulled)
+A staleness bound drops gradients older than the bound (the worker then gets fresh
+parameters and recomputes), trading wasted work for freshness.
+
+Messages (all through paratrain.comm point-to-point on the group):
+    worker -> server: header float64 [pulled_version, batch_index, loss, tokens], grad
+    server -> worker: header float64 [version, next_batch_index or -1 to stop], params
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from paratrain import comm
+
+STOP = -1.0
+
+
+def dc_asgd_correct(
+    grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor, lam: float
+) -> torch.Tensor:
+    """g + lambda * g * g * (w_now - w_pulled); lambda = 0 leaves g unchanged."""
+    if lam == 0.0:
+        return grad
+    return grad + lam * grad * grad * (w_now - w_pulled)
+
+
+@dataclass(frozen=True)
+class Update:
+    index: int  # 0-based count of applied updates
+    worker: int  # group rank of the worker
+    staleness: int  # updates applied between the worker's pull and this push
+    batch: int
+    grad_norm: float  # of the applied (corrected) gradient, before clipping
+    loss: float
+    tokens: float
+    time_s: float  # since the server started
+
+
+@dataclass
+class ServerReport:
+    updates: list[Update] = field(default_factory=list)
+    dropped: int = 0  # gradients refused by the staleness bound
+
+    def pushes_by_worker(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for u in self.updates:
+            counts[u.worker] = counts.get(u.worker, 0) + 1
+        return counts
+
+
+def _flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _load_flat(model: nn.Module, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in model.parameters():
+        p.data.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def _set_grads(model: nn.Module, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in model.parameters():
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def serve(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: comm.CommGroup,
+    total_updates: int,
+    set_lr: Callable[[int], None],
+    dc_lambda: float = 0.0,
+    staleness_bound: int = 0,
+    grad_clip: float = 0.0,
+) -> ServerReport:
+    """Run the parameter server on group rank 0 until `total_updates` have been applied."""
+    workers = [r for r in range(group.size) if r != group.rank]
+    numel = sum(p.numel() for p in model.parameters())
+    report, version, next_batch = ServerReport(), 0, 0
+    pulled: dict[int, torch.Tensor] = {}
+    start = time.perf_counter()
+
+    def reply(worker: int, batch: float) -> None:
+        comm.send(torch.tensor([float(version), batch], dtype=torch.float64), group, worker)
+        if batch != STOP:
+            pulled[worker] = _flat_params(model)
+            comm.send(pulled[worker], group, worker)
+
+    for w in workers:
+        reply(w, float(next_batch))
+        next_batch += 1
+    active = set(workers)
+    header = torch.empty(4, dtype=torch.float64)
+    while active:
+        w = comm.recv_any(header, group)  # whichever worker pushes first is served first
+        pulled_version, batch, loss, tokens = header.tolist()
+        grad = comm.recv(torch.empty(numel), group, w)
+        staleness = version - int(pulled_version)
+        if len(report.updates) >= total_updates:
+            pass  # a push in flight when the run ended: not applied, not counted
+        elif staleness_bound and staleness > staleness_bound:
+            report.dropped += 1
+        else:
+            set_lr(len(report.updates))
+            grad = dc_asgd_correct(grad, _flat_params(model), pulled[w], dc_lambda)
+            _set_grads(model, grad)
+            max_norm = grad_clip if grad_clip > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            optimizer.step()
+            version += 1
+            report.updates.append(
+                Update(
+                    len(report.updates),
+                    w,
+                    staleness,
+                    int(batch),
+                    norm,
+                    loss,
+                    tokens,
+                    time.perf_counter() - start,
+                )
+            )
+        if len(report.updates) >= total_updates:
+            reply(w, STOP)
+            active.discard(w)
+            continue
+        reply(w, float(next_batch))
+        next_batch += 1
+    return report
+
+
+def work(
+    model: nn.Module,
+    group: comm.CommGroup,
+    compute: Callable[[int], tuple[float, float]],
+    server: int = 0,
+) -> int:
+    """Run a worker: pull, `compute(batch)` (fills .grad, returns (loss, tokens)), push.
+
+    Returns the number of gradients this worker pushed.
+    """
+    numel = sum(p.numel() for p in model.parameters())
+    header = torch.empty(2, dtype=torch.float64)
+    params = torch.empty(numel)
+    pushes = 0
+    while True:
+        version, batch = comm.recv(header, group, server).tolist()
+        if batch == STOP:
+            return pushes
+        _load_flat(model, comm.recv(params, group, server))
+        model.zero_grad(set_to_none=False)
+        loss, tokens = compute(int(batch))
+        grad = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                for p in model.parameters()
+            ]
+        )
+        comm.send(torch.tensor([version, batch, loss, tokens], dtype=torch.float64), group, server)
+        comm.send(grad, group, server)
+        pushes += 1

@@ -1,0 +1,136 @@
+"""`--dp-mode async`: the training loop for the parameter server and its workers.
+
+The same samples as synchronous training: with W workers, update i takes rows
+[(i mod W) * G / W, ...) of step (i div W)'s global batch, and a run of `steps` steps is
+W * steps updates. One "step" of metrics is W consecutive updates (G sequences), so loss
+curves of sync and async runs line up by samples seen.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from paratrain.comm import CommGroup
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.async_sgd import ServerReport, serve, work
+from paratrain.train.data import BatchSampler, TokenData, validation_batches
+from paratrain.train.loop import StepMetrics, TrainResult, build_model, peak_lr, straggle
+from paratrain.train.optim import build_adamw, learning_rate
+from paratrain.train.step import evaluate
+
+
+def train_async(
+    cfg: RunConfig,
+    mesh: Mesh,
+    data: TokenData,
+    on_step: Callable[[StepMetrics], None] | None = None,
+) -> TrainResult:
+    group = mesh.group("dp")
+    model = build_model(cfg)  # same seed everywhere: workers start from the server's weights
+    if group.rank == 0:
+        return _serve(cfg, group, model, data, on_step)
+    _work(cfg, mesh, group, model, data)
+    return TrainResult(model=model, metrics=[], val_loss=float("nan"))
+
+
+def _serve(cfg, group, model, data, on_step) -> TrainResult:
+    t, workers = cfg.train, group.size - 1
+    lr = peak_lr(cfg)
+    optimizer = build_adamw(model, lr, t.weight_decay, (t.beta1, t.beta2))
+
+    def set_lr(update: int) -> None:
+        for g in optimizer.param_groups:
+            g["lr"] = learning_rate(update // workers, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+
+    p = cfg.parallel
+    report = serve(
+        model,
+        optimizer,
+        group,
+        t.steps * workers,
+        set_lr,
+        p.dc_lambda,
+        p.staleness_bound,
+        t.grad_clip,
+    )
+    metrics = _step_metrics(report, workers, t, lr)
+    for m in metrics:
+        if on_step is not None:
+            on_step(m)
+    val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+    solo = CommGroup("server", None, [group.global_rank], group.global_rank, group.ledger)
+    val_loss = evaluate(model, val, solo) if val else float("nan")
+    return TrainResult(model=model, metrics=metrics, val_loss=val_loss, extra=async_summary(report))
+
+
+def async_summary(report: ServerReport) -> dict:
+    staleness = [u.staleness for u in report.updates]
+    histogram: dict[int, int] = {}
+    for s in staleness:
+        histogram[s] = histogram.get(s, 0) + 1
+    return {
+        "updates": len(report.updates),
+        "dropped": report.dropped,
+        "pushes_by_worker": report.pushes_by_worker(),
+        "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+        "staleness_max": max(staleness, default=0),
+        "staleness_histogram": dict(sorted(histogram.items())),
+    }
+
+
+def _step_metrics(report: ServerReport, workers: int, t, lr: float) -> list[StepMetrics]:
+    metrics, previous_end = [], 0.0
+    for step in range(len(report.updates) // workers):
+        chunk = report.updates[step * workers : (step + 1) * workers]
+        tokens = sum(u.tokens for u in chunk)
+        end = chunk[-1].time_s
+        elapsed = max(end - previous_end, 1e-9)
+        metrics.append(
+            StepMetrics(
+                step=step + 1,
+                loss=sum(u.loss * u.tokens for u in chunk) / max(tokens, 1.0),
+                lr=learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio),
+                tokens_per_s=tokens / elapsed,
+                grad_norm=statistics.fmean(u.grad_norm for u in chunk),
+                step_s=elapsed,
+                compute_s=0.0,  # the server only applies updates; workers' time is their own
+                comm_s=elapsed,
+                data_s=0.0,
+            )
+        )
+        previous_end = end
+    return metrics
+
+
+def _work(cfg, mesh, group, model, data) -> None:
+    t, workers = cfg.train, group.size - 1
+    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    per_update = t.global_batch // workers
+    torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))
+
+    def compute(batch_index: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        step, part = divmod(batch_index, workers)
+        rows = sampler.global_batch_at(step)[part * per_update : (part + 1) * per_update]
+        loss_sum, tokens = 0.0, 0
+        for micro in rows.split(t.micro_batch):
+            targets = micro[:, 1:]
+            n = int((targets != IGNORE_INDEX).sum())
+            if n:
+                loss = model(micro[:, :-1].clamp(min=0), targets)
+                (loss * n).backward()
+                loss_sum += loss.item() * n
+                tokens += n
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(max(tokens, 1))
+        straggle(cfg, mesh, time.perf_counter() - start)
+        return loss_sum / max(tokens, 1), float(tokens)
+
+    work(model, group, compute)

@@ -1,0 +1,68 @@
+"""Asynchronous (parameter-server) data parallelism: staleness, stragglers, DC-ASGD, and a
+loss close to synchronous training on the same samples."""
+
+from __future__ import annotations
+
+import torch
+
+from paratrain.mesh import Mesh
+from paratrain.parallel.async_sgd import dc_asgd_correct
+from paratrain.train.loop import train
+from tests.distributed import run_distributed
+from tests.equivalence import tiny_config, tiny_data
+
+
+def test_dc_asgd_matches_its_formula():
+    g = torch.tensor([0.5, -2.0, 0.0, 1.0], dtype=torch.float64)
+    w_now = torch.tensor([1.0, 1.0, 3.0, -1.0], dtype=torch.float64)
+    w_pulled = torch.tensor([0.0, 2.0, 1.0, -1.0], dtype=torch.float64)
+    lam = 0.3
+    expected = [0.5 + 0.3 * 0.25 * 1.0, -2.0 + 0.3 * 4.0 * -1.0, 0.0, 1.0]
+    assert dc_asgd_correct(g, w_now, w_pulled, lam).tolist() == expected
+    assert torch.equal(dc_asgd_correct(g, w_now, w_pulled, 0.0), g)
+
+
+def run(rank, world_size, cfg, data):
+    result = train(cfg, Mesh.build(dp=world_size), data)
+    return [m.loss for m in result.metrics], result.val_loss, result.extra
+
+
+def async_config(steps: int, **parallel) -> object:
+    cfg = tiny_config(steps=steps, micro_batch=2, lr=3e-3, warmup_steps=3)
+    cfg.parallel.dp_mode = "async"
+    for key, value in parallel.items():
+        setattr(cfg.parallel, key, value)
+    return cfg
+
+
+def test_a_3x_straggler_pushes_less_and_staleness_is_recorded():
+    cfg = async_config(steps=20, straggler="2:3")  # rank 2 (a worker) is 3x slower
+    _, _, extra = run_distributed(run, 3, cfg, tiny_data(), timeout=180)[0]
+    pushes = extra["pushes_by_worker"]
+    assert extra["updates"] == 40 and sum(pushes.values()) == 40
+    assert pushes[1] >= 2 * pushes[2], pushes
+    assert extra["staleness_max"] > 0 and extra["staleness_mean"] > 0
+
+
+def test_staleness_bound_drops_stale_gradients():
+    cfg = async_config(steps=10, straggler="2:3", staleness_bound=1)
+    _, _, extra = run_distributed(run, 3, cfg, tiny_data(), timeout=180)[0]
+    assert extra["updates"] == 20 and extra["dropped"] > 0
+    assert extra["staleness_max"] <= 1
+
+
+def test_async_reaches_a_loss_close_to_sync_on_the_same_samples():
+    """Async must not end more than 0.15 nats of validation loss above sync after the same
+    samples (30 steps of G sequences). It makes W = 2 optimizer updates of G / W sequences
+    where sync makes one of G, so on this short run it usually ends lower (measured here:
+    3.02 async against 3.58 sync); staleness is what could make it worse."""
+    data = tiny_data()
+    sync = tiny_config(steps=30, micro_batch=2, lr=3e-3, warmup_steps=3)
+    sync.parallel.dp = 2
+    _, sync_val, _ = run_distributed(run, 2, sync, data, timeout=180)[0]
+    for dc_lambda in (0.0, 0.5):
+        cfg = async_config(steps=30, dc_lambda=dc_lambda)
+        losses, async_val, extra = run_distributed(run, 3, cfg, data, timeout=180)[0]
+        assert extra["updates"] == 60
+        assert losses[-1] < losses[0] - 1.0  # it trained
+        assert async_val < sync_val + 0.15, (dc_lambda, async_val, sync_val)
