@@ -1,0 +1,56 @@
+"""Pipeline parallelism: schedules as data, a checker, a stage splitter and one runtime.
+
+    schedule = build_schedule("1f1b", num_stages, num_microbatches, chunks)   # pure data
+    simulation = check_schedule(schedule)            # proves it; bubble, peak in-flight
+    chunks = split_into_stages(model, stage, num_stages, chunks)   # build full, then slice
+    runtime = PipelineRuntime(chunks, schedule, mesh.group("pp"), hidden_size)
+    loss = runtime.run_step(micro_batches)           # gradients accumulated over K
+    val = runtime.run_forward(val_batches)           # forward-only schedule
+
+See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
+"""
+
+from paratrain.parallel.pipeline.check import Costs, ScheduleError, Simulation, check_schedule
+from paratrain.parallel.pipeline.runtime import Event, PipelineRuntime, StepTrace
+from paratrain.parallel.pipeline.schedules import (
+    SCHEDULES,
+    Action,
+    Schedule,
+    build_schedule,
+    forward_only,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    zb_h1,
+)
+from paratrain.parallel.pipeline.stage import (
+    GPT_PLAN,
+    PipelinePlan,
+    split_into_stages,
+    stage_layout,
+)
+from paratrain.parallel.pipeline.timeline import render
+
+__all__ = [
+    "GPT_PLAN",
+    "SCHEDULES",
+    "Action",
+    "Costs",
+    "Event",
+    "PipelinePlan",
+    "PipelineRuntime",
+    "Schedule",
+    "ScheduleError",
+    "Simulation",
+    "StepTrace",
+    "build_schedule",
+    "check_schedule",
+    "forward_only",
+    "gpipe",
+    "interleaved_1f1b",
+    "one_f_one_b",
+    "render",
+    "split_into_stages",
+    "stage_layout",
+    "zb_h1",
+]

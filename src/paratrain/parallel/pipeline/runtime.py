@@ -1,0 +1,273 @@
+"""Execute any checked schedule on one stage: one runtime for every schedule.
+
+The stage walks its action list in order. Activations and their gradients travel through
+`paratrain.comm` point to point, so the ledger counts every byte. Every message of a step
+has the shape (b, T, hidden) known to all stages from the micro-batches and the model
+width, so receive buffers are allocated without any handshake.
+
+Sends are posted (isend) and waited for at the end of the step; a receive blocks until
+its message is there. Messages between two stages arrive in the sender's order, which need
+not be the order this stage uses them (interleaved schedules with S = 2 mix activations and
+gradients on one link), so receives are posted in the *sender's* order, read from the
+schedule, and a message that arrives early waits in its buffer until its RECV action.
+This is exactly the model the checker simulates, so a checked schedule cannot hang here.
+
+Loss: the last virtual stage computes each micro-batch's mean token loss and backpropagates
+loss / K. All micro-batches hold the same number of tokens, so the gradients accumulated
+over the K micro-batches equal those of one step on the whole batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.parallel.pipeline.check import check_schedule
+from paratrain.parallel.pipeline.schedules import (
+    BI,
+    BW,
+    COMPUTE,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    Action,
+    B,
+    F,
+    Schedule,
+    forward_only,
+    message_key,
+    virtual_stage,
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    action: Action
+    start: float  # time.perf_counter(): one clock for all processes of a machine
+    end: float
+
+
+@dataclass
+class StepTrace:
+    """What one stage did in one step, from its own timestamps only."""
+
+    stage: int
+    start: float
+    end: float
+    events: list[Event] = field(default_factory=list)
+    peak_in_flight: int = 0  # most (micro-batch, chunk) forward graphs held at once
+
+    def busy(self) -> float:
+        return sum(e.end - e.start for e in self.events if e.action.kind in COMPUTE)
+
+    def bubble_fraction(self) -> float:
+        """Measured idle fraction: time not computing (waiting, sending) over the step."""
+        span = self.end - self.start
+        return 1.0 - self.busy() / span if span > 0 else 0.0
+
+
+class _Step:
+    """Tensors in flight during one step, keyed by (micro-batch, chunk) or message key."""
+
+    def __init__(self, micro_batches: list[torch.Tensor], train: bool) -> None:
+        self.micro_batches, self.train = micro_batches, train
+        self.inbox: dict[tuple, torch.Tensor] = {}  # received (or local) inputs and grads
+        self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
+        self.weight_grad: dict[tuple[int, int], torch.Tensor | None] = {}  # BW's grad_out
+        self.posted: dict[tuple, comm.Handle] = {}
+        self.next_expected: dict[int, int] = {}  # per source stage: index into its sends
+        self.sends: list[comm.Handle] = []
+        self.loss_sum = torch.zeros(())
+
+
+class PipelineRuntime:
+    """Runs `schedule` for this rank's stage (`group.rank`) of the pp `group`.
+
+    `chunks[c]` is the module of virtual stage c * S + stage (from split_into_stages).
+    `run_step` accumulates gradients into `.grad` (the caller zeroes them and steps the
+    optimizer); `run_forward` evaluates. Both return the mean loss on every stage.
+    """
+
+    def __init__(
+        self,
+        chunks: list[nn.Module],
+        schedule: Schedule,
+        group: comm.CommGroup,
+        hidden_size: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if group.size != schedule.num_stages:
+            raise ValueError(
+                f"pp group has {group.size} ranks, schedule {schedule.name} has "
+                f"{schedule.num_stages} stages; they must be equal"
+            )
+        if len(chunks) != schedule.chunks:
+            raise ValueError(f"{len(chunks)} chunks given, schedule has {schedule.chunks}")
+        check_schedule(schedule)  # proven complete and deadlock-free before it runs
+        self.chunks, self.schedule, self.group = chunks, schedule, group
+        self.stage, self.hidden_size, self.dtype = group.rank, hidden_size, dtype
+        self.last_trace: StepTrace | None = None
+        self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
+
+    # -- public API -----------------------------------------------------------------
+    def run_step(self, micro_batches: list[torch.Tensor]) -> float:
+        """Forward and backward of all K micro-batches (rows of T + 1 token ids each)."""
+        if len(micro_batches) != self.schedule.num_microbatches:
+            raise ValueError(
+                f"{len(micro_batches)} micro-batches given, schedule {self.schedule.name} "
+                f"was built for K={self.schedule.num_microbatches}"
+            )
+        return self._execute(self.schedule, micro_batches, train=True)
+
+    @torch.no_grad()
+    def run_forward(self, micro_batches: list[torch.Tensor]) -> float:
+        """Mean loss over the micro-batches with the forward-only schedule (evaluation)."""
+        sch = forward_only(self.schedule.num_stages, len(micro_batches), self.schedule.chunks)
+        modes = [c.training for c in self.chunks]
+        for c in self.chunks:
+            c.eval()
+        try:
+            return self._execute(sch, micro_batches, train=False)
+        finally:
+            for c, mode in zip(self.chunks, modes, strict=True):
+                c.train(mode)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for chunk in self.chunks for p in chunk.parameters()]
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global gradient norm over all stages (one all-reduce of a scalar), then clip.
+
+        The norm must be global: clipping each stage by its own norm would scale the
+        stages differently and change the update direction. max_norm <= 0: no clipping.
+        """
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        sq = torch.zeros(())
+        for g in grads:
+            sq += g.detach().pow(2).sum()
+        total = comm.all_reduce(sq, self.group, op="sum").sqrt()
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef)
+        return float(total)
+
+    # -- execution ------------------------------------------------------------------
+    def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
+        st = _Step(micro_batches, train)
+        rows, tokens = micro_batches[0].shape
+        self._shape = (rows, tokens - 1, self.hidden_size)  # (b, T, C) of every message
+        self._num_micro = len(micro_batches)
+        trace = StepTrace(self.stage, time.perf_counter(), 0.0)
+        handlers = {F: self._forward, B: self._backward, BI: self._backward_input,
+                    BW: self._backward_weight, SEND_F: self._send, SEND_B: self._send,
+                    RECV_F: self._recv, RECV_B: self._recv}  # fmt: skip
+        for a in schedule.stages[self.stage]:
+            start = time.perf_counter()
+            handlers[a.kind](a, st, schedule)
+            trace.events.append(Event(a, start, time.perf_counter()))
+            trace.peak_in_flight = max(trace.peak_in_flight, len(st.saved))
+        for handle in st.sends:
+            handle.wait()
+        trace.end = time.perf_counter()
+        self.last_trace = trace
+        loss = st.loss_sum if train else st.loss_sum / self._num_micro
+        # The loss lives on the last stage (it owns the last virtual stage); one scalar
+        # broadcast so that every stage can log it.
+        return float(comm.broadcast(loss, self.group, src=self.group.size - 1))
+
+    def _vs(self, a: Action) -> int:
+        return virtual_stage(self.stage, a.chunk, self.schedule.num_stages)
+
+    def _forward(self, a: Action, st: _Step, sch: Schedule) -> None:
+        vs, last = self._vs(a), sch.num_virtual_stages - 1
+        batch = st.micro_batches[a.microbatch]
+        if vs == 0:
+            x = batch[:, :-1]  # (b, T) token ids
+        else:
+            x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
+            x.requires_grad_(st.train)
+        chunk = self.chunks[a.chunk]
+        if vs == last:
+            loss = chunk(x, batch[:, 1:])  # mean over this micro-batch's tokens
+            st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
+            y = loss / self._num_micro  # so the K backwards sum to one big batch's gradient
+        else:
+            y = chunk(x)  # (b, T, C)
+            self._hand_over(st, ("act", a.microbatch, a.chunk), y.detach(), +1)
+        if st.train:
+            st.saved[(a.microbatch, a.chunk)] = (x, y)
+
+    def _hand_over(self, st: _Step, key: tuple, tensor: torch.Tensor, step: int) -> None:
+        """Queue for the SEND action, or with one stage pass straight to the next chunk."""
+        if self.schedule.num_stages > 1:
+            st.outbox[key] = tensor
+        else:
+            st.inbox[(key[0], key[1], key[2] + step)] = tensor
+
+    def _output_grad(self, a: Action, st: _Step) -> torch.Tensor | None:
+        last = self.schedule.num_virtual_stages - 1
+        return None if self._vs(a) == last else st.inbox.pop(("grad", a.microbatch, a.chunk))
+
+    def _backward(self, a: Action, st: _Step, sch: Schedule) -> None:
+        x, y = st.saved.pop((a.microbatch, a.chunk))
+        torch.autograd.backward(y, self._output_grad(a, st))
+        if self._vs(a) > 0:
+            self._hand_over(st, ("grad", a.microbatch, a.chunk), x.grad, -1)
+
+    def _backward_input(self, a: Action, st: _Step, sch: Schedule) -> None:
+        """Only dL/dx, keeping the graph for BW (arXiv:2401.10241, section 2)."""
+        x, y = st.saved[(a.microbatch, a.chunk)]
+        grad = self._output_grad(a, st)
+        st.weight_grad[(a.microbatch, a.chunk)] = grad
+        if self._vs(a) > 0:  # the first virtual stage has no input gradient to send
+            (gx,) = torch.autograd.grad(y, x, grad, retain_graph=True)
+            self._hand_over(st, ("grad", a.microbatch, a.chunk), gx, -1)
+
+    def _backward_weight(self, a: Action, st: _Step, sch: Schedule) -> None:
+        """The deferred dL/dW, accumulated into .grad like a normal backward."""
+        _, y = st.saved.pop((a.microbatch, a.chunk))
+        grad = st.weight_grad.pop((a.microbatch, a.chunk))
+        params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
+        grads = torch.autograd.grad(y, params, grad, allow_unused=True)
+        for p, g in zip(params, grads, strict=True):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
+
+    def _send(self, a: Action, st: _Step, sch: Schedule) -> None:
+        dst, _ = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
+        kind = "act" if a.kind == SEND_F else "grad"
+        tensor = st.outbox.pop((kind, a.microbatch, a.chunk))
+        st.sends.append(comm.isend(tensor.contiguous(), self.group, dst))
+
+    def _recv(self, a: Action, st: _Step, sch: Schedule) -> None:
+        _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
+        order = self._channel_order(sch, a.peer)
+        # Post receives in the sender's order up to and including the one needed now.
+        while key not in st.posted:
+            i = st.next_expected.get(a.peer, 0)
+            if i >= len(order):
+                raise RuntimeError(f"stage {self.stage}: {a} is never sent by stage {a.peer}")
+            buf = torch.empty(self._shape, dtype=self.dtype)
+            st.posted[order[i]] = comm.irecv(buf, self.group, a.peer)
+            st.next_expected[a.peer] = i + 1
+        st.inbox[key] = st.posted.pop(key).wait()
+
+    def _channel_order(self, sch: Schedule, src: int) -> list[tuple]:
+        """Keys of the messages `src` sends to this stage, in its send order."""
+        cache = self._channel_orders.setdefault((sch.name, sch.num_microbatches), {})
+        if src not in cache:
+            keys = []
+            for a in sch.stages[src]:
+                if a.kind in (SEND_F, SEND_B):
+                    dst, key = message_key(a.kind, a.microbatch, a.chunk, src, sch.num_stages)
+                    if dst == self.stage:
+                        keys.append(key)
+            cache[src] = keys
+        return cache[src]
