@@ -93,7 +93,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as JSON, last line")
-    out.add_argument("--chart", default="plan.png", help="PNG chart path (default plan.png)")
+    out.add_argument(
+        "--chart", default="runs/plan.png", help="PNG chart path (default runs/plan.png)"
+    )
     out.add_argument("--no-chart", action="store_true", help="do not write the chart")
     out.add_argument(
         "--validate",

@@ -115,6 +115,7 @@ def chart(plan: Plan, path: str | Path, max_layouts: int = 24) -> Path:
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
