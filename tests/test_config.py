@@ -16,6 +16,12 @@ from paratrain.config import RunConfig, apply_overrides, from_toml_text, to_toml
 from paratrain.validate import resolve
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_directory(tmp_path, monkeypatch):
+    """A bad input that slipped through would start training: keep its run dir out of the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_cli_overrides_file_overrides_default(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text("[train]\nsteps = 50\nlr = 1\n[model]\nn_layer = 2\n")
@@ -62,10 +68,37 @@ BAD_INPUTS = [
     (["--data", "/no/such/file.txt"], "--data '/no/such/file.txt' does not exist"),
     (["--global-batch", "10"], "--global-batch 10 is not divisible by micro-batch * dp = 8 * 2"),
     (["--microbatches", "3"], "--microbatches 3 disagrees with --global-batch 16"),
-    (["--tp", "2"], "--tp 2: tensor parallelism is not built yet"),
-    (["--pp", "2"], "--pp 2: pipeline parallelism is not built yet"),
+    (
+        ["--tp", "2", "--n-head", "3", "--d-model", "96"],
+        "tensor parallel tp=2 must divide: 3 attention heads",
+    ),
+    (["--sequence-parallel"], "--sequence-parallel needs tensor parallelism"),
+    (["--pp", "2", "--schedule", "pipedream"], "--schedule 'pipedream'; valid: gpipe, 1f1b"),
+    (["--pp", "2", "--chunks", "2", "--n-layer", "3"], "--pp 2 x --chunks 2 = 4 pipeline pieces"),
+    (
+        [
+            "--pp",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--chunks",
+            "2",
+            "--global-batch",
+            "8",
+            "--micro-batch",
+            "8",
+        ],
+        "interleaved",
+    ),
+    (["--chunks", "2"], "--chunks 2 needs a pipeline"),
+    (["--dp-mode", "async", "--nproc", "1"], "--dp-mode async needs pp = tp = 1 and dp >= 2"),
+    (["--straggler", "5:3"], "--straggler '5:3': rank must be in 0..1"),
+    (["--comm-algo", "star"], "--comm-algo 'star'; valid: native, ring, tree"),
+    (["--lr-scaling", "cubic"], "--lr-scaling 'cubic'; valid: none, linear, sqrt"),
+    (["--bucket-mb", "-1"], "--bucket-mb -1.0 must be zero (one bucket) or positive"),
+    (["--dp-mode", "hogwild"], "--dp-mode 'hogwild'; valid: sync, async"),
+    (["--dc-lambda", "-0.5"], "--dc-lambda -0.5 and --staleness-bound 0 must be >= 0"),
     (["--zero", "1"], "--zero 1: ZeRO is not built yet"),
-    (["--schedule", "1f1b"], "pipeline schedules"),
     (["--dtype", "bfloat16"], "--dtype bfloat16: mixed precision is not built yet"),
     (["--dtype", "float8"], "train.dtype = 'float8'; valid: auto, float32"),
     (["--backend", "mpi"], "parallel.backend = 'mpi'; valid: auto, gloo, nccl"),
@@ -122,12 +155,13 @@ def test_existing_run_directory_is_never_overwritten(capsys, tmp_path):
 def test_console_script_exits_2_without_traceback():
     """The installed entry point, as a user runs it (one process start, ~3 s)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "paratrain", "train", "--tp", "3"],
+        [sys.executable, "-m", "paratrain", "train", "--nproc", "4", "--dp", "3"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "paratrain train: error: --tp 3: tensor parallelism is not built yet; valid: --tp 1"
+        "paratrain train: error: dp * pp * tp = 3 * 1 * 1 = 3 but the world size is 4; "
+        "choose degrees whose product is 4"
     )

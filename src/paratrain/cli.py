@@ -37,13 +37,23 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(f"[{section}]")
         types = field_types(cls)
         for f in fields(cls):
+            help_text = f"{f.metadata['help']} (default: {f.default!r})"
+            if types[f.name] is bool:  # --flag / --no-flag
+                group.add_argument(
+                    flag_for(section, f.name),
+                    dest=f"{section}.{f.name}",
+                    default=None,
+                    action=argparse.BooleanOptionalAction,
+                    help=help_text,
+                )
+                continue
             group.add_argument(
                 flag_for(section, f.name),
                 dest=f"{section}.{f.name}",
                 type=types[f.name],
                 default=None,
                 metavar=types[f.name].__name__.upper(),
-                help=f"{f.metadata['help']} (default: {f.default!r})",
+                help=help_text,
             )
 
 
@@ -60,11 +70,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     bench = sub.add_parser("bench", help="benchmarks against PyTorch-native peers")
-    bench.add_argument("name", help="which benchmark: overhead")
-    bench.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    bench.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    bench.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    benches = bench.add_subparsers(dest="name", required=True, parser_class=OneLineParser)
+    overhead = benches.add_parser("overhead", help="our training step against a plain loop")
+    overhead.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    add_bench_comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
+    dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
+    dp.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    dp.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
+    dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
+    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
     return parser
+
+
+def add_bench_comm_flags(parser: argparse.ArgumentParser) -> None:
+    from paratrain.bench import comm
+
+    parser.add_argument("--ops", default=",".join(comm.OPS), help="collectives, comma-separated")
+    parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
+    parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
+    parser.add_argument(
+        "--sizes", default=comm.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
+    )
+    parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
+    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -154,14 +190,37 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     setup_logging(0)
-    if args.name != "overhead":
-        raise ValueError(f"unknown benchmark {args.name!r}; valid: overhead")
+    if args.name == "comm":
+        return cmd_bench_comm(args)
+    if args.name == "dp":
+        if args.pairs < 4:
+            raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
+        from paratrain.bench.dp import run_dp_bench
+
+        result = run_dp_bench(args.pairs, args.bucket_mb, args.async_steps)
+        if args.json:
+            print(json.dumps(result), flush=True)
+        return 0
     from paratrain.bench.overhead import run_overhead_bench
 
     result = run_overhead_bench(steps=args.steps, rounds=args.rounds)
     if args.json:
         print(json.dumps(result), flush=True)
     return 0
+
+
+def cmd_bench_comm(args: argparse.Namespace) -> int:
+    from paratrain.bench.comm import Sweep, run_comm_bench
+
+    sweep = Sweep.from_flags(args.ops, args.algos, args.world_sizes, args.sizes, args.repeats)
+    try:
+        result, status = run_comm_bench(sweep, args.out or None)
+    except RuntimeError as e:  # a rank failed or hung: its error, in one line
+        print(f"paratrain bench comm: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return status
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

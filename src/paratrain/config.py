@@ -44,7 +44,11 @@ class ParallelConfig:
     pp: int = param(1, "Pipeline-parallel degree (stages).")
     tp: int = param(1, "Tensor-parallel degree.")
     zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group.")
-    schedule: str = param("", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
+    schedule: str = param("1f1b", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
+    sequence_parallel: bool = param(
+        False, "Split LayerNorm/dropout regions along the sequence over tp."
+    )
+    chunks: int = param(1, "Model chunks per pipeline stage (v); interleaved needs 2 or more.")
     backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
     comm_algo: str = param("native", "Default collective algorithm: native, ring or tree.")

@@ -12,6 +12,7 @@ import torch
 
 from paratrain.comm.group import ALGOS
 from paratrain.config import RunConfig
+from paratrain.models.plans import check_gpt_tensor_parallel
 
 BUILT_DTYPES = ("float32",)
 KNOWN_DTYPES = ("float32", "bfloat16", "float16")
@@ -29,7 +30,9 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     if cfg.parallel.straggler:
         parse_straggler(cfg.parallel.straggler, world_size)
     _resolve_batch(cfg)
+    _check_pipeline(cfg)
     _check_model(cfg)
+    _check_tensor_parallel(cfg)
     _check_data(cfg)
     return cfg
 
@@ -79,8 +82,21 @@ def _check_positive(cfg: RunConfig) -> None:
 
 
 def _check_comm(cfg: RunConfig) -> None:
-    if cfg.parallel.comm_algo not in ALGOS:
-        raise ValueError(f"--comm-algo {cfg.parallel.comm_algo!r}; valid: {', '.join(ALGOS)}")
+    p, t = cfg.parallel, cfg.train
+    if p.comm_algo not in ALGOS:
+        raise ValueError(f"--comm-algo {p.comm_algo!r}; valid: {', '.join(ALGOS)}")
+    if p.bucket_mb < 0:
+        raise ValueError(f"--bucket-mb {p.bucket_mb} must be zero (one bucket) or positive")
+    if p.dp_mode not in ("sync", "async"):
+        raise ValueError(f"--dp-mode {p.dp_mode!r}; valid: sync, async")
+    if p.dc_lambda < 0 or p.staleness_bound < 0:
+        raise ValueError(
+            f"--dc-lambda {p.dc_lambda} and --staleness-bound {p.staleness_bound} must be >= 0"
+        )
+    if t.lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"--lr-scaling {t.lr_scaling!r}; valid: {', '.join(LR_SCALINGS)}")
+    if t.lr_base_batch < 1:
+        raise ValueError(f"--lr-base-batch {t.lr_base_batch} must be positive")
 
 
 def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
@@ -116,18 +132,8 @@ def _resolve_device_defaults(cfg: RunConfig) -> None:
 def _check_not_built_yet(cfg: RunConfig) -> None:
     """Flags named now so scripts can rely on them, refused until their feature lands."""
     p, t = cfg.parallel, cfg.train
-    if p.pp != 1:
-        raise ValueError(f"--pp {p.pp}: pipeline parallelism is not built yet; valid: --pp 1")
-    if p.tp != 1:
-        raise ValueError(f"--tp {p.tp}: tensor parallelism is not built yet; valid: --tp 1")
     if p.zero != 0:
         raise ValueError(f"--zero {p.zero}: ZeRO is not built yet; valid: --zero 0")
-    if p.schedule:
-        known = ", ".join(SCHEDULES)
-        raise ValueError(
-            f"--schedule {p.schedule!r}: pipeline schedules ({known}) are not built yet; "
-            "leave --schedule unset"
-        )
     if t.dtype not in BUILT_DTYPES:
         raise ValueError(
             f"--dtype {t.dtype}: mixed precision is not built yet; valid: --dtype float32"
@@ -177,6 +183,45 @@ def _resolve_batch(cfg: RunConfig) -> None:
             f"G / (b * dp) = {t.global_batch} / ({t.micro_batch} * {dp}) = {k}"
         )
     t.microbatches = k
+
+
+def _check_pipeline(cfg: RunConfig) -> None:
+    """Build (and so check) the schedule now: its errors name the valid K and chunks."""
+    p, m = cfg.parallel, cfg.model
+    if p.schedule not in SCHEDULES:
+        raise ValueError(f"--schedule {p.schedule!r}; valid: {', '.join(SCHEDULES)}")
+    if p.chunks < 1:
+        raise ValueError(f"--chunks {p.chunks} must be at least 1")
+    if p.pp == 1:
+        if p.chunks != 1:
+            raise ValueError(f"--chunks {p.chunks} needs a pipeline (--pp 2 or more)")
+        return
+    if p.pp * p.chunks > m.n_layer:
+        raise ValueError(
+            f"--pp {p.pp} x --chunks {p.chunks} = {p.pp * p.chunks} pipeline pieces but the "
+            f"model has {m.n_layer} layers; use at most {m.n_layer} pieces"
+        )
+    if p.dp_mode == "async":
+        raise ValueError("--dp-mode async does not combine with a pipeline; use --pp 1")
+    from paratrain.parallel.pipeline import build_schedule
+
+    build_schedule(p.schedule, p.pp, cfg.train.microbatches, p.chunks)
+
+
+def _check_tensor_parallel(cfg: RunConfig) -> None:
+    p = cfg.parallel
+    if p.tp == 1:
+        if p.sequence_parallel:
+            raise ValueError("--sequence-parallel needs tensor parallelism (--tp 2 or more)")
+        return
+    if p.dp_mode == "async":
+        raise ValueError("--dp-mode async does not combine with tensor parallelism; use --tp 1")
+    if p.sequence_parallel and p.pp > 1:
+        raise ValueError(
+            "--sequence-parallel with a pipeline (--pp > 1) is not supported yet: stages "
+            "exchange whole sequences; drop one of them"
+        )
+    check_gpt_tensor_parallel(cfg.model, p.tp, cfg.train.seq_len, p.sequence_parallel)
 
 
 def _check_model(cfg: RunConfig) -> None:

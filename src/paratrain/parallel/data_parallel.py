@@ -125,13 +125,18 @@ class DataParallel(nn.Module):
             self._next_launch += 1
 
     def _attach_unused(self, bucket: Bucket) -> None:
-        """A parameter that got no gradient this step contributes zeros (others may not)."""
+        """Bring every gradient of a bucket launched without all its hooks into the buffer.
+
+        A gradient set outside autograd's accumulation (e.g. a pipeline's deferred weight
+        gradient assigned to .grad) is copied in; a parameter that got no gradient at all
+        this step contributes zeros, since other ranks may have one for it.
+        """
         for p, view in zip(bucket.params, bucket.views, strict=True):
-            if id(p) not in self._touched and (
-                p.grad is None or p.grad.data_ptr() != view.data_ptr()
-            ):
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            elif p.grad is None and id(p) not in self._touched:
                 view.zero_()
-            p.grad = view  # every rank then steps on the same averaged gradient
+            p.grad = view  # every rank then steps on the same reduced gradient
 
     def finish_gradient_sync(self) -> None:
         """Launch buckets whose parameters got no gradient this step, then wait for all."""

@@ -17,10 +17,12 @@ from torch import nn
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
-from paratrain.parallel.data_parallel import DataParallel
+from paratrain.models.plans import GPT_TP_PLAN
+from paratrain.parallel.tensor_parallel import apply_tensor_parallel
+from paratrain.train.clip import clip_global_norm
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
+from paratrain.train.engine import build_engine
 from paratrain.train.optim import build_adamw, learning_rate, scaled_lr
-from paratrain.train.step import evaluate, train_step
 from paratrain.validate import parse_straggler
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,18 @@ def train(
         return train_async(cfg, mesh, data, on_step)
     t = cfg.train
     dp = mesh.group("dp")
-    model = DataParallel(build_model(cfg), dp, bucket_mb=cfg.parallel.bucket_mb, reduce_op="sum")
+    # The architecture's order: tensor parallel, then the pipeline split, then data parallel
+    # (which must see the final local parameters).
+    model = build_model(cfg)
+    if mesh.size("tp") > 1:
+        apply_tensor_parallel(
+            model,
+            GPT_TP_PLAN,
+            mesh.group("tp"),
+            sequence_parallel=cfg.parallel.sequence_parallel,
+            seed=t.seed,
+        )
+    engine = build_engine(model, mesh, cfg)
     # Dropout masks differ between replicas (they see different data) but not between runs.
     torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))
     lr = peak_lr(cfg)
@@ -100,7 +113,7 @@ def train(
             t.global_batch,
             lr,
         )
-    optimizer = build_adamw(model.module, lr, t.weight_decay, (t.beta1, t.beta2))
+    optimizer = build_adamw(nn.ModuleList(engine.modules), lr, t.weight_decay, (t.beta1, t.beta2))
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     metrics: list[StepMetrics] = []
     for step in range(t.steps):
@@ -109,7 +122,11 @@ def train(
         data_done = time.perf_counter()
         waited_before = mesh.ledger.wait_s()
         step_lr = learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
-        out = train_step(model, optimizer, micro_batches, step_lr, t.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = step_lr
+        loss, tokens = engine.forward_backward(micro_batches)
+        grad_norm = clip_global_norm(engine.modules, t.grad_clip, engine.tp, engine.pp)
+        optimizer.step()
         end = time.perf_counter()
         comm_s = mesh.ledger.wait_s() - waited_before
         straggle(cfg, mesh, end - data_done - comm_s)
@@ -117,10 +134,10 @@ def train(
         step_s = end - start
         m = StepMetrics(
             step=step + 1,
-            loss=out.loss,
+            loss=loss,
             lr=step_lr,
-            tokens_per_s=out.tokens / step_s,
-            grad_norm=out.grad_norm,
+            tokens_per_s=tokens / step_s,
+            grad_norm=grad_norm,
             step_s=step_s,
             compute_s=end - data_done - comm_s,
             comm_s=comm_s,
@@ -130,5 +147,6 @@ def train(
         if on_step is not None:
             on_step(m)
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
-    val_loss = evaluate(model.module, val, dp) if val else float("nan")
-    return TrainResult(model=model.module, metrics=metrics, val_loss=val_loss)
+    val_loss = engine.evaluate(val) if val else float("nan")
+    model = engine.modules[0] if len(engine.modules) == 1 else nn.ModuleList(engine.modules)
+    return TrainResult(model=model, metrics=metrics, val_loss=val_loss)

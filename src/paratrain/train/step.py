@@ -17,6 +17,7 @@ import torch
 from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.train.clip import clip_global_norm
 
 
 @dataclass(frozen=True)
@@ -26,17 +27,14 @@ class StepOutput:
     tokens: int  # target tokens in the global batch
 
 
-def train_step(
-    model: DataParallel,
-    optimizer: torch.optim.Optimizer,
-    micro_batches: list[torch.Tensor],
-    lr: float,
-    grad_clip: float,
-) -> StepOutput:
-    """Accumulate over the micro-batches (one gradient sync), normalise, clip, update."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    model.zero_grad()
+def accumulate_gradients(
+    model: DataParallel, micro_batches: list[torch.Tensor]
+) -> tuple[float, int]:
+    """Forward and backward of the micro-batches, one gradient sync, token normalisation.
+
+    Returns (mean token loss over the global batch, target tokens in the global batch);
+    afterwards `.grad` holds the gradient of that mean loss on every replica.
+    """
     sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
     last = len(micro_batches) - 1
     for i, batch in enumerate(micro_batches):
@@ -57,10 +55,24 @@ def train_step(
     total_tokens = max(1.0, float(sums[1]))
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, 1.0 / total_tokens)
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+    return float(sums[0]) / total_tokens, int(sums[1])
+
+
+def train_step(
+    model: DataParallel,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[torch.Tensor],
+    lr: float,
+    grad_clip: float,
+) -> StepOutput:
+    """One whole step on a single-stage replica: accumulate, clip, update."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    model.zero_grad()
+    loss, tokens = accumulate_gradients(model, micro_batches)
+    grad_norm = clip_global_norm([model.module], grad_clip)  # one process holds all of it
     optimizer.step()
-    return StepOutput(float(sums[0]) / total_tokens, grad_norm.item(), int(sums[1]))
+    return StepOutput(loss, grad_norm, tokens)
 
 
 @torch.no_grad()

@@ -1,0 +1,80 @@
+"""How GPT is split, as data: the tensor-parallel plan and the checks it implies.
+
+Pure data and arithmetic (no torch.distributed, not even torch): read by
+`paratrain.parallel.tensor_parallel.apply_tensor_parallel` inside the workers, and by
+configuration checks before any worker starts.
+
+The tensor-parallel plan is Megatron-LM's layout (arXiv:1909.08053, section 3):
+q, k, v column-parallel so each rank owns whole heads and attention needs no
+communication; the attention output projection row-parallel; the MLP up-projection
+column-parallel, the down-projection row-parallel; the token embedding and the LM head
+split by vocabulary, with a cross-entropy that never gathers the logits. LayerNorms,
+position embeddings and dropout stay replicated: a LayerNorm normalises each token over
+the hidden dimension, and its input (the residual stream) is whole on every rank, so
+there is nothing to split (the seeds' FAQ Q19 worries about statistics over a split
+hidden dimension, which this layout never creates). Under sequence parallelism the same
+"replicated" entries run on this rank's T/tp tokens, which is also exact, since the
+statistics are per token.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+GPT_TP_PLAN: dict[str, str] = {
+    "tok_emb": "vocab_embedding",
+    "pos_emb": "replicated",
+    "drop": "replicated",
+    "blocks.*.ln1": "replicated",
+    "blocks.*.attn": "attention",  # f once for q, k, v; heads split; attention dropout
+    "blocks.*.attn.q": "colwise",
+    "blocks.*.attn.k": "colwise",
+    "blocks.*.attn.v": "colwise",
+    "blocks.*.attn.proj": "rowwise",
+    "blocks.*.ln2": "replicated",
+    "blocks.*.mlp.fc": "colwise",
+    "blocks.*.mlp.proj": "rowwise",
+    "blocks.*.drop": "replicated",
+    "norm": "replicated",
+    "head": "vocab_head",
+    "loss_fn": "vocab_loss",
+}
+
+
+class _GPTShape(Protocol):  # GPTConfig, without importing torch
+    vocab_size: int
+    n_head: int
+    d_model: int
+
+
+def check_gpt_tensor_parallel(
+    cfg: _GPTShape, tp: int, seq_len: int | None = None, sequence_parallel: bool = False
+) -> None:
+    """Raise ValueError, naming the sizes, if GPT_TP_PLAN cannot split this model over tp.
+
+    Heads must divide so each rank owns whole heads; the vocabulary so each rank owns an
+    equal slice of the embedding and the head; with sequence parallelism, the sequence.
+    (The hidden size then divides too: d_model = n_head * head_dim.)
+    """
+    problems = []
+    if cfg.n_head % tp:
+        problems.append(f"{cfg.n_head} attention heads")
+    if cfg.d_model % tp:
+        problems.append(f"d_model {cfg.d_model}")
+    if cfg.vocab_size % tp:
+        problems.append(f"vocabulary {cfg.vocab_size}")
+    if sequence_parallel and seq_len is not None and seq_len % tp:
+        problems.append(f"sequence length {seq_len} (sequence parallel)")
+    if problems:
+        raise ValueError(f"tensor parallel tp={tp} must divide: {', '.join(problems)}")
+
+
+# FSDP / ZeRO-3 units (paratrain.parallel.fsdp): each entry is one unit whose parameters
+# are gathered together just before its forward (and its backward) and freed right after.
+# "blocks.*" expands to one unit per block, in order; the embeddings and the final norm
+# with the head are a unit each. Parameters named by no unit form a root unit.
+GPT_FSDP_UNITS: tuple[tuple[str, ...], ...] = (
+    ("tok_emb", "pos_emb"),
+    ("blocks.*",),
+    ("norm", "head"),
+)

@@ -1,0 +1,231 @@
+"""Tensor parallelism applied from outside: a plan of module-name patterns -> styles.
+
+    model = GPT(cfg)                                    # full model, same seed on every rank
+    apply_tensor_parallel(model, GPT_TP_PLAN, mesh.group("tp"), sequence_parallel=True)
+
+A plan is data, in the spirit of DTensor's `parallelize_module`: `{"blocks.*.mlp.fc":
+"colwise", ...}`, where `*` matches one component of a module name. Each style (see
+STYLES) replaces the module by its tensor-parallel layer, sliced from the full one, or
+adds forward hooks to it; module and parameter names do not change, so the state dict of
+a tensor-parallel model has the plain model's keys (with split tensors).
+
+The Megatron-LM layout (arXiv:1909.08053, section 3) for a transformer block:
+
+    x -> LN -> f -> [q k v: colwise] -> attention on local heads -> [proj: rowwise] -> g -> +
+    x -> LN -> f -> [fc: colwise] -> gelu -> [proj: rowwise] -> g -> +
+
+so each block does two all-reduces in forward (g) and two in backward (f), and none inside
+attention. `f` for q, k and v is applied once, on the attention module's input (the
+"attention" style), not three times. With `sequence_parallel` (arXiv:2205.05198) the
+LayerNorm and dropout regions hold only this rank's T/tp tokens, f becomes an all-gather
+along the sequence (backward: reduce-scatter) and g a reduce-scatter (backward:
+all-gather): the same bytes, and the replicated activations are no longer stored tp times.
+
+Dropout: `seed` seeds an RngTracker; replicated regions draw the same mask on every tp
+rank, split regions (attention heads; everything under sequence parallelism) draw a
+different one per rank. Every dropout layer must be covered by the plan, or its mask
+would depend on the process's own random state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from paratrain.comm import regions
+from paratrain.comm.group import CommGroup
+from paratrain.parallel.tensor_parallel_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    shard_size,
+)
+from paratrain.parallel.tensor_parallel_loss import VocabParallelCrossEntropy
+from paratrain.parallel.tensor_parallel_rng import (
+    REPLICATED,
+    SPLIT,
+    RngTracker,
+    fork_during_forward,
+)
+from paratrain.parallel.tensor_parallel_state import (
+    clip_grad_norm_,
+    full_state_dict,
+    grad_norm,
+    sync_sequence_parallel_grads,
+)
+
+STYLES: dict[str, str] = {
+    "colwise": "nn.Linear -> ColumnParallelLinear: output split by features",
+    "colwise_gathered": "nn.Linear -> ColumnParallelLinear: output gathered on every rank",
+    "rowwise": "nn.Linear -> RowParallelLinear: input split by features, outputs summed",
+    "vocab_embedding": "nn.Embedding -> VocabParallelEmbedding: table split by vocabulary",
+    "vocab_head": "nn.Linear over the vocabulary -> ColumnParallelLinear: logits stay split",
+    "vocab_loss": "nn.CrossEntropyLoss -> VocabParallelCrossEntropy on split logits",
+    "attention": "input enters the split region once (f) for its colwise layers; heads split",
+    "replicated": "whole on every rank; with sequence parallelism, on this rank's tokens",
+    "split": "runs on split activations: its dropout masks differ per rank",
+}
+
+__all__ = [
+    "STYLES",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "RngTracker",
+    "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding",
+    "apply_tensor_parallel",
+    "clip_grad_norm_",
+    "full_state_dict",
+    "grad_norm",
+    "sync_sequence_parallel_grads",
+]
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    plan: Mapping[str, str],
+    group: CommGroup,
+    *,
+    sequence_parallel: bool = False,
+    seed: int = 0,
+) -> nn.Module:
+    """Make `model` tensor parallel over `group` in place, following `plan`; return it.
+
+    Every tp rank must have built the same full model (same seed) and call this with the
+    same plan. Raises ValueError, naming the module and the sizes, when a pattern matches
+    nothing, a module matches two patterns, a size is not divisible by tp, or a dropout
+    layer is not covered.
+    """
+    matches = match_plan(model, plan)
+    tracker = RngTracker(seed, group.rank)
+    attention = [name for name, style in matches.items() if style == "attention"]
+    for name, style in matches.items():
+        module = model.get_submodule(name)
+        inside_attention = any(name.startswith(a + ".") for a in attention)
+        try:
+            new = _apply_style(module, style, group, tracker, sequence_parallel, inside_attention)
+        except ValueError as e:
+            raise ValueError(f"tensor parallel plan: {name} ({style}): {e}") from None
+        if new is not module:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, new)
+    _check_dropout_covered(model, matches)
+    return model
+
+
+def match_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """{module name: style} for every module a pattern names; `*` is one name component."""
+    names = [name for name, _ in model.named_modules() if name]
+    matches: dict[str, str] = {}
+    for pattern, style in plan.items():
+        if style not in STYLES:
+            raise ValueError(
+                f"tensor parallel plan: {pattern!r}: unknown style {style!r}; "
+                f"valid: {', '.join(STYLES)}"
+            )
+        regex = re.compile("[^.]+".join(re.escape(part) for part in pattern.split("*")) + "$")
+        hits = [n for n in names if regex.match(n)]
+        if not hits:
+            raise ValueError(f"tensor parallel plan: {pattern!r} matches no module of the model")
+        for name in hits:
+            if name in matches:
+                raise ValueError(f"tensor parallel plan: {name} is matched by two patterns")
+            matches[name] = style
+    return matches
+
+
+def _apply_style(
+    module: nn.Module,
+    style: str,
+    group: CommGroup,
+    tracker: RngTracker,
+    sp: bool,
+    inside_attention: bool,
+) -> nn.Module:
+    if style in ("colwise", "colwise_gathered", "vocab_head", "rowwise"):
+        full = _expect(module, nn.Linear, style)
+        if style == "rowwise":
+            return RowParallelLinear(full, group, sequence_parallel=sp)
+        if style == "vocab_head":
+            shard_size(full.out_features, group, "vocabulary")
+        return ColumnParallelLinear(
+            full,
+            group,
+            gather_output=style == "colwise_gathered",
+            shared_input=inside_attention,
+            sequence_parallel=sp,
+        )
+    if style == "vocab_embedding":
+        return VocabParallelEmbedding(
+            _expect(module, nn.Embedding, style), group, sequence_parallel=sp
+        )
+    if style == "vocab_loss":
+        return VocabParallelCrossEntropy.from_loss(module, group)
+    if style == "attention":
+        _make_attention_region(module, group, tracker, sp)
+    elif style == "split":
+        fork_during_forward(module, tracker, SPLIT)
+    else:
+        _make_replicated(module, group, tracker, sp)
+    return module
+
+
+def _expect(module: nn.Module, kind: type, style: str) -> Any:
+    if not isinstance(module, kind):
+        raise ValueError(f"style {style} applies to {kind.__name__}, not {type(module).__name__}")
+    return module
+
+
+def _make_attention_region(
+    module: nn.Module, group: CommGroup, tracker: RngTracker, sp: bool
+) -> None:
+    """One f (or sequence all-gather) on the input for q, k and v; heads split by rank."""
+    heads = getattr(module, "n_head", getattr(module, "num_heads", None))
+    if heads is not None:
+        shard_size(heads, group, "number of attention heads")
+    # Registered first, so that the random state is swapped before anything else runs
+    # and restored after: attention dropout acts on this rank's heads only.
+    fork_during_forward(module, tracker, SPLIT)
+
+    def enter_region(mod: nn.Module, args: tuple) -> tuple:
+        x, *rest = args
+        x = regions.gather_sequence(x, group) if sp else regions.f(x, group)  # (B, T, C)
+        return (x, *rest)
+
+    module.register_forward_pre_hook(enter_region)
+
+
+def _make_replicated(module: nn.Module, group: CommGroup, tracker: RngTracker, sp: bool) -> None:
+    """Replicated parameters; under sequence parallelism the module sees T/tp tokens."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()):
+        # Sequence parallelism splits the replicated activations: different tokens per
+        # rank, so different masks.
+        fork_during_forward(module, tracker, SPLIT if sp else REPLICATED)
+    if not sp:
+        return
+    for m in module.modules():
+        m.sequence_parallel_params = tuple(n for n, _ in m.named_parameters(recurse=False))
+    if isinstance(module, nn.Embedding):
+        # A replicated embedding (positions) looks up only this rank's part of the
+        # sequence, the last dimension of its ids, to match the split activations.
+        def local_ids(mod: nn.Module, args: tuple) -> tuple:
+            ids, *rest = args
+            n = shard_size(ids.shape[-1], group, "sequence length")
+            return (ids.narrow(-1, group.rank * n, n), *rest)  # (..., T/tp)
+
+        module.register_forward_pre_hook(local_ids)
+
+
+def _check_dropout_covered(model: nn.Module, matches: dict[str, str]) -> None:
+    covered = [n for n, s in matches.items() if s in ("replicated", "split", "attention")]
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.modules.dropout._DropoutNd):
+            continue
+        if not any(name == c or name.startswith(c + ".") for c in covered):
+            raise ValueError(
+                f"tensor parallel plan: dropout layer {name} is not covered; mark it "
+                "'replicated' or 'split' so that every tp rank draws the right mask"
+            )
