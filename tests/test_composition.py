@@ -24,17 +24,17 @@ from tests.equivalence import (
     tiny_data,
 )
 
-# (dp, pp, tp, schedule, chunks, micro_batch, sequence_parallel)
+# (dp, pp, tp, schedule, chunks, micro_batch, sequence_parallel, recompute)
 LAYOUTS = {
-    2: [(1, 1, 2, "1f1b", 1, 2, False)],
-    4: [(2, 1, 2, "1f1b", 1, 2, True), (1, 2, 2, "1f1b", 1, 2, False)],
-    8: [(2, 2, 2, "interleaved", 2, 2, False)],
+    2: [(1, 1, 2, "1f1b", 1, 2, False, "none")],
+    4: [(2, 1, 2, "1f1b", 1, 2, True, "full"), (1, 2, 2, "1f1b", 1, 2, False, "full")],
+    8: [(2, 2, 2, "interleaved", 2, 2, False, "none"), (2, 2, 2, "1f1b", 1, 2, False, "full")],
 }
 CLIP = 0.5  # below the norms observed in these runs (about 1 to 3): clipping is active
 
 
-def layout_config(world, dp, pp, tp, schedule, chunks, micro_batch, sp):
-    cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP)
+def layout_config(world, dp, pp, tp, schedule, chunks, micro_batch, sp, recompute):
+    cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP, recompute=recompute)
     cfg.model.n_layer = 4
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.schedule, p.chunks = world, dp, pp, tp, schedule, chunks

@@ -78,6 +78,7 @@ class TrainConfig:
     weight_decay: float = param(0.1, "AdamW weight decay, applied to matrices and embeddings only.")
     beta1: float = param(0.9, "AdamW beta1.")
     beta2: float = param(0.95, "AdamW beta2.")
+    recompute: str = param("none", "Activation recomputation per block: none or full.")
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value; 0 disables.")
     seed: int = param(1234, "Seed for model initialisation and data order.")
     dtype: str = param(

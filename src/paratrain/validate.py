@@ -13,6 +13,7 @@ import torch
 from paratrain.comm.group import ALGOS
 from paratrain.config import RunConfig
 from paratrain.models.plans import check_gpt_tensor_parallel
+from paratrain.parallel.recompute import RECOMPUTE
 
 BUILT_DTYPES = ("float32",)
 KNOWN_DTYPES = ("float32", "bfloat16", "float16")
@@ -95,6 +96,8 @@ def _check_comm(cfg: RunConfig) -> None:
         )
     if t.lr_scaling not in LR_SCALINGS:
         raise ValueError(f"--lr-scaling {t.lr_scaling!r}; valid: {', '.join(LR_SCALINGS)}")
+    if t.recompute not in RECOMPUTE:
+        raise ValueError(f"--recompute {t.recompute!r}; valid: {', '.join(RECOMPUTE)}")
     if t.lr_base_batch < 1:
         raise ValueError(f"--lr-base-batch {t.lr_base_batch} must be positive")
 

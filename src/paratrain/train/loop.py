@@ -18,6 +18,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_TP_PLAN
+from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.train.clip import clip_global_norm
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
@@ -100,6 +101,7 @@ def train(
             sequence_parallel=cfg.parallel.sequence_parallel,
             seed=t.seed,
         )
+    apply_recomputation(model.blocks, t.recompute)  # inside each block, so after TP
     engine = build_engine(model, mesh, cfg)
     # Dropout masks differ between replicas (they see different data) but not between runs.
     torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))

@@ -1,0 +1,1 @@
+"""Measurements of what the runtime does: activations, timelines."""
