@@ -28,14 +28,20 @@ from tests.equivalence import (
 LAYOUTS = {
     2: [(1, 1, 2, "1f1b", 1, 2, False, "none")],
     4: [(2, 1, 2, "1f1b", 1, 2, True, "full"), (1, 2, 2, "1f1b", 1, 2, False, "full")],
-    8: [(2, 2, 2, "interleaved", 2, 2, False, "none"), (2, 2, 2, "1f1b", 1, 2, False, "full")],
+    8: [
+        (2, 2, 2, "interleaved", 2, 2, False, "none"),
+        (2, 2, 2, "1f1b", 1, 2, False, "full"),
+        (1, 2, 4, "gpipe", 1, 2, False, "none"),
+        (4, 2, 1, "1f1b", 1, 1, False, "none"),
+        (2, 1, 4, "1f1b", 1, 2, True, "none"),
+    ],
 }
 CLIP = 0.5  # below the norms observed in these runs (about 1 to 3): clipping is active
 
 
 def layout_config(world, dp, pp, tp, schedule, chunks, micro_batch, sp, recompute):
     cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP, recompute=recompute)
-    cfg.model.n_layer = 4
+    cfg.model.n_layer, cfg.model.n_head = 4, 4  # 4 heads: tp = 4 owns one each
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.schedule, p.chunks = world, dp, pp, tp, schedule, chunks
     p.sequence_parallel = sp
