@@ -23,11 +23,15 @@ def global_grad_norm(
     pp: comm.CommGroup | None = None,
 ) -> float:
     split = {id(p) for m in modules for p, _ in sharded_parameters(m).values()}
-    squares = torch.zeros(2, dtype=torch.float64)  # (tp-split, replicated) on this rank
+    grads: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (tp-split, replicated)
     for m in modules:
         for p in m.parameters():
             if p.grad is not None:
-                squares[0 if id(p) in split else 1] += p.grad.detach().double().pow(2).sum()
+                grads[0 if id(p) in split else 1].append(p.grad.detach())
+    squares = torch.zeros(2, dtype=torch.float64)  # (tp-split, replicated) on this rank
+    for i, group in enumerate(grads):
+        if group:  # one fused kernel per list, as torch.nn.utils.clip_grad_norm_ does
+            squares[i] = torch.stack(torch._foreach_norm(group)).double().pow(2).sum()
     if tp is not None and tp.size > 1:
         comm.all_reduce(squares[:1], tp, op="sum")
     total = squares.sum().reshape(1)
