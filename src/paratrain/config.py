@@ -43,7 +43,8 @@ class ParallelConfig:
     dp: int = param(0, "Data-parallel degree; 0 means world size / (pp * tp).")
     pp: int = param(1, "Pipeline-parallel degree (stages).")
     tp: int = param(1, "Tensor-parallel degree.")
-    zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group.")
+    zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group (3 = FSDP).")
+    prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.")
     schedule: str = param("1f1b", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
     sequence_parallel: bool = param(
         False, "Split LayerNorm/dropout regions along the sequence over tp."

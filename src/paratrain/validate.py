@@ -15,7 +15,7 @@ from paratrain.config import RunConfig
 from paratrain.models.plans import check_gpt_tensor_parallel
 from paratrain.parallel.recompute import RECOMPUTE
 
-BUILT_DTYPES = ("float32",)
+BUILT_DTYPES = ("float32", "bfloat16")
 KNOWN_DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -34,6 +34,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     _check_pipeline(cfg)
     _check_model(cfg)
     _check_tensor_parallel(cfg)
+    _check_zero(cfg)
     _check_data(cfg)
     return cfg
 
@@ -132,14 +133,23 @@ def _resolve_device_defaults(cfg: RunConfig) -> None:
         raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(KNOWN_DTYPES)}")
 
 
+def compute_dtype(cfg: RunConfig) -> str:
+    """The dtype a run computes in: `auto` means bfloat16 on CUDA, float32 elsewhere.
+
+    For configurations built in code that never went through `resolve`.
+    """
+    if cfg.train.dtype == "auto":
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return cfg.train.dtype
+
+
 def _check_not_built_yet(cfg: RunConfig) -> None:
     """Flags named now so scripts can rely on them, refused until their feature lands."""
-    p, t = cfg.parallel, cfg.train
-    if p.zero != 0:
-        raise ValueError(f"--zero {p.zero}: ZeRO is not built yet; valid: --zero 0")
+    t = cfg.train
     if t.dtype not in BUILT_DTYPES:
         raise ValueError(
-            f"--dtype {t.dtype}: mixed precision is not built yet; valid: --dtype float32"
+            f"--dtype {t.dtype}: training with fp16 loss scaling is not wired yet; "
+            f"valid: {', '.join(BUILT_DTYPES)}"
         )
 
 
@@ -209,6 +219,29 @@ def _check_pipeline(cfg: RunConfig) -> None:
     from paratrain.parallel.pipeline import build_schedule
 
     build_schedule(p.schedule, p.pp, cfg.train.microbatches, p.chunks)
+
+
+def _check_zero(cfg: RunConfig) -> None:
+    p, t = cfg.parallel, cfg.train
+    if p.zero not in (0, 1, 2, 3):
+        raise ValueError(f"--zero {p.zero}; valid: 0, 1, 2, 3")
+    if p.prefetch < 0:
+        raise ValueError(f"--prefetch {p.prefetch} must be zero or positive")
+    sharded = p.zero > 0 or t.dtype != "float32"
+    if sharded and p.dp_mode == "async":
+        raise ValueError("--dp-mode async keeps the whole model on the server; use --zero 0")
+    if p.zero == 3 and p.pp > 1:
+        raise ValueError(
+            "--zero 3 with a pipeline (--pp > 1) is refused: every micro-batch would gather "
+            "the stage's parameters again (DeepSpeed forbids it too); use --zero 1 or 2"
+        )
+    if p.zero == 3 and t.recompute != "none":
+        raise ValueError("--zero 3 with --recompute is not supported yet; drop one of them")
+    if sharded and p.sequence_parallel:
+        raise ValueError(
+            "--sequence-parallel with --zero or a 16-bit --dtype is not supported yet: its "
+            "partial LayerNorm gradients are summed before the data-parallel reduction"
+        )
 
 
 def _check_tensor_parallel(cfg: RunConfig) -> None:

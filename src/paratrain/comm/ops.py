@@ -156,13 +156,45 @@ def all_gather_flat(
     group: CommGroup,
     algo: str | None = None,
     sizes: list[int] | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+) -> torch.Tensor | Handle:
     """Concatenate every rank's flattened tensor, in rank order, into one 1-D tensor.
 
     `sizes` (elements per rank) may be given when every rank knows them; otherwise they are
     exchanged first (one small extra all-gather, counted). Sizes may differ between ranks.
+    async_op returns a Handle whose wait() gives the result; it stays in flight only on the
+    native path with equal, known sizes (what FSDP's prefetch needs); otherwise the call
+    completes before it returns.
     """
-    return _all_gather(tensor, group, algo, sizes)[0]
+    if async_op and _can_overlap(group, algo, "all_gather", sizes, tensor.numel()):
+        assert sizes is not None
+        record = begin(group, "all_gather", "native", describe(tensor))
+        out = torch.empty(sum(sizes), dtype=tensor.dtype)
+        work = dist.all_gather_single(
+            out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
+        )
+        chunk_bytes = [n * tensor.element_size() for n in sizes]
+        traffic = native_traffic(
+            "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
+        )
+        return Handle(group, record, [work], traffic, result=out)
+    result = _all_gather(tensor, group, algo, sizes)[0]
+    return Done(result) if async_op else result
+
+
+def _can_overlap(
+    group: CommGroup, algo: str | None, op: str, sizes: list[int] | None, numel: int
+) -> bool:
+    """Whether an async call can really be left in flight: native, equal sizes, not empty."""
+    return (
+        group.size > 1
+        and _algo(group, algo, op) == "native"
+        and sizes is not None
+        and len(sizes) == group.size
+        and len(set(sizes)) == 1
+        and sizes[group.rank] == numel
+        and numel > 0
+    )
 
 
 def all_gather(
@@ -241,12 +273,17 @@ def reduce_scatter(
     op: str = "sum",
     algo: str | None = None,
     sizes: list[int] | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+) -> torch.Tensor | Handle:
     """Reduce the flattened `tensor` over the group; return this rank's chunk of the result.
 
     Chunks follow `sizes` (elements per rank; default `chunk_sizes(numel, k)`, the first
-    numel % k chunks one element longer). The input is not modified.
+    numel % k chunks one element longer). The input is not modified (nor may it be while
+    an async call is in flight). async_op returns a Handle: the native path stays in flight
+    (ZeRO-2's overlap with backward); our ring completes before it returns.
     """
+    if async_op:
+        return _reduce_scatter_async(tensor, group, op, algo, sizes)
     check_op(op)
     flat = tensor.reshape(-1)
     sizes = sizes if sizes is not None else chunk_sizes(flat.numel(), group.size)
@@ -274,6 +311,41 @@ def reduce_scatter(
         )
     finish(group, record, traffic)
     return mine
+
+
+def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
+    flat = tensor.reshape(-1)
+    sizes = sizes if sizes is not None else chunk_sizes(flat.numel(), group.size)
+    if group.size == 1 or flat.numel() == 0 or _algo(group, algo, "reduce_scatter") != "native":
+        return Done(reduce_scatter(tensor, group, op, algo, sizes))
+    check_op(op)
+    if len(sizes) != group.size or sum(sizes) != flat.numel():
+        raise ValueError(
+            f"reduce_scatter sizes {sizes} must be {group.size} numbers adding up to "
+            f"the tensor's {flat.numel()} elements"
+        )
+    record = begin(group, "reduce_scatter", "native", describe(tensor))
+    longest = max(sizes)
+    if len(set(sizes)) == 1:
+        padded = flat.contiguous()
+    else:  # gloo reduces equal chunks only: pad each rank's chunk to the longest
+        padded = torch.zeros(longest * group.size, dtype=flat.dtype)
+        for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
+            dest[: piece.numel()] = piece
+    out = torch.empty(longest, dtype=flat.dtype)
+    work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
+    chunk_bytes = [n * tensor.element_size() for n in sizes]
+    traffic = native_traffic(
+        "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
+    )
+
+    def done() -> torch.Tensor:
+        mine = out[: sizes[group.rank]]
+        if op == "avg":
+            finish_avg_(mine, group.size)
+        return mine
+
+    return Handle(group, record, [work], traffic, then=done)
 
 
 def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:

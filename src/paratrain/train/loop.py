@@ -20,10 +20,9 @@ from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_TP_PLAN
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
-from paratrain.train.clip import clip_global_norm
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
 from paratrain.train.engine import build_engine
-from paratrain.train.optim import build_adamw, learning_rate, scaled_lr
+from paratrain.train.optim import learning_rate, scaled_lr
 from paratrain.validate import parse_straggler
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ def train(
             t.global_batch,
             lr,
         )
-    optimizer = build_adamw(nn.ModuleList(engine.modules), lr, t.weight_decay, (t.beta1, t.beta2))
+    optimizer = engine.build_optimizer(cfg, lr)
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     metrics: list[StepMetrics] = []
     for step in range(t.steps):
@@ -127,7 +126,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = step_lr
         loss, tokens = engine.forward_backward(micro_batches)
-        grad_norm = clip_global_norm(engine.modules, t.grad_clip, engine.tp, engine.pp)
+        grad_norm = engine.clip(t.grad_clip)
         optimizer.step()
         end = time.perf_counter()
         comm_s = mesh.ledger.wait_s() - waited_before
@@ -150,5 +149,6 @@ def train(
             on_step(m)
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
     val_loss = engine.evaluate(val) if val else float("nan")
+    engine.finish()
     model = engine.modules[0] if len(engine.modules) == 1 else nn.ModuleList(engine.modules)
     return TrainResult(model=model, metrics=metrics, val_loss=val_loss)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,23 +28,25 @@ class StepOutput:
     tokens: int  # target tokens in the global batch
 
 
-def accumulate_gradients(
-    model: DataParallel, micro_batches: list[torch.Tensor]
-) -> tuple[float, int]:
-    """Forward and backward of the micro-batches, one gradient sync, token normalisation.
+def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
+    """Forward and backward of the micro-batches, one gradient sync, the global token count.
 
-    Returns (mean token loss over the global batch, target tokens in the global batch);
-    afterwards `.grad` holds the gradient of that mean loss on every replica.
+    `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group).
+    Returns (mean token loss over the global batch, target tokens in the global batch); the
+    gradients still hold sums over tokens: the caller scales them by 1 / tokens.
+    No micro-batch is skipped, even one with no target tokens: sharded wrappers communicate
+    in every pass, so all ranks must run the same passes. Such a batch runs with its loss
+    multiplied by 0 (targets clamped to a valid id, so the zero is exact, not 0 * nan).
     """
     sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
     last = len(micro_batches) - 1
     for i, batch in enumerate(micro_batches):
         # Masked (padding) positions are fed token 0; their targets carry the mask.
-        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]
+        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
         tokens = int((targets != IGNORE_INDEX).sum())
         if tokens == 0:
-            continue  # nothing to learn from; finish_gradient_sync still syncs this step
-        # Only the last micro-batch's backward triggers the gradient all-reduce.
+            targets = targets.clamp(min=0)
+        # Only the last micro-batch's backward triggers the gradient sync.
         sync = contextlib.nullcontext() if i == last else model.no_sync()
         with sync:
             mean_loss = model(inputs, targets)
@@ -53,8 +56,6 @@ def accumulate_gradients(
     model.finish_gradient_sync()
     comm.all_reduce(sums, model.group, op="sum")
     total_tokens = max(1.0, float(sums[1]))
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    torch._foreach_mul_(grads, 1.0 / total_tokens)
     return float(sums[0]) / total_tokens, int(sums[1])
 
 
@@ -70,6 +71,8 @@ def train_step(
         group["lr"] = lr
     model.zero_grad()
     loss, tokens = accumulate_gradients(model, micro_batches)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, 1.0 / max(tokens, 1))
     grad_norm = clip_global_norm([model.module], grad_clip)  # one process holds all of it
     optimizer.step()
     return StepOutput(loss, grad_norm, tokens)
@@ -79,15 +82,25 @@ def train_step(
 def evaluate(
     model: torch.nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup
 ) -> float:
-    """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ..."""
+    """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ...
+
+    Every replica runs the same number of forward passes (a replica short of batches
+    repeats one with weight 0): under ZeRO-3 each forward is a collective.
+    """
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64)  # (loss * tokens, tokens)
-    for batch in batches[dp_group.rank :: dp_group.size]:
-        tokens = int((batch[:, 1:] != IGNORE_INDEX).sum())
-        if tokens:
-            sums[0] += model(batch[:, :-1].clamp(min=0), batch[:, 1:]).double() * tokens
-            sums[1] += tokens
+    rounds = -(-len(batches) // dp_group.size)  # ceil
+    for i in range(rounds):
+        index = dp_group.rank + i * dp_group.size
+        batch = batches[index] if index < len(batches) else batches[0]
+        targets = batch[:, 1:]
+        tokens = int((targets != IGNORE_INDEX).sum()) if index < len(batches) else 0
+        if tokens == 0:  # a pass for the collectives only: a finite loss, weight 0
+            targets = targets.clamp(min=0)
+        loss = model(batch[:, :-1].clamp(min=0), targets)
+        sums[0] += loss.double() * tokens
+        sums[1] += tokens
     comm.all_reduce(sums, dp_group, op="sum")
     model.train(was_training)
     return float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")

@@ -1,0 +1,276 @@
+"""ZeRO-3 / FSDP: parameters sharded too, each unit gathered just in time and freed.
+
+ZeRO stage 3 (P_os+g+p, arXiv:1910.02054, sections 5.3 and 7.2.2) and PyTorch FSDP
+(Zhao et al., arXiv:2304.11277, section 3): every rank keeps 1/k of each unit's
+parameters, gradients, master weights and moments, 16N/k bytes with Adam. Per micro-batch:
+
+- before a unit's forward its parameters are all-gathered, and freed after it;
+- before its backward (a hook on its outputs' gradients) they are all-gathered again,
+  and freed when all its gradients have arrived;
+- its gradients are then reduce-scattered, each rank adding its part into its shard.
+
+That is (k-1)S/k for each of the three, 3(k-1)S/k per micro-batch, 1.5 times DDP's
+volume (ZeRO section 7.2.2), and K times that with K micro-batches, since the full
+gradients are not kept between micro-batches.
+
+Prefetch (FSDP section 3.3.2, forward and backward prefetching): with depth d, the
+pre-forward of unit u issues the gathers of units u+1..u+d, and the pre-backward of
+unit u those of u-1..u-d, so that they run while unit u computes. Depth 0 gathers each
+unit only when it is needed; each extra unit of depth costs one more unit of gathered
+parameters at the peak (`peak_gathered_bytes`).
+
+Driving it is the same as ZeroDataParallel (zero.py); `optimizer.step()` updates the shards
+only: the next forward gathers the new values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.models.plans import GPT_FSDP_UNITS
+from paratrain.parallel.data_parallel import broadcast_parameters
+from paratrain.parallel.fsdp_units import FlatUnit, Tracker, expand_units
+from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
+from paratrain.parallel.zero_optim import (
+    MemoryReport,
+    ShardedAdamW,
+    clip_grad_norm_,
+    memory_report,
+    scale_grads_,
+)
+
+
+def gpt_units(model: nn.Module) -> list[list[str]]:
+    """Our GPT's units: embeddings, each block, final norm with the head."""
+    return expand_units(model, GPT_FSDP_UNITS)
+
+
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO-3 of `module` over `group`, gathering by the given units (module names each).
+
+    units: lists of module names, in forward order; parameters in none of them form a
+        root unit, gathered at the start of forward and kept until its gradients arrive.
+    prefetch: how many units ahead to gather while the current one computes.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        group: comm.CommGroup,
+        units: Sequence[Sequence[str]],
+        precision: MixedPrecision | None = None,
+        prefetch: int = 1,
+        reduce_op: str = "sum",
+    ) -> None:
+        super().__init__()
+        if prefetch < 0 or reduce_op not in ("avg", "sum"):
+            raise ValueError(f"prefetch {prefetch} (>= 0) / reduce_op {reduce_op!r}")
+        self.module, self.group, self.prefetch, self.reduce_op = module, group, prefetch, reduce_op
+        self.precision = precision or MixedPrecision()
+        broadcast_parameters(module, group)
+        self.tracker = Tracker()
+        self.events: list[tuple] = []  # (kind, unit, ...) in order: gathers, forward ends
+        self.units = self._build_units(units)
+        self._unit_of = {id(p): u for u in self.units for p in u.params}
+        for u in self.units:
+            for p in u.params:
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+            for m in u.modules:
+                m.register_forward_pre_hook(lambda _m, _a, u=u: self._before_forward(u))
+                m.register_forward_hook(lambda m, _a, out, u=u: self._after_forward(u, m, out))
+        # Gradients complete in backward order: reduce-scatter in that order on every rank,
+        # the root unit (if any) last.
+        self._reduce_order = [u for u in reversed(self.units) if u.modules]
+        self._reduce_order += [u for u in self.units if not u.modules]
+        self._next_reduce, self._flush_queued = 0, False
+        self._pending: list[tuple[FlatUnit, Any, torch.Tensor]] = []
+        self.scaler = None
+        if self.precision.needs_loss_scaling:
+            p = self.precision
+            self.scaler = DynamicLossScaler(p.initial_loss_scale, p.growth_interval)
+
+    def _build_units(self, spec: Sequence[Sequence[str]]) -> list[FlatUnit]:
+        claimed: set[int] = set()
+        units = []
+        for names in spec:
+            modules = [self.module.get_submodule(n) for n in names]
+            named = []
+            for n, m in zip(names, modules, strict=True):
+                for pn, p in m.named_parameters(prefix=n):
+                    if p.requires_grad and id(p) not in claimed:
+                        claimed.add(id(p))
+                        named.append((pn, p))
+            units.append((",".join(names), modules, named))
+        rest = [(n, p) for n, p in self.module.named_parameters() if id(p) not in claimed]
+        rest = [(n, p) for n, p in rest if p.requires_grad]
+        if rest:
+            units.insert(0, ("<root>", [], rest))
+        args = (self.group, self.precision, self.tracker)
+        return [FlatUnit(i, n, m, named, *args) for i, (n, m, named) in enumerate(units)]
+
+    # -- gathering -------------------------------------------------------------------------
+    def _before_forward(self, u: FlatUnit) -> None:
+        if not u.gathered:
+            u.wait()
+            for v in self.units[u.index + 1 : u.index + 1 + self.prefetch]:
+                v.gather(self.events, "forward")
+
+    def _after_forward(self, u: FlatUnit, m: nn.Module, out: Any) -> None:
+        if m is u.modules[-1]:
+            self.events.append(("forward_end", u.index, time.perf_counter()))
+            u.free()
+        if torch.is_grad_enabled():
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda grad, u=u: self._before_backward(u))
+
+    def _before_backward(self, u: FlatUnit) -> None:
+        if not u.gathered:
+            u.wait()
+            lower = max(0, u.index - self.prefetch)
+            for v in reversed(self.units[lower : u.index]):
+                if v.modules:
+                    v.gather(self.events, "backward")
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        root = [u for u in self.units if not u.modules]
+        for u in root:
+            u.wait()
+        out = self.module(*args, **kwargs)
+        return scale_backward(out, self.scaler.scale) if self.scaler is not None else out
+
+    # -- gradients -------------------------------------------------------------------------
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        u = self._unit_of[id(p)]
+        if u.grad_buffer is None:
+            u.grad_buffer = torch.zeros(u.layout.padded, dtype=self.precision.param_dtype)
+        i = next(j for j, q in enumerate(u.params) if q is p)
+        seg = u.layout.segments[i]
+        assert p.grad is not None
+        u.grad_buffer[seg.start : seg.end].add_(p.grad.view(-1))
+        p.grad = None
+        u.ready.add(i)
+        if not self._flush_queued:  # each backward ends with every unit reduced
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        while self._next_reduce < len(self._reduce_order):
+            u = self._reduce_order[self._next_reduce]
+            if not (force or len(u.ready) == len(u.params)):
+                break
+            u.free()  # its backward is over
+            self._launch(u)
+            self._next_reduce += 1
+        while self._pending and self._pending[0][1].is_completed():
+            self._complete(*self._pending.pop(0))
+
+    def _launch(self, u: FlatUnit) -> None:
+        data, u.grad_buffer = u.grad_buffer, None
+        if data is None:  # no gradient reached this unit in this backward
+            data = torch.zeros(u.layout.padded, dtype=self.precision.param_dtype)
+        send = data.to(self.precision.reduce_dtype)
+        sizes = [u.layout.shard] * self.group.size
+        handle = comm.reduce_scatter(send, self.group, self.reduce_op, sizes=sizes, async_op=True)
+        self._pending.append((u, handle, send))
+        u.ready.clear()
+
+    def _complete(self, u: FlatUnit, handle: Any, send: torch.Tensor) -> None:
+        u.shard.grad.add_(handle.wait())
+
+    def _flush(self) -> None:
+        """End of a backward: reduce what is left, wait for everything, free everything."""
+        self._flush_queued = False
+        self._launch_ready(force=True)
+        while self._pending:
+            self._complete(*self._pending.pop(0))
+        self._next_reduce = 0
+        for u in self.units:
+            u.free()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accepted for the common interface; ZeRO-3 reduces after every backward anyway."""
+        yield
+
+    def finish_gradient_sync(self) -> None:
+        """Everything was reduced at the end of each backward; only free what is left."""
+        for u in self.units:
+            u.free()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        del set_to_none
+        for u in self.units:
+            u.shard.grad.zero_()
+            u.grad_buffer = None
+        self.events.clear()
+        self.tracker.reset_peak()
+
+    # -- update and state ------------------------------------------------------------------
+    @property
+    def shards(self) -> list:
+        return [u.shard for u in self.units]
+
+    @property
+    def peak_gathered_bytes(self) -> int:
+        """The most bytes of gathered parameters alive at once since zero_grad()."""
+        return self.tracker.peak
+
+    def scale_grads_(self, factor: float) -> None:
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        scale_grads_(self.shards, factor / scale)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        return clip_grad_norm_(self.shards, self.group, max_norm)
+
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+    ) -> ShardedAdamW:
+        return ShardedAdamW(
+            self.shards, self.group, lr, weight_decay, betas, eps, None, self.scaler
+        )
+
+    def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
+        known: list[tuple[str, torch.Tensor]] = []
+        for u in self.units:
+            known += [("params", u.shard.param), ("grads", u.shard.grad), ("params", u.full)]
+            if u.shard.master is not None:
+                known.append(("master", u.shard.master))
+        n = sum(u.layout.numel for u in self.units)
+        k = self.group.size
+        extra = sum(u.layout.shard for u in self.units) - -(-n // k)  # beyond ceil(N/k)
+        p = self.precision
+        padding = {"params": extra * p.param_bytes, "grads": extra * p.param_bytes}
+        padding["optimizer"] = extra * 8 if optimizer is not None else 0
+        if p.has_master:
+            padding["master"] = extra * 4
+        return memory_report(known, padding, self.module, optimizer)
+
+    def sharded_state_dict(self) -> dict[str, dict]:
+        return {k: v for u in self.units for k, v in u.shard.sharded_state().items()}
+
+    def materialize(self) -> None:
+        """Gather every unit and keep it: the plain module is whole again (after training;
+        a collective). Until then a freed parameter's storage is empty, and reading it
+        through `module.state_dict()` would read freed memory."""
+        for u in self.units:
+            u.wait()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, in fp32 (the master values), on every rank."""
+        out = {}
+        for u in self.units:
+            sizes = [u.layout.shard] * self.group.size
+            flat = comm.all_gather_flat(u.shard.optimized, self.group, sizes=sizes)
+            for seg, view in zip(u.layout.segments, u.layout.views(flat), strict=True):
+                out[seg.name] = view.clone()
+        return out

@@ -1,0 +1,131 @@
+"""FSDP units: which parameters are gathered together, and one unit's gather/free cycle.
+
+A unit is a group of modules whose parameters are stored as one flat buffer sharded over
+the dp group (FSDP, Zhao et al., arXiv:2304.11277, section 3.2.1: one FlatParameter per
+FSDP unit). Its full parameters exist only between a gather and the next free: the
+parameters keep their identity and shape (they are views of `full`), and freeing resizes
+`full`'s storage to zero bytes, as FSDP does, so that views and the tensors autograd saved
+for backward stay valid and see the values again once the storage is refilled.
+
+Units are declared as data (models/plans.py: GPT_FSDP_UNITS): a tuple of module names per
+unit, where a trailing ".*" expands to one unit per child, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.zero_flat import FlatLayout, FlatShard, make_shard
+
+
+def expand_units(model: nn.Module, spec: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Module names per unit, "blocks.*" expanded; modules that are None are skipped."""
+    units: list[list[str]] = []
+    for names in spec:
+        if len(names) == 1 and names[0].endswith(".*"):
+            parent = model.get_submodule(names[0][:-2])
+            units += [[f"{names[0][:-2]}.{child}"] for child, _ in parent.named_children()]
+            continue
+        present = [n for n in names if _has_module(model, n)]
+        if present:
+            units.append(present)
+    return units
+
+
+def _has_module(model: nn.Module, name: str) -> bool:
+    try:
+        return model.get_submodule(name) is not None
+    except AttributeError:
+        return False
+
+
+class Tracker:
+    """Bytes of full parameters alive now (gathered, or being gathered), and the peak."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+
+class FlatUnit:
+    """One unit's parameters: a sharded flat buffer, gathered on demand into `full`."""
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        modules: list[nn.Module],
+        named_params: list[tuple[str, nn.Parameter]],
+        group: comm.CommGroup,
+        precision: MixedPrecision,
+        tracker: Tracker,
+    ) -> None:
+        self.index, self.name, self.modules = index, name, modules
+        self.params = [p for _, p in named_params]
+        self.group, self.tracker = group, tracker
+        self.layout = FlatLayout(named_params, group.size)
+        values = torch.zeros(self.layout.padded, dtype=torch.float32)  # (padded,) full fp32
+        for p, view in zip(self.params, self.layout.views(values), strict=True):
+            view.copy_(p.detach())
+        lo, hi = self.layout.shard_range(group.rank)
+        dtype = precision.param_dtype
+        param_shard = values[lo:hi].to(dtype, copy=True)  # own storage: the rest is freed
+        master = values[lo:hi] if precision.has_master else None
+        self.shard: FlatShard = make_shard(self.layout, group.rank, param_shard, dtype, master)
+        self.full = torch.empty(self.layout.padded, dtype=dtype)  # (padded,) when gathered
+        for p, view in zip(self.params, self.layout.views(self.full), strict=True):
+            p.data = view
+        self.nbytes = self.full.numel() * self.full.element_size()
+        self.full.untyped_storage().resize_(0)
+        self.gathered = False
+        self.handle: Any = None  # a gather in flight
+        self.ready: set[int] = set()  # params whose gradient arrived in this backward
+        self.grad_buffer: torch.Tensor | None = None  # (padded,) full gradients, transient
+
+    def gather(self, events: list | None = None, phase: str = "") -> None:
+        """Issue the all-gather of this unit's shards (asynchronously) unless done already."""
+        if self.gathered or self.handle is not None:
+            return
+        sizes = [self.layout.shard] * self.group.size
+        self.handle = comm.all_gather_flat(self.shard.param, self.group, sizes=sizes, async_op=True)
+        self.tracker.add(self.nbytes)  # in flight or gathered: one unit of full parameters
+        if events is not None:
+            seq = getattr(getattr(self.handle, "record", None), "seq", None)
+            events.append(("gather", self.index, phase, seq))
+
+    def wait(self) -> None:
+        """Make the full parameters available: finish (or issue and finish) the gather."""
+        if self.gathered:
+            return
+        self.gather()
+        out = self.handle.wait()  # (padded,)
+        self.handle = None
+        # The receive buffer becomes the full parameters: counted once, as one unit (the
+        # copy between them is a momentary second copy of this unit, not tracked).
+        self.full.untyped_storage().resize_(self.nbytes)
+        with torch.no_grad():
+            self.full.copy_(out)
+        del out
+        self.gathered = True
+
+    def free(self) -> None:
+        """Drop the full parameters; the shard stays."""
+        if self.handle is not None:  # a prefetch that was never used
+            self.wait()
+        if self.gathered:
+            self.full.untyped_storage().resize_(0)
+            self.tracker.add(-self.nbytes)
+            self.gathered = False

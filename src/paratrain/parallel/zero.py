@@ -1,0 +1,306 @@
+"""ZeRO stages 0-2 over the data-parallel group: one flat buffer, each rank updates 1/k.
+
+ZeRO (Rajbhandari et al., arXiv:1910.02054, sections 5 and 7) removes the k-fold copies
+of model state that data parallelism keeps. Here, over the dp group of k ranks:
+
+- stage 0: plain data parallelism on flat buffers (all-reduce), with mixed precision;
+- stage 1 (P_os): optimizer moments and fp32 master weights sharded. Gradients are
+  reduce-scattered, not all-reduced: each rank needs the reduced gradient of its own
+  shard only. It updates that shard, and the updated parameters are all-gathered.
+  Traffic (k-1)S/k + (k-1)S/k = 2(k-1)S/k, DDP's all-reduce volume (section 7.2.1);
+- stage 2 (P_os+g): gradients sharded too. Each bucket's full gradients exist only from
+  the backward hook that fills it until its reduce-scatter completes; then only this
+  rank's part is kept, added into the gradient shard. Same traffic as stage 1.
+
+With K micro-batches, stage 2 either holds the full gradients across micro-batches and
+reduce-scatters once (accumulate="full", default: memory of the full gradient until the
+last backward, traffic 2(k-1)S/k) or reduce-scatters after every micro-batch into the
+shard (accumulate="shard": gradient memory S/k, gradient traffic K(k-1)S/k).
+
+The flat buffer lists parameters in reverse order of registration, so buckets (contiguous
+ranges of it) fill one after another during backward, as in the DDP wrapper; a bucket's
+reduce-scatter starts from the hook that completes it and overlaps the earlier layers'
+backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (zero_flat.py): a
+bucket's reduce-scatter gives each rank the part of the bucket inside its shard.
+
+Driving it (what a training loop calls, in order):
+    model = ZeroDataParallel(module, group, stage=2, precision=MixedPrecision.of("bf16"))
+    opt = model.build_optimizer(lr, weight_decay, betas)
+    model.zero_grad()
+    for each micro-batch: (inside model.no_sync() for all but the last) loss.backward()
+    model.finish_gradient_sync()
+    model.scale_grads_(1 / global_tokens); norm = model.clip_grad_norm_(max_norm)
+    opt.step()                         # updates this rank's shard, all-gathers parameters
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.parallel.data_parallel import broadcast_parameters
+from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
+from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, flat_buckets, make_shard
+from paratrain.parallel.zero_optim import (
+    MemoryReport,
+    ShardedAdamW,
+    clip_grad_norm_,
+    memory_report,
+    scale_grads_,
+)
+
+ACCUMULATE = ("full", "shard")
+
+
+class ZeroDataParallel(nn.Module):
+    """ZeRO stage 0, 1 or 2 of `module` over `group` (see the module docstring).
+
+    reduce_op: "sum" for losses already normalised by the global token count (the training
+    loop's way), "avg" for per-replica mean losses (DDP's way).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        group: comm.CommGroup,
+        stage: int = 1,
+        precision: MixedPrecision | None = None,
+        bucket_mb: float = 25.0,
+        reduce_op: str = "sum",
+        accumulate: str = "full",
+    ) -> None:
+        super().__init__()
+        if stage not in (0, 1, 2):
+            raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (3: fsdp.py)")
+        if reduce_op not in ("avg", "sum") or accumulate not in ACCUMULATE:
+            raise ValueError(f"reduce_op {reduce_op!r} / accumulate {accumulate!r}")
+        self.module, self.group, self.stage = module, group, stage
+        self.precision = precision or MixedPrecision()
+        self.reduce_op, self.accumulate = reduce_op, accumulate
+        broadcast_parameters(module, group)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
+        self._params = [p for _, p in named]
+        rank = group.rank if stage >= 1 else 0
+        self.layout = FlatLayout(named, group.size if stage >= 1 else 1)
+        self.flat_params, master_from = self._flatten_params(rank)
+        lo, hi = self.layout.shard_range(rank)
+        dtype = self.precision.param_dtype
+        self.shard = make_shard(self.layout, rank, self.flat_params[lo:hi], dtype, master_from)
+        self.flat_grads: torch.Tensor | None = None
+        if stage <= 1:  # full gradients live in one buffer; .grad are views into it
+            self.flat_grads = torch.zeros(self.layout.padded, dtype=dtype)
+            self.shard.grad = self.flat_grads[lo:hi]
+        self._grad_views = self.layout.views(self.flat_grads) if self.flat_grads is not None else []
+        self.buckets = flat_buckets(
+            self.layout, int(bucket_mb * 2**20), self.shard.grad.element_size()
+        )
+        self._where: dict[int, tuple[FlatBucket, int]] = {}
+        for b in self.buckets:
+            for i in b.params:
+                self._where[id(self._params[i])] = (b, i)
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self.scaler = None
+        if self.precision.needs_loss_scaling:
+            self.scaler = DynamicLossScaler(
+                self.precision.initial_loss_scale, self.precision.growth_interval
+            )
+        self._sync, self._next_launch, self._flush_queued = True, 0, False
+        self._pending: list[tuple[FlatBucket, Any, torch.Tensor]] = []
+        self._touched: set[int] = set()
+        self.zero_grad()
+
+    def _flatten_params(self, rank: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copy the parameters into one padded buffer and make them views of it."""
+        full = torch.zeros(self.layout.padded, dtype=torch.float32)
+        for p, view in zip(self._params, self.layout.views(full), strict=True):
+            view.copy_(p.detach())
+        dtype = self.precision.param_dtype
+        flat = full if dtype == torch.float32 else full.to(dtype)
+        for p, view in zip(self._params, self.layout.views(flat), strict=True):
+            p.data = view
+        lo, hi = self.layout.shard_range(rank)
+        return flat, (full[lo:hi] if self.precision.has_master else None)
+
+    # -- the driving interface shared with DataParallel -------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*args, **kwargs)
+        return scale_backward(out, self.scaler.scale) if self.scaler is not None else out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate without communicating (stage 2 with accumulate="shard" still does)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    @property
+    def _per_micro_batch(self) -> bool:
+        return self.stage == 2 and self.accumulate == "shard"
+
+    def _syncing(self) -> bool:
+        return self._sync or self._per_micro_batch
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        bucket, i = self._where[id(p)]
+        seg = self.layout.segments[i]
+        if self.stage <= 1:
+            view = self._grad_views[i]
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)  # .grad was replaced since zero_grad: first gradient
+                p.grad = view
+        else:
+            if bucket.buffer is None:
+                bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.shard.grad.dtype)
+            assert p.grad is not None
+            bucket.buffer[seg.start - bucket.start : seg.end - bucket.start].add_(p.grad.view(-1))
+            p.grad = None  # the bucket holds it now: never two full copies
+        self._touched.add(id(p))
+        if not self._syncing():
+            return
+        if self._per_micro_batch and not self._flush_queued:
+            # A parameter unused in this backward would leave its bucket incomplete:
+            # flush everything at the end of each backward so micro-batches stay apart.
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+        bucket.ready.add(i)
+        self._launch_ready()
+
+    def _flush(self) -> None:
+        self._flush_queued = False
+        self._launch_ready(force=True)
+        self._reset_round()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        """Launch complete buckets strictly in index order (the same calls on every rank)."""
+        while self._next_launch < len(self.buckets):
+            bucket = self.buckets[self._next_launch]
+            if not (force or len(bucket.ready) == len(bucket.params)):
+                break
+            self._launch(bucket)
+            self._next_launch += 1
+        while self._pending and self._pending[0][1].is_completed():
+            self._complete(*self._pending.pop(0))  # free stage 2 buffers as soon as done
+
+    def _launch(self, bucket: FlatBucket) -> None:
+        if self.flat_grads is not None:
+            data = self.flat_grads[bucket.start : bucket.end]
+        else:
+            if bucket.buffer is None:  # no parameter of it got a gradient here
+                bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.shard.grad.dtype)
+            data, bucket.buffer = bucket.buffer, None  # in flight: the next backward
+            # (accumulate="shard") starts a fresh buffer; this one dies when reduced
+        send = (
+            data
+            if data.dtype == self.precision.reduce_dtype
+            else data.to(self.precision.reduce_dtype)
+        )
+        if self.stage == 0:
+            handle = comm.all_reduce(send, self.group, op=self.reduce_op, async_op=True)
+        else:
+            sizes = self.layout.split_sizes(bucket.start, bucket.end)
+            handle = comm.reduce_scatter(
+                send, self.group, op=self.reduce_op, sizes=sizes, async_op=True
+            )
+        self._pending.append((bucket, handle, send))
+
+    def _complete(self, bucket: FlatBucket, handle: Any, send: torch.Tensor) -> None:
+        result = handle.wait()
+        if self.stage == 0:
+            if result.data_ptr() != self.flat_grads[bucket.start : bucket.end].data_ptr():
+                self.flat_grads[bucket.start : bucket.end].copy_(result)
+            return
+        lo, hi = self.layout.shard_range(self.group.rank)
+        a, b = max(bucket.start, lo), min(bucket.end, hi)
+        if a < b:
+            target = self.shard.grad[a - lo : b - lo]
+            target.copy_(result) if self.stage == 1 else target.add_(result)
+
+    def _reset_round(self) -> None:
+        self._next_launch = 0
+        for b in self.buckets:
+            b.ready.clear()
+
+    def finish_gradient_sync(self) -> None:
+        """Launch what is left (parameters without a gradient contribute zeros), wait."""
+        if not self._per_micro_batch:  # else every backward already flushed its round
+            self._launch_ready(force=True)
+        while self._pending:
+            self._complete(*self._pending.pop(0))
+        self._reset_round()
+        self._touched.clear()
+        if self.stage >= 1:  # only the shard's gradient is reduced: hide the rest
+            for p in self._params:
+                p.grad = None
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        del set_to_none  # gradients live in the wrapper's buffers
+        self.shard.grad.zero_()
+        if self.flat_grads is not None:
+            self.flat_grads.zero_()
+            for p, view in zip(self._params, self._grad_views, strict=True):
+                p.grad = view
+        for b in self.buckets:
+            b.buffer = None
+
+    # -- sharded gradients and the update --------------------------------------------------
+    def scale_grads_(self, factor: float) -> None:
+        """Multiply the reduced gradient (and undo fp16's loss scale)."""
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        scale_grads_([self.shard], factor / scale)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        group = self.group if self.stage >= 1 else None
+        return clip_grad_norm_([self.shard], group, max_norm)
+
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+    ) -> ShardedAdamW:
+        after = self._gather_params if self.stage >= 1 else None
+        return ShardedAdamW(
+            [self.shard], self.group, lr, weight_decay, betas, eps, after, self.scaler
+        )
+
+    @torch.no_grad()
+    def _gather_params(self) -> None:
+        """Every rank updated its shard: all-gather them into the full parameters."""
+        sizes = [self.layout.shard] * self.group.size
+        self.flat_params.copy_(comm.all_gather_flat(self.shard.param, self.group, sizes=sizes))
+
+    # -- state -----------------------------------------------------------------------------
+    def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
+        known = [("params", self.flat_params), ("grads", self.shard.grad)]
+        known += [("grads", b.buffer) for b in self.buckets if b.buffer is not None]
+        known += [("grads", send) for _, _, send in self._pending]
+        if self.flat_grads is not None:
+            known.append(("grads", self.flat_grads))
+        if self.shard.master is not None:
+            known.append(("master", self.shard.master))
+        pad = self.layout.padding
+        padding = {"params": pad * self.flat_params.element_size()}
+        if self.flat_grads is not None:
+            padding["grads"] = pad * self.flat_grads.element_size()
+        return memory_report(known, padding, self.module, optimizer)
+
+    def sharded_state_dict(self) -> dict[str, dict]:
+        """This rank's pieces, per parameter, with global shapes (fp32 master values)."""
+        return self.shard.sharded_state()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, in fp32 (the master values), on every rank."""
+        values = self.shard.optimized
+        if self.stage >= 1:
+            sizes = [self.layout.shard] * self.group.size
+            values = comm.all_gather_flat(values, self.group, sizes=sizes)
+        return {
+            s.name: v.clone()
+            for s, v in zip(self.layout.segments, self.layout.views(values), strict=True)
+        }

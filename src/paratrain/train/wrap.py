@@ -1,0 +1,106 @@
+"""Pick the data-parallel wrapper for a module, and what goes with it: the optimizer and the
+global-norm clip. The engines call these three and never ask which wrapper they got.
+
+- float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`).
+- --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone).
+- --zero 3: FullyShardedDataParallel over the model's FSDP units.
+Sharded wrappers keep the reduced gradient only as this rank's shard, so scaling, clipping
+and the optimizer go through them rather than through `p.grad`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.fsdp import FullyShardedDataParallel, gpt_units
+from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.tensor_parallel_state import sharded_parameters
+from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.train.clip import clip_global_norm
+from paratrain.train.optim import build_adamw
+from paratrain.validate import compute_dtype
+
+Wrapper = DataParallel | ZeroDataParallel | FullyShardedDataParallel
+
+
+def wrap(module: nn.Module, mesh: Mesh, cfg: RunConfig, reduce_op: str) -> Wrapper:
+    p, dp, dtype = cfg.parallel, mesh.group("dp"), compute_dtype(cfg)
+    if p.zero == 0 and dtype == "float32":
+        return DataParallel(module, dp, p.bucket_mb, reduce_op=reduce_op)
+    precision = MixedPrecision.of(dtype)
+    if p.zero == 3:
+        return FullyShardedDataParallel(
+            module, dp, gpt_units(module), precision, prefetch=p.prefetch, reduce_op=reduce_op
+        )
+    return ZeroDataParallel(module, dp, p.zero, precision, p.bucket_mb, reduce_op=reduce_op)
+
+
+class OptimizerSet:
+    """Several sharded optimizers (one per pipeline chunk) driven as one."""
+
+    def __init__(self, optimizers: list) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
+def build_optimizer(wrappers: list[Wrapper], cfg: RunConfig, lr: float):
+    t = cfg.train
+    betas = (t.beta1, t.beta2)
+    if all(isinstance(w, DataParallel) for w in wrappers):
+        return build_adamw(nn.ModuleList([w.module for w in wrappers]), lr, t.weight_decay, betas)
+    return OptimizerSet([w.build_optimizer(lr, t.weight_decay, betas) for w in wrappers])
+
+
+def scale_gradients(wrappers: list[Wrapper], factor: float) -> None:
+    for w in wrappers:
+        if isinstance(w, DataParallel):
+            grads = [p.grad for p in w.module.parameters() if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, factor)
+        else:
+            w.scale_grads_(factor)
+
+
+def clip(
+    wrappers: list[Wrapper], max_norm: float, tp: comm.CommGroup, pp: comm.CommGroup | None
+) -> float:
+    """Global norm over every parameter counted once (see clip.py); clip if above max_norm."""
+    if all(isinstance(w, DataParallel) for w in wrappers):
+        return clip_global_norm([w.module for w in wrappers], max_norm, tp, pp)
+    squares = torch.zeros(2, dtype=torch.float64)  # (tp-split, replicated) on this rank
+    for w in wrappers:
+        split = set(sharded_parameters(w.module))
+        shards = w.shards if isinstance(w, FullyShardedDataParallel) else [w.shard]
+        for shard in shards:
+            pieces = shard.layout.local_pieces(shard.rank)
+            for piece, view in zip(pieces, shard.piece_views(shard.grad), strict=True):
+                squares[0 if piece.segment.name in split else 1] += view.double().pow(2).sum()
+    if any(_is_sharded(w) for w in wrappers):  # dp ranks hold disjoint shards: add them
+        comm.all_reduce(squares, wrappers[0].group, op="sum")
+    if tp.size > 1:
+        comm.all_reduce(squares[:1], tp, op="sum")
+    total = squares.sum().reshape(1)
+    if pp is not None and pp.size > 1:
+        comm.all_reduce(total, pp, op="sum")
+    norm = float(total.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        scale_gradients(wrappers, max_norm / (norm + 1e-6))
+    return norm
+
+
+def _is_sharded(w: Wrapper) -> bool:
+    return isinstance(w, FullyShardedDataParallel) or (
+        isinstance(w, ZeroDataParallel) and w.stage >= 1
+    )

@@ -1,0 +1,162 @@
+"""ZeRO-3 / FSDP on its own: units, prefetch order in the ledger, peak gathered memory
+against prefetch depth, a user's model with a root unit and an unused parameter, and
+checkpoints (sharded pieces and the full state dict)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from paratrain.mesh import Mesh
+from paratrain.models.gpt import GPT
+from paratrain.parallel.fsdp import FullyShardedDataParallel, gpt_units
+from paratrain.parallel.fsdp_units import expand_units
+from paratrain.train.loop import build_model, gpt_config
+from tests.distributed import run_distributed
+from tests.equivalence import tiny_config
+
+
+def test_gpt_units_are_embeddings_each_block_and_the_head():
+    model = build_model(tiny_config())
+    assert gpt_units(model) == [
+        ["tok_emb", "pos_emb"],
+        ["blocks.0"],
+        ["blocks.1"],
+        ["norm", "head"],
+    ]
+    model.tok_emb = model.pos_emb = None  # a later pipeline stage: no embeddings
+    assert expand_units(model, [("tok_emb", "pos_emb"), ("blocks.*",)]) == [
+        ["blocks.0"],
+        ["blocks.1"],
+    ]
+
+
+def one_step(rank, world_size, depths):
+    """Forward and backward of one micro-batch per prefetch depth: events, ledger, peak."""
+    mesh = Mesh.build(dp=world_size)
+    out = {}
+    for depth in depths:
+        cfg = tiny_config()
+        model = FullyShardedDataParallel(
+            build_model(cfg), mesh.group("dp"), gpt_units(build_model(cfg)), prefetch=depth
+        )
+        model.zero_grad()
+        batch = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))
+        model(batch[:, :-1], batch[:, 1:]).backward()
+        model.finish_gradient_sync()
+        starts = {r.seq: (r.op, r.start) for r in mesh.ledger.recent()}
+        unit_bytes = [u.nbytes for u in model.units]
+        out[depth] = (list(model.events), starts, model.peak_gathered_bytes, unit_bytes)
+    return out
+
+
+def test_prefetch_issues_the_next_gather_before_the_current_unit_ends():
+    """Depth 1: unit l+1's gather is in the ledger before unit l's forward ends; depth 0:
+    after it. Peak gathered bytes grow with depth, by about one unit per extra unit."""
+    results = run_distributed(one_step, 2, [0, 1, 2, 3])
+    for by_depth in results:
+        for depth, (events, starts, _, _) in by_depth.items():
+            ends = {e[1]: e[2] for e in events if e[0] == "forward_end"}
+            gathers = [e for e in events if e[0] == "gather" and e[2] == "forward"]
+            if depth == 0:
+                assert not gathers  # gathered only on demand, never ahead
+                continue
+            assert {g[1] for g in gathers} == set(range(1, 4))
+            for _, unit, _, seq in gathers:
+                op, start = starts[seq]  # the ledger's own record of that call
+                assert op == "all_gather"
+                assert start < ends[unit - 1], (depth, unit)
+                if unit - depth - 1 >= 0:  # not issued before the unit depth+1 back ended
+                    assert start > ends[unit - depth - 1]
+            backward = [e[1] for e in events if e[0] == "gather" and e[2] == "backward"]
+            assert backward == sorted(backward, reverse=True) and backward
+        peaks = [by_depth[d][2] for d in range(4)]
+        sizes = by_depth[0][3]
+        # Measured: depth 0 holds one unit at a time (the largest, a block); depth 1 the
+        # current block and the next; depth 3 reaches the whole model (4 units).
+        assert peaks[0] == max(sizes), (peaks, sizes)
+        assert peaks[1] == 2 * max(sizes), (peaks, sizes)
+        assert peaks[1] < peaks[2] < peaks[3] == sum(sizes), (peaks, sizes)
+
+
+class Net(nn.Module):
+    """Not our GPT: two units, a root parameter outside them, and an unused head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(6))  # in no unit: the root
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.unused = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.body(x * self.scale), y, reduction="sum")
+
+
+def user_data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def user_loop(rank, world_size):
+    torch.manual_seed(0)
+    model = FullyShardedDataParallel(
+        Net(), Mesh.build(dp=world_size).group("dp"), [["body.0"], ["body.2"], ["unused"]]
+    )
+    opt = model.build_optimizer(0.05, 0.0, (0.9, 0.95))
+    shard = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
+    for step in range(4):
+        model.zero_grad()
+        x, y = user_data(step)
+        model(x[shard], y[shard]).backward()
+        model.finish_gradient_sync()
+        model.scale_grads_(1 / 8)
+        model.clip_grad_norm_(0.0)
+        opt.step()
+    return model.full_state_dict(), model.sharded_state_dict(), [u.name for u in model.units]
+
+
+def test_user_model_with_a_root_unit_and_an_unused_parameter_matches_one_process():
+    torch.manual_seed(0)
+    ref = Net()
+    opt = torch.optim.AdamW(ref.parameters(), lr=0.05, betas=(0.9, 0.95), weight_decay=0.0)
+    for step in range(4):
+        opt.zero_grad()
+        x, y = user_data(step)
+        (ref(x, y) / 8).backward()
+        opt.step()
+    results = run_distributed(user_loop, 2)
+    for full, _, names in results:
+        assert names == ["<root>", "body.0", "body.2", "unused"]
+        for name, value in ref.state_dict().items():
+            assert torch.allclose(full[name], value, atol=1e-6), name
+    # The ranks' sharded pieces put together again are the full parameters: a sharded
+    # checkpoint holds everything needed to reshard to any k.
+    for name, value in ref.state_dict().items():
+        flat = torch.zeros(value.numel())
+        for _, pieces, _ in results:
+            if name in pieces:
+                piece = pieces[name]
+                assert piece["global_shape"] == tuple(value.shape)
+                lo, hi = piece["flat_range"]
+                flat[lo:hi] = piece["value"]
+        assert torch.allclose(flat.view_as(value), value, atol=1e-6), name
+
+
+def checkpoint(rank, world_size):
+    cfg = tiny_config()
+    model = FullyShardedDataParallel(
+        build_model(cfg), Mesh.build(dp=world_size).group("dp"), gpt_units(build_model(cfg))
+    )
+    return model.full_state_dict()
+
+
+def test_full_state_dict_loads_into_a_single_process_model():
+    cfg = tiny_config()
+    expected = build_model(cfg).state_dict()
+    state = run_distributed(checkpoint, 2)[1]
+    plain = GPT(gpt_config(cfg))
+    plain.load_state_dict(copy.deepcopy(state))
+    for name, value in expected.items():
+        assert torch.equal(plain.state_dict()[name], value), name

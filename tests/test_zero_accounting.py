@@ -1,0 +1,166 @@
+"""Measured model-state bytes and bytes sent per step, against the closed forms.
+
+Memory: each rank's `memory_report` counts every storage reachable from the model, the
+wrapper and the optimizer once, at the step boundary; params, grads, master and optimizer
+must equal `plan.memory.model_state_bytes` to the byte (float32: 16N, 8N + 8N/k,
+4N + 12N/k, 16N/k; mixed: 16N, 4N + 12N/k, 2N + 14N/k, 16N/k), with AdamW's step counters
+reported as `other` and extra padding as `padding`.
+
+Traffic: the ledger's bytes sent per optimizer step against the ZeRO paper's analysis
+(arXiv:1910.02054, section 7): reduce-scatter of gradients (k-1)S/k plus all-gather of
+parameters (k-1)S/k for stages 1 and 2 (DDP's 2(k-1)S/k, not half of it as the seeds
+say), and for stage 3 two gathers and a reduce-scatter, 3(k-1)S/k, per micro-batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.mesh import Mesh
+from paratrain.models.gpt import count_parameters
+from paratrain.parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.parallel.zero_step import sharded_train_step
+from paratrain.plan.layout import PRECISIONS, Layout, Workload
+from paratrain.plan.memory import model_state_bytes
+from paratrain.train.data import BatchSampler
+from paratrain.train.loop import build_model
+from tests.distributed import run_distributed
+from tests.equivalence import tiny_config, tiny_data
+from tests.test_zero_equivalence import wrap
+
+PLANNER_PRECISION = {"float32": "fp32", "bfloat16": "mixed"}
+
+
+def measure(rank, world_size, cases, data):
+    """Per case: the memory report after two steps, and the second step's ledger totals.
+
+    A case may route every collective through our ring algorithms (algo "ring").
+    """
+    mesh = Mesh.build(dp=world_size)
+    out = []
+    for stage, dtype, micro, opts, algo in cases:
+        native = mesh.group("dp")
+        dp = comm.CommGroup(
+            "dp",
+            native.pg,
+            native.ranks,
+            native.global_rank,
+            mesh.ledger,
+            comm.CommOptions(algo=algo),
+        )
+        cfg = tiny_config(micro_batch=micro)
+        t = cfg.train
+        model = wrap(build_model(cfg), dp, stage, dtype, **opts)
+        opt = model.build_optimizer(1e-3, t.weight_decay, (t.beta1, t.beta2))
+        sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+        for step in range(2):
+            if step == 1:
+                mesh.ledger.reset()
+            micro_batches = sampler.replica_microbatches(step, dp.rank, dp.size, micro)
+            sharded_train_step(model, opt, micro_batches, 1e-3, 1.0)
+        sent = {op: tot.bytes_sent for (_, op), tot in mesh.ledger.totals().items()}
+        out.append((model.memory_report(opt).as_dict(), sent, count_parameters(model.module)))
+    padded = [odd_report(dp, stage) for stage in (1, 3)] if world_size == 4 else []
+    return out, padded
+
+
+def planner_bytes(n: int, k: int, stage: int, dtype: str) -> dict[str, int]:
+    workload = Workload(precision=PRECISIONS[PLANNER_PRECISION[dtype]])
+    return model_state_bytes(n, workload, Layout(dp=k, zero=stage)).as_dict()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_model_state_bytes_equal_the_planner_and_traffic_the_zero_paper(world_size):
+    """One multi-process run per k: every stage, fp32 and bf16, K = 1 and 2, ring too
+    (k = 2), and a model that needs padding (k = 4)."""
+    k = world_size
+    per_replica = 8 // k
+    cases = [
+        (stage, dtype, micro, {}, "native")
+        for dtype in ("float32", "bfloat16")
+        for stage in (0, 1, 2, 3)
+        for micro in (per_replica, per_replica // 2)
+        if dtype == "float32" or micro == per_replica  # bf16 is slow: no accumulation
+    ]
+    cases.append((2, "float32", per_replica // 2, {"accumulate": "shard"}, "native"))
+    if k == 2:  # the same counts when every collective runs our ring algorithm
+        cases += [(s, "float32", 2, {}, "ring") for s in (1, 2)]
+        cases.append((3, "float32", 2, {"prefetch": 2}, "ring"))
+    results = run_distributed(measure, k, cases, tiny_data(), timeout=300)
+    for rank, (rank_results, padded) in enumerate(results):
+        for case, (memory, sent, n) in zip(cases, rank_results, strict=True):
+            stage, dtype, micro, opts, algo = case
+            label = f"rank {rank} stage {stage} {dtype} micro {micro} {opts} {algo}"
+            formula = planner_bytes(n, k, stage, dtype)
+            for kind in ("params", "grads", "master", "optimizer"):
+                assert memory[kind] == formula[kind], (label, kind, memory, formula)
+            assert memory["padding"] == 0, label  # tiny GPT: k divides every unit
+            assert memory["other"] <= 4 * 64, label  # AdamW's step counters only
+            check_traffic(label, sent, stage, opts, n, k, per_replica // micro, dtype)
+        if k == 4:
+            check_padding(padded)
+
+
+def check_traffic(label, sent, stage, opts, n, k, micro_batches, dtype) -> None:
+    """Exact bytes of the big collectives; the small all-reduces (loss and token sums,
+    the squared norm: 24 bytes at most) are bounded, not matched."""
+    grads = 4 * n  # reduced in fp32, the default reduce dtype
+    params = (2 if dtype == "bfloat16" else 4) * n
+    if stage == 0:
+        big = {"all_reduce": 2 * (k - 1) * grads // k}
+    elif stage in (1, 2):
+        rounds = micro_batches if opts.get("accumulate") == "shard" else 1
+        big = {"reduce_scatter": rounds * (k - 1) * grads // k, "all_gather": (k - 1) * params // k}
+    else:
+        big = {
+            "reduce_scatter": micro_batches * (k - 1) * grads // k,
+            "all_gather": micro_batches * 2 * (k - 1) * params // k,
+        }
+    small = sent.get("all_reduce", 0) - big.get("all_reduce", 0)
+    assert 0 < small <= 2 * 24, (label, sent, big)
+    for op, value in big.items():
+        if op != "all_reduce":
+            assert sent[op] == value, (label, op, sent, big)
+    assert set(sent) == {"all_reduce", *big}, (label, sent)
+
+
+class Odd(nn.Module):
+    """Parameter counts that k = 2 and 4 do not divide: shards need padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 3)  # 18
+        self.b = nn.Linear(3, 7, bias=False)  # 21
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.b(torch.tanh(self.a(x))), y)
+
+
+def odd_report(group, stage) -> dict[str, int]:
+    torch.manual_seed(0)
+    if stage == 3:
+        model = FullyShardedDataParallel(Odd(), group, [["a"], ["b"]])
+    else:
+        model = ZeroDataParallel(Odd(), group, stage)
+    opt = model.build_optimizer(1e-2, 0.1, (0.9, 0.95))
+    x, y = torch.randn(4, 5), torch.randint(0, 7, (4,))
+    model(x, y).backward()
+    model.finish_gradient_sync()
+    opt.step()
+    return model.memory_report(opt).as_dict()
+
+
+def check_padding(padded: list[dict[str, int]]) -> None:
+    """n = 39 over k = 4: ZeRO-1 pads one buffer to 40; ZeRO-3 pads each unit (20 + 24)."""
+    for stage, report in zip((1, 3), padded, strict=True):
+        formula = planner_bytes(39, 4, stage, "float32")
+        if stage == 1:  # the full flat buffers of params and grads: one element each
+            assert report["padding"] == 4 + 4
+        else:  # shards of 5 + 6 = 11 elements instead of ceil(39 / 4) = 10, 16 bytes each
+            assert report["padding"] == 16 * (11 - 10)
+        for kind in ("params", "grads", "master", "optimizer"):
+            assert report[kind] == formula[kind], (kind, report, formula)
