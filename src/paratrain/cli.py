@@ -81,7 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
     dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
     dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
+    add_bench_tp_flags(benches.add_parser("tp", help="tensor parallel against torch DTensor"))
+    add_bench_pp_flags(benches.add_parser("pp", help="pipeline schedules against torch pipelining"))
+    from paratrain.measure.schedule_command import add_schedule_arguments
+
+    add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
     return parser
+
+
+def add_bench_pp_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 2)")
+    parser.add_argument(
+        "--schedules", default="gpipe,1f1b,interleaved,zb-h1", help="ours, comma-separated"
+    )
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
+    parser.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
 
 
 def add_bench_comm_flags(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +116,17 @@ def add_bench_comm_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
     parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
+
+
+def add_bench_tp_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
+    parser.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="both sides sequence parallel (ours; DTensor SequenceParallel)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -192,6 +218,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     setup_logging(0)
     if args.name == "comm":
         return cmd_bench_comm(args)
+    if args.name == "pp":
+        return cmd_bench_pp(args)
+    if args.name == "tp":
+        return cmd_bench_tp(args)
     if args.name == "dp":
         if args.pairs < 4:
             raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
@@ -204,6 +234,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from paratrain.bench.overhead import run_overhead_bench
 
     result = run_overhead_bench(steps=args.steps, rounds=args.rounds)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def cmd_bench_tp(args: argparse.Namespace) -> int:
+    if args.pairs < 4:
+        raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
+    from paratrain.bench.tp import run_tp_bench
+
+    try:
+        result = run_tp_bench(args.pairs, args.sequence_parallel)
+    except RuntimeError as e:  # the two loss curves disagree: one line
+        print(f"paratrain bench tp: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result), flush=True)
     return 0
@@ -223,6 +268,26 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_bench_pp(args: argparse.Namespace) -> int:
+    from paratrain.bench.pp import run_pp_bench
+
+    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
+    try:
+        result = run_pp_bench(names, args.pairs, args.microbatches, args.out or None)
+    except RuntimeError as e:  # the two sides' losses disagree: one line
+        print(f"paratrain bench pp: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from paratrain.measure.schedule_command import run_schedule
+
+    return run_schedule(args)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from paratrain.plan.command import run_plan
 
@@ -240,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "plan":
             return cmd_plan(args)
-        raise ValueError(f"unknown command {args.command!r}; valid: train, plan, bench")
+        if args.command == "schedule":
+            return cmd_schedule(args)
+        raise ValueError(f"unknown command {args.command!r}; valid: train, plan, bench, schedule")
     except ValueError as e:
         print(f"paratrain {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -41,15 +41,17 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        # The head count is read from the weight, not the config, so that a layer whose
-        # q/k/v keep only some heads (tensor parallel) still splits them correctly.
+        # The head count is read from q's output, not the config, so that a layer whose
+        # q/k/v keep only some heads (tensor parallel) still splits them correctly. Not
+        # from the weight: a DTensor weight reports its global shape.
         head_dim = self.q.weight.shape[1] // self.n_head
-        local_heads = self.q.weight.shape[0] // head_dim
+        q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, C_local)
+        local_heads = q.shape[-1] // head_dim
 
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(batch, seq, local_heads, head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
-        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        q, k, v = heads(q), heads(k), heads(v)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         y = y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim)  # (B, T, C_local)

@@ -1,0 +1,120 @@
+"""`paratrain schedule`: simulate a pipeline schedule without starting any worker.
+
+Builds the schedule, proves it with `check_schedule` (the same object the runtime would
+execute), and shows its simulated timeline as the text grid, the bubble in slots beside the
+closed-form formula, the peak in-flight activations per stage, and optionally the same PNG
+Gantt chart and Chrome trace a measured run produces. Useful before a run, to pick S, K
+and v, and as the reference a measured timeline is compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from paratrain.measure.timeline import spans_from_simulation, write_chrome_trace, write_gantt
+from paratrain.parallel.pipeline import SCHEDULES, Costs, Simulation, build_schedule, check_schedule
+from paratrain.parallel.pipeline import render as render_grid
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=list(SCHEDULES), help="schedule (default 1f1b)"
+    )
+    parser.add_argument(
+        "--stages", "--pp", dest="stages", type=int, default=4, help="pipeline stages S"
+    )
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help="chunks v per stage (default 2 if interleaved, else 1)",
+    )
+    parser.add_argument(
+        "--backward-cost",
+        type=float,
+        default=1.0,
+        help="cost of one chunk-backward in forward units (BI and BW half each; default 1)",
+    )
+    parser.add_argument("--out", default=None, help="write the Gantt chart to this PNG")
+    parser.add_argument("--trace", default=None, help="write a Chrome trace (JSON) here")
+    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
+
+
+def bubble_formula(
+    name: str, stages: int, microbatches: int, chunks: int, backward: float
+) -> tuple[float, str]:
+    """The closed-form bubble fraction of the step and how it reads, for comparison.
+
+    GPipe and 1F1B (S-1)/(K+S-1); interleaved (S-1)/(vK+S-1) (arXiv:2104.04473, 2.2.2);
+    ZB-H1 idles (S-1) forwards per stage out of K(F+B) + (S-1)F (arXiv:2401.10241, 3.1,
+    with BI = BW = B/2), which holds for K >= S.
+    """
+    s, k, v = stages, microbatches, chunks
+    if name == "interleaved":
+        return (s - 1) / (v * k + s - 1), "(S-1)/(vK+S-1)"
+    if name == "zb-h1":
+        note = "" if k >= s else ", valid for K >= S only"
+        return (s - 1) / (k * (1 + backward) + s - 1), f"(S-1)F/(K(F+B)+(S-1)F){note}"
+    return (s - 1) / (k + s - 1), "(S-1)/(K+S-1)"
+
+
+def simulate(args: argparse.Namespace) -> Simulation:
+    """The checked simulation of the requested schedule; ValueError on bad input."""
+    if args.backward_cost <= 0:
+        raise ValueError(f"--backward-cost {args.backward_cost}; valid: > 0")
+    chunks = (
+        args.chunks if args.chunks is not None else (2 if args.schedule == "interleaved" else 1)
+    )
+    schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    return check_schedule(schedule, Costs(forward=1.0, backward=args.backward_cost))
+
+
+def summarise(sim: Simulation) -> dict[str, Any]:
+    sch = sim.schedule
+    s, k, v = sch.num_stages, sch.num_microbatches, sch.chunks
+    formula, reads = bubble_formula(sch.name, s, k, v, sim.costs.backward)
+    return {
+        "schedule": sch.name,
+        "stages": s,
+        "microbatches": k,
+        "chunks": v,
+        "backward_cost": sim.costs.backward,
+        "bubble_fraction": sim.bubble_fraction(),  # mean over stages, in slots
+        "bubble_per_stage": [sim.bubble_fraction(i) for i in range(s)],
+        "bubble_formula": formula,
+        "formula": reads,
+        "makespan_slots": sim.makespan,
+        "peak_in_flight": list(sim.peak_in_flight),
+    }
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    sim = simulate(args)
+    result = summarise(sim)
+    print(render_grid(sim))
+    per_stage = ", ".join(f"{b:.3f}" for b in result["bubble_per_stage"])
+    print(
+        f"bubble {result['bubble_fraction']:.4f} of the step in slots (per stage {per_stage}); "
+        f"formula {result['formula']} = {result['bubble_formula']:.4f}"
+    )
+    print(f"peak in-flight activations per stage: {result['peak_in_flight']}")
+    s, v = sim.schedule.num_stages, sim.schedule.chunks
+    title = (
+        f"{sim.schedule.name}: S={s} K={sim.schedule.num_microbatches} v={v}, "
+        f"backward {sim.costs.backward:g}x forward (simulated)"
+    )
+    if args.out:
+        spans = spans_from_simulation(sim, unit_s=1.0)
+        result["out"] = str(write_gantt(spans, args.out, s, v, title, time_unit="slots"))
+        print(f"Gantt chart: {result['out']}")
+    if args.trace:
+        # One slot as 1 ms, so Perfetto's axis reads in slots.
+        trace_spans = spans_from_simulation(sim, unit_s=1e-3)
+        result["trace"] = str(write_chrome_trace(trace_spans, args.trace, s, v))
+        print(f"Chrome trace: {result['trace']}")
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
