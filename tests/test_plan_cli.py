@@ -127,9 +127,20 @@ def test_unknown_flag_is_argparse_one_line(capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_validate_dp_matches_exactly(capsys):
+def test_validate_dp_and_tp_match_exactly(capsys):
+    # The fast subset; `paratrain plan --validate` runs every case (docs/planner.md).
     from paratrain.bench.validate import run_validation
 
-    assert run_validation(steps=2) == 0
+    assert run_validation(steps=2, cases=["dp", "tp"]) == 0
     out = capsys.readouterr().out
-    assert "NO" not in out and "quantities agree" in out
+    assert " NO " not in out and "exact quantities agree" in out
+    for needle in ("dp bytes sent/step (2 steps)", "tp bytes sent/step (2 steps)", "[runtime]"):
+        assert needle in out
+
+
+def test_validate_cases_are_checked_before_any_work(capsys):
+    code, out, err = run(capsys, "--validate", "--validate-cases", "dp,zz", "--no-chart")
+    assert code == 2 and out == ""
+    assert "validate cases zz unknown; valid: dp, tp, gpipe, 1f1b, interleaved, 3d" in err
+    code, _, err = run(capsys, "--validate-cases", "dp", "--no-chart")
+    assert code == 2 and "--validate-cases needs --validate" in err

@@ -13,7 +13,11 @@ Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
 - Megatron tensor parallelism (arXiv:1909.08053, section 3) does not all-gather between
   the column- and row-parallel layers: per layer one all-reduce of the b s h activation
   after attention and one after the MLP in forward, two more in backward (and two more
-  with full recomputation, which reruns the forward: arXiv:2205.05198, section 5).
+  with full recomputation, which reruns the forward: arXiv:2205.05198, section 5). The
+  vocabulary-parallel cross-entropy adds 3 fp32 numbers per token (two all-reduces).
+
+Traffic is for the busiest GPU by default; `stage=` gives one pipeline stage's exactly
+(plan/ranks.py builds every rank's prediction from these).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import local_params
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+
+LOSS_STAT_BYTES = 12  # per token: the max (fp32), then sum of exp and the target logit (fp32)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,25 @@ def all_reduce_bytes(nbytes: int, k: int) -> int:
 def reduce_scatter_bytes(nbytes: int, k: int) -> int:
     """Ring reduce-scatter (or all-gather of the same full size), per rank: (k - 1) S / k."""
     return (k - 1) * nbytes // k
+
+
+def ring_all_reduce_rank_bytes(numel: int, elem_bytes: int, k: int, rank: int) -> int:
+    """What rank `rank` of k sends in a ring all-reduce of `numel` elements, exactly.
+
+    The tensor is cut into k chunks, the first numel % k one element larger (torch's
+    tensor_split, as comm/traffic.py); the reduce-scatter sends every chunk but the
+    rank's own, the all-gather every chunk but the next rank's. 2 (k - 1) S / k when k
+    divides numel.
+    """
+    if k == 1:
+        return 0
+    base, extra = divmod(numel, k)
+
+    def chunk(i: int) -> int:
+        return (base + (1 if i < extra else 0)) * elem_bytes
+
+    total = numel * elem_bytes
+    return (total - chunk(rank)) + (total - chunk((rank + 1) % k))
 
 
 def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:
@@ -100,21 +126,35 @@ def activation_message_bytes(model: ModelSpec, workload: Workload) -> int:
 
 
 def tp_traffic(
-    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    cluster: ClusterSpec,
+    microbatches: int,
+    stage: int = 0,
 ) -> list[CommEntry]:
-    """Megatron all-reduces over the tp group, on the busiest stage (the first)."""
+    """Megatron all-reduces over the tp group on pipeline stage `stage` (default the first).
+
+    Per block 2 in forward and 2 in backward (6 with full recomputation); the
+    vocabulary-parallel embedding's output in forward on the stage holding the embedding,
+    the head's input gradient in backward on the stage holding the head. That stage also
+    runs the vocabulary-parallel cross-entropy: per token a max, then the sum of exp and
+    the target's logit, 3 fp32 numbers in two all-reduces (never the V logits).
+    """
     t = layout.tp
     if t == 1:
         return []
+    s, v = layout.pp, layout.chunks
+    mine = stage_virtual_stages(stage, s, v)
+    pieces = virtual_stage_layers(model.n_layer, s, v)  # type: ignore[arg-type]
+    layers = sum(pieces[vs] for vs in mine)
+    has_head = s * v - 1 in mine
     per_layer = 6 if workload.recompute == "full" else 4
-    layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
-    # Vocab-parallel embedding output (forward) and the head's input gradient (backward);
-    # one of each when the first and last stage are the same GPU.
-    ends = 2 if layout.pp == 1 else 1
+    ends = (0 in mine) + has_head
     calls = microbatches * (layers * per_layer + ends)
     size = activation_message_bytes(model, workload)
     link = axis_link("tp", layout, cluster)
-    return [
+    entries = [
         CommEntry(
             "all_reduce",
             "tp",
@@ -124,21 +164,47 @@ def tp_traffic(
             calls * 2 * (t - 1),
         )
     ]
+    if has_head:
+        tokens = workload.micro_batch * model.seq_len  # type: ignore[operator]
+        stats = all_reduce_bytes(4 * tokens, t) + all_reduce_bytes(8 * tokens, t)
+        entries.append(
+            CommEntry(
+                "all_reduce",
+                "tp",
+                link,
+                "loss statistics (vocabulary-parallel cross-entropy)",
+                microbatches * stats,
+                microbatches * 2 * 2 * (t - 1),
+            )
+        )
+    return entries
 
 
 def pp_traffic(
-    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    cluster: ClusterSpec,
+    microbatches: int,
+    stage: int | None = None,
 ) -> list[CommEntry]:
     """Activations forward and their gradients backward between neighbouring stages.
 
-    A middle stage sends both for each of its v chunks: 2 v K messages per step; with two
-    stages the first chunk has no predecessor and the last no successor: (2 v - 1) K.
-    Each message is the full b s h tensor (without Megatron's scatter-gather optimisation).
+    Each chunk sends its output forward unless it is the last virtual stage, and its input
+    gradient backward unless it is the first. A middle stage therefore sends 2 v K
+    messages per step, the busiest (the default, stage None); the first and the last
+    stage (2 v - 1) K, so with two stages every stage sends (2 v - 1) K. Each message is
+    the full b s h tensor (without Megatron's scatter-gather optimisation).
     """
     s, v = layout.pp, layout.chunks
     if s == 1:
         return []
-    sends = microbatches * (2 * v - (1 if s == 2 else 0))
+    if stage is None:
+        sends = microbatches * (2 * v - (1 if s == 2 else 0))
+    else:
+        last = s * v - 1
+        mine = stage_virtual_stages(stage, s, v)
+        sends = microbatches * sum((vs < last) + (vs > 0) for vs in mine)
     size = activation_message_bytes(model, workload)
     link = axis_link("pp", layout, cluster)
     return [CommEntry("send", "pp", link, "activations and gradients", sends * size, sends)]

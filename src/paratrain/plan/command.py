@@ -102,6 +102,13 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run small jobs here and compare predicted with measured",
     )
+    out.add_argument(
+        "--validate-cases",
+        default="",
+        metavar="NAMES",
+        help="with --validate, only these comma-separated cases: dp, tp, gpipe, 1f1b, "
+        "interleaved, 3d (default: all)",
+    )
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -191,6 +198,13 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Print the table (and JSON last); write the chart; with --validate, also validate."""
+    cases = args.validate_cases.split(",") if args.validate_cases else None
+    if cases is not None and not args.validate:
+        raise ValueError("--validate-cases needs --validate")
+    if args.validate:
+        from paratrain.bench.validate import select_cases
+
+        select_cases(cases)  # a bad name fails here, in one line, before any work
     result = plan_from_args(args)
     print(table(result), flush=True)
     if not args.no_chart:
@@ -199,7 +213,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.validate:
         from paratrain.bench.validate import run_validation
 
-        status = run_validation()
+        status = run_validation(cases=cases)
     if args.json:
         print(json.dumps(result.as_dict()), flush=True)
     return status

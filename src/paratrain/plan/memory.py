@@ -94,14 +94,16 @@ def layer_activation_bytes(
     return s * b * h * per_sbh
 
 
-def in_flight_microbatches(layout: Layout, microbatches: int) -> float:
-    """Micro-batches whose activations the first stage holds at its peak, in stage units.
+def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:
+    """(micro-batch, chunk) forward graphs that `stage` holds at its peak.
 
     No pipeline: 1 (accumulation runs micro-batches one after another). GPipe
     (arXiv:1811.06965): all K forwards before any backward, K. 1F1B (PipeDream-Flush,
-    arXiv:2006.09503): at most S - stage, so min(K, S) on stage 0. Interleaved 1F1B
-    (arXiv:2104.04473): stage 0 warms up 2(S - 1) + (v - 1) S chunks and then holds one
-    more, each chunk 1/v of a stage: (v S + S - 1) / v = S + (S - 1) / v stage units.
+    arXiv:2006.09503): S - stage - 1 warm-up forwards, then one more before the first
+    backward, so min(K, S - stage). Interleaved 1F1B (arXiv:2104.04473): stage s warms up
+    2(S - s - 1) + (v - 1) S chunk-forwards and then holds one more, at most v K. These
+    are the runtime's schedules (parallel/pipeline/schedules.py), counted as its checker
+    and its trace count them.
     """
     k, s, v = microbatches, layout.pp, layout.chunks
     if s == 1:
@@ -109,8 +111,41 @@ def in_flight_microbatches(layout: Layout, microbatches: int) -> float:
     if layout.schedule == "gpipe":
         return k
     if layout.schedule == "1f1b":
-        return min(k, s)
-    return min(k * v, 2 * (s - 1) + (v - 1) * s + 1) / v
+        return min(k, s - stage)
+    return min(k * v, 2 * (s - stage - 1) + (v - 1) * s + 1)
+
+
+def in_flight_microbatches(layout: Layout, microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations `stage` holds at its peak, in stage units.
+
+    Each chunk is 1/v of a stage, so the interleaved schedule's stage 0 holds
+    (2(S - 1) + (v - 1) S + 1) / v = S + (S - 1) / v stage units (see in_flight_chunks).
+    """
+    return in_flight_chunks(layout, microbatches, stage) / layout.chunks
+
+
+def stage_activation_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int
+) -> float | None:
+    """Peak activation bytes of pipeline stage `stage` (any stage with pp = 1).
+
+    In-flight micro-batches x the stage's layers x one layer's count, plus the fp32
+    logits on the stage that holds the head: once per micro-batch in flight there (K for
+    GPipe, whose last stage also runs every forward first; 1 otherwise).
+    """
+    if workload.activation_bytes_override is not None:
+        return workload.activation_bytes_override
+    if not model.has_shape:
+        return None
+    s, b, t = model.seq_len, workload.micro_batch, layout.tp
+    per_layer = layer_activation_bytes(s, b, model.d_model, model.n_head, t, workload.recompute)
+    per_layer *= workload.precision.activation_bytes / 2
+    stage_layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
+    held = in_flight_microbatches(layout, microbatches, stage) * stage_layers * per_layer
+    if stage == layout.pp - 1:
+        logits = 4 * s * b * model.vocab_size / t  # type: ignore[operator]
+        held += logits * (microbatches if layout.schedule == "gpipe" else 1)
+    return held
 
 
 def activation_bytes(
@@ -121,16 +156,8 @@ def activation_bytes(
     The first stage holds the most micro-batches; the last holds the logits. Scaled from
     16-bit by the precision's activation element size.
     """
-    if workload.activation_bytes_override is not None:
-        return workload.activation_bytes_override
-    if not model.has_shape:
-        return None
-    s, b, t = model.seq_len, workload.micro_batch, layout.tp
-    per_layer = layer_activation_bytes(s, b, model.d_model, model.n_head, t, workload.recompute)
-    per_layer *= workload.precision.activation_bytes / 2
-    stage_layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
-    logits = 4 * s * b * model.vocab_size / t  # type: ignore[operator]
-    first = in_flight_microbatches(layout, microbatches) * stage_layers * per_layer
-    last_in_flight = microbatches if layout.schedule == "gpipe" else 1
-    last = last_in_flight * stage_layers * per_layer + logits
-    return max(first, last) if layout.pp > 1 else first + logits
+    first = stage_activation_bytes(model, workload, layout, microbatches, 0)
+    if first is None or layout.pp == 1:
+        return first
+    last = stage_activation_bytes(model, workload, layout, microbatches, layout.pp - 1)
+    return max(first, last)  # type: ignore[type-var]

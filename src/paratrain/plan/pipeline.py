@@ -36,3 +36,22 @@ def microbatches_for_bubble(stages: int, target: float, chunks: int = 1) -> int:
     while bubble_fraction(stages, k, chunks) > target:
         k += 1
     return k
+
+
+def virtual_stage_layers(n_layer: int, stages: int, chunks: int = 1) -> list[int]:
+    """Blocks of each virtual stage 0 .. S v - 1, as the runtime cuts them.
+
+    Contiguous pieces whose sizes differ by at most one, the larger ones first (the
+    runtime's `balance='layers'`, parallel/pipeline/stage.py). Virtual stage c S + s is
+    chunk c of stage s (arXiv:2104.04473, section 2.2.2).
+    """
+    parts = stages * chunks
+    base, extra = divmod(n_layer, parts)
+    return [base + (1 if p < extra else 0) for p in range(parts)]
+
+
+def stage_virtual_stages(stage: int, stages: int, chunks: int = 1) -> list[int]:
+    """The virtual stages that `stage` holds, in chunk order: stage, S + stage, ..."""
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage {stage} outside 0..{stages - 1}")
+    return [c * stages + stage for c in range(chunks)]

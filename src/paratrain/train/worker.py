@@ -19,6 +19,7 @@ from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import TrainResult, train
+from paratrain.train.prediction import Tracker
 from paratrain.train.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,10 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
 
+    tracker = Tracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
+
     def on_step(m: Any) -> None:
+        tracker.step_done()  # first: the step's traffic ends here
         if writer is not None:
             writer.write(m)
         progress.update(m)
@@ -124,12 +128,14 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
     try:
         result = train(cfg, mesh, data, on_step)
     finally:
+        tracker.close()
         progress.close()
         if writer is not None:
             writer.close()
+    compared = tracker.compare(result.model)  # collective: every rank's measurement
     if not is_writer:
         return None
     rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
-    summary = summarize(result, cfg, run_dir)
+    summary = summarize(result, cfg, run_dir) | compared
     rd.write_summary(run_dir, summary)
     return summary

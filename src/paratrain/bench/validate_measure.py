@@ -1,0 +1,187 @@
+"""What one rank measures while `paratrain.train.loop.train` runs, for `plan --validate`.
+
+Each rank trains our small GPT through the real loop and records, without changing it:
+- model-state bytes: parameters and gradients from the tensors, optimizer moments from the
+  optimizer's state (AdamW's per-tensor `step` counters, 4 bytes each, are bookkeeping
+  that neither side counts), fp32 master weights (none in fp32 training);
+- bytes sent per step by group and op, from the comm ledger, from after set-up (the
+  replicas' initial parameter broadcast is not a step's traffic) to each step's end;
+- in-flight activations: a forward hook opens an `ActivationMeter` around every forward of
+  one of this rank's chunks (saved-tensor bytes, parameters excluded) and a hook on its
+  output closes the account when that graph's backward begins: the peak number of graphs
+  held and the peak of their bytes;
+- for a pipeline, the runtime's own trace of each step (compute, receive and send times).
+
+The loop builds its engine and optimizer itself: inside the rank's own process this module
+wraps `loop.build_engine` to keep the engine (its modules, its pipeline runtime) and takes
+the optimizers from torch's global optimizer-step hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.config import RunConfig
+from paratrain.measure.activations import ActivationMeter
+from paratrain.mesh import Mesh
+from paratrain.parallel.pipeline.schedules import COMPUTE, RECV_B, RECV_F, SEND_B, SEND_F, B, F
+
+GROUPS = ("dp", "tp", "pp", "world")
+
+
+def random_tokens(vocab: int, n: int = 20_000) -> Any:
+    from paratrain.train.data import TokenData
+
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0))
+    return TokenData(ids.to(torch.uint8), ids[:0].to(torch.uint8), 256, "random", "random")
+
+
+def ledger_bytes(mesh: Mesh) -> dict[tuple[str, str], int]:
+    return {key: t.bytes_sent for key, t in mesh.ledger.totals().items()}
+
+
+class GraphMeter:
+    """Live forward graphs of this rank's chunks and their saved-tensor bytes."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.index = {id(m): i for i, m in enumerate(modules)}
+        self.live = self.live_bytes = 0
+        self.peak = self.peak_bytes = 0
+        self.block_bytes: list[int] = []  # per block per forward
+        self._open: list[ActivationMeter] = []
+        hook_tables: set[int] = set()
+        for m in modules:
+            # Pipeline chunks are shallow copies of one model and share its hook tables:
+            # register once per table, tell the chunks apart by the module called.
+            if id(m._forward_pre_hooks) in hook_tables:
+                continue
+            hook_tables.add(id(m._forward_pre_hooks))
+            m.register_forward_pre_hook(self._before)
+            m.register_forward_hook(self._after)
+
+    def _before(self, module: nn.Module, _args: Any) -> None:
+        blocks = getattr(module, "blocks", {})
+        regions = {f"block {name}": b for name, b in blocks.items()}
+        meter = ActivationMeter(module, regions)
+        meter.__enter__()
+        self._open.append(meter)
+
+    def _after(self, _module: nn.Module, _args: Any, out: Any) -> None:
+        meter = self._open.pop()
+        meter.__exit__(None, None, None)
+        if not (torch.is_tensor(out) and out.requires_grad):
+            return  # evaluation: nothing is kept for a backward
+        nbytes = meter.total
+        self.block_bytes += [v for k, v in meter.by_region.items() if k.startswith("block")]
+        self.live += 1
+        self.live_bytes += nbytes
+        self.peak = max(self.peak, self.live)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+        def released(grad: torch.Tensor) -> None:  # this graph's backward starts
+            self.live -= 1
+            self.live_bytes -= nbytes
+
+        out.register_hook(released)
+
+    def take(self) -> dict[str, Any]:
+        """This step's peaks; the counters start again for the next step."""
+        out = {"peak_graphs": self.peak, "peak_bytes": self.peak_bytes}
+        out["block_bytes"] = max(self.block_bytes, default=0)
+        self.peak, self.peak_bytes, self.block_bytes = self.live, self.live_bytes, []
+        return out
+
+
+def trace_summary(trace: Any) -> dict[str, float]:
+    """A pipeline step from the runtime's own timestamps: where the stage's time went."""
+
+    def total(kinds: tuple[str, ...]) -> float:
+        return sum(e.end - e.start for e in trace.events if e.action.kind in kinds)
+
+    def mean(kind: str) -> float:
+        times = [e.end - e.start for e in trace.events if e.action.kind == kind]
+        return sum(times) / len(times) if times else 0.0
+
+    return {
+        "span_s": trace.end - trace.start,
+        "busy_s": total(COMPUTE),
+        "recv_s": total((RECV_F, RECV_B)),
+        "receives": sum(e.action.kind in (RECV_F, RECV_B) for e in trace.events),
+        "send_s": total((SEND_F, SEND_B)),
+        "forward_s": mean(F),
+        "backward_s": mean(B),
+        "bubble": trace.bubble_fraction(),
+        "trace_peak": trace.peak_in_flight,
+    }
+
+
+def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
+    """Train under cfg's layout; what this rank held, sent and kept (see the docstring)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from paratrain.train import loop
+
+    p = cfg.parallel
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
+    kept: dict[str, Any] = {"optimizers": {}}
+    steps: list[dict[str, Any]] = []
+    real_engine = loop.build_engine
+
+    def build_engine(*args: Any, **kwargs: Any) -> Any:
+        kept["engine"] = engine = real_engine(*args, **kwargs)
+        kept["graphs"] = GraphMeter(engine.modules)
+        kept["before"] = ledger_bytes(mesh)  # set-up done, the first step not begun
+        return engine
+
+    def on_optimizer_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        kept["optimizers"][id(optimizer)] = optimizer  # one per chunk when sharded
+
+    def on_step(_: Any) -> None:
+        now = ledger_bytes(mesh)
+        sent = {k: v - kept["before"].get(k, 0) for k, v in now.items()}
+        kept["before"] = now
+        step: dict[str, Any] = {"sent": {k: v for k, v in sent.items() if v}}
+        step.update(kept["graphs"].take())
+        runtime = getattr(kept["engine"], "runtime", None)
+        if runtime is not None:
+            step["trace"] = trace_summary(runtime.last_trace)
+        steps.append(step)
+
+    hook = register_optimizer_step_post_hook(on_optimizer_step)
+    loop.build_engine = build_engine
+    try:
+        result = loop.train(cfg, mesh, random_tokens(cfg.model.vocab_size), on_step=on_step)
+    finally:
+        loop.build_engine = real_engine
+        hook.remove()
+        mesh.close()
+    return {
+        "coords": {axis: mesh.coord(axis) for axis in ("pp", "dp", "tp")},
+        **model_state(result.model, list(kept["optimizers"].values())),
+        "steps": steps,
+    }
+
+
+def model_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes of parameters, gradients, optimizer moments and master weights on this rank."""
+
+    def nbytes(tensors: Callable[[], Any]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors() if t is not None)
+
+    moments = sum(
+        t.numel() * t.element_size()
+        for optimizer in optimizers
+        for state in optimizer.state.values()
+        for name, t in state.items()
+        if name != "step" and torch.is_tensor(t)
+    )
+    return {
+        "params": nbytes(model.parameters),
+        "grads": nbytes(lambda: (p.grad for p in model.parameters())),
+        "optimizer": moments,
+        "master": 0,  # fp32 training keeps no second copy of the weights
+    }

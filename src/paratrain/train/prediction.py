@@ -1,0 +1,228 @@
+"""The planner's prediction for a run's own layout, and the measurement to put beside it.
+
+`paratrain train` logs, at the start (rank 0), what the planner predicts for this layout:
+model state and activations per rank, bytes sent per rank per step by group, the bubble.
+At the end every rank reports what it held and sent, and the summary carries both:
+
+    "predicted": {"model_state_bytes": [per rank {params, grads, optimizer, master,
+                  total}], "bytes_sent_per_step": [per rank {dp, tp, pp}],
+                  "activation_bytes": [per rank], "bubble_fraction": float or None}
+    "measured":  {"model_state_bytes": [...], "bytes_sent_per_step": [...], "step": n}
+
+Lists are indexed by global rank. Bytes sent are the last step's, from the comm ledger
+between two optimizer steps (the first step also carries set-up: the replicas' initial
+parameter broadcast). Predictions per rank come from plan/ranks.py, exact for our GPT, and
+include the runtime's bookkeeping scalars; activations are Korthikanti's formula (an
+estimate, see docs/planner.md). Not predicted: the asynchronous parameter server
+(`--dp-mode async`); sequence parallelism's smaller activations. Under ZeRO the measured
+model state is null for now: the shards live in the wrappers' buffers, not read here yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from paratrain import comm
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh, MeshShape
+from paratrain.plan import memory, pipeline
+from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.ranks import AXES, Coords, bytes_by_axis, rank_model_state, rank_traffic
+
+log = logging.getLogger(__name__)
+STATE_KINDS = ("params", "grads", "optimizer", "master")
+MB = 1e6
+
+
+@dataclass
+class Prediction:
+    model_state: list[dict[str, int]]  # per global rank
+    bytes_per_step: list[dict[str, int]]  # per global rank, by group
+    activation_bytes: list[float | None]  # per global rank
+    bubble: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model_state_bytes": self.model_state,
+            "bytes_sent_per_step": self.bytes_per_step,
+            "activation_bytes": [None if a is None else round(a) for a in self.activation_bytes],
+            "bubble_fraction": self.bubble,
+        }
+
+
+def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
+    """The run's model, workload and layout as the planner takes them, and any caveats."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    model = ModelSpec(
+        "paratrain",
+        n_layer=m.n_layer,
+        d_model=m.d_model,
+        n_head=m.n_head,
+        vocab_size=m.vocab_size,
+        seq_len=t.seq_len,
+        max_seq_len=m.max_seq_len,
+    )
+    workload = Workload(
+        micro_batch=t.micro_batch,
+        global_batch=t.global_batch,
+        precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
+        recompute=t.recompute,
+        bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
+    )
+    notes = []
+    schedule = p.schedule if p.pp > 1 else ""
+    if schedule and schedule not in SCHEDULES:  # zb-h1: 1F1B's messages and memory
+        notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
+        schedule = "1f1b"
+    if p.sequence_parallel:
+        notes.append("sequence parallel: activations counted without it")
+    layout = Layout(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, schedule=schedule, chunks=p.chunks)
+    return model, workload, layout, notes
+
+
+def predict(cfg: RunConfig) -> Prediction:
+    """Every rank's prediction, from the planner's pure formulas."""
+    model, workload, layout, notes = planner_inputs(cfg)
+    shape = MeshShape(dp=layout.dp, pp=layout.pp, tp=layout.tp)
+    k = cfg.train.microbatches
+    states, sent, acts = [], [], []
+    for rank in range(shape.world_size):
+        c = shape.coords(rank)
+        at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"])
+        states.append(rank_model_state(model, workload, layout, at.stage).as_dict())
+        terms = rank_traffic(
+            model, workload, layout, k, at, cfg.parallel.sequence_parallel, cfg.model.dropout
+        )
+        sent.append(bytes_by_axis(terms))
+        acts.append(memory.stage_activation_bytes(model, workload, layout, k, at.stage))
+    modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
+    bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks) if modelled else None
+    return Prediction(states, sent, acts, bubble, notes)
+
+
+def describe(pred: Prediction, rank: int = 0) -> list[str]:
+    """One or two log lines: what the planner expects of `rank`."""
+    state, sent, act = pred.model_state[rank], pred.bytes_per_step[rank], pred.activation_bytes
+    groups = ", ".join(f"{a} {sent[a] / MB:.3f}" for a in AXES if sent[a])
+    first = (
+        f"plan (rank {rank}): model state {state['total'] / MB:.2f} MB (params "
+        f"{state['params'] / MB:.2f}, grads {state['grads'] / MB:.2f}, optimizer "
+        f"{state['optimizer'] / MB:.2f}, master {state['master'] / MB:.2f}); activations "
+        + ("not counted" if act[rank] is None else f"{act[rank] / MB:.2f} MB (Korthikanti)")
+    )
+    bubble = "none" if pred.bubble is None else f"{pred.bubble:.3f}"
+    second = (
+        f"plan (rank {rank}): sends {sum(sent.values()) / MB:.3f} MB per step"
+        + (f" ({groups})" if groups else "")
+        + f"; bubble {bubble}"
+        + "".join(f"; {n}" for n in pred.notes)
+    )
+    return [first, second]
+
+
+class Tracker:
+    """Installed around `train`: the prediction at the start, the measurement at the end.
+
+    `step_done` (called from the loop's on_step) marks each step's end with the ledger's
+    bytes by group, so evaluation traffic after the last step is not counted; a global
+    optimizer-step hook (torch.optim) keeps the optimizers, for their moments. No training
+    code changes.
+    """
+
+    def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.sharded = cfg.parallel.zero > 0
+        self.prediction = None if cfg.parallel.dp_mode == "async" else predict(cfg)
+        self.optimizers: dict[int, torch.optim.Optimizer] = {}
+        self.marks: list[dict[str, int]] = []
+        self._hook = None
+        if self.prediction is not None:
+            self.marks.append(self._ledger())
+            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+            if mesh.global_rank == 0:
+                for line in describe(self.prediction):
+                    log.info(line)
+
+    def _ledger(self) -> dict[str, int]:
+        return {axis: self.mesh.ledger.bytes_sent(group=axis) for axis in AXES}
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self.optimizers[id(optimizer)] = optimizer  # one per pipeline chunk when sharded
+
+    def step_done(self, *_: Any) -> None:
+        if self.prediction is not None:
+            self.marks.append(self._ledger())
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def measure(self, model: nn.Module) -> list[float]:
+        """This rank's model-state bytes (STATE_KINDS) and last step's bytes (AXES)."""
+        params = list(model.parameters())
+        state = [
+            sum(p.numel() * p.element_size() for p in params),
+            sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+            sum(_moment_bytes(o) for o in self.optimizers.values()),
+            0,  # no master weights: the runtime trains in the parameters' own dtype
+        ]
+        before, after = self.marks[-2:] if len(self.marks) > 1 else (self.marks[0],) * 2
+        return state + [after[a] - before[a] for a in AXES]
+
+    def compare(self, model: nn.Module) -> dict[str, Any]:
+        """Collective over the world group: {"predicted", "measured"}, or {} if not predicted.
+
+        Every rank must call it (it all-gathers the ranks' measurements).
+        """
+        self.close()
+        if self.prediction is None:
+            return {}
+        mine = torch.tensor(self.measure(model), dtype=torch.float64)
+        world = self.mesh.group("world")
+        every = comm.all_gather_flat(mine, world, sizes=[mine.numel()] * world.size)
+        rows = every.view(world.size, -1).tolist()
+        n = len(STATE_KINDS)
+        states: list[dict[str, int] | None] = []
+        for r in rows:
+            state = dict(zip(STATE_KINDS, map(int, r[:n]), strict=True))
+            states.append({**state, "total": sum(state.values())})
+        if self.sharded:  # ZeRO keeps shards in its wrappers' buffers, not in p / p.grad
+            states = [None] * len(rows)
+        measured = {
+            "model_state_bytes": states,
+            "bytes_sent_per_step": [dict(zip(AXES, map(int, r[n:]), strict=True)) for r in rows],
+            "step": len(self.marks) - 1,
+        }
+        if self.mesh.global_rank == 0:
+            log.info(summary_line(self.prediction, measured))
+        return {"predicted": self.prediction.as_dict(), "measured": measured}
+
+
+def summary_line(pred: Prediction, measured: dict[str, Any]) -> str:
+    """Predicted beside measured for rank 0, in one log line."""
+    p_state, m_state = pred.model_state[0]["total"], measured["model_state_bytes"][0]
+    p_sent, m_sent = pred.bytes_per_step[0], measured["bytes_sent_per_step"][0]
+    sent = ", ".join(f"{a} {p_sent[a]:,} / {m_sent[a]:,}" for a in AXES if p_sent[a] or m_sent[a])
+    shown = "not measured (ZeRO)" if m_state is None else f"{m_state['total']:,}"
+    return f"predicted / measured (rank 0): model state {p_state:,} / {shown} bytes" + (
+        f"; bytes sent in step {measured['step']}: {sent}" if sent else ""
+    )
+
+
+def _moment_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer moments; AdamW's per-tensor `step` counters are bookkeeping, not counted."""
+    return sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for name, t in state.items()
+        if name != "step" and torch.is_tensor(t)
+    )
