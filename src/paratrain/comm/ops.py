@@ -325,13 +325,7 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
             f"the tensor's {flat.numel()} elements"
         )
     record = begin(group, "reduce_scatter", "native", describe(tensor))
-    longest = max(sizes)
-    if len(set(sizes)) == 1:
-        padded = flat.contiguous()
-    else:  # gloo reduces equal chunks only: pad each rank's chunk to the longest
-        padded = torch.zeros(longest * group.size, dtype=flat.dtype)
-        for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
-            dest[: piece.numel()] = piece
+    padded, longest = _pad_chunks(flat, sizes)
     out = torch.empty(longest, dtype=flat.dtype)
     work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
     chunk_bytes = [n * tensor.element_size() for n in sizes]
@@ -348,14 +342,19 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
     return Handle(group, record, [work], traffic, then=done)
 
 
-def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
+def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int]:
+    """gloo reduce-scatters equal chunks only: pad each rank's chunk to the longest."""
     longest = max(sizes)
     if len(set(sizes)) == 1:
-        padded = flat.contiguous()
-    else:
-        padded = torch.zeros(longest * group.size, dtype=flat.dtype)
-        for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
-            dest[: piece.numel()] = piece
+        return flat.contiguous(), longest
+    padded = torch.zeros(longest * len(sizes), dtype=flat.dtype)
+    for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
+        dest[: piece.numel()] = piece
+    return padded, longest
+
+
+def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
+    padded, longest = _pad_chunks(flat, sizes)
     out = torch.empty(longest, dtype=flat.dtype)
     work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
     wait_works(group, record, [work])

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from paratrain import comm
-from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.train.step import accumulate_gradients  # the loop's own accumulation
 
 
 class ShardedWrapper(Protocol):
@@ -49,23 +49,8 @@ def sharded_train_step(
     for group in optimizer.param_groups:
         group["lr"] = lr
     model.zero_grad()
-    sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
-    last = len(micro_batches) - 1
-    for i, batch in enumerate(micro_batches):
-        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
-        tokens = int((targets != IGNORE_INDEX).sum())
-        if tokens == 0:
-            targets = targets.clamp(min=0)
-        sync = contextlib.nullcontext() if i == last else model.no_sync()
-        with sync:
-            mean_loss = model(inputs, targets)
-            (mean_loss * tokens).backward()
-        sums[0] += mean_loss.detach().double() * tokens
-        sums[1] += tokens
-    model.finish_gradient_sync()
-    comm.all_reduce(sums, model.group, op="sum")
-    total_tokens = max(1.0, float(sums[1]))
-    model.scale_grads_(1.0 / total_tokens)
+    loss, tokens = accumulate_gradients(model, micro_batches)
+    model.scale_grads_(1.0 / max(tokens, 1))
     grad_norm = model.clip_grad_norm_(grad_clip)
     optimizer.step()
-    return float(sums[0]) / total_tokens, grad_norm, int(sums[1])
+    return loss, grad_norm, tokens
