@@ -24,7 +24,7 @@ def test_dc_asgd_matches_its_formula():
 
 def run(rank, world_size, cfg, data):
     result = train(cfg, Mesh.build(dp=world_size), data)
-    return [m.loss for m in result.metrics], result.val_loss, result.extra
+    return [m.loss for m in result.metrics], result.val_loss, result.extra.get("async")
 
 
 def async_config(steps: int, **parallel) -> object:

@@ -91,6 +91,7 @@ BAD_INPUTS = [
         "interleaved",
     ),
     (["--chunks", "2"], "--chunks 2 needs a pipeline"),
+    (["--trace"], "--trace draws the pipeline schedule: use --pp 2 or more"),
     (["--dp-mode", "async", "--nproc", "1"], "--dp-mode async needs pp = tp = 1 and dp >= 2"),
     (["--straggler", "5:3"], "--straggler '5:3': rank must be in 0..1"),
     (["--comm-algo", "star"], "--comm-algo 'star'; valid: native, ring, tree"),

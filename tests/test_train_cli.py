@@ -189,3 +189,21 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
     assert summary["world_size"] == 2 and summary["dp"] == 2
     assert summary["final_loss"] < summary["initial_loss"]
     assert len(losses(out)) == 4
+
+
+@pytest.mark.e2e
+def test_trace_writes_the_last_steps_timeline_of_every_stage(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--nproc", "2", "--pp", "2", "--trace", "--steps", "2", "--json"]
+    proc = paratrain("train", *SMALL, *flags, "--out", str(out), cwd=tmp_path)
+    trace = json.loads((out / "trace.json").read_text())
+    compute = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+    k = 2  # G / b = 8 / 4 micro-batches, 1F1B
+    for stage in (0, 1):
+        names = sorted(e["name"] for e in compute if e["pid"] == stage)
+        assert names == sorted([f"F{i}" for i in range(k)] + [f"B{i}" for i in range(k)])
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    facts = last_json(proc)["trace"]
+    assert facts["peak_in_flight"] == [2, 1]  # 1F1B: S - stage
+    first, last = facts["peak_in_flight_bytes"]
+    assert first > 0 and last > 0

@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
     dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
     add_bench_tp_flags(benches.add_parser("tp", help="tensor parallel against torch DTensor"))
+    layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
+    layouts.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
     add_bench_pp_flags(benches.add_parser("pp", help="pipeline schedules against torch pipelining"))
+    add_bench_zero_flags(benches.add_parser("zero", help="ZeRO-1/2/3 against DDP+ZeRO, FSDP2"))
     from paratrain.measure.schedule_command import add_schedule_arguments
 
     add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
@@ -97,6 +101,13 @@ def add_bench_pp_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
     parser.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
+
+
+def add_bench_zero_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
+    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
+    parser.add_argument("--variants", default="zero1,zero2,zero3", help="comma-separated")
+    parser.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
 
 
 def add_bench_comm_flags(parser: argparse.ArgumentParser) -> None:
@@ -220,8 +231,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_bench_comm(args)
     if args.name == "pp":
         return cmd_bench_pp(args)
+    if args.name == "layouts":
+        from paratrain.bench.layouts import run_layouts_bench
+
+        result = run_layouts_bench(args.steps)
+        if args.json:
+            print(json.dumps(result), flush=True)
+        return 0
     if args.name == "tp":
         return cmd_bench_tp(args)
+    if args.name == "zero":
+        return cmd_bench_zero(args)
     if args.name == "dp":
         if args.pairs < 4:
             raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
@@ -234,6 +254,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from paratrain.bench.overhead import run_overhead_bench
 
     result = run_overhead_bench(steps=args.steps, rounds=args.rounds)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def cmd_bench_zero(args: argparse.Namespace) -> int:
+    if args.pairs < 4:
+        raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
+    from paratrain.bench.zero import run_zero_bench
+
+    try:
+        result = run_zero_bench(args.pairs, args.variants.split(","), args.out or None)
+    except RuntimeError as e:  # the two loss curves disagree: one line
+        print(f"paratrain bench zero: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result), flush=True)
     return 0

@@ -87,6 +87,9 @@ class TrainConfig:
     )
     val_batches: int = param(8, "Batches of held-out data for the final validation loss.")
     log_every: int = param(10, "Steps between log lines when stderr is not a terminal.")
+    trace: bool = param(
+        False, "Pipeline: write the last step's trace.json and timeline.png; needs pp >= 2."
+    )
     out: str = param("", "Run directory; default runs/<date>-<time>.")
 
 

@@ -208,6 +208,8 @@ def _check_pipeline(cfg: RunConfig) -> None:
     if p.pp == 1:
         if p.chunks != 1:
             raise ValueError(f"--chunks {p.chunks} needs a pipeline (--pp 2 or more)")
+        if cfg.train.trace:
+            raise ValueError("--trace draws the pipeline schedule: use --pp 2 or more, or drop it")
         return
     if p.pp * p.chunks > m.n_layer:
         raise ValueError(

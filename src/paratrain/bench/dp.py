@@ -146,7 +146,7 @@ def sync_vs_async(rank: int, world: int, steps: int, straggler: str, mode: str) 
         "samples_per_s": steps * cfg.train.global_batch / elapsed,
         "final_loss": result.metrics[-1].loss,
         "val_loss": result.val_loss,
-        **result.extra,
+        **result.extra.get("async", {}),
     }
 
 

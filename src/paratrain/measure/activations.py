@@ -23,7 +23,7 @@ class ActivationMeter:
         self.regions = regions or {}
         self.by_region: dict[str, int] = defaultdict(int)
         self.total = 0
-        self._seen: set[int] = set()
+        self.storages: dict[int, int] = {}  # data_ptr -> bytes of each storage counted
         self._stack: list[str] = []
         self._handles: list[Any] = []
         self._hooks: Any = None
@@ -31,9 +31,9 @@ class ActivationMeter:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.param_storages and ptr not in self._seen:
-            self._seen.add(ptr)
+        if ptr not in self.param_storages and ptr not in self.storages:
             nbytes = storage.nbytes()
+            self.storages[ptr] = nbytes
             self.total += nbytes
             self.by_region[self._stack[-1] if self._stack else "other"] += nbytes
         return t

@@ -66,7 +66,9 @@ def _serve(cfg, group, model, data, on_step) -> TrainResult:
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
     solo = CommGroup("server", None, [group.global_rank], group.global_rank, group.ledger)
     val_loss = evaluate(model, val, solo) if val else float("nan")
-    return TrainResult(model=model, metrics=metrics, val_loss=val_loss, extra=async_summary(report))
+    return TrainResult(
+        model=model, metrics=metrics, val_loss=val_loss, extra={"async": async_summary(report)}
+    )
 
 
 def async_summary(report: ServerReport) -> dict:

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
 from paratrain.train.engine import build_engine
 from paratrain.train.optim import learning_rate, scaled_lr
+from paratrain.train.wrap import model_state_bytes
 from paratrain.validate import parse_straggler
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,9 @@ class TrainResult:
     model: nn.Module  # the plain model (unwrapped)
     metrics: list[StepMetrics]
     val_loss: float
-    extra: dict = field(default_factory=dict)  # mode-specific facts, e.g. async staleness
+    extra: dict = field(default_factory=dict)  # model_state_bytes; async: staleness etc.
+    engine: Any = None  # what computed the steps (wrappers, runtime), for measurements
+    optimizer: Any = None
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -147,8 +151,10 @@ def train(
         metrics.append(m)
         if on_step is not None:
             on_step(m)
+    # What the rank holds at the step boundary, before evaluation and `finish` change it.
+    state = model_state_bytes(engine.wrappers, optimizer)
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
     val_loss = engine.evaluate(val) if val else float("nan")
     engine.finish()
     model = engine.modules[0] if len(engine.modules) == 1 else nn.ModuleList(engine.modules)
-    return TrainResult(model=model, metrics=metrics, val_loss=val_loss)
+    return TrainResult(model, metrics, val_loss, {"model_state_bytes": state}, engine, optimizer)

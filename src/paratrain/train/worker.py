@@ -21,6 +21,7 @@ from paratrain.train.data import load_tokens
 from paratrain.train.loop import TrainResult, train
 from paratrain.train.prediction import Tracker
 from paratrain.train.progress import Progress
+from paratrain.train.trace import record_trace
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, A
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
         "train_s": sum(m.step_s for m in metrics),
         "run_dir": str(run_dir),
-        **({"async": result.extra} if result.extra else {}),
+        "model_state_bytes_rank0": result.extra.get("model_state_bytes"),
+        **({"async": result.extra["async"]} if "async" in result.extra else {}),
     }
 
 
@@ -133,9 +135,10 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
         if writer is not None:
             writer.close()
     compared = tracker.compare(result.model)  # collective: every rank's measurement
+    traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective over pp (--trace)
     if not is_writer:
         return None
     rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
-    summary = summarize(result, cfg, run_dir) | compared
+    summary = summarize(result, cfg, run_dir) | compared | traced
     rd.write_summary(run_dir, summary)
     return summary

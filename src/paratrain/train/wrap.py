@@ -104,3 +104,28 @@ def _is_sharded(w: Wrapper) -> bool:
     return isinstance(w, FullyShardedDataParallel) or (
         isinstance(w, ZeroDataParallel) and w.stage >= 1
     )
+
+
+def model_state_bytes(wrappers: list[Wrapper], optimizer) -> dict[str, int]:
+    """Bytes of model state held on this rank, by kind (params, grads, optimizer, master).
+
+    DataParallel: whole parameters, their bucket buffers and AdamW's moments; sharded
+    wrappers report their own (shards, transient buffers, master copies, padding). AdamW's
+    scalar step counters are left out, as the planner does.
+    """
+    totals = {"params": 0, "grads": 0, "optimizer": 0, "master": 0}
+    if all(isinstance(w, DataParallel) for w in wrappers):
+        for w in wrappers:
+            totals["params"] += sum(p.numel() * p.element_size() for p in w.module.parameters())
+            totals["grads"] += sum(b.nbytes for b in w.buckets)
+        for state in optimizer.state.values():
+            totals["optimizer"] += sum(
+                t.numel() * t.element_size() for k, t in state.items() if k != "step"
+            )
+        return totals
+    for w, opt in zip(wrappers, optimizer.optimizers, strict=True):
+        report = w.memory_report(opt).as_dict()
+        for kind in ("grads", "optimizer", "master"):
+            totals[kind] += report[kind]
+        totals["params"] += report["params"] + report["padding"]
+    return totals

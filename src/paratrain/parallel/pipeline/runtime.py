@@ -12,6 +12,13 @@ gradients on one link), so receives are posted in the *sender's* order, read fro
 schedule, and a message that arrives early waits in its buffer until its RECV action.
 This is exactly the model the checker simulates, so a checked schedule cannot hang here.
 
+Activation memory is measured, not derived from the schedule: each training forward runs
+under an `ActivationMeter` (saved-tensor pack hook), which records the storages autograd
+keeps for that (micro-batch, chunk)'s backward. They count as held from the forward until
+the backward that frees them (`B`, or `BW` when split: the weight gradient still needs the
+layer inputs); the bytes held are those of the union of the storages of the pairs in
+flight, so a storage shared by two micro-batches counts once.
+
 Loss: the last virtual stage computes each micro-batch's mean token loss and backpropagates
 loss / K. All micro-batches hold the same number of tokens, so the gradients accumulated
 over the K micro-batches equal those of one step on the whole batch.
@@ -26,6 +33,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.measure.activations import ActivationMeter
 from paratrain.parallel.pipeline.check import check_schedule
 from paratrain.parallel.pipeline.schedules import (
     BI,
@@ -61,6 +69,9 @@ class StepTrace:
     end: float
     events: list[Event] = field(default_factory=list)
     peak_in_flight: int = 0  # most (micro-batch, chunk) forward graphs held at once
+    peak_in_flight_bytes: int = 0  # most bytes saved for backward held at once
+    # (micro-batch, chunk) -> bytes its forward saved for backward (saved-tensor hooks)
+    activation_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def busy(self) -> float:
         return sum(e.end - e.start for e in self.events if e.action.kind in COMPUTE)
@@ -79,6 +90,7 @@ class _Step:
         self.inbox: dict[tuple, torch.Tensor] = {}  # received (or local) inputs and grads
         self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
+        self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
         self.weight_grad: dict[tuple[int, int], torch.Tensor | None] = {}  # BW's grad_out
         self.posted: dict[tuple, comm.Handle] = {}
         self.next_expected: dict[int, int] = {}  # per source stage: index into its sends
@@ -112,7 +124,8 @@ class PipelineRuntime:
         check_schedule(schedule)  # proven complete and deadlock-free before it runs
         self.chunks, self.schedule, self.group = chunks, schedule, group
         self.stage, self.hidden_size, self.dtype = group.rank, hidden_size, dtype
-        self.last_trace: StepTrace | None = None
+        self.last_trace: StepTrace | None = None  # the last step or evaluation
+        self.last_train_trace: StepTrace | None = None  # the last run_step
         self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
 
     # -- public API -----------------------------------------------------------------
@@ -173,10 +186,17 @@ class PipelineRuntime:
             handlers[a.kind](a, st, schedule)
             trace.events.append(Event(a, start, time.perf_counter()))
             trace.peak_in_flight = max(trace.peak_in_flight, len(st.saved))
+            if a.kind == F and st.train:  # only a forward adds to what is held
+                key = (a.microbatch, a.chunk)
+                trace.activation_bytes[key] = sum(st.storages[key].values())
+                held = _held_bytes(st)
+                trace.peak_in_flight_bytes = max(trace.peak_in_flight_bytes, held)
         for handle in st.sends:
             handle.wait()
         trace.end = time.perf_counter()
         self.last_trace = trace
+        if train:
+            self.last_train_trace = trace
         loss = st.loss_sum if train else st.loss_sum / self._num_micro
         # The loss lives on the last stage (it owns the last virtual stage); one scalar
         # broadcast so that every stage can log it.
@@ -194,15 +214,18 @@ class PipelineRuntime:
             x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
             x.requires_grad_(st.train)
         chunk = self.chunks[a.chunk]
-        if vs == last:
-            loss = chunk(x, batch[:, 1:])  # mean over this micro-batch's tokens
-            st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
-            y = loss / self._num_micro  # so the K backwards sum to one big batch's gradient
-        else:
-            y = chunk(x)  # (b, T, C)
+        with ActivationMeter(chunk) as meter:  # no pack calls under no_grad (evaluation)
+            if vs == last:
+                loss = chunk(x, batch[:, 1:])  # mean over this micro-batch's tokens
+                st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
+                y = loss / self._num_micro  # so the K backwards sum to one big batch's grad
+            else:
+                y = chunk(x)  # (b, T, C)
+        if vs != last:
             self._hand_over(st, ("act", a.microbatch, a.chunk), y.detach(), +1)
         if st.train:
             st.saved[(a.microbatch, a.chunk)] = (x, y)
+            st.storages[(a.microbatch, a.chunk)] = meter.storages
 
     def _hand_over(self, st: _Step, key: tuple, tensor: torch.Tensor, step: int) -> None:
         """Queue for the SEND action, or with one stage pass straight to the next chunk."""
@@ -217,6 +240,7 @@ class PipelineRuntime:
 
     def _backward(self, a: Action, st: _Step, sch: Schedule) -> None:
         x, y = st.saved.pop((a.microbatch, a.chunk))
+        del st.storages[(a.microbatch, a.chunk)]
         torch.autograd.backward(y, self._output_grad(a, st))
         if self._vs(a) > 0:
             self._hand_over(st, ("grad", a.microbatch, a.chunk), x.grad, -1)
@@ -233,6 +257,7 @@ class PipelineRuntime:
     def _backward_weight(self, a: Action, st: _Step, sch: Schedule) -> None:
         """The deferred dL/dW, accumulated into .grad like a normal backward."""
         _, y = st.saved.pop((a.microbatch, a.chunk))
+        del st.storages[(a.microbatch, a.chunk)]
         grad = st.weight_grad.pop((a.microbatch, a.chunk))
         params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
         grads = torch.autograd.grad(y, params, grad, allow_unused=True)
@@ -271,3 +296,11 @@ class PipelineRuntime:
                         keys.append(key)
             cache[src] = keys
         return cache[src]
+
+
+def _held_bytes(st: _Step) -> int:
+    """Bytes of the storages saved for the backwards still to run, each storage once."""
+    live: dict[int, int] = {}
+    for storages in st.storages.values():
+        live.update(storages)
+    return sum(live.values())
