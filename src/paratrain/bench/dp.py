@@ -33,9 +33,10 @@ WORLD = 2  # on 2 cores only 2-rank timings mean anything
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor, ours: bool) -> float:
-    opt.zero_grad(set_to_none=not ours)
     if ours:
-        model.zero_grad()
+        model.zero_grad()  # the bucket buffers: gradients are views into them
+    else:
+        opt.zero_grad(set_to_none=True)
     loss = model(batch[:, :-1], batch[:, 1:])
     loss.backward()
     if ours:

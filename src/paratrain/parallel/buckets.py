@@ -31,20 +31,29 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
 
+FIRST_BUCKET_BYTES = 2**20  # PyTorch DDP's first-bucket cap (1 MiB)
+
+
 def build_buckets(
-    params: list[nn.Parameter], bucket_bytes: int, dtype: torch.dtype | None = None
+    params: list[nn.Parameter],
+    bucket_bytes: int,
+    dtype: torch.dtype | None = None,
+    first_bucket_bytes: int = FIRST_BUCKET_BYTES,
 ) -> list[Bucket]:
     """Fill buckets of about `bucket_bytes` from the last parameter to the first.
 
-    A parameter larger than the cap gets a bucket of its own; `bucket_bytes` <= 0 means one
-    bucket for the whole model.
+    The first bucket (the last layers, whose gradients come first) is capped at
+    `first_bucket_bytes`, as DDP does, so that communication starts early in backward even
+    when the cap is larger than the model. A parameter larger than the cap gets a bucket of
+    its own; `bucket_bytes` <= 0 means one bucket for the whole model.
     """
     buckets: list[Bucket] = []
     current: list[nn.Parameter] = []
     size = 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if current and bucket_bytes > 0 and size + nbytes > bucket_bytes:
+        cap = min(bucket_bytes, first_bucket_bytes) if not buckets else bucket_bytes
+        if current and bucket_bytes > 0 and size + nbytes > cap:
             buckets.append(_make_bucket(len(buckets), current, dtype))
             current, size = [], 0
         current.append(p)
