@@ -120,3 +120,34 @@ def assert_equivalent(parallel: RunRecord, reference: RunRecord, initial: dict) 
         assert diff <= PARAM_ATOL, f"parameter {name} differs from reference by {diff:.3g}"
         moved = max(moved, (ref - initial[name]).abs().max().item())
     assert moved > MIN_PARAM_MOVE, f"parameters barely moved ({moved:.3g}): nothing was trained"
+
+
+def record_of(result, tp_group) -> RunRecord:
+    """A rank's losses, norms and whole parameters (tensor-parallel shards gathered) from
+    `paratrain.train.loop.train`'s result, whatever the layout (collective over tp)."""
+    from paratrain.parallel.tensor_parallel import full_state_dict
+
+    chunks = result.model if hasattr(result.model, "__len__") else [result.model]
+    state: dict[str, torch.Tensor] = {}
+    for chunk in chunks:
+        state.update(full_state_dict(chunk, tp_group))
+    return RunRecord([m.loss for m in result.metrics], [m.grad_norm for m in result.metrics], state)
+
+
+def assert_layout_equivalent(
+    records: list[RunRecord], cfg: RunConfig, data: TokenData, clip: float | None = None
+) -> None:
+    """Every rank's record of one layout against the reference: the stages' parameters put
+    together, losses and norms reported identically on every rank."""
+    reference, initial = reference_training(cfg, data)
+    if clip is not None:
+        assert all(n > clip for n in reference.grad_norms), "clipping must be active"
+    state: dict[str, torch.Tensor] = {}
+    for record in records:
+        state.update(record.state)
+    assert_equivalent(
+        RunRecord(records[0].losses, records[0].grad_norms, state), reference, initial
+    )
+    for record in records:
+        assert record.losses == records[0].losses
+        assert record.grad_norms == records[0].grad_norms

@@ -12,17 +12,10 @@ from __future__ import annotations
 import pytest
 
 from paratrain.mesh import Mesh
-from paratrain.parallel.tensor_parallel import full_state_dict
 from paratrain.train.loop import train
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
-from tests.equivalence import (
-    RunRecord,
-    assert_equivalent,
-    reference_training,
-    tiny_config,
-    tiny_data,
-)
+from tests.equivalence import assert_layout_equivalent, record_of, tiny_config, tiny_data
 
 # (dp, pp, tp, schedule, chunks, micro_batch, sequence_parallel, recompute)
 LAYOUTS = {
@@ -53,18 +46,9 @@ def run_layouts(rank, world_size, data):
     records = []
     for layout in LAYOUTS[world_size]:
         dp, pp, tp = layout[:3]
-        cfg = layout_config(world_size, *layout)
         mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
-        result = train(cfg, mesh, data)
-        chunks = result.model if hasattr(result.model, "__len__") else [result.model]
-        state = {}
-        for chunk in chunks:
-            state.update(full_state_dict(chunk, mesh.group("tp")))
-        records.append(
-            RunRecord(
-                [m.loss for m in result.metrics], [m.grad_norm for m in result.metrics], state
-            )
-        )
+        result = train(layout_config(world_size, *layout), mesh, data)
+        records.append(record_of(result, mesh.group("tp")))
     return records
 
 
@@ -74,13 +58,4 @@ def test_layouts_match_single_process(world):
     per_rank = run_distributed(run_layouts, world, data, timeout=600)
     for i, layout in enumerate(LAYOUTS[world]):
         cfg = layout_config(world, *layout)
-        reference, initial = reference_training(cfg, data)
-        assert all(n > CLIP for n in reference.grad_norms), "clipping must be active"
-        state = {}
-        for records in per_rank:
-            state.update(records[i].state)
-        whole = RunRecord(per_rank[0][i].losses, per_rank[0][i].grad_norms, state)
-        assert_equivalent(whole, reference, initial)
-        for records in per_rank:  # loss and norm reported identically on every rank
-            assert records[i].losses == per_rank[0][i].losses, layout
-            assert records[i].grad_norms == per_rank[0][i].grad_norms, layout
+        assert_layout_equivalent([r[i] for r in per_rank], cfg, data, clip=CLIP)

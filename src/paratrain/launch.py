@@ -18,7 +18,7 @@ WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared t
 
 
 class WorkersFailed(RuntimeError):
-    pass
+    """A worker exited with an error; its own traceback went to the terminal."""
 
 
 def launch_local(nproc: int, config_path: Path, extra_args: list[str] | None = None) -> None:

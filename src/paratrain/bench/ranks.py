@@ -69,7 +69,7 @@ def _rank_main(
 
 
 class RankFailed(AssertionError):
-    pass
+    """A rank raised or died; the message carries its traceback or exit code."""
 
 
 def run_ranks(

@@ -13,16 +13,13 @@ from paratrain.comm.ops import (
     all_gather,
     all_gather_flat,
     all_reduce,
-    barrier,
     broadcast,
-    broadcast_object,
-    gather,
     reduce,
     reduce_scatter,
-    scatter,
 )
 from paratrain.comm.p2p import irecv, isend, recv, recv_any, send
 from paratrain.comm.report import gather_report
+from paratrain.comm.rooted import barrier, broadcast_object, gather, scatter
 
 __all__ = [
     "ALGOS",

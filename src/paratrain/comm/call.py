@@ -22,7 +22,7 @@ from paratrain.comm.traffic import Traffic
 
 
 class CommError(RuntimeError):
-    pass
+    """A collective failed or timed out; the message names the rank, group, op and call."""
 
 
 def describe(*tensors: torch.Tensor | None) -> str:

@@ -1,1 +1,1 @@
-"""Plain single-device models. Nothing here imports torch.distributed."""
+"""Plain single-device models, and how they are split (plans.py). No process groups here."""

@@ -1,6 +1,6 @@
 """How GPT is split, as data: the tensor-parallel plan and the checks it implies.
 
-Pure data and arithmetic (no torch.distributed, not even torch): read by
+Pure data and arithmetic (no distributed code, not even torch): read by
 `paratrain.parallel.tensor_parallel.apply_tensor_parallel` inside the workers, and by
 configuration checks before any worker starts.
 

@@ -9,7 +9,7 @@ and the inner AdamW runs with weight_decay 0. torch's AdamW applies the same
 multiplication first, before the moment update, so the arithmetic is the same.
 
 Also here: the gradient operations a training loop needs on sharded gradients (scale,
-global norm and clipping: one all-reduce of a sum of squares), and the memory report that
+the global norm and clipping: one all-reduce of a sum of squares), and the memory report that
 counts every storage the model, the wrapper and the optimizer hold.
 """
 
