@@ -151,3 +151,16 @@ def assert_layout_equivalent(
     for record in records:
         assert record.losses == records[0].losses
         assert record.grad_norms == records[0].grad_norms
+
+
+def train_layouts(rank, world_size, runs, data) -> list[RunRecord]:
+    """In each of world_size processes: train every (dp, pp, tp, cfg) of `runs` in turn
+    through `paratrain.train.loop.train` and return this rank's records, in order."""
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+
+    records = []
+    for dp, pp, tp, cfg in runs:
+        mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
+        records.append(record_of(train(cfg, mesh, data), mesh.group("tp")))
+    return records

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from paratrain.mesh import Mesh
-from paratrain.train.loop import train
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
-from tests.equivalence import assert_layout_equivalent, record_of, tiny_config, tiny_data
+from tests.equivalence import assert_layout_equivalent, tiny_config, tiny_data, train_layouts
 
 # (dp, pp, tp, schedule, chunks, micro_batch, sequence_parallel, recompute)
 LAYOUTS = {
@@ -42,20 +40,11 @@ def layout_config(world, dp, pp, tp, schedule, chunks, micro_batch, sp, recomput
     return resolve(cfg, world)
 
 
-def run_layouts(rank, world_size, data):
-    records = []
-    for layout in LAYOUTS[world_size]:
-        dp, pp, tp = layout[:3]
-        mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
-        result = train(layout_config(world_size, *layout), mesh, data)
-        records.append(record_of(result, mesh.group("tp")))
-    return records
-
-
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_layouts_match_single_process(world):
     data = tiny_data()
-    per_rank = run_distributed(run_layouts, world, data, timeout=600)
-    for i, layout in enumerate(LAYOUTS[world]):
-        cfg = layout_config(world, *layout)
+    configs = [layout_config(world, *layout) for layout in LAYOUTS[world]]
+    runs = [(c.parallel.dp, c.parallel.pp, c.parallel.tp, c) for c in configs]
+    per_rank = run_distributed(train_layouts, world, runs, data, timeout=600)
+    for i, cfg in enumerate(configs):
         assert_layout_equivalent([r[i] for r in per_rank], cfg, data, clip=CLIP)

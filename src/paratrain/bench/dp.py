@@ -32,7 +32,12 @@ LOSS_RTOL = 1e-4
 WORLD = 2  # on 2 cores only 2-rank timings mean anything
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor, ours: bool) -> float:
+def step_pair_side(model: nn.Module, opt: Any, batch: torch.Tensor, ours: bool) -> float:
+    """One timed step of either side of a data-parallel comparison (ours or torch's peer).
+
+    Ours keep gradients in their own buffers (zeroed by the wrapper) and finish the sync
+    explicitly; torch's wrappers sync inside backward.
+    """
     if ours:
         model.zero_grad()  # the bucket buffers: gradients are views into them
     else:
@@ -64,14 +69,17 @@ def compare_with_ddp(rank: int, world: int, pairs: int, bucket_mb: float) -> dic
         sampler.global_batch_at(s)[rank * per_rank : (rank + 1) * per_rank]
         for s in range(pairs + 1)
     ]
-    _step(ours, ours_opt, batches[0], True), _step(peer, peer_opt, batches[0], False)  # warm-up
+    (
+        step_pair_side(ours, ours_opt, batches[0], True),
+        step_pair_side(peer, peer_opt, batches[0], False),
+    )  # warm-up
     rows = []
     for i, batch in enumerate(batches[1:]):
         order = [True, False] if i % 2 == 0 else [False, True]
         times, losses = {}, {}
         for is_ours in order:
             start = time.perf_counter()
-            losses[is_ours] = _step(
+            losses[is_ours] = step_pair_side(
                 ours if is_ours else peer, ours_opt if is_ours else peer_opt, batch, is_ours
             )
             times[is_ours] = time.perf_counter() - start

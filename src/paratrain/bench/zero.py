@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from paratrain.bench import zero_peer
+from paratrain.bench.dp import step_pair_side
 from paratrain.bench.ranks import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
@@ -75,19 +76,6 @@ def _build(
     return model, model.build_optimizer(t.lr, t.weight_decay, betas)
 
 
-def _step(model: nn.Module, opt: Any, batch: torch.Tensor, ours: bool) -> float:
-    if ours:
-        model.zero_grad()
-    else:
-        opt.zero_grad(set_to_none=True)
-    loss = model(batch[:, :-1], batch[:, 1:])
-    loss.backward()
-    if ours:
-        model.finish_gradient_sync()
-    opt.step()
-    return loss.item()
-
-
 def _full_params(model: nn.Module, ours: bool) -> dict[str, torch.Tensor]:
     """Every parameter whole on every rank (collectives: same order on all ranks)."""
     from torch.distributed.tensor import DTensor
@@ -109,7 +97,10 @@ def compare_variant(
     batches = [b[rank * per_rank : (rank + 1) * per_rank] for b in global_batches]
     ours, ours_opt = _build(cfg, zero, world, True)
     peer, peer_opt = _build(cfg, zero, world, False)
-    _step(ours, ours_opt, batches[0], True), _step(peer, peer_opt, batches[0], False)  # warm-up
+    (
+        step_pair_side(ours, ours_opt, batches[0], True),
+        step_pair_side(peer, peer_opt, batches[0], False),
+    )  # warm-up
     rows = []
     for i, batch in enumerate(batches[1:]):
         order = (True, False) if i % 2 == 0 else (False, True)
@@ -117,7 +108,7 @@ def compare_variant(
         for is_ours in order:
             model, opt = (ours, ours_opt) if is_ours else (peer, peer_opt)
             start = time.perf_counter()
-            losses[is_ours] = _step(model, opt, batch, is_ours)
+            losses[is_ours] = step_pair_side(model, opt, batch, is_ours)
             times[is_ours] = time.perf_counter() - start
         rows.append((times[True], times[False], losses[True], losses[False]))
     ours_bytes = ours.memory_report(ours_opt).as_dict()
