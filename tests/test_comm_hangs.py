@@ -156,3 +156,23 @@ def test_first_divergence_is_pure():
     assert "at call #2" in differ and "f[2]" in differ and "f[3]" in differ
     silent = first_divergence("dp", [0, 1], {0: ledger(("all_reduce", "f[1]")), 1: None})
     assert "ranks [1] published no ledger" in silent
+
+
+def hung_peer(rank, world_size):
+    mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=TIMEOUT_S))
+    mesh.ledger.step = 7  # as the training loop sets it
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            comm.recv(torch.empty(4), mesh.group("dp"), src=1)
+        else:
+            time.sleep(TIMEOUT_S + 4)  # never sends
+    except comm.CommError as e:
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_point_to_point_wait_names_its_peer_and_the_training_step():
+    message, elapsed = run_distributed(hung_peer, 2, timeout=60)[0]
+    assert message is not None and elapsed < TIMEOUT_S + 5
+    assert "recv(native) with peer rank 1 call #1 float32[4] in training step 7" in message

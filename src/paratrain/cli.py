@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, NoReturn
 
 from paratrain.config import SECTIONS, RunConfig, apply_overrides, field_types, load_toml
@@ -86,10 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     layouts.add_argument("--json", action="store_true", help="print a JSON result as last line")
     layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
     add_bench_pp_flags(benches.add_parser("pp", help="pipeline schedules against torch pipelining"))
-    add_bench_zero_flags(benches.add_parser("zero", help="ZeRO-1/2/3 against DDP+ZeRO, FSDP2"))
+    add_bench_zero_flags(benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2"))
     from paratrain.measure.schedule_command import add_schedule_arguments
 
     add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
+    export = sub.add_parser("export", help="a run's checkpointed model as one safetensors file")
+    export.add_argument("run_dir", help="the run directory (its checkpoints/ are read)")
+    export.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    export.add_argument("--out", help="output file (default: RUN_DIR/model.safetensors)")
     return parser
 
 
@@ -106,7 +111,8 @@ def add_bench_pp_flags(parser: argparse.ArgumentParser) -> None:
 def add_bench_zero_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
     parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
-    parser.add_argument("--variants", default="zero1,zero2,zero3", help="comma-separated")
+    parser.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
+    parser.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
     parser.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
 
 
@@ -142,6 +148,19 @@ def add_bench_tp_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig()
+    resume = getattr(args, "train.resume", None)
+    if resume:  # the run's own config first; the layout may change, so dp and K are redone
+        base = Path(resume) / "config.toml"
+        if not base.is_file():
+            raise ValueError(f"--resume {resume!r}: no {base}; give a paratrain run directory")
+        apply_overrides(cfg, load_toml(str(base)), f"run directory {resume}")
+        cfg.parallel.dp, cfg.train.microbatches = 0, 0
+        out = getattr(args, "train.out", None)
+        if out and Path(out).resolve() != Path(resume).resolve():
+            raise ValueError(
+                f"--out {out!r} with --resume {resume!r}: a resumed run stays in its directory"
+            )
+        cfg.train.out = resume
     if args.config:
         apply_overrides(cfg, load_toml(args.config), f"config file {args.config}")
     overrides: dict[str, dict[str, Any]] = {}
@@ -162,6 +181,7 @@ def torchrun_env() -> dict[str, int] | None:
         "world_size": int(os.environ["WORLD_SIZE"]),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     }
 
 
@@ -193,6 +213,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
     resolve(cfg, world)
+    if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
+        from paratrain.train.checkpoint import find_resumable
+
+        if find_resumable(Path(cfg.train.resume), cfg) is None:
+            raise ValueError(
+                f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
+            )
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         worker_env = WorkerEnv(use_env_rendezvous=True, **env)
         summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
@@ -203,11 +230,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from paratrain.launch import WorkersFailed, launch_local
     from paratrain.train import run_dir as rd
     from paratrain.train.worker import WorkerEnv, run_worker
 
-    run_dir = rd.prepare_run_dir(cfg.train.out)
+    if cfg.train.resume:
+        run_dir = Path(cfg.train.resume)
+        rd.keep_previous_config(run_dir)
+    else:
+        run_dir = rd.prepare_run_dir(cfg.train.out)
     cfg.train.out = str(run_dir)
     config_path = rd.write_config(run_dir, cfg)
     if cfg.parallel.nproc == 1:  # the same worker code, in this process
@@ -215,13 +248,45 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
         summary = run_worker(cfg, env, run_dir_prepared=True)
     else:
         try:
-            launch_local(cfg.parallel.nproc, config_path)
+            launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
         except WorkersFailed as e:
             log.error("paratrain: %s; run directory %s", e, run_dir)
             return 1
+        except SignalException as e:  # the launcher was told to stop; workers saved
+            return report_stopped(run_dir, f"signal {e.sigval.name}")
         summary = rd.read_summary(run_dir)
     assert summary is not None
+    if "stopped_at_step" in summary:
+        return report_stopped(run_dir, "SIGTERM")
     print_summary(summary, as_json)
+    return 0
+
+
+STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
+
+
+def report_stopped(run_dir: Path, why: str) -> int:
+    from paratrain.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    where = f"checkpoint of step {ckpt.step} in {ckpt.path}" if ckpt else "no checkpoint"
+    print(
+        f"paratrain train: stopped by {why}; {where}; continue with "
+        f"`paratrain train --resume {run_dir}`",
+        file=sys.stderr,
+        flush=True,
+    )
+    return STOPPED_EXIT
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from paratrain.train.export import export_safetensors
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
+    out = export_safetensors(run_dir, Path(args.out) if args.out else None, args.step)
+    print(f"wrote {out}", flush=True)
     return 0
 
 
@@ -262,10 +327,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_bench_zero(args: argparse.Namespace) -> int:
     if args.pairs < 4:
         raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
-    from paratrain.bench.zero import run_zero_bench
+    from paratrain.bench.zero import parse_stages, run_zero_bench
 
+    stages = parse_stages(args.stages)
     try:
-        result = run_zero_bench(args.pairs, args.variants.split(","), args.out or None)
+        result = run_zero_bench(args.pairs, stages, args.out or None, args.dp)
     except RuntimeError as e:  # the two loss curves disagree: one line
         print(f"paratrain bench zero: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
@@ -342,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "schedule":
             return cmd_schedule(args)
-        raise ValueError(f"unknown command {args.command!r}; valid: train, plan, bench, schedule")
+        if args.command == "export":
+            return cmd_export(args)
+        raise ValueError(
+            f"unknown command {args.command!r}; valid: train, plan, bench, schedule, export"
+        )
     except ValueError as e:
         print(f"paratrain {args.command}: error: {e}", file=sys.stderr)
         return 2

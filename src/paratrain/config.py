@@ -58,6 +58,9 @@ class ParallelConfig:
     dc_lambda: float = param(0.0, "Async: DC-ASGD delay compensation strength (0 = off).")
     staleness_bound: int = param(0, "Async: drop gradients staler than this (0 = no bound).")
     straggler: str = param("", "Make one rank slower, RANK:FACTOR (e.g. 1:3 = 3x its compute).")
+    max_restarts: int = param(
+        0, "Restart all workers up to N times after a failure; they resume from a checkpoint."
+    )
 
 
 @dataclass
@@ -91,6 +94,17 @@ class TrainConfig:
         False, "Pipeline: write the last step's trace.json and timeline.png; needs pp >= 2."
     )
     out: str = param("", "Run directory; default runs/<date>-<time>.")
+    checkpoint_every: int = param(
+        100, "Save a sharded checkpoint every N steps and after the last; 0: after the last only."
+    )
+    keep_checkpoints: int = param(3, "Complete checkpoints kept (the newest); 0 keeps all.")
+    resume: str = param("", "Continue the run in this run directory from its latest checkpoint.")
+    rewarmup_steps: int = param(
+        10, "Resumed on another world size: ramp the learning rate up again over N steps."
+    )
+    max_skipped_steps: int = param(
+        3, "Abort after N consecutive steps skipped for a non-finite loss or gradient norm."
+    )
 
 
 @dataclass

@@ -21,7 +21,11 @@ class WorkersFailed(RuntimeError):
     """A worker exited with an error; its own traceback went to the terminal."""
 
 
-def launch_local(nproc: int, config_path: Path, extra_args: list[str] | None = None) -> None:
+def launch_local(
+    nproc: int, config_path: Path, extra_args: list[str] | None = None, max_restarts: int = 0
+) -> None:
+    """Run N workers; after a failure restart them all, up to max_restarts times (each
+    restarted worker sees TORCHELASTIC_RESTART_COUNT and resumes from the last checkpoint)."""
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -29,7 +33,7 @@ def launch_local(nproc: int, config_path: Path, extra_args: list[str] | None = N
         run_id=f"paratrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )

@@ -55,6 +55,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "train.lr": cfg.train.lr,
         "train.log_every": cfg.train.log_every,
         "parallel.comm_timeout_s": cfg.parallel.comm_timeout_s,
+        "train.max_skipped_steps": cfg.train.max_skipped_steps,
     }
     for name, value in checks.items():
         if value <= 0:
@@ -67,6 +68,10 @@ def _check_positive(cfg: RunConfig) -> None:
         "train.weight_decay": cfg.train.weight_decay,
         "train.grad_clip": cfg.train.grad_clip,
         "train.val_batches": cfg.train.val_batches,
+        "train.checkpoint_every": cfg.train.checkpoint_every,
+        "train.keep_checkpoints": cfg.train.keep_checkpoints,
+        "train.rewarmup_steps": cfg.train.rewarmup_steps,
+        "parallel.max_restarts": cfg.parallel.max_restarts,
     }
     for name, value in non_negative.items():
         if value < 0:

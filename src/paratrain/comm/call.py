@@ -34,8 +34,12 @@ def describe(*tensors: torch.Tensor | None) -> str:
     return " -> ".join([first] + [str(list(t.shape)) for t in shown[1:]])
 
 
-def begin(group: CommGroup, op: str, algo: str, shapes: str) -> CallRecord:
-    record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes)
+def begin(
+    group: CommGroup, op: str, algo: str, shapes: str, peer: int | None = None
+) -> CallRecord:
+    """Record the start of a call; `peer` (a rank of the group) for point-to-point ones."""
+    peer_global = None if peer is None else group.ranks[peer]
+    record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes, peer_global)
     if group.options.check and group.size > 1:
         from paratrain.comm.check import verify_same_call
 
@@ -66,10 +70,12 @@ def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work |
 def failure(group: CommGroup, record: CallRecord, err: BaseException) -> CommError:
     elapsed = time.perf_counter() - record.start
     cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    peer = "" if record.peer is None else f" with peer rank {record.peer}"
+    step = f" in training step {record.step}" if record.step else ""
     head = (
         f"rank {group.global_rank} (rank {group.rank} of group {group.name!r}, ranks "
-        f"{group.ranks}): {record.op}({record.algo}) call #{record.seq} {record.shapes} "
-        f"failed after {elapsed:.1f} s: {cause}"
+        f"{group.ranks}): {record.op}({record.algo}){peer} call #{record.seq} "
+        f"{record.shapes}{step} failed after {elapsed:.1f} s: {cause}"
     )
     if group.watchdog is None:
         return CommError(head + "\n(no watchdog on this group: no comparison of ledgers)")

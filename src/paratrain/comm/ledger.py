@@ -45,6 +45,8 @@ class CallRecord:
     start: float
     end: float | None = None  # None while the call is in flight
     bytes_sent: int = 0
+    step: int = 0  # the training step the rank was in (0: outside the training loop)
+    peer: int | None = None  # point-to-point: the other side's global rank
 
     @property
     def signature(self) -> str:
@@ -64,14 +66,24 @@ class Ledger:
     _seq: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     version: int = 0  # bumped on every change, so the watchdog publishes only news
+    step: int = 0  # set by the training loop, recorded with every call
 
     def start(
-        self, op: str, group: str, ranks: tuple[int, ...], algo: str, shapes: str
+        self,
+        op: str,
+        group: str,
+        ranks: tuple[int, ...],
+        algo: str,
+        shapes: str,
+        peer: int | None = None,
     ) -> CallRecord:
         with self._lock:
             key = (group, ranks)
             self._seq[key] = self._seq.get(key, 0) + 1
-            record = CallRecord(self._seq[key], op, group, ranks, algo, shapes, time.perf_counter())
+            record = CallRecord(
+                self._seq[key], op, group, ranks, algo, shapes, time.perf_counter()
+            )
+            record.step, record.peer = self.step, peer
             self._recent.append(record)
             while len(self._recent) > self.max_recent:
                 self._recent.popleft()

@@ -29,7 +29,7 @@ def _check_peer(group: CommGroup, peer: int, what: str) -> int:
 def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
     """Start sending `tensor` to group rank `dst`; wait() on the handle before reusing it."""
     peer = _check_peer(group, dst, "destination")
-    record = begin(group, "send", "native", describe(tensor))
+    record = begin(group, "send", "native", describe(tensor), peer=dst)
     work = dist.isend(tensor.contiguous(), dst=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(_nbytes(tensor), 0, 1), tensor)
 
@@ -37,7 +37,7 @@ def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
 def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
     """Start receiving into `tensor` from group rank `src`; wait() returns the tensor."""
     peer = _check_peer(group, src, "source")
-    record = begin(group, "recv", "native", describe(tensor))
+    record = begin(group, "recv", "native", describe(tensor), peer=src)
     work = dist.irecv(tensor, src=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
 

@@ -113,6 +113,7 @@ def apply_tensor_parallel(
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, new)
     _check_dropout_covered(model, matches)
+    model.tp_rng_tracker = tracker  # its states are part of a checkpoint
     return model
 
 

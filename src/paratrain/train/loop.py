@@ -7,9 +7,11 @@ tests check are the numbers that users get.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,8 @@ from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_TP_PLAN
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
+from paratrain.train import checkpoint
+from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
 from paratrain.train.engine import build_engine
 from paratrain.train.optim import learning_rate, scaled_lr
@@ -41,6 +45,7 @@ class StepMetrics:
     compute_s: float  # step time not spent waiting for communication or data
     comm_s: float  # time blocked in collectives (from the ledger)
     data_s: float  # time spent producing this step's batches
+    skipped: bool = False  # non-finite gradient norm: no update
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -86,7 +91,17 @@ def train(
     mesh: Mesh,
     data: TokenData,
     on_step: Callable[[StepMetrics], None] | None = None,
+    run_dir: Path | None = None,
+    resume: Checkpoint | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
+    """Train for cfg.train.steps steps (from `resume`'s step, if given).
+
+    run_dir: where checkpoints go (every cfg.train.checkpoint_every steps and after the
+        last); None saves none.
+    stop: asked after every step, collectively (every rank must get the same answer): True
+        saves a checkpoint and returns early (preemption).
+    """
     if cfg.parallel.dp_mode == "async":
         from paratrain.train.async_loop import train_async  # it builds on this module
 
@@ -119,19 +134,55 @@ def train(
             lr,
         )
     optimizer = engine.build_optimizer(cfg, lr)
+    first, rewarm = 0, Rewarmup(0, 0)
+    if resume is not None:
+        saved = checkpoint.load(resume, engine, optimizer, mesh, cfg)
+        first = int(saved["step"])
+        rewarm = resumed_schedule(saved, cfg, mesh, lr)
+        if saved["layout"] != checkpoint.layout_of(cfg, mesh):  # other ranks, other work
+            torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1) + 104729 * first)
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     metrics: list[StepMetrics] = []
-    for step in range(t.steps):
+    skipped_in_a_row, stopped_at = 0, None
+
+    def save(step: int) -> None:
+        if run_dir is not None:
+            keep = t.keep_checkpoints
+            checkpoint.save(run_dir, step, engine, optimizer, mesh, cfg, data.fingerprint, keep)
+
+    for step in range(first, t.steps):
         start = time.perf_counter()
         micro_batches = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
         data_done = time.perf_counter()
         waited_before = mesh.ledger.wait_s()
+        mesh.ledger.step = step + 1  # named in hang reports
         step_lr = learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+        step_lr *= rewarm.factor(step)
         for group in optimizer.param_groups:
             group["lr"] = step_lr
         loss, tokens = engine.forward_backward(micro_batches)
         grad_norm = engine.clip(t.grad_clip)
-        optimizer.step()
+        # The norm is global (reduced over dp, tp and pp), so every rank decides the same.
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            skipped_in_a_row += 1
+            log.warning(
+                "step %d skipped: gradient norm %s, loss %s (%d in a row, limit %d)",
+                step + 1,
+                grad_norm,
+                loss,
+                skipped_in_a_row,
+                t.max_skipped_steps,
+            )
+            if skipped_in_a_row >= t.max_skipped_steps:
+                raise NonFiniteLoss(
+                    f"{skipped_in_a_row} consecutive steps (up to step {step + 1}) had a "
+                    "non-finite gradient norm; stopping (train.max_skipped_steps = "
+                    f"{t.max_skipped_steps}); the last checkpoint is untouched"
+                )
+        else:
+            skipped_in_a_row = 0
+            optimizer.step()
         end = time.perf_counter()
         comm_s = mesh.ledger.wait_s() - waited_before
         straggle(cfg, mesh, end - data_done - comm_s)
@@ -147,14 +198,78 @@ def train(
             compute_s=end - data_done - comm_s,
             comm_s=comm_s,
             data_s=data_done - start,
+            skipped=skipped,
         )
         metrics.append(m)
         if on_step is not None:
             on_step(m)
+        last = step + 1 == t.steps
+        if stop is not None and not last and stop():
+            log.warning("stop requested: saving a checkpoint after step %d", step + 1)
+            save(step + 1)
+            stopped_at = step + 1
+            break
+        if last or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+            save(step + 1)
     # What the rank holds at the step boundary, before evaluation and `finish` change it.
     state = model_state_bytes(engine.wrappers, optimizer)
-    val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
-    val_loss = engine.evaluate(val) if val else float("nan")
+    extra: dict[str, Any] = {"model_state_bytes": state, "first_step": first + 1}
+    val_loss = float("nan")
+    if stopped_at is None:
+        val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+        val_loss = engine.evaluate(val) if val else float("nan")
+    else:
+        extra["stopped_at"] = stopped_at
     engine.finish()
     model = engine.modules[0] if len(engine.modules) == 1 else nn.ModuleList(engine.modules)
-    return TrainResult(model, metrics, val_loss, {"model_state_bytes": state}, engine, optimizer)
+    return TrainResult(model, metrics, val_loss, extra, engine, optimizer)
+
+
+class NonFiniteLoss(RuntimeError):
+    """Too many consecutive steps had a NaN or infinite gradient norm."""
+
+
+@dataclass(frozen=True)
+class Rewarmup:
+    """A short linear ramp of the learning rate after resuming on another world size."""
+
+    start: int  # the first step after the resume
+    steps: int
+
+    def factor(self, step: int) -> float:
+        if self.steps <= 0 or step >= self.start + self.steps:
+            return 1.0
+        return (step - self.start + 1) / self.steps
+
+
+def resumed_schedule(saved: dict[str, Any], cfg: RunConfig, mesh: Mesh, lr: float) -> Rewarmup:
+    """Log how the resumed run continues; re-warm when the world size changed.
+
+    The global batch is kept (check_compatible refuses another), so only the number of
+    micro-batches per replica changes with dp; the peak rate follows from the global batch,
+    so it is the same, and is printed with the layouts for the user to see.
+    """
+    t, before, now = cfg.train, saved["layout"], checkpoint.layout_of(cfg, mesh)
+    step = int(saved["step"])
+    k_before = t.global_batch // (t.micro_batch * before["dp"])
+    k_now = t.global_batch // (t.micro_batch * now["dp"])
+    ramp = t.rewarmup_steps if before["world_size"] != now["world_size"] else 0
+    log.info(
+        "resuming at step %d of %d, saved on %s, now %s; micro-batches per replica per step "
+        "%d -> %d (global batch %d kept); peak learning rate %.3g (%s scaling)%s",
+        step,
+        t.steps,
+        _layout_text(before),
+        _layout_text(now),
+        k_before,
+        k_now,
+        t.global_batch,
+        lr,
+        t.lr_scaling,
+        f"; world size changed: learning rate re-warmed over {ramp} steps" if ramp else "",
+    )
+    return Rewarmup(step, ramp)
+
+
+def _layout_text(layout: dict[str, int]) -> str:
+    return "world {world_size} (dp {dp} x pp {pp} x tp {tp}, zero {zero})".format(**layout)

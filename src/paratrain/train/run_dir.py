@@ -43,6 +43,16 @@ def prepare_run_dir(out: str) -> Path:
     return path
 
 
+def keep_previous_config(run_dir: Path) -> None:
+    """Before a resumed run rewrites config.toml: keep the old one as config.<n>.toml."""
+    path = run_dir / CONFIG_FILE
+    if path.exists():
+        n = 1
+        while (run_dir / f"config.{n}.toml").exists():
+            n += 1
+        path.rename(run_dir / f"config.{n}.toml")
+
+
 def write_config(run_dir: Path, cfg: RunConfig) -> Path:
     path = run_dir / CONFIG_FILE
     path.write_text(to_toml(cfg))
@@ -66,6 +76,23 @@ class MetricsWriter:
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     lines = (run_dir / METRICS_FILE).read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_step_metrics(run_dir: Path) -> list[StepMetrics]:
+    return [StepMetrics(**row) for row in read_metrics(run_dir)]
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop the rows after `last_step` (steps a crashed run did past its last checkpoint),
+    so that a resumed run logs every step exactly once. The file is replaced atomically."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in kept if json.loads(line)["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
 
 
 def write_loss_plot(run_dir: Path, metrics: list[StepMetrics], val_loss: float) -> Path:

@@ -16,10 +16,12 @@ from paratrain import comm
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import TrainResult, train
 from paratrain.train.prediction import Tracker
+from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
 from paratrain.train.trace import record_trace
 
@@ -35,6 +37,7 @@ class WorkerEnv:
     local_rank: int
     local_world_size: int
     use_env_rendezvous: bool  # False: one process, no launcher (an in-memory store)
+    restart_count: int = 0  # the launcher's restarts so far (TORCHELASTIC_RESTART_COUNT)
 
 
 def init_process_group(cfg: RunConfig, env: WorkerEnv) -> None:
@@ -65,13 +68,18 @@ def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
 
 
 def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    metrics = result.metrics
+    """The whole run's summary: every step in metrics.jsonl, also those before a resume."""
+    metrics = rd.read_step_metrics(run_dir)
     steady = metrics[1:] or metrics  # the first step pays for warm-up allocations
+    resumed = result.extra.get("first_step", 1) > 1
     return {
         "initial_loss": metrics[0].loss,
         "final_loss": metrics[-1].loss,
         "val_loss": result.val_loss,
         "steps": len(metrics),
+        "skipped_steps": sum(m.skipped for m in metrics),
+        **({"resumed_at_step": result.extra["first_step"] - 1} if resumed else {}),
+        **({"stopped_at_step": result.extra["stopped_at"]} if "stopped_at" in result.extra else {}),
         "world_size": cfg.world_size,
         "dp": cfg.parallel.dp,
         "pp": cfg.parallel.pp,
@@ -91,9 +99,11 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options)
+    preemption = Preemption(mesh.group("world"))
     try:
-        summary = _train_and_record(cfg, mesh, run_dir_prepared)
+        summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
     finally:
+        preemption.close()
         mesh.close()
     # Only on success: after a failed collective gloo may still hold the pending work, and
     # destroy_process_group would wait for it instead of letting the process exit.
@@ -101,7 +111,40 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     return summary
 
 
-def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dict[str, Any] | None:
+def _resume_point(
+    cfg: RunConfig, mesh: Mesh, run_dir: Path, restart_count: int
+) -> checkpoint.Checkpoint | None:
+    """Where to start: --resume's or a restarted job's latest complete checkpoint, or None.
+
+    Rank 0 looks and tells everyone, so every rank starts from the same step.
+    """
+    answer: checkpoint.Checkpoint | ValueError | None = None
+    if mesh.global_rank == 0 and (cfg.train.resume or restart_count > 0):
+        try:
+            answer = checkpoint.find_resumable(run_dir, cfg)
+        except ValueError as e:
+            answer = e
+        if answer is None and cfg.train.resume:
+            answer = ValueError(f"--resume {run_dir}: no complete checkpoint to resume from")
+        if restart_count:
+            found = isinstance(answer, checkpoint.Checkpoint)
+            where = f"step {answer.step}" if found else "the start"
+            log.warning("restart %d: resuming from %s", restart_count, where)
+        if not isinstance(answer, ValueError):  # each step is logged exactly once
+            rd.truncate_metrics(run_dir, answer.step if answer else 0)
+    answer = comm.broadcast_object(answer, mesh.group("world"))
+    if isinstance(answer, ValueError):
+        raise answer
+    return answer
+
+
+def _train_and_record(
+    cfg: RunConfig,
+    mesh: Mesh,
+    run_dir_prepared: bool,
+    restart_count: int = 0,
+    stop: Preemption | None = None,
+) -> dict[str, Any] | None:
     run_dir = _share_run_dir(cfg, mesh, run_dir_prepared)
     data = load_tokens(cfg.data.path, cfg.data.val_fraction)
     if data.vocab_size > cfg.model.vocab_size:
@@ -116,6 +159,7 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
         rd.write_provenance(run_dir, cfg, data, cfg.world_size)
         log.info("data: %s", data.description)
         log.info("run directory: %s", run_dir)
+    resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
 
@@ -128,7 +172,7 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
         progress.update(m)
 
     try:
-        result = train(cfg, mesh, data, on_step)
+        result = train(cfg, mesh, data, on_step, run_dir=run_dir, resume=resume, stop=stop)
     finally:
         tracker.close()
         progress.close()
@@ -138,7 +182,7 @@ def _train_and_record(cfg: RunConfig, mesh: Mesh, run_dir_prepared: bool) -> dic
     traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective over pp (--trace)
     if not is_writer:
         return None
-    rd.write_loss_plot(run_dir, result.metrics, result.val_loss)
+    rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
     summary = summarize(result, cfg, run_dir) | compared | traced
     rd.write_summary(run_dir, summary)
     return summary

@@ -1,0 +1,273 @@
+"""Sharded checkpoints with torch.distributed.checkpoint: save, find, check, load.
+
+Layout of a run directory's checkpoints:
+
+    RUN_DIR/checkpoints/step_0000020/
+        paratrain.json        # step, layout, model config, data fingerprint (written first)
+        __0_0.distcp ...      # each rank's boxes (about 1/k of the state per rank)
+        .metadata             # DCP's index, renamed into place last: the commit point
+
+Each checkpoint goes to a fresh directory, never over an old one; a directory without
+`.metadata` is a save that did not finish and is ignored (and removed by the next save).
+The last `keep` complete checkpoints are kept.
+
+What is saved: every parameter (fp32: the master copy under mixed precision) and AdamW's
+two moments per parameter, as global tensors under the plain model's names
+(checkpoint_state.py), so any mesh can load them; AdamW's step count, the training step
+(which is also the data position: batches are a pure function of seed and step) in
+paratrain.json; each rank's random state (`rng.rank<r>`), restored when the layout is the
+same, since only then does rank r do the same work.
+
+Collective operations go through DCP (gloo or NCCL on the world group), not paratrain.comm:
+their bytes are not in the ledger, and they happen only at checkpoint steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from paratrain import comm
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.train.checkpoint_planner import (
+    CheckpointMismatch,
+    ShardedLoadPlanner,
+    ShardedSavePlanner,
+)
+from paratrain.train.checkpoint_state import after_load, rank_state
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+META_FILE = "paratrain.json"
+COMMIT_FILE = ".metadata"  # DCP's, renamed into place after every shard is written
+PREFIX = "step_"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"{PREFIX}{step:07d}"
+
+
+def _all(run_dir: Path) -> list[tuple[Path, int]]:
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        if path.is_dir() and path.name.startswith(PREFIX) and path.name[len(PREFIX) :].isdigit():
+            found.append((path, int(path.name[len(PREFIX) :])))
+    return sorted(found, key=lambda x: x[1])
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMMIT_FILE).is_file() and (path / META_FILE).is_file()
+
+
+def complete_checkpoints(run_dir: Path) -> list[Checkpoint]:
+    return [Checkpoint(p, s) for p, s in _all(run_dir) if is_complete(p)]
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
+
+
+def layout_of(cfg: RunConfig, mesh: Mesh) -> dict[str, int]:
+    return {
+        "world_size": mesh.shape.world_size,
+        "dp": mesh.size("dp"),
+        "pp": mesh.size("pp"),
+        "tp": mesh.size("tp"),
+        "zero": cfg.parallel.zero,
+    }
+
+
+def _meta(
+    cfg: RunConfig, mesh: Mesh, step: int, adam_step: int, fingerprint: str
+) -> dict[str, Any]:
+    t = cfg.train
+    return {
+        "step": step,
+        "adam_step": adam_step,
+        "layout": layout_of(cfg, mesh),
+        "chunks": cfg.parallel.chunks,
+        "model": asdict(cfg.model),
+        "train": {"global_batch": t.global_batch, "seq_len": t.seq_len, "seed": t.seed},
+        "data_fingerprint_sha256": fingerprint,
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """paratrain.json of a checkpoint, or ValueError saying what is wrong with it."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        int(meta["step"])
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"checkpoint {path} is unreadable ({META_FILE}: {e})") from None
+
+
+def check_files(path: Path) -> None:
+    """Refuse a checkpoint whose index is unreadable or whose shard files are truncated.
+
+    DCP reads byte ranges at load time; a short file would fail deep inside the load on
+    some rank. Checking every range's end against the file sizes first gives one clear
+    message before any worker starts.
+    """
+    try:
+        with (path / COMMIT_FILE).open("rb") as f:
+            metadata = pickle.load(f)
+        storage = metadata.storage_data
+    except Exception as e:  # pickle raises many kinds on a damaged file
+        raise ValueError(f"checkpoint {path} has a damaged {COMMIT_FILE} ({e})") from None
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        file = path / name
+        size = file.stat().st_size if file.is_file() else -1
+        if size < end:
+            what = "is missing" if size < 0 else f"has {size} bytes, the index needs {end}"
+            raise ValueError(f"checkpoint {path} is damaged: {name} {what}")
+
+
+def check_compatible(meta: dict[str, Any], cfg: RunConfig, path: Path) -> None:
+    """The checkpoint must be of this model, trained with this global batch on this data."""
+    problems = []
+    for key, value in asdict(cfg.model).items():
+        if key in meta["model"] and meta["model"][key] != value:
+            problems.append(f"model.{key} = {value} but the checkpoint has {meta['model'][key]}")
+    for key in ("global_batch", "seq_len"):
+        saved, now = meta["train"].get(key), getattr(cfg.train, key)
+        if saved is not None and saved != now:
+            problems.append(f"train.{key} = {now} but the checkpoint has {saved}")
+    if problems:
+        raise CheckpointMismatch(
+            f"checkpoint {path} does not match this run: " + "; ".join(problems)
+        )
+
+
+def find_resumable(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
+    """The latest complete checkpoint, checked (files whole, same model); None if there is
+    none. ValueError if it is damaged or of another model: never fall back silently."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    check_files(ckpt.path)
+    check_compatible(read_meta(ckpt.path), cfg, ckpt.path)
+    return ckpt
+
+
+def _rng_state(modules: list) -> dict[str, Any]:
+    tracker = getattr(modules[0], "tp_rng_tracker", None)
+    return {"torch": torch.get_rng_state(), "tp": dict(tracker._cpu) if tracker else None}
+
+
+def _set_rng_state(state: dict[str, Any], modules: list) -> None:
+    torch.set_rng_state(state["torch"])
+    tracker = getattr(modules[0], "tp_rng_tracker", None)
+    if tracker is not None and state.get("tp"):
+        tracker._cpu.update(state["tp"])
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    engine: Any,
+    optimizer: Any,
+    mesh: Mesh,
+    cfg: RunConfig,
+    fingerprint: str,
+    keep: int = 0,
+    storage_writer: Any = None,
+) -> Path:
+    """Write this step's checkpoint (collective over every rank); return its directory."""
+    world = mesh.group("world")
+    path = checkpoint_path(run_dir, step)
+    state = rank_state(engine.wrappers, optimizer, engine.tp)
+    if mesh.global_rank == 0:
+        if path.exists():  # a save of this step that never finished
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        meta = _meta(cfg, mesh, step, state.adam_step(), fingerprint)
+        (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    comm.barrier(world)
+    entries: dict[str, Any] = dict(state.tensors)
+    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.modules)
+    start = time.perf_counter()
+    dcp.save(
+        entries,
+        storage_writer=storage_writer or FileSystemWriter(path, thread_count=1),
+        planner=ShardedSavePlanner(),
+        process_group=world.pg,
+    )
+    if mesh.global_rank == 0:
+        log.info("checkpoint step %d: %s (%.2f s)", step, path, time.perf_counter() - start)
+        prune(run_dir, keep)
+    return path
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints (all if keep <= 0); drop incomplete ones
+    older than the newest complete one (never one that may still be being written)."""
+    done = complete_checkpoints(run_dir)
+    if not done:
+        return
+    kept = {c.step for c in (done[-keep:] if keep > 0 else done)}
+    for path, step in _all(run_dir):
+        if (step not in kept) if is_complete(path) else (step < done[-1].step):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def load(
+    ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig
+) -> dict[str, Any]:
+    """Load `ckpt` into this rank's model and optimizer (collective); return its meta.
+
+    Random states are restored only on the layout that saved them.
+    """
+    meta = read_meta(ckpt.path)
+    check_compatible(meta, cfg, ckpt.path)
+    state = rank_state(engine.wrappers, optimizer, engine.tp)
+    entries: dict[str, Any] = dict(state.tensors)
+    same_layout = meta["layout"] == layout_of(cfg, mesh)
+    same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
+    rng_key = f"rng.rank{mesh.global_rank}"
+    if same_layout:
+        entries[rng_key] = None  # replaced by the loaded object
+    try:
+        dcp.load(
+            entries,
+            storage_reader=FileSystemReader(ckpt.path),
+            planner=ShardedLoadPlanner(),
+            process_group=mesh.group("world").pg,
+        )
+    except CheckpointMismatch:
+        raise
+    except Exception as e:  # DCP wraps every rank's failure; keep the first line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"checkpoint {ckpt.path} could not be loaded: {first}") from None
+    state.set_adam_step(int(meta["adam_step"]))
+    after_load(engine.wrappers)
+    if same_layout:
+        _set_rng_state(entries[rng_key], engine.modules)
+    return meta

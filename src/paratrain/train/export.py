@@ -1,0 +1,79 @@
+"""A checkpoint's model as one safetensors file, and that file back as a plain GPT.
+
+The sharded checkpoint already stores every parameter under the single-process model's
+name with its global shape, so consolidating is one DCP load in this process (no process
+group), into full-size tensors allocated from the checkpoint's index. Only the model is
+exported (fp32; the master copy under mixed precision), not the optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from paratrain.config import ModelConfig, RunConfig
+from paratrain.train import checkpoint
+from paratrain.train.loop import build_model
+
+EXPORT_FILE = "model.safetensors"
+META_KEY = "paratrain"
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> checkpoint.Checkpoint:
+    done = checkpoint.complete_checkpoints(run_dir)
+    if not done:
+        raise ValueError(f"{run_dir} has no complete checkpoint (in {checkpoint.CHECKPOINTS}/)")
+    if step is None:
+        return done[-1]
+    for ckpt in done:
+        if ckpt.step == step:
+            return ckpt
+    steps = ", ".join(str(c.step) for c in done)
+    raise ValueError(f"--step {step}: no complete checkpoint of that step; have {steps}")
+
+
+def export_safetensors(run_dir: Path, out: Path | None = None, step: int | None = None) -> Path:
+    """Write the model of `run_dir`'s latest (or `step`'s) checkpoint; return the file."""
+    ckpt = pick_checkpoint(run_dir, step)
+    out = out or run_dir / EXPORT_FILE
+    if out.exists():
+        raise ValueError(f"--out {out} already exists; give a new file name")
+    checkpoint.check_files(ckpt.path)
+    reader = FileSystemReader(ckpt.path)
+    index = reader.read_metadata().state_dict_metadata
+    full = {
+        key: torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in index.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "no process group: loading in one process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(full, storage_reader=reader, no_dist=True)
+    meta = checkpoint.read_meta(ckpt.path)
+    tensors = {key.removeprefix("model."): t.contiguous() for key, t in full.items()}
+    header = {META_KEY: json.dumps({"model": meta["model"], "step": meta["step"]})}
+    tmp = out.with_name(out.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=header)
+    tmp.replace(out)  # complete or absent
+    return out
+
+
+def load_exported(path: Path) -> nn.Module:
+    """A single-process GPT with the exported weights (strict: every name must match)."""
+    with safe_open(str(path), framework="pt") as f:
+        header = json.loads((f.metadata() or {}).get(META_KEY, "null") or "null")
+    if not header:
+        raise ValueError(f"{path} was not written by `paratrain export` (no {META_KEY} header)")
+    cfg = RunConfig(model=ModelConfig(**header["model"]))
+    model = build_model(cfg)
+    model.load_state_dict(load_file(str(path)), strict=True)
+    return model
