@@ -1,68 +1,86 @@
-"""`paratrain bench zero`: a tiny real run of ours against DDP + ZeroRedundancyOptimizer and
-FSDP2, the loss check, the byte counts, the PNG and the flags.
+"""`paratrain bench zero`: a tiny real run of every stage against its PyTorch peer, the
+closed forms, the loss check and the flags.
 
-2 ranks, 2 timed pairs and a 2-layer GPT (d_model 32, so every unit divides by 2 and there
-is no padding). Both sides do the same float32 arithmetic on the same batches, so losses
-and final parameters agree to rounding (in practice exactly). Bytes: ours match the
-planner's closed form plus AdamW's step counters (`other`); the ZeRO-3 peer holds the same
-16N/k; the ZeRO-1/2 peer holds 8N of parameters and gradients whole and AdamW state for
-its parameter-whole partition, which sums to 8N over both ranks. No timing is asserted.
+2 ranks, 2 timed pairs and a 2-layer GPT (d_model 32, so every flat unit divides by 2
+and there is no padding). Both sides do the same float32 arithmetic on the same batches
+and a 2-rank sum is order-free, so losses and final parameters agree to rounding (in
+practice exactly). Bytes held: ours are the planner's closed form plus the itemised
+padding (zero here), exactly; the peers hold 16N (DDP), 16N/k (FSDP2, with or without
+resharding after forward), and for DDP + ZeroRedundancyOptimizer 8N whole plus AdamW
+state for a parameter-whole partition that sums to 8N over the ranks. Bytes sent: ours
+are the ZeRO paper's 2(k-1)S/k (stages 0-2) and 3(k-1)S/k (stage 3), S = 4N, exactly.
+No timing is asserted.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from paratrain import cli
-from paratrain.bench.zero import LOSS_RTOL, VARIANTS, run_zero_comparisons
-from paratrain.bench.zero_report import plot_state_bytes, summarize
+from paratrain.bench.zero import LOSS_RTOL, formula_state, run_zero_bench
+from paratrain.bench.zero_report import check_losses
 from tests.equivalence import tiny_config, tiny_data
 
 KEYS = {
-    "variant", "ours_step_s", "torch_step_s", "ratio", "ours_state_bytes",
-    "torch_state_bytes", "predicted_state_bytes", "max_param_diff",
+    "zero", "dp", "dtype", "ours_step_s", "torch_step_s", "ratio", "params",
+    "model_state_bytes_per_rank", "formula_bytes_per_rank", "comm_bytes_per_rank_per_step",
+    "max_param_diff",
 }  # fmt: skip
 
 
-def test_ours_and_torch_agree_and_hold_the_predicted_bytes(tmp_path):
+def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
+    png = tmp_path / "zero.png"
     cfg = tiny_config(global_batch=4)
-    entries = run_zero_comparisons(2, list(VARIANTS), cfg, tiny_data().train)
-    by_name = {e["variant"]: e for e in entries}
-    n = entries[0]["params"]
+    result = json.loads(json.dumps(run_zero_bench(2, None, str(png), 2, cfg, tiny_data().train)))
+    entries = result["stages"]
+    assert [e["zero"] for e in entries] == [0, 1, 2, 3]
+    n, k = entries[0]["params"], 2
+    closed = {0: 16 * n, 1: 8 * n + 8 * n // k, 2: 4 * n + 12 * n // k, 3: 16 * n // k}
     for e in entries:
+        z = e["zero"]
         assert KEYS <= e.keys()
-        assert e["pairs"] == 2
+        assert (e["dp"], e["dtype"], e["pairs"]) == (k, "float32", 2)
         assert e["max_loss_rel_diff"] < LOSS_RTOL
         assert e["max_param_diff"] < 1e-5
-        for kinds in e["ours_state_by_kind"]:  # the formula, plus step counters
-            assert kinds["padding"] == 0
-            for kind in ("params", "grads", "optimizer"):
-                assert kinds[kind] == e["predicted_by_kind"][kind]
-            assert kinds["other"] < 64
-    assert by_name["zero1"]["predicted_state_bytes"] == 8 * n + 8 * n // 2
-    assert by_name["zero2"]["predicted_state_bytes"] == 4 * n + 12 * n // 2
-    assert by_name["zero3"]["predicted_state_bytes"] == 16 * n // 2
-    for kinds in by_name["zero3"]["torch_state_by_kind"]:
-        assert kinds["params"] == kinds["grads"] == 4 * n // 2
-        assert kinds["optimizer"] == 8 * n // 2
-    peer = by_name["zero1"]["torch_state_by_kind"]
-    assert all(k["params"] == k["grads"] == 4 * n for k in peer)
-    assert sum(k["optimizer"] for k in peer) == 8 * n
+        assert e["formula_bytes_per_rank"] == closed[z]
+        assert len(e["model_state_bytes_per_rank"]) == k
+        held = e["model_state_bytes_per_rank"]
+        for b, pad in zip(held, e["padding_bytes_per_rank"], strict=True):
+            assert b - pad == e["formula_bytes_per_rank"]
+        s = 4 * n
+        assert e["comm_bytes_per_rank_per_step"] == (s if z < 3 else 3 * s // 2)
+        assert e["comm_bytes_per_rank_per_step"] == e["comm_formula_bytes"]
+        assert e["torch_comm_unsized"] == {}
+    by_stage = {e["zero"]: e for e in entries}
+    assert by_stage[0]["torch_model_state_bytes_per_rank"] == [16 * n] * k
+    for z in (2, 3):  # FSDP2 reshards after backward either way
+        assert by_stage[z]["torch_model_state_bytes_per_rank"] == [16 * n // k] * k
+    peer = by_stage[1]["torch_state_by_kind_per_rank"]
+    assert all(kinds["params"] == kinds["grads"] == 4 * n for kinds in peer)
+    assert sum(kinds["optimizer"] for kinds in peer) == 8 * n
+    assert by_stage[0]["torch_comm_bytes_by_op"] == {"all_reduce": 4 * n}  # DDP's ring
+    assert by_stage[2]["torch_comm_bytes_per_rank_per_step"] == 4 * n  # gather once, RS once
+    assert result["png"] == str(png) and png.stat().st_size > 0
 
-    png = tmp_path / "zero.png"
-    plot_state_bytes(entries, str(png))
-    assert png.stat().st_size > 0
+
+def test_closed_forms_for_float32_and_mixed_precision():
+    n, k = 1000, 4
+    fp32 = [formula_state(n, z, k, "float32")["total"] for z in range(4)]
+    assert fp32 == [16 * n, 8 * n + 8 * n // k, 4 * n + 12 * n // k, 16 * n // k]
+    mixed = [formula_state(n, z, k, "bfloat16")["total"] for z in range(4)]
+    assert mixed == [16 * n, 4 * n + 12 * n // k, 2 * n + 14 * n // k, 16 * n // k]
 
 
 def test_diverging_losses_fail_the_bench():
-    rows = [(1.0, 1.0, 5.0, 5.0), (1.0, 1.0, 3.0, 3.1)]
-    results = [{"rows": rows, "ours_bytes": {}, "torch_bytes": {}, "diff": 0.0}] * 2
+    results = [{"losses": [(5.0, 5.0), (3.0, 3.1)]}] * 2
     with pytest.raises(RuntimeError, match="losses differ"):
-        summarize(VARIANTS["zero1"], results, 10, {"total": 0})
+        check_losses(1, results)
 
 
-def test_too_few_pairs_and_unknown_variants_are_one_line_errors(capsys):
+def test_too_few_pairs_and_unknown_stages_are_one_line_errors(capsys):
     assert cli.main(["bench", "zero", "--pairs", "3"]) == 2
     assert "at least 4 pairs" in capsys.readouterr().err
-    assert cli.main(["bench", "zero", "--variants", "zero9", "--out", ""]) == 2
-    assert "zero9" in capsys.readouterr().err
+    assert cli.main(["bench", "zero", "--stages", "1,9", "--out", ""]) == 2
+    assert "--stages '1,9'" in capsys.readouterr().err

@@ -138,9 +138,28 @@ def test_validate_dp_and_tp_match_exactly(capsys):
         assert needle in out
 
 
+def test_validate_zero_stages_and_zb_h1_match_exactly(capsys):
+    """ZeRO 1, 2, 3 at dp = 2 and ZB-H1 at pp = 2: model state itemised, bytes per step and
+    the schedule's slots are deterministic, so every such row must be equal; the ZeRO rows
+    carry the paper's volume with S the padded flat buffers."""
+    from paratrain.bench.validate import run_validation
+
+    assert run_validation(steps=2, cases=["zero1", "zero2", "zero3", "zb-h1"]) == 0
+    out = capsys.readouterr().out
+    assert " NO " not in out and "exact quantities agree" in out
+    rows = {tuple(line.split()[:3]): line for line in out.splitlines() if line[:1] != " "}
+    for zero in ("zero1", "zero2", "zero3"):
+        for kind in ("params", "grads", "optimizer", "master"):
+            assert rows[(zero, "0,1", kind)].split()[6] == "yes"  # the ok column
+    assert "= 2 (k-1) S / k, one sync per step" in rows[("zero2", "0,1", "dp")]
+    assert "= K 3 (k-1) S / k" in rows[("zero3", "0,1", "dp")]
+    assert " 1,783,296 " in rows[("zero2", "0,1", "grads")]  # a shard: N / 2 x 4 bytes
+    assert "1F1B idles 3 (S-1) = 3" in rows[("zb-h1", "all", "idle")]
+
+
 def test_validate_cases_are_checked_before_any_work(capsys):
     code, out, err = run(capsys, "--validate", "--validate-cases", "dp,zz", "--no-chart")
     assert code == 2 and out == ""
-    assert "validate cases zz unknown; valid: dp, tp, gpipe, 1f1b, interleaved, 3d" in err
+    assert "validate cases zz unknown; valid: dp, tp, gpipe, 1f1b, interleaved, 3d, zero1" in err
     code, _, err = run(capsys, "--validate-cases", "dp", "--no-chart")
     assert code == 2 and "--validate-cases needs --validate" in err

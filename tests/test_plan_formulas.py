@@ -248,3 +248,36 @@ def test_precisions_bytes_per_param():
     assert Workload(precision=PRECISIONS["fp32"]).state_bytes_per_param == 16
     assert Workload(precision=PRECISIONS["bf16"]).state_bytes_per_param == 8
     assert Workload(optimizer="sgd").state_bytes_per_param == 8  # 2 + 2 + master 4
+
+
+def test_property_zero_traffic_uses_the_padded_buffer():
+    """ZeRO's flat buffer holds k ceil(n/k) elements, so each rank sends exactly
+    (k-1) ceil(n/k) per reduce-scatter or all-gather: (k-1)S/k with S padded."""
+    rng = random.Random(RNG_SEED)
+    for _ in range(300):
+        n, k, m = rng.randint(1, 10**10), rng.randint(2, 64), rng.randint(1, 16)
+        model = ModelSpec("n", n_params=n)
+        shard = math.ceil(n / k)
+        # ZeRO-1: one reduce-scatter and one all-gather; ZeRO-2 (DeepSpeed): the
+        # reduce-scatter after every micro-batch; ZeRO-3: three per micro-batch
+        for zero, calls in ((1, 2), (2, m + 1), (3, 3 * m)):
+            lay = Layout(dp=k, zero=zero)
+            sent = sum(e.bytes for e in comm.dp_traffic(model, MIXED, lay, SEEDS, m))
+            assert sent == calls * (k - 1) * shard * 2  # 2 bytes per element, mixed
+
+
+def test_zb_h1_bubble_is_a_third_of_1f1b_in_time():
+    """Qi et al. 2023 with F = B = W: ZB-H1 idles (S-1) F against 1F1B's 3 (S-1) F, for
+    K >= S; with fewer micro-batches the cool-down lacks W passes: (S-1) + (S-K)."""
+    for s in range(2, 9):
+        for k in range(1, 40):
+            ofob = pipeline.bubble_time(1.0, s, k, 1, "1f1b")
+            zb = pipeline.bubble_time(1.0, s, k, 1, "zb-h1")
+            assert zb == pytest.approx(ofob / 3 * (1 + max(0, s - k) / (s - 1)))
+            f = pipeline.bubble_fraction(s, k, 1, "zb-h1")
+            assert zb / (1 + zb) == pytest.approx(f)
+            assert f <= pipeline.bubble_fraction(s, k)
+        kk = pipeline.microbatches_for_bubble(s, 0.05, schedule="zb-h1")
+        assert pipeline.bubble_fraction(s, kk, 1, "zb-h1") <= 0.05
+        assert kk == 1 or pipeline.bubble_fraction(s, kk - 1, 1, "zb-h1") > 0.05
+    assert pipeline.bubble_fraction(4, 8, 1, "zb-h1") == 3 / 27  # the seeds' 27% -> 11%

@@ -8,10 +8,12 @@ own count and against the pipeline schedules (the same objects the runtime execu
 from __future__ import annotations
 
 import itertools
+import math
+import random
 
 import pytest
 
-from paratrain.parallel.pipeline import build_schedule, check_schedule
+from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule
 from paratrain.parallel.pipeline.schedules import SEND_B, SEND_F
 from paratrain.plan import comm, memory, pipeline
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
@@ -21,6 +23,9 @@ from paratrain.plan.ranks import (
     Coords,
     bytes_by_axis,
     chunk_params,
+    flat_buffers,
+    held_model_state,
+    padding_bytes,
     rank_model_state,
     rank_traffic,
     replicated_params,
@@ -113,3 +118,82 @@ def test_full_recompute_and_sequence_parallel_terms():
     assert noisy - base == 4 * 8 * 2 * size  # with dropout, the MLP's as well
     sp = bytes_by_axis(rank_traffic(OURS, none, lay, 4, Coords(), sequence_parallel=True))["tp"]
     assert sp - base == 4 * replicated_params(OURS, lay, 0)  # one fp32 all-reduce at tp = 2
+
+
+@pytest.mark.parametrize("n_layer", [2, 3])
+def test_fsdp_units_are_the_models_units(n_layer):
+    from paratrain.models.gpt import GPT, GPTConfig
+    from paratrain.parallel.fsdp import gpt_units
+
+    gpt = GPT(GPTConfig(256, n_layer, 4, 64, 32))
+    counted = [
+        sum(p.numel() for name in unit for p in gpt.get_submodule(name).parameters())
+        for unit in gpt_units(gpt)
+    ]
+    spec = ModelSpec("ours", n_layer=n_layer, d_model=64, n_head=4, vocab_size=256, seq_len=32)
+    assert flat_buffers(spec, Layout(dp=2, zero=3)) == [counted]
+    assert flat_buffers(spec, Layout(dp=2, zero=1)) == [[sum(counted)]]
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_state_padding_and_traffic_per_flat_buffer(zero):
+    """Shards of ceil(n/k) per flat buffer; the whole ZeRO-1/2 buffers k ceil(n/k); the
+    padding counted under params, as the runtime records it; traffic 2(k-1)S/k per step
+    for ZeRO-1/2 and 3(k-1)S/k per micro-batch for ZeRO-3, S the padded buffers (fp32)."""
+    rng = random.Random(zero)
+    for _ in range(50):
+        k, tp = rng.randint(2, 9), rng.choice([1, 2, 4])
+        pp, v = (1, 1) if zero == 3 else rng.choice([(1, 1), (2, 1), (2, 2)])
+        sched = "" if pp == 1 else ("interleaved" if v > 1 else "1f1b")
+        lay = Layout(dp=k, tp=tp, pp=pp, zero=zero, schedule=sched, chunks=v)
+        stage = rng.randrange(pp)
+        buffers = [n for chunk in flat_buffers(OURS, lay, stage) for n in chunk]
+        assert sum(buffers) == sum(chunk_params(OURS, lay, stage))
+        shard = sum(math.ceil(n / k) for n in buffers)
+        padded = sum(k * math.ceil(n / k) for n in buffers)
+        held = held_model_state(OURS, FP32, lay, stage)
+        assert held.optimizer == 8 * shard and held.master == 0
+        assert held.grads == 4 * (padded if zero == 1 else shard)
+        assert held.params == 4 * (shard if zero == 3 else padded)
+        whole = 4 * (padded - sum(buffers))  # ZeRO-1/2: the whole buffers' padding
+        beyond = shard - math.ceil(sum(buffers) / k)  # ZeRO-3: unit shards beyond ceil(N/k)
+        want = (
+            {"params": whole, "grads": whole if zero == 1 else 0, "optimizer": 0, "master": 0}
+            if zero < 3
+            else {"params": 4 * beyond, "grads": 4 * beyond, "optimizer": 8 * beyond, "master": 0}
+        )
+        assert padding_bytes(OURS, FP32, lay, stage) == want
+        recorded = rank_model_state(OURS, FP32, lay, stage)
+        assert recorded.total == held.total  # the same bytes, the padding under params
+        assert recorded.params - held.params == sum(want.values()) - want["params"]
+        kk = rng.randint(1, 8)
+        terms = rank_traffic(OURS, FP32, lay, kk, Coords(stage=stage))
+        planned = bytes_by_axis(terms, bookkeeping=False)["dp"]
+        syncs = kk if zero == 3 else 1
+        assert planned * k == syncs * (3 if zero == 3 else 2) * (k - 1) * 4 * padded
+
+
+def test_zb_h1_slots_bubble_and_memory_follow_the_schedule():
+    """ZB-H1 simulated with F = B = W = 1 (the runtime's schedule, its checker): idle
+    (S-1) + max(0, S-K) per stage, a third of 1F1B's 3(S-1) once K >= S; every stage
+    holds min(K, S) graphs until their deferred W. The 1F1B family idles 3(S-1)."""
+    for s in range(1, 7):
+        for k in range(1, 17):
+            sim = check_schedule(build_schedule("zb-h1", s, k), Costs(1.0, 2.0))
+            lay = Layout(pp=s, schedule="zb-h1") if s > 1 else Layout()
+            for stage in range(s):
+                idle = sim.makespan - sim.busy(stage)
+                assert idle == pipeline.bubble_slots(s, k, 1, "zb-h1")
+                if s > 1:
+                    assert memory.in_flight_chunks(lay, k, stage) == sim.peak_in_flight[stage]
+            frac = pipeline.bubble_fraction(s, k, 1, "zb-h1")
+            assert frac == pytest.approx(sim.bubble_fraction())
+            if k >= s:
+                ofob = pipeline.bubble_slots(s, k, 1, "1f1b")
+                assert 3 * pipeline.bubble_slots(s, k, 1, "zb-h1") == ofob
+    for layout in PIPELINES:
+        sim = check_schedule(
+            build_schedule(layout.schedule, layout.pp, 8, layout.chunks), Costs(1.0, 2.0)
+        )
+        slots = pipeline.bubble_slots(layout.pp, 8, layout.chunks, layout.schedule)
+        assert [sim.makespan - sim.busy(st) for st in range(layout.pp)] == [slots] * layout.pp

@@ -1,25 +1,30 @@
 """`paratrain train`'s own prediction (train/prediction.py) against what the run measures.
 
-The distributed test runs the same Tracker the worker installs around `train`, on a tiny
-GPT in 2 processes (dp = 2), with the default 25 MiB gradient bucket and validation at the
-end: the summary's predicted and measured model-state bytes and bytes sent per step by
-group must be equal, on every rank. Both are deterministic (tensor sizes; the ledger's
-ring formulas), so equality is exact.
+The distributed tests run the same Tracker the worker installs around `train`, on a tiny
+GPT (dp = 2, and dp = 3 under ZeRO), with the default 25 MiB gradient bucket and
+validation at the end: the summary's predicted and measured model-state bytes and bytes
+sent per step by group must be equal, on every rank. Both are deterministic (tensor sizes,
+the runtime's own record of its flat buffers; the ledger's ring formulas), so equality is
+exact. The tiny GPT has 42,880 parameters, which 3 does not divide: its ZeRO buffers are
+padded, and the padding must be predicted too.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.plan.ranks import padding_bytes
 from paratrain.train.loop import train
-from paratrain.train.prediction import Tracker, describe, predict
+from paratrain.train.prediction import Tracker, describe, planner_inputs, predict
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
 
 def config(dp: int = 2, pp: int = 1, tp: int = 1, **parallel: object) -> RunConfig:
-    cfg = tiny_config(steps=2)
+    cfg = tiny_config(steps=2, global_batch=4 * dp)  # b = 2: K = 2 micro-batches
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp = dp * pp * tp, dp, pp, tp
     for key, value in parallel.items():
@@ -36,7 +41,7 @@ def train_and_compare(rank: int, world: int, cfg: RunConfig, data) -> dict:
         result = train(cfg, mesh, data, tracker.step_done)
     finally:
         tracker.close()
-    compared = tracker.compare(result.model)  # collective, as in the worker
+    compared = tracker.compare(result.extra["model_state_bytes"])  # collective, as in the worker
     mesh.close()
     return compared
 
@@ -52,6 +57,30 @@ def test_summary_predicted_and_measured_bytes_agree_dp2():
         (dp_bytes, *_) = {r["dp"] for r in measured["bytes_sent_per_step"]}
         assert dp_bytes > 0  # gradients really moved
     assert per_rank[0] == per_rank[1]  # every rank reports every rank
+
+
+@pytest.mark.parametrize(("zero", "dtype"), [(1, "float32"), (2, "bfloat16"), (3, "float32")])
+def test_zero_model_state_and_bytes_agree_with_padding_dp3(zero, dtype):
+    """ZeRO over 3 ranks: shards of ceil(n/3), the whole buffers padded to 3 ceil(n/3)
+    (ZeRO-3: each FSDP unit on its own), all padding under params as the runtime records
+    it; bytes 2(k-1)S/k per step (ZeRO-1/2, fp32 gradient reduction even in bf16) and
+    3(k-1)S/k per micro-batch (ZeRO-3), S padded."""
+    cfg = config(dp=3, zero=zero)
+    cfg.train.dtype = dtype
+    model, workload, layout, _ = planner_inputs(cfg)
+    padding = sum(padding_bytes(model, workload, layout).values())
+    # 42,880 = 3 x 14,293 + 1: the whole ZeRO-1/2 buffers gain 2 elements; ZeRO-3's unit
+    # shards (3,072 + 2 x 4,235 + 2,752) happen to add up to ceil(42,880 / 3) here.
+    assert (padding > 0) == (zero < 3)
+    per_rank = run_distributed(train_and_compare, 3, cfg, tiny_data())
+    for compared in per_rank:
+        predicted, measured = compared["predicted"], compared["measured"]
+        assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+        assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+    state = per_rank[0]["measured"]["model_state_bytes"][0]
+    shard = -(-42_880 // 3)
+    assert state["optimizer"] == 2 * 4 * shard  # fp32 m and v of one shard (padding: params)
+    assert state["master"] == (4 * shard if dtype == "bfloat16" else 0)
 
 
 def test_prediction_per_rank_for_a_3d_layout():

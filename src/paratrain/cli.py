@@ -172,7 +172,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
-def torchrun_env() -> dict[str, int] | None:
+def torchrun_env() -> dict[str, Any] | None:
     """Rank facts when started by torchrun / elastic launch, else None."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
@@ -182,6 +182,11 @@ def torchrun_env() -> dict[str, int] | None:
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "agent_store": (
+            f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '0')}"
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            else ""
+        ),
     }
 
 
@@ -225,7 +230,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
         if summary is not None and not args.launched_worker:
             print_summary(summary, args.json)
-        return 0
+        # Everything is written and the process group destroyed. Leave without running
+        # C++ static destructors: gloo and store threads torn down in the wrong order have
+        # aborted a finished worker now and then ("terminate called without an active
+        # exception"), which the launcher would report as a failed run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return launch_and_report(cfg, args.json)
 
 

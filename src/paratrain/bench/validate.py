@@ -5,12 +5,15 @@ Each case trains our small GPT (4 layers, d_model 128, fp32) for a few steps thr
 records) and compares, per rank, with the planner (plan/ranks.py, plan/memory.py,
 plan/pipeline.py):
 
-- model-state bytes, itemised: exact (tensor sizes);
+- model-state bytes, itemised: exact (tensor sizes; under ZeRO the flat buffers' shards of
+  ceil(n / k) and their padding, as the runtime records them in TrainResult.extra);
 - bytes sent per step by group (dp, tp, pp), every step: exact (the ledger counts native
-  collectives with the ring and chain formulas the planner uses);
+  collectives with the ring and chain formulas the planner uses; ZeRO 2 (k-1) S / k per
+  step for stages 1-2, 3 (k-1) S / k per micro-batch for stage 3, S the padded buffers);
 - peak forward graphs held (micro-batches x chunks in flight): exact (the schedule);
-- bubble, slot model: exact (the schedule's simulation with unit forward and backward
-  against (S-1)/(vK+S-1));
+- bubble, slot model: exact (the schedule's simulation with F = B = W = 1, B + W unsplit
+  outside ZB-H1, against (S-1)/(vK+S-1), or ZB-H1's (S-1+max(0,S-K))/(3K+S-1+max(0,S-K)));
+- idle slots per stage: exact (the same simulation against plan/pipeline.bubble_slots);
 - bubble, wall clock: explained (where each stage's time went, beside the slot model);
 - peak activation bytes: explained (Korthikanti's 16-bit formula against the meter).
 
@@ -31,7 +34,15 @@ from paratrain.config import RunConfig
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.ranks import Coords, bytes_by_axis, rank_model_state, rank_traffic
+from paratrain.plan.ranks import (
+    Coords,
+    bytes_by_axis,
+    flat_buffers,
+    formula_model_state,
+    padding_bytes,
+    rank_model_state,
+    rank_traffic,
+)
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 600.0
@@ -72,6 +83,14 @@ CASES = {
         Case("1f1b", Layout(pp=2, schedule="1f1b"), 4),
         Case("interleaved", Layout(pp=2, schedule="interleaved", chunks=2), 4),
         Case("3d", Layout(dp=2, pp=2, tp=2, schedule="1f1b"), 4),
+        Case("zero1", Layout(dp=2, zero=1), 2),
+        Case("zero2", Layout(dp=2, zero=2), 2),
+        Case("zero3", Layout(dp=2, zero=3), 2),
+        Case("zero3-dp3", Layout(dp=3, zero=3), 2),
+        Case("zero3-tp", Layout(dp=2, tp=2, zero=3), 2),
+        Case("zero1-pp", Layout(dp=2, pp=2, zero=1, schedule="1f1b"), 4),
+        Case("zero2-pp", Layout(dp=2, pp=2, zero=2, schedule="interleaved", chunks=2), 4),
+        Case("zb-h1", Layout(pp=2, schedule="zb-h1"), 4),
     )
 }
 
@@ -82,7 +101,7 @@ def small_config(case: Case, steps: int) -> RunConfig:
 
     lay, cfg = case.layout, RunConfig()
     p, t = cfg.parallel, cfg.train
-    p.nproc, p.dp, p.pp, p.tp = lay.world, lay.dp, lay.pp, lay.tp
+    p.nproc, p.dp, p.pp, p.tp, p.zero = lay.world, lay.dp, lay.pp, lay.tp, lay.zero
     p.schedule, p.chunks, p.backend = lay.schedule or "1f1b", lay.chunks, "gloo"
     p.bucket_mb = 0  # one bucket per chunk: one gradient all-reduce each
     t.steps, t.warmup_steps, t.val_batches, t.dtype = steps, 1, 0, "float32"
@@ -125,15 +144,40 @@ def run_case(case: Case, steps: int = 3) -> list[dict[str, Any]]:
 
 
 def state_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
-    """Itemised model state of the rank's stage, counted exactly (plan/ranks.py)."""
-    lay = case.layout
-    predicted = rank_model_state(model, w, lay, m["coords"]["pp"]).as_dict()
+    """Itemised model state of the rank's stage, counted exactly (plan/ranks.py), against
+    the runtime's record; the notes say what the params row adds to memory.py's items."""
+    lay, stage = case.layout, m["coords"]["pp"]
+    predicted = rank_model_state(model, w, lay, stage).as_dict()
     rows = [Row(case.name, f"{kind} bytes", predicted[kind], m[kind]) for kind in STATE_KINDS]
+    notes = []
+    if lay.zero:
+        notes.append(state_note(lay, model, w, stage))
     if lay.tp * lay.pp > 1:  # what estimate() says per GPU, with its even split
         even = memory.model_state_bytes(model.params, w, lay).params
-        note = f"estimate() per GPU splits N evenly: N / (tp pp) x 4 = {even:,}"
-        rows[0] = Row(**{**rows[0].__dict__, "note": note})
+        notes.append(f"estimate() per GPU splits N evenly: N / (tp pp) x 4 = {even:,}")
+    if notes:
+        rows[0] = Row(**{**rows[0].__dict__, "note": "; ".join(notes)})
     return rows
+
+
+def state_note(lay: Layout, model: ModelSpec, w: Workload, stage: int) -> str:
+    """How the ZeRO params row is made: memory.py's item plus the flat buffers' padding."""
+    buffers = [n for chunk in flat_buffers(model, lay, stage) for n in chunk]
+    k = lay.dp
+    formula = formula_model_state(model, w, lay, stage).params
+    pad = {kind: v for kind, v in padding_bytes(model, w, lay, stage).items() if v}
+    what = "whole" if lay.zero < 3 else "shard ceil(n/k)"
+    units = "FSDP units" if lay.zero == 3 else "chunks, one each"
+    shown = (
+        f"{len(buffers)} flat buffers ({units}), {sum(buffers):,} parameters"
+        if len(buffers) > 1
+        else f"n = {buffers[0]:,}, k ceil(n/k) = {k * -(-buffers[0] // k):,}"
+    )
+    items = " + ".join(f"{kind} {v:,}" for kind, v in pad.items()) or "0"
+    return (
+        f"{shown}; memory.py params ({what}) {formula:,} + padding {items} "
+        "(train/wrap.py counts all padding under params)"
+    )
 
 
 def traffic_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
@@ -155,6 +199,8 @@ def traffic_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -
             for t in terms
             if t.axis == group and t.bytes
         )
+        if group == "dp" and case.layout.zero:
+            note += "; " + zero_formula(case, model, at.stage)
         rows.append(
             Row(
                 case.name,
@@ -167,23 +213,33 @@ def traffic_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -
     return rows
 
 
+def zero_formula(case: Case, model: ModelSpec, stage: int) -> str:
+    """The ZeRO paper's per-rank volume, with S the flat buffers padded to multiples of k."""
+    lay, k = case.layout, case.layout.dp
+    padded = sum(k * -(-n // k) for chunk in flat_buffers(model, lay, stage) for n in chunk)
+    s_bytes = 4 * padded  # fp32 parameters and fp32 gradient reduction
+    if lay.zero < 3:
+        return f"= 2 (k-1) S / k, one sync per step, S = {s_bytes:,} padded"
+    volume = case.microbatches * 3 * (k - 1) * s_bytes // k
+    return f"= K 3 (k-1) S / k = {volume:,}, K = {case.microbatches}, S = {s_bytes:,} padded"
+
+
 def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
     stage, k = m["coords"]["pp"], case.microbatches
     steps = m["steps"]
     graphs = max(s["peak_graphs"] for s in steps)
+    measured = max(s["peak_bytes"] for s in steps)
     last = steps[-1]
     trace = f"; runtime trace: {last['trace']['trace_peak']}" if "trace" in last else ""
-    rows = [
-        Row(
-            case.name,
-            "peak forward graphs held",
-            memory.in_flight_chunks(case.layout, k, stage),
-            graphs,
-            note="micro-batch x chunk graphs alive between forward and backward" + trace,
-        )
-    ]
+    held = "micro-batch x chunk graphs alive between forward and backward"
+    if case.layout.schedule == "zb-h1":  # held until the deferred W, as the runtime does
+        graphs = max(s["held_graphs"] for s in steps)
+        measured = max(s["held_bytes"] for s in steps)
+        held = "graphs kept from F until the deferred W (the meter's bytes, the step replayed)"
+        trace += f"; released at B it would be {max(s['peak_graphs'] for s in steps)}"
+    predicted_graphs = memory.in_flight_chunks(case.layout, k, stage)
+    rows = [Row(case.name, "peak forward graphs held", predicted_graphs, graphs, note=held + trace)]
     predicted = memory.stage_activation_bytes(model, w, case.layout, k, stage)
-    measured = max(s["peak_bytes"] for s in steps)
     sbh = w.micro_batch * model.seq_len * model.d_model * 4  # one fp32 (b, T, C) tensor
     per_layer = memory.layer_activation_bytes(
         model.seq_len, w.micro_batch, model.d_model, model.n_head, case.layout.tp, w.recompute
@@ -200,13 +256,22 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
 
 def bubble_rows(case: Case, measured: list[dict[str, Any]]) -> list[Row]:
     """Slot model (exact) and wall clock (explained), per stage."""
-    from paratrain.parallel.pipeline import build_schedule, check_schedule
+    from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule
 
     lay, k = case.layout, case.microbatches
     schedule = build_schedule(lay.schedule, lay.pp, k, lay.chunks)
-    formula = pipeline.bubble_fraction(lay.pp, k, lay.chunks)
-    slots = check_schedule(schedule).bubble_fraction()
-    rows = [Row(case.name, "bubble, slot model", formula, slots)]
+    formula = pipeline.bubble_fraction(lay.pp, k, lay.chunks, lay.schedule)
+    sim = check_schedule(schedule, Costs(forward=1.0, backward=2.0))  # F = B = W = 1
+    rows = [Row(case.name, "bubble, slot model", formula, sim.bubble_fraction())]
+    slots = pipeline.bubble_slots(lay.pp, k, lay.chunks, lay.schedule)
+    idle = [sim.makespan - sim.busy(stage) for stage in range(lay.pp)]
+    differs = [x for x in idle if x != slots]
+    note = f"per stage, F = B = W = 1, busy 3vK = {3 * lay.chunks * k}"
+    if lay.schedule == "zb-h1":
+        note += f"; 1F1B idles 3 (S-1) = {3 * (lay.pp - 1)}: (S-1) + max(0, S-K) here"
+    rows.append(
+        Row(case.name, "idle slots per stage", slots, differs[0] if differs else slots, note=note)
+    )
     traces = [  # the first step pays for warm-up allocations
         (m["coords"]["pp"], s["trace"]) for m in measured for s in m["steps"][1:] or m["steps"]
     ]
@@ -224,11 +289,17 @@ def bubble_rows(case: Case, measured: list[dict[str, Any]]) -> list[Row]:
         def ms(key: str, mine: list = mine) -> float:
             return 1e3 * sum(t[key] for t in mine) / len(mine)
 
+        split = lay.schedule == "zb-h1"
+        passes = (
+            f"B {ms('input_s'):.1f}, W {ms('weight_s'):.1f}"
+            if split
+            else f"B {ms('backward_s'):.1f}"
+        )
         note = (
             f"busy {ms('busy_s'):.0f} of {ms('span_s'):.0f} ms (F {ms('forward_s'):.1f}, "
-            f"B {ms('backward_s'):.1f} ms per chunk); idle = waiting in {waits} receives "
+            f"{passes} ms per chunk); idle = waiting in {waits} receives "
             f"{recv:.3f} + posting sends {send:.3f} + other {wall - recv - send:.3f}; the slot "
-            "model has equal stages, B = F, free messages"
+            f"model has equal stages, {'F = B = W' if split else 'B = F'}, free messages"
         )
         if lay.world > (os.cpu_count() or 1):
             note += f"; {lay.world} processes share {os.cpu_count()} cores here"

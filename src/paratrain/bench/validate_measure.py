@@ -1,25 +1,27 @@
 """What one rank measures while `paratrain.train.loop.train` runs, for `plan --validate`.
 
 Each rank trains our small GPT through the real loop and records, without changing it:
-- model-state bytes: parameters and gradients from the tensors, optimizer moments from the
-  optimizer's state (AdamW's per-tensor `step` counters, 4 bytes each, are bookkeeping
-  that neither side counts), fp32 master weights (none in fp32 training);
+- model-state bytes, itemised (params, grads, optimizer, master): the runtime's own record
+  at the last step's end, `TrainResult.extra["model_state_bytes"]` (train/wrap.py: tensor
+  sizes for DataParallel; for ZeRO and FSDP the wrappers' flat buffers and shards, their
+  padding counted under params; AdamW's per-tensor `step` counters are left out);
 - bytes sent per step by group and op, from the comm ledger, from after set-up (the
   replicas' initial parameter broadcast is not a step's traffic) to each step's end;
 - in-flight activations: a forward hook opens an `ActivationMeter` around every forward of
   one of this rank's chunks (saved-tensor bytes, parameters excluded) and a hook on its
   output closes the account when that graph's backward begins: the peak number of graphs
   held and the peak of their bytes;
-- for a pipeline, the runtime's own trace of each step (compute, receive and send times).
+- for a pipeline, the runtime's own trace of each step (compute, receive and send times),
+  and the step replayed with the meter's bytes per forward to hold each graph until its
+  last backward pass, as the runtime does: with ZB-H1 the deferred weight gradient, after
+  the hook above has fired at the input-gradient pass.
 
-The loop builds its engine and optimizer itself: inside the rank's own process this module
-wraps `loop.build_engine` to keep the engine (its modules, its pipeline runtime) and takes
-the optimizers from torch's global optimizer-step hook.
+The loop builds its engine itself: inside the rank's own process this module wraps
+`loop.build_engine` to keep the engine (its modules, its pipeline runtime).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +30,17 @@ from torch import nn
 from paratrain.config import RunConfig
 from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
-from paratrain.parallel.pipeline.schedules import COMPUTE, RECV_B, RECV_F, SEND_B, SEND_F, B, F
+from paratrain.parallel.pipeline.schedules import (
+    BI,
+    BW,
+    COMPUTE,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    B,
+    F,
+)
 
 GROUPS = ("dp", "tp", "pp", "world")
 
@@ -52,6 +64,7 @@ class GraphMeter:
         self.live = self.live_bytes = 0
         self.peak = self.peak_bytes = 0
         self.block_bytes: list[int] = []  # per block per forward
+        self.forward_bytes: list[int] = []  # per training forward, in order
         self._open: list[ActivationMeter] = []
         hook_tables: set[int] = set()
         for m in modules:
@@ -76,13 +89,19 @@ class GraphMeter:
         if not (torch.is_tensor(out) and out.requires_grad):
             return  # evaluation: nothing is kept for a backward
         nbytes = meter.total
+        self.forward_bytes.append(nbytes)
         self.block_bytes += [v for k, v in meter.by_region.items() if k.startswith("block")]
         self.live += 1
         self.live_bytes += nbytes
         self.peak = max(self.peak, self.live)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
+        done: list[bool] = []
+
         def released(grad: torch.Tensor) -> None:  # this graph's backward starts
+            if done:  # a split backward (ZB-H1's B then W) passes through twice
+                return
+            done.append(True)
             self.live -= 1
             self.live_bytes -= nbytes
 
@@ -92,8 +111,28 @@ class GraphMeter:
         """This step's peaks; the counters start again for the next step."""
         out = {"peak_graphs": self.peak, "peak_bytes": self.peak_bytes}
         out["block_bytes"] = max(self.block_bytes, default=0)
+        out["forward_bytes"] = self.forward_bytes
         self.peak, self.peak_bytes, self.block_bytes = self.live, self.live_bytes, []
+        self.forward_bytes = []
         return out
+
+
+def held_until_last_pass(actions: tuple[Any, ...], forward_bytes: list[int]) -> tuple[int, int]:
+    """Peak graphs and bytes a stage holds when each graph lives from its F to its last
+    backward pass (B, or the deferred BW of a split backward): the step replayed with the
+    bytes the meter saw for each forward, in order. The runtime keeps them exactly so long
+    (its `saved`); its own byte count is blind here, because the meter's saved-tensor
+    hooks sit inside the runtime's."""
+    sizes = iter(forward_bytes)
+    live: dict[tuple[int, int], int] = {}
+    peak = peak_bytes = 0
+    for a in actions:
+        if a.kind == F:
+            live[(a.microbatch, a.chunk)] = next(sizes, 0)
+            peak, peak_bytes = max(peak, len(live)), max(peak_bytes, sum(live.values()))
+        elif a.kind in (B, BW):
+            live.pop((a.microbatch, a.chunk))
+    return peak, peak_bytes
 
 
 def trace_summary(trace: Any) -> dict[str, float]:
@@ -114,6 +153,8 @@ def trace_summary(trace: Any) -> dict[str, float]:
         "send_s": total((SEND_F, SEND_B)),
         "forward_s": mean(F),
         "backward_s": mean(B),
+        "input_s": mean(BI),  # ZB-H1's split backward
+        "weight_s": mean(BW),
         "bubble": trace.bubble_fraction(),
         "trace_peak": trace.peak_in_flight,
     }
@@ -121,13 +162,11 @@ def trace_summary(trace: Any) -> dict[str, float]:
 
 def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     """Train under cfg's layout; what this rank held, sent and kept (see the docstring)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     from paratrain.train import loop
 
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
-    kept: dict[str, Any] = {"optimizers": {}}
+    kept: dict[str, Any] = {}
     steps: list[dict[str, Any]] = []
     real_engine = loop.build_engine
 
@@ -136,9 +175,6 @@ def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         kept["graphs"] = GraphMeter(engine.modules)
         kept["before"] = ledger_bytes(mesh)  # set-up done, the first step not begun
         return engine
-
-    def on_optimizer_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        kept["optimizers"][id(optimizer)] = optimizer  # one per chunk when sharded
 
     def on_step(_: Any) -> None:
         now = ledger_bytes(mesh)
@@ -149,39 +185,19 @@ def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         runtime = getattr(kept["engine"], "runtime", None)
         if runtime is not None:
             step["trace"] = trace_summary(runtime.last_trace)
+            actions = runtime.schedule.stages[runtime.stage]
+            held = held_until_last_pass(actions, step["forward_bytes"])
+            step["held_graphs"], step["held_bytes"] = held
         steps.append(step)
 
-    hook = register_optimizer_step_post_hook(on_optimizer_step)
     loop.build_engine = build_engine
     try:
         result = loop.train(cfg, mesh, random_tokens(cfg.model.vocab_size), on_step=on_step)
     finally:
         loop.build_engine = real_engine
-        hook.remove()
         mesh.close()
     return {
         "coords": {axis: mesh.coord(axis) for axis in ("pp", "dp", "tp")},
-        **model_state(result.model, list(kept["optimizers"].values())),
+        **result.extra["model_state_bytes"],  # params, grads, optimizer, master
         "steps": steps,
-    }
-
-
-def model_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
-    """Bytes of parameters, gradients, optimizer moments and master weights on this rank."""
-
-    def nbytes(tensors: Callable[[], Any]) -> int:
-        return sum(t.numel() * t.element_size() for t in tensors() if t is not None)
-
-    moments = sum(
-        t.numel() * t.element_size()
-        for optimizer in optimizers
-        for state in optimizer.state.values()
-        for name, t in state.items()
-        if name != "step" and torch.is_tensor(t)
-    )
-    return {
-        "params": nbytes(model.parameters),
-        "grads": nbytes(lambda: (p.grad for p in model.parameters())),
-        "optimizer": moments,
-        "master": 0,  # fp32 training keeps no second copy of the weights
     }

@@ -1,40 +1,74 @@
-"""The PyTorch-native peers of `paratrain bench zero`, and their model-state bytes.
+"""The PyTorch-native peers of `paratrain bench zero`, their model-state bytes and traffic.
 
-- ZeRO-1 and ZeRO-2 against `DistributedDataParallel(gradient_as_bucket_view=True)` with
-  `ZeroRedundancyOptimizer(optimizer_class=AdamW)`: its documented configuration (DDP
-  all-reduces full gradients; each rank keeps the AdamW state of a greedy, parameter-whole
-  partition and broadcasts its updated parameters). torch has no ZeRO-2 in this family,
-  so our stage 2 meets the same peer: it shows what sharding the gradients saves.
-- ZeRO-3 against FSDP2: `fully_shard` on each block, then on the root (embeddings, final
-  norm, head), over a 1-D CPU device mesh with gloo; AdamW(foreach=True) on the DTensor
-  parameters. `reshard_after_forward` is left at its default (True).
+One peer per ZeRO stage, on the same GPT, AdamW(foreach=True), decay on matrices only:
+- stage 0: `DistributedDataParallel(gradient_as_bucket_view=True)`, its documented fast
+  configuration (gradients all-reduced in buckets during backward).
+- stage 1: the same DDP with `ZeroRedundancyOptimizer(optimizer_class=AdamW)`: each rank
+  keeps the AdamW state of a greedy, parameter-whole partition and broadcasts its updated
+  parameters after the step.
+- stage 2: FSDP2 `fully_shard(reshard_after_forward=False)` on each block, then on the
+  root: parameters stay gathered from forward to backward (one all-gather per step, like
+  ZeRO-2's), gradients are reduce-scattered. Unlike ZeRO-2 it reshards the parameters
+  after backward, so at the step boundary it holds 16N/k, not 4N + 12N/k.
+- stage 3: FSDP2 `fully_shard` on each block, then on the root, with the default
+  resharding (blocks re-gathered in backward; the root, by FSDP2's rule, is not).
+FSDP2 runs over a 1-D CPU device mesh with gloo.
 
-Bytes are counted as ours are (`parallel/zero_optim.py: memory_report`): each storage
-reachable on the rank once, by kind, at the step boundary. The peer's parameters and
-gradients are the local pieces of its DTensors (FSDP2 pads each parameter's shard, so a
-parameter's storage counts its padding); any gathered parameter FSDP2 still holds (none
-once a step has ended) counts as `other`.
+Bytes held are counted as ours are (`parallel/zero_optim.py: memory_report`): each
+storage reachable on the rank once, by kind, at the step boundary. The peer's parameters
+and gradients are the local pieces of its DTensors (FSDP2 pads each parameter's shard,
+so a storage counts its padding); a gathered parameter FSDP2 still holds counts as
+`params`; AdamW's step counters and module buffers are `other`, outside the model state.
+
+Bytes sent are counted at the dispatcher (`PeerTraffic`): DDP's reducer, the ZeRO
+optimizer and FSDP2 all issue `c10d` ops, which are sized and put through the same ring
+and chain formulas our ledger uses for native collectives (`comm/traffic.py`). Our
+ledger itself never sees them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from paratrain.comm.traffic import native_traffic
 from paratrain.train.optim import build_adamw, param_groups
 
 KINDS = ("params", "grads", "master", "optimizer", "padding", "other")
+STATE_KINDS = KINDS[:-1]  # model state: everything but step counters and buffers
+DDP = "DistributedDataParallel(gradient_as_bucket_view=True) + AdamW(foreach=True)"
+PEERS = {
+    0: DDP,
+    1: "DistributedDataParallel(gradient_as_bucket_view=True) + "
+    "ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True)",
+    2: "FSDP2 fully_shard(reshard_after_forward=False) per block, then the root; "
+    "AdamW(foreach=True)",
+    3: "FSDP2 fully_shard per block, then the root (default resharding); AdamW(foreach=True)",
+}
 
 
-def wrap_ddp_zero(
-    module: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
+def wrap_peer(
+    zero: int,
+    module: nn.Module,
+    world: int,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    """The peer of ZeRO stage `zero` (PEERS) around `module`, and its optimizer."""
     from torch.nn.parallel import DistributedDataParallel
 
+    if zero >= 2:
+        return _fully_shard(module, world, zero == 3), build_adamw(module, lr, weight_decay, betas)
     model = DistributedDataParallel(module, gradient_as_bucket_view=True)
+    if zero == 0:
+        return model, build_adamw(module, lr, weight_decay, betas)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     opt = ZeroRedundancyOptimizer(
         param_groups(module, weight_decay),
         optimizer_class=torch.optim.AdamW,
@@ -45,17 +79,16 @@ def wrap_ddp_zero(
     return model, opt
 
 
-def wrap_fsdp2(
-    module: nn.Module, world: int, lr: float, weight_decay: float, betas: tuple[float, float]
-) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _fully_shard(module: nn.Module, world: int, reshard: bool) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
+    kwargs = {} if reshard else {"reshard_after_forward": False}  # default: root excepted
     for block in module.blocks.values():
-        fully_shard(block, mesh=mesh)
-    fully_shard(module, mesh=mesh)
-    return module, build_adamw(module, lr, weight_decay, betas)
+        fully_shard(block, mesh=mesh, **kwargs)
+    fully_shard(module, mesh=mesh, **kwargs)
+    return module
 
 
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -79,8 +112,14 @@ def _fsdp2_gathered(module: nn.Module) -> list[torch.Tensor]:
     return out
 
 
-def peer_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes of unique storage held by the peer on this rank, by kind (KINDS)."""
+def state_bytes(
+    module: nn.Module, optimizer: Any, grad_buffers: Sequence[torch.Tensor] = ()
+) -> dict[str, int]:
+    """Bytes of unique storage held on this rank, by kind (KINDS).
+
+    For every peer, and for our stage 0 (plain `DataParallel`, whose `grad_buffers` are
+    its buckets), so both sides of that comparison are counted by the same code.
+    """
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local AdamW
     seen: set[int] = set()
     totals = dict.fromkeys(KINDS, 0)
@@ -97,13 +136,60 @@ def peer_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
     for p in module.parameters():
         add("params", p)
+    for t in _fsdp2_gathered(module):
+        add("params", t)
+    for t in grad_buffers:
+        add("grads", t)
     for p in module.parameters():
         add("grads", p.grad)
     for state in inner.state.values():
         for key, value in state.items():
             add("optimizer" if key in ("exp_avg", "exp_avg_sq") else "other", value)
-    for t in _fsdp2_gathered(module):
-        add("other", t)
     for b in module.buffers():
         add("other", b)
     return totals
+
+
+# c10d op -> (traffic formula, index of the argument whose size is S, root argument)
+_C10D = {
+    "allreduce_": ("all_reduce", 0, None),
+    "broadcast_": ("broadcast", 0, 2),
+    "_allgather_base_": ("all_gather", 0, None),  # (output, input): S is the output
+    "_reduce_scatter_base_": ("reduce_scatter", 1, None),  # (output, input): the input
+}
+
+
+class PeerTraffic(TorchDispatchMode):
+    """Bytes this rank sends in the peer's collectives, seen as `c10d` ops at the dispatcher.
+
+    Each call's size goes through `native_traffic`, as our ledger does for native
+    collectives; any other c10d op is listed in `unsized` (none for these peers). All
+    the peers' collectives run on the world group of `group_size` ranks.
+    """
+
+    def __init__(self, group_size: int, rank: int) -> None:
+        super().__init__()
+        self.group_size, self.rank = group_size, rank
+        self.sent: dict[str, int] = {}
+        self.unsized: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor desugar into plain ops first
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "c10d":
+            self._record(func._overloadpacket.__name__, args)
+        return out
+
+    def _record(self, name: str, args: tuple) -> None:
+        if name not in _C10D:
+            self.unsized[name] = self.unsized.get(name, 0) + 1
+            return
+        op, arg, root_arg = _C10D[name]
+        tensors = args[arg] if isinstance(args[arg], list | tuple) else [args[arg]]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        root = args[root_arg] if root_arg is not None else 0
+        sent = native_traffic(op, nbytes, self.group_size, self.rank, root).sent
+        self.sent[op] = self.sent.get(op, 0) + sent

@@ -6,66 +6,102 @@ import logging
 import statistics
 from typing import Any
 
-from paratrain.bench.zero_peer import KINDS
+from paratrain.bench.zero_peer import KINDS, PEERS, STATE_KINDS
 
 log = logging.getLogger(__name__)
+NOTES = {
+    2: "FSDP2 with reshard_after_forward=False reshards after backward: at the step "
+    "boundary it holds 16N/k, below ZeRO-2's 4N + 12N/k; it is the peer for traffic "
+    "(one parameter all-gather per step), not for memory",
+    3: "FSDP2 does not reshard the root after forward, so it gathers the root unit once "
+    "per step where we gather every unit twice",
+}
 
 
-def _total(kinds: dict[str, int]) -> int:
-    return sum(kinds.get(k, 0) for k in KINDS)
+def _state(kinds: dict[str, int]) -> int:
+    """Model-state bytes: every kind but `other` (step counters, buffers)."""
+    return sum(kinds.get(k, 0) for k in STATE_KINDS)
 
 
-def summarize(
-    variant: Any, results: list[dict], n_params: int, predicted: dict[str, int]
-) -> dict[str, Any]:
-    """One comparison's JSON entry from every rank's result; raises if the losses differ."""
-    from paratrain.bench.zero import LOSS_RTOL, WORLD
+def check_losses(zero: int, results: list[dict]) -> float:
+    """The largest relative loss difference; raises RuntimeError above LOSS_RTOL."""
+    from paratrain.bench.zero import LOSS_RTOL
 
     worst = 0.0
     for rank, r in enumerate(results):
-        for step, (_, _, ours, peer) in enumerate(r["rows"]):
+        for step, (ours, peer) in enumerate(r["losses"]):
             rel = abs(ours - peer) / abs(peer)
             if rel > LOSS_RTOL:
                 raise RuntimeError(
-                    f"{variant.name}: losses differ on rank {rank} at pair {step} "
-                    f"({ours} vs {peer}, relative {rel:.1e} > {LOSS_RTOL}): runs not comparable"
+                    f"stage {zero}: losses differ on rank {rank} at step {step} ({ours} vs "
+                    f"{peer}, relative {rel:.1e} > {LOSS_RTOL}): runs not comparable"
                 )
             worst = max(worst, rel)
-    rows = results[0]["rows"]  # rank 0's clock; both ranks wait on the same collectives
-    ratios = sorted(o / p for o, p, _, _ in rows)
+    return worst
+
+
+def summarize(
+    zero: int,
+    dp: int,
+    results: list[dict],
+    n_params: int,
+    formula: dict[str, int],
+    comm_formula: int,
+) -> dict[str, Any]:
+    """One stage's JSON entry from every rank's result; raises if the losses differ."""
+    from paratrain.bench.zero import DTYPE, LOSS_RTOL
+
+    worst = check_losses(zero, results)
+    times = results[0]["times"]  # rank 0's clock; both ranks wait on the same collectives
+    ratios = sorted(o / p for o, p in times)
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    ours_sent = [sum(r["ours_sent"].values()) for r in results]
+    torch_sent = [sum(r["torch_sent"].values()) for r in results]
     return {
-        "variant": variant.name,
-        "zero": variant.zero,
-        "dp": WORLD,
-        "dtype": "float32",
-        "peer": variant.peer,
-        "params": n_params,
-        "pairs": len(rows),
-        "ours_step_s": statistics.median(r[0] for r in rows),
-        "torch_step_s": statistics.median(r[1] for r in rows),
+        "zero": zero,
+        "dp": dp,
+        "dtype": DTYPE,
+        "ours_step_s": statistics.median(o for o, _ in times),
+        "torch_step_s": statistics.median(p for _, p in times),
         "ratio": statistics.median(ratios),
+        "params": n_params,
+        "model_state_bytes_per_rank": [_state(r["ours_bytes"]) for r in results],
+        "formula_bytes_per_rank": formula["total"],
+        "comm_bytes_per_rank_per_step": max(ours_sent),
+        "max_param_diff": max(r["diff"] for r in results),
+        "peer": PEERS[zero],
+        "note": NOTES.get(zero, ""),
+        "pairs": len(times),
         "ratio_q1": q1,
         "ratio_q3": q3,
         "ratio_min": ratios[0],
         "ratio_max": ratios[-1],
-        "ours_state_bytes": [_total(r["ours_bytes"]) for r in results],
-        "torch_state_bytes": [_total(r["torch_bytes"]) for r in results],
-        "predicted_state_bytes": predicted["total"],
-        "ours_state_by_kind": [r["ours_bytes"] for r in results],
-        "torch_state_by_kind": [r["torch_bytes"] for r in results],
-        "predicted_by_kind": predicted,
+        "padding_bytes_per_rank": [r["ours_bytes"].get("padding", 0) for r in results],
+        "torch_model_state_bytes_per_rank": [_state(r["torch_bytes"]) for r in results],
+        "state_by_kind_per_rank": [r["ours_bytes"] for r in results],
+        "torch_state_by_kind_per_rank": [r["torch_bytes"] for r in results],
+        "formula_by_kind": formula,
+        "comm_bytes_by_rank": ours_sent,
+        "comm_bytes_by_op": results[0]["ours_sent"],
+        "comm_formula_bytes": comm_formula,
+        "torch_comm_bytes_per_rank_per_step": max(torch_sent),
+        "torch_comm_bytes_by_op": results[0]["torch_sent"],
+        "torch_comm_counted": "c10d ops at the dispatcher, sized with our ring formulas; "
+        "not in our ledger",
+        "torch_comm_unsized": results[0]["torch_unsized"],
+        "loss_rtol": LOSS_RTOL,
         "max_loss_rel_diff": worst,
-        "max_param_diff": max(r["diff"] for r in results),
     }
 
 
 def log_summary(e: dict[str, Any]) -> None:
     mib = 2**20
+    z = e["zero"]
     log.info(
-        "%s: median step ours %.4f s, torch %.4f s; ratio median %.3f (IQR %.3f-%.3f, "
-        "range %.3f-%.3f) over %d pairs; losses within %.1e; max parameter difference %.2e",
-        e["variant"],
+        "stage %d: median step ours %.4f s, torch %.4f s; ratio median %.3f (IQR %.3f-%.3f, "
+        "range %.3f-%.3f) over %d pairs; losses within %.1e (tolerance %.0e); "
+        "max parameter difference %.2e",
+        z,
         e["ours_step_s"],
         e["torch_step_s"],
         e["ratio"],
@@ -75,20 +111,36 @@ def log_summary(e: dict[str, Any]) -> None:
         e["ratio_max"],
         e["pairs"],
         e["max_loss_rel_diff"],
+        e["loss_rtol"],
         e["max_param_diff"],
     )
     log.info(
-        "%s: model state per rank (MiB) ours %s, torch %s, planner %.3f (N = %d)",
-        e["variant"],
-        " / ".join(f"{b / mib:.3f}" for b in e["ours_state_bytes"]),
-        " / ".join(f"{b / mib:.3f}" for b in e["torch_state_bytes"]),
-        e["predicted_state_bytes"] / mib,
+        "stage %d: model state per rank (MiB) ours %s (padding %s), torch %s, "
+        "formula %.3f (N = %d, k = %d)",
+        z,
+        " / ".join(f"{b / mib:.3f}" for b in e["model_state_bytes_per_rank"]),
+        " / ".join(f"{b / mib:.3f}" for b in e["padding_bytes_per_rank"]),
+        " / ".join(f"{b / mib:.3f}" for b in e["torch_model_state_bytes_per_rank"]),
+        e["formula_bytes_per_rank"] / mib,
         e["params"],
+        e["dp"],
     )
+    log.info(
+        "stage %d: bytes sent per rank per step ours %d %s (ledger; paper %d), torch %d %s "
+        "(counted at the dispatcher, not by our ledger)",
+        z,
+        e["comm_bytes_per_rank_per_step"],
+        e["comm_bytes_by_op"],
+        e["comm_formula_bytes"],
+        e["torch_comm_bytes_per_rank_per_step"],
+        e["torch_comm_bytes_by_op"],
+    )
+    if e["note"]:
+        log.info("stage %d: %s", z, e["note"])
 
 
 def plot_state_bytes(entries: list[dict[str, Any]], path: str) -> None:
-    """Stacked bars: model-state MiB on rank 0 by kind, ours / torch / planner per variant."""
+    """Stacked bars: model-state MiB on rank 0 by kind; ours, torch, formula per stage."""
     import os
 
     import matplotlib
@@ -98,19 +150,28 @@ def plot_state_bytes(entries: list[dict[str, Any]], path: str) -> None:
 
     bars = []
     for e in entries:
-        bars.append((f"{e['variant']}\nours", e["ours_state_by_kind"][0]))
-        bars.append((f"{e['variant']}\ntorch", e["torch_state_by_kind"][0]))
-        bars.append((f"{e['variant']}\nplanner", e["predicted_by_kind"]))
-    fig, ax = plt.subplots(figsize=(1.1 * len(bars) + 2, 4.5))
+        z = e["zero"]
+        bars.append((f"stage {z}\nours", e["state_by_kind_per_rank"][0]))
+        bars.append((f"stage {z}\ntorch", e["torch_state_by_kind_per_rank"][0]))
+        bars.append((f"stage {z}\nformula", e["formula_by_kind"]))
+    fig, ax = plt.subplots(figsize=(0.9 * len(bars) + 2, 4.8))
     bottoms = [0.0] * len(bars)
-    for kind in KINDS:
+    for kind in KINDS[:-1]:
         heights = [kinds.get(kind, 0) / 2**20 for _, kinds in bars]
         if any(heights):
             ax.bar(range(len(bars)), heights, bottom=bottoms, label=kind)
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    for x, top in enumerate(bottoms):
+        ax.annotate(f"{top:.2f}", (x, top), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
     ax.set_ylabel("MiB on rank 0 at the step boundary")
-    ax.set_title("Model state per rank, fp32 AdamW, 2 ranks (planner: 8N+8N/k, 4N+12N/k, 16N/k)")
+    e = entries[0]
+    ax.set_title(
+        f"Model state per rank, {e['dtype']} AdamW, k = {e['dp']}, N = {e['params']:,}\n"
+        "formula: 16N, 8N+8N/k, 4N+12N/k, 16N/k (stage 2's torch peer, FSDP2 without "
+        "reshard after forward: 16N/k)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -34,9 +34,7 @@ def describe(*tensors: torch.Tensor | None) -> str:
     return " -> ".join([first] + [str(list(t.shape)) for t in shown[1:]])
 
 
-def begin(
-    group: CommGroup, op: str, algo: str, shapes: str, peer: int | None = None
-) -> CallRecord:
+def begin(group: CommGroup, op: str, algo: str, shapes: str, peer: int | None = None) -> CallRecord:
     """Record the start of a call; `peer` (a rank of the group) for point-to-point ones."""
     peer_global = None if peer is None else group.ranks[peer]
     record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes, peer_global)

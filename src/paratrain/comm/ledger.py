@@ -80,9 +80,7 @@ class Ledger:
         with self._lock:
             key = (group, ranks)
             self._seq[key] = self._seq.get(key, 0) + 1
-            record = CallRecord(
-                self._seq[key], op, group, ranks, algo, shapes, time.perf_counter()
-            )
+            record = CallRecord(self._seq[key], op, group, ranks, algo, shapes, time.perf_counter())
             record.step, record.peer = self.step, peer
             self._recent.append(record)
             while len(self._recent) > self.max_recent:

@@ -8,8 +8,11 @@ counts match `paratrain.comm.traffic.native_traffic`, which is what the runtime 
 Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
 - ZeRO-1 and ZeRO-2 reduce-scatter gradients and all-gather updated parameters:
   2 (k - 1) S / k, the same as DDP; ZeRO-3 adds a second parameter gather, 3 (k - 1) S / k
-  (ZeRO, arXiv:1910.02054, section 7). ZeRO-2 and ZeRO-3 keep only a gradient shard, so
-  they reduce-scatter after every micro-batch: K-fold gradient traffic with accumulation.
+  (ZeRO, arXiv:1910.02054, section 7). S is the flat buffer padded to a multiple of k, so
+  (k - 1) S / k = (k - 1) ceil(n / k) elements exactly. ZeRO-2 and ZeRO-3 keep only a
+  gradient shard, so they reduce-scatter after every micro-batch: K-fold gradient traffic
+  with accumulation (DeepSpeed's ZeRO-2; paratrain's runtime keeps the whole gradient
+  until the last micro-batch instead, see ranks.py).
 - Megatron tensor parallelism (arXiv:1909.08053, section 3) does not all-gather between
   the column- and row-parallel layers: per layer one all-reduce of the b s h activation
   after attention and one after the MLP in forward, two more in backward (and two more
@@ -90,11 +93,15 @@ def dp_traffic(
     if k == 1:
         return []
     n = local_params(model.params, layout.tp, layout.pp)
-    grads, params = workload.precision.grad_bytes * n, workload.precision.param_bytes * n
+    grads = workload.precision.grad_bytes * n
     link = axis_link("dp", layout, cluster)
     buckets = max(1, math.ceil(grads / workload.bucket_bytes))
     units = (model.n_layer or 0) + 1  # ZeRO-3 / FSDP gathers one block (or the ends) at a time
-    rs, ag = reduce_scatter_bytes(grads, k), reduce_scatter_bytes(params, k)
+    # ZeRO's flat buffer is padded to k ceil(n / k) elements (plan/memory.py), so with S the
+    # padded size a rank sends (k - 1) S / k = (k - 1) ceil(n / k) elements, a whole number.
+    shard = math.ceil(n / k)
+    rs = (k - 1) * shard * workload.precision.grad_bytes
+    ag = (k - 1) * shard * workload.precision.param_bytes
 
     def entry(op: str, what: str, nbytes: int, messages: int) -> CommEntry:
         return CommEntry(op, "dp", link, what, nbytes, messages)

@@ -132,11 +132,11 @@ def estimate(
         return est
     est.microbatches, est.global_batch = k, k * workload.micro_batch * layout.dp
     est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
-    est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks)
+    est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     tokens = est.global_batch * (model.seq_len or 0)
     flops = ptime.training_flops(model.params, tokens, workload.recompute)
     compute_s = ptime.compute_time(flops, layout.world, cluster)
-    bubble_s = pipeline.bubble_time(compute_s, layout.pp, k, layout.chunks)
+    bubble_s = pipeline.bubble_time(compute_s, layout.pp, k, layout.chunks, layout.schedule)
     est.time = ptime.step_time(compute_s, bubble_s, est.comm, cluster, workload.overlap)
     if tokens:
         est.train_time_s = est.time.total_s * workload.train_tokens / tokens

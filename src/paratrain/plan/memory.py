@@ -104,12 +104,19 @@ def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:
     2(S - s - 1) + (v - 1) S chunk-forwards and then holds one more, at most v K. These
     are the runtime's schedules (parallel/pipeline/schedules.py), counted as its checker
     and its trace count them.
+
+    ZB-H1 (arXiv:2401.10241): 1F1B's warm-up, but stage s defers up to s weight-gradient
+    passes, and our runtime keeps a micro-batch's whole graph until its W (autograd with
+    retain_graph), so every stage holds min(K, S). Qi et al. count ZB-H1's peak as 1F1B's
+    because an implementation can free what W does not need after B; ours does not.
     """
     k, s, v = microbatches, layout.pp, layout.chunks
     if s == 1:
         return 1
     if layout.schedule == "gpipe":
         return k
+    if layout.schedule == "zb-h1":
+        return min(k, s)
     if layout.schedule == "1f1b":
         return min(k, s - stage)
     return min(k * v, 2 * (s - stage - 1) + (v - 1) * s + 1)
@@ -131,7 +138,8 @@ def stage_activation_bytes(
 
     In-flight micro-batches x the stage's layers x one layer's count, plus the fp32
     logits on the stage that holds the head: once per micro-batch in flight there (K for
-    GPipe, whose last stage also runs every forward first; 1 otherwise).
+    GPipe, whose last stage also runs every forward first; min(K, S) for ZB-H1, whose last
+    stage keeps graphs until their deferred W; 1 otherwise).
     """
     if workload.activation_bytes_override is not None:
         return workload.activation_bytes_override
@@ -144,7 +152,8 @@ def stage_activation_bytes(
     held = in_flight_microbatches(layout, microbatches, stage) * stage_layers * per_layer
     if stage == layout.pp - 1:
         logits = 4 * s * b * model.vocab_size / t  # type: ignore[operator]
-        held += logits * (microbatches if layout.schedule == "gpipe" else 1)
+        last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
+        held += logits * last_held.get(layout.schedule, 1)
     return held
 
 

@@ -8,32 +8,68 @@ S = 4, K = 8 gives 3 / 11, about 27%). The interleaved schedule (Narayanan et al
 arXiv:2104.04473, section 2.2.2) gives each GPU v chunks of 1/v the work, so the bubble
 time shrinks by v: (S - 1) / (v K + S - 1) of the step. The 1F1B family changes memory
 (see memory.in_flight_microbatches), not the bubble.
+
+ZB-H1 (Qi et al. 2023, arXiv:2401.10241, section 3.1) splits the backward into B (input
+gradient) and W (weight gradient) and defers W into the cool-down: a stage idles
+(S - 1)(F + B - W) instead of 1F1B's (S - 1)(F + B + W), for K >= S. With fewer
+micro-batches there are too few W to fill the cool-down: the runtime's schedule
+(parallel/pipeline/schedules.py) then idles (S - 1)(F + B - W) + (S - K) W, as its
+simulation shows for every S, K when W <= F. The planner assumes F = B = W (the paper's
+assumption for "a third of 1F1B's bubble"), so in units of one of them a stage is busy
+3 K and idles (S - 1) + max(0, S - K): `bubble_slots`.
 """
 
 from __future__ import annotations
 
 
-def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
-    """Idle fraction of a pipeline step: (S - 1) / (v K + S - 1); 0 without a pipeline."""
+def _check(stages: int, microbatches: int, chunks: int) -> None:
     if stages < 1 or microbatches < 1 or chunks < 1:
         raise ValueError(
             f"stages {stages}, micro-batches {microbatches}, chunks {chunks}: all must be >= 1"
         )
-    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
-def bubble_time(busy_s: float, stages: int, microbatches: int, chunks: int = 1) -> float:
-    """Idle seconds added to a step whose useful work takes busy_s: busy (S-1) / (v K)."""
-    return busy_s * (stages - 1) / (chunks * microbatches)
+def bubble_slots(stages: int, microbatches: int, chunks: int = 1, schedule: str = "") -> int:
+    """Idle time of each stage per step, in units of one chunk's F = B = W.
+
+    GPipe, 1F1B and interleaved: 3 (S - 1) (F + B + W per fill-and-drain step, chunk
+    units); ZB-H1: (S - 1) + max(0, S - K). A stage is busy 3 v K units in either case.
+    """
+    _check(stages, microbatches, chunks)
+    if schedule == "zb-h1":
+        return stages - 1 + max(0, stages - microbatches)
+    return 3 * (stages - 1)
 
 
-def microbatches_for_bubble(stages: int, target: float, chunks: int = 1) -> int:
+def bubble_fraction(stages: int, microbatches: int, chunks: int = 1, schedule: str = "") -> float:
+    """Idle fraction of a pipeline step: (S - 1) / (v K + S - 1); 0 without a pipeline.
+
+    ZB-H1: (S - 1 + max(0, S - K)) / (3 K + S - 1 + max(0, S - K)) with F = B = W.
+    """
+    idle = bubble_slots(stages, microbatches, chunks, schedule)
+    if schedule != "zb-h1":  # the exact ratio, free of the factor 3
+        return (stages - 1) / (chunks * microbatches + stages - 1)
+    return idle / (3 * chunks * microbatches + idle)
+
+
+def bubble_time(
+    busy_s: float, stages: int, microbatches: int, chunks: int = 1, schedule: str = ""
+) -> float:
+    """Idle seconds added to a step whose useful work takes busy_s: busy (S-1) / (v K);
+    ZB-H1: busy (S - 1 + max(0, S - K)) / (3 K)."""
+    idle = bubble_slots(stages, microbatches, chunks, schedule)
+    return busy_s * idle / (3 * chunks * microbatches)
+
+
+def microbatches_for_bubble(stages: int, target: float, chunks: int = 1, schedule: str = "") -> int:
     """Smallest K with a bubble fraction at most `target` (0 < target < 1)."""
     if not 0 < target < 1:
         raise ValueError(f"bubble target {target}; valid: 0 < target < 1")
-    # (S-1) / (vK + S-1) <= f  <=>  K >= (S-1)(1-f) / (f v)
+    # (S-1) / (vK + S-1) <= f  <=>  K >= (S-1)(1-f) / (f v); ZB-H1 (K >= S): a third of it
     k = max(1, int((stages - 1) * (1 - target) / (target * chunks)))
-    while bubble_fraction(stages, k, chunks) > target:
+    if schedule == "zb-h1":
+        k = max(1, k // 3)
+    while bubble_fraction(stages, k, chunks, schedule) > target:
         k += 1
     return k
 

@@ -17,6 +17,11 @@ model (they are left out of `estimate`, so the seeds' figures reproduce to the b
 - pp: the squared norm summed over stages, one float64; the loss broadcast from the last
   stage, one float32, along the chain last -> 0 -> 1 -> ... (comm/traffic.py).
 
+Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
+multiple of k on its own (parallel/zero_flat.py): `flat_buffers`, `held_model_state` and
+`padding_bytes` count it, and `rank_model_state` itemises as the runtime records it.
+Gradients are reduced over dp in fp32 whatever the compute dtype (REDUCE_BYTES).
+
 Two tensor-parallel terms depend on how this runtime works, so they are counted here:
 - full recomputation (PyTorch's non-reentrant checkpoint) stops recomputing a block once
   the last tensor its backward needs is back. With dropout 0 the MLP's closing all-reduce
@@ -29,6 +34,7 @@ Two tensor-parallel terms depend on how this runtime works, so they are counted 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from paratrain.plan import comm
@@ -39,6 +45,8 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
 AXES = ("dp", "tp", "pp")
+STATE_KINDS = ("params", "grads", "optimizer", "master")
+REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
 # A stand-in cluster: links only label entries; per-rank bytes do not depend on them.
 ONE_NODE = ClusterSpec("one node", 1 << 20, 1 << 20, 1e18, 1, 1, 0, 0, 1, 1)
 
@@ -92,12 +100,113 @@ def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     return out
 
 
+def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[int]]:
+    """Per chunk on `stage` (each chunk is wrapped on its own), the parameter counts of the
+    flat buffers that ZeRO shards, each padded to a multiple of k on its own.
+
+    ZeRO-1/2 (parallel/zero.py): one buffer per chunk. ZeRO-3 (parallel/fsdp.py): one per
+    FSDP unit of models/plans.py's GPT_FSDP_UNITS: the embeddings V h / t + T_max h, each
+    block, the final LayerNorm with the head 2 h + V h / t. A model given by its count
+    alone: one buffer per chunk.
+    """
+    chunks = chunk_params(model, layout, stage)
+    if layout.zero < 3 or not exact(model):
+        return [[n] for n in chunks]
+    h, t, v = model.d_model, layout.tp, model.vocab_size
+    s, c = layout.pp, layout.chunks
+    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    block = (12 * h * h + 7 * h) // t + 6 * h  # type: ignore[operator]
+    embeddings = v * h // t + (model.max_seq_len or model.seq_len) * h  # type: ignore[operator]
+    head = 2 * h + v * h // t  # type: ignore[operator]
+    out = []
+    for vs in stage_virtual_stages(stage, s, c):
+        units = ([embeddings] if vs == 0 else []) + [block] * pieces[vs]
+        out.append(units + ([head] if vs == s * c - 1 else []))
+    return out
+
+
+def held_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """What the buffers of a rank on `stage` hold, by kind, padding where it lives.
+
+    Per flat buffer of n elements over k = dp ranks, shards of ceil(n / k) (zero_flat.py):
+    ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
+    gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
+    """
+    z, p = layout.zero, workload.precision
+    k = layout.dp if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
+    buffers = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
+    shard = sum(math.ceil(n / k) for n in buffers)
+    full = sum(k * math.ceil(n / k) for n in buffers)
+    return ModelState(
+        params=p.param_bytes * (shard if z >= 3 else full),
+        grads=p.grad_bytes * (shard if z >= 2 else full),
+        optimizer=workload.moments * p.moment_bytes * (shard if z >= 1 else full),
+        master=p.master_bytes * (shard if z >= 1 else full),
+    )
+
+
+def formula_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """memory.py's items per chunk (n whole, ceil(n / k) a shard; each chunk is wrapped on
+    its own), summed over the chunks of `stage`."""
+    states = [
+        model_state_bytes(n, workload, Layout(dp=layout.dp, zero=layout.zero))
+        for n in chunk_params(model, layout, stage)
+    ]
+    return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
+
+
+def padding_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> dict[str, int]:
+    """Bytes the flat buffers hold beyond `formula_model_state`, by kind: for ZeRO-1/2 the
+    k ceil(n / k) - n padding elements of the whole buffers; for ZeRO-3 the units' shards
+    beyond one ceil(N / k) shard of the chunk's N parameters."""
+    held = held_model_state(model, workload, layout, stage).as_dict()
+    formula = formula_model_state(model, workload, layout, stage).as_dict()
+    return {kind: held[kind] - formula[kind] for kind in STATE_KINDS}
+
+
 def rank_model_state(
     model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
 ) -> ModelState:
-    """Model-state bytes of a rank on `stage`, itemised, ZeRO applied over dp."""
-    n = sum(chunk_params(model, layout, stage))
-    return model_state_bytes(n, workload, Layout(dp=layout.dp, zero=layout.zero))
+    """Model-state bytes of a rank on `stage`, itemised as the runtime records them.
+
+    `formula_model_state`, with all the flat buffers' padding (`padding_bytes`) counted
+    under params: train/wrap.py's `model_state_bytes` adds the wrappers'
+    MemoryReport.padding to params. The total is what the buffers hold.
+    """
+    formula = formula_model_state(model, workload, layout, stage)
+    pad = sum(padding_bytes(model, workload, layout, stage).values())
+    return replace(formula, params=formula.params + pad)
+
+
+def _zero_traffic(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, at: Coords
+) -> list[RankTraffic]:
+    """comm.dp_traffic's ZeRO formulas per flat buffer (S padded to a multiple of k).
+
+    The runtime reduces gradients in fp32 (MixedPrecision.reduce_dtype) and all-gathers
+    parameters in their own dtype. ZeRO-1/2 accumulate the whole gradient over the K
+    micro-batches and reduce-scatter once per step: 2 (k - 1) S / k. ZeRO-3 gathers each
+    unit for forward and again for backward and reduce-scatters it after every backward:
+    3 (k - 1) S / k per micro-batch.
+    """
+    runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
+    layout_k = Layout(dp=layout.dp, zero=layout.zero)
+    syncs = microbatches if layout.zero == 3 else 1
+    sent: dict[tuple[str, str], int] = {}
+    for chunk in flat_buffers(model, layout, at.stage):
+        for n in chunk:
+            buffer = ModelSpec("flat buffer", n_params=n)
+            for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, syncs):
+                once = layout.zero < 3 and e.op == "reduce_scatter"
+                what = "gradients, once per step" if once else e.what
+                sent[(e.op, what)] = sent.get((e.op, what), 0) + e.bytes
+    return [RankTraffic("dp", op, what, nbytes) for (op, what), nbytes in sent.items()]
 
 
 def _dp_gradients(
@@ -106,15 +215,12 @@ def _dp_gradients(
     k = layout.dp
     if k == 1:
         return []
-    if layout.zero:  # the ZeRO formulas, on this stage's parameters
-        whole = ModelSpec("stage", n_params=sum(chunk_params(model, layout, at.stage)))
-        entries = comm.dp_traffic(whole, workload, Layout(dp=k, zero=layout.zero), ONE_NODE, 1)
-        return [RankTraffic("dp", e.op, e.what, e.bytes) for e in entries]
+    if layout.zero:
+        return _zero_traffic(model, workload, layout, microbatches, at)
     # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
     # chunk and for buckets whose element counts k divides.
-    grad = workload.precision.grad_bytes
     sent = sum(
-        comm.ring_all_reduce_rank_bytes(n, grad, k, at.dp_rank)
+        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, at.dp_rank)
         for n in chunk_params(model, layout, at.stage)
     )
     return [RankTraffic("dp", "all_reduce", "gradients", sent)]

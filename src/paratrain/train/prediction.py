@@ -11,11 +11,14 @@ At the end every rank reports what it held and sent, and the summary carries bot
 
 Lists are indexed by global rank. Bytes sent are the last step's, from the comm ledger
 between two optimizer steps (the first step also carries set-up: the replicas' initial
-parameter broadcast). Predictions per rank come from plan/ranks.py, exact for our GPT, and
-include the runtime's bookkeeping scalars; activations are Korthikanti's formula (an
-estimate, see docs/planner.md). Not predicted: the asynchronous parameter server
-(`--dp-mode async`); sequence parallelism's smaller activations. Under ZeRO the measured
-model state is null for now: the shards live in the wrappers' buffers, not read here yet.
+parameter broadcast). The measured model state is the runtime's own record at the last
+step's end (`TrainResult.extra["model_state_bytes"]`, train/wrap.py): tensor sizes for
+DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
+Predictions per rank come from plan/ranks.py, exact for our GPT (ZeRO shards of
+ceil(n / k) per flat buffer, and that padding), and include the runtime's bookkeeping
+scalars; activations are Korthikanti's formula (an estimate, see docs/planner.md). Not
+predicted: the asynchronous parameter server (`--dp-mode async`); sequence parallelism's
+smaller activations.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from paratrain import comm
 from paratrain.config import RunConfig
@@ -79,7 +80,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
     )
     notes = []
     schedule = p.schedule if p.pp > 1 else ""
-    if schedule and schedule not in SCHEDULES:  # zb-h1: 1F1B's messages and memory
+    if schedule and schedule not in SCHEDULES:  # a runtime schedule the planner lacks
         notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
         schedule = "1f1b"
     if p.sequence_parallel:
@@ -104,7 +105,8 @@ def predict(cfg: RunConfig) -> Prediction:
         sent.append(bytes_by_axis(terms))
         acts.append(memory.stage_activation_bytes(model, workload, layout, k, at.stage))
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
-    bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks) if modelled else None
+    bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
+    bubble = bubble if modelled else None
     return Prediction(states, sent, acts, bubble, notes)
 
 
@@ -132,21 +134,17 @@ class Tracker:
     """Installed around `train`: the prediction at the start, the measurement at the end.
 
     `step_done` (called from the loop's on_step) marks each step's end with the ledger's
-    bytes by group, so evaluation traffic after the last step is not counted; a global
-    optimizer-step hook (torch.optim) keeps the optimizers, for their moments. No training
-    code changes.
+    bytes by group, so evaluation traffic after the last step is not counted. The model
+    state is the record `train` makes at the last step's end, which the worker hands to
+    `compare` (`TrainResult.extra["model_state_bytes"]`, from train/wrap.py).
     """
 
     def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.sharded = cfg.parallel.zero > 0
         self.prediction = None if cfg.parallel.dp_mode == "async" else predict(cfg)
-        self.optimizers: dict[int, torch.optim.Optimizer] = {}
         self.marks: list[dict[str, int]] = []
-        self._hook = None
         if self.prediction is not None:
             self.marks.append(self._ledger())
-            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
             if mesh.global_rank == 0:
                 for line in describe(self.prediction):
                     log.info(line)
@@ -154,49 +152,36 @@ class Tracker:
     def _ledger(self) -> dict[str, int]:
         return {axis: self.mesh.ledger.bytes_sent(group=axis) for axis in AXES}
 
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        self.optimizers[id(optimizer)] = optimizer  # one per pipeline chunk when sharded
-
     def step_done(self, *_: Any) -> None:
         if self.prediction is not None:
             self.marks.append(self._ledger())
 
     def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        """Nothing to release; kept so the worker's try/finally reads the same as before."""
 
-    def measure(self, model: nn.Module) -> list[float]:
+    def measure(self, state: dict[str, int] | None) -> list[float]:
         """This rank's model-state bytes (STATE_KINDS) and last step's bytes (AXES)."""
-        params = list(model.parameters())
-        state = [
-            sum(p.numel() * p.element_size() for p in params),
-            sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-            sum(_moment_bytes(o) for o in self.optimizers.values()),
-            0,  # no master weights: the runtime trains in the parameters' own dtype
-        ]
+        state = state or {}
         before, after = self.marks[-2:] if len(self.marks) > 1 else (self.marks[0],) * 2
-        return state + [after[a] - before[a] for a in AXES]
+        return [state.get(kind, 0) for kind in STATE_KINDS] + [after[a] - before[a] for a in AXES]
 
-    def compare(self, model: nn.Module) -> dict[str, Any]:
+    def compare(self, state: dict[str, int] | None) -> dict[str, Any]:
         """Collective over the world group: {"predicted", "measured"}, or {} if not predicted.
 
-        Every rank must call it (it all-gathers the ranks' measurements).
+        Every rank must call it (it all-gathers the ranks' measurements). `state`: this
+        rank's model-state record at the last step's end (TrainResult.extra).
         """
-        self.close()
         if self.prediction is None:
             return {}
-        mine = torch.tensor(self.measure(model), dtype=torch.float64)
+        mine = torch.tensor(self.measure(state), dtype=torch.float64)
         world = self.mesh.group("world")
         every = comm.all_gather_flat(mine, world, sizes=[mine.numel()] * world.size)
         rows = every.view(world.size, -1).tolist()
         n = len(STATE_KINDS)
-        states: list[dict[str, int] | None] = []
+        states = []
         for r in rows:
             state = dict(zip(STATE_KINDS, map(int, r[:n]), strict=True))
             states.append({**state, "total": sum(state.values())})
-        if self.sharded:  # ZeRO keeps shards in its wrappers' buffers, not in p / p.grad
-            states = [None] * len(rows)
         measured = {
             "model_state_bytes": states,
             "bytes_sent_per_step": [dict(zip(AXES, map(int, r[n:]), strict=True)) for r in rows],
@@ -209,20 +194,12 @@ class Tracker:
 
 def summary_line(pred: Prediction, measured: dict[str, Any]) -> str:
     """Predicted beside measured for rank 0, in one log line."""
-    p_state, m_state = pred.model_state[0]["total"], measured["model_state_bytes"][0]
+    p_state, m_state = pred.model_state[0], measured["model_state_bytes"][0]
     p_sent, m_sent = pred.bytes_per_step[0], measured["bytes_sent_per_step"][0]
     sent = ", ".join(f"{a} {p_sent[a]:,} / {m_sent[a]:,}" for a in AXES if p_sent[a] or m_sent[a])
-    shown = "not measured (ZeRO)" if m_state is None else f"{m_state['total']:,}"
-    return f"predicted / measured (rank 0): model state {p_state:,} / {shown} bytes" + (
-        f"; bytes sent in step {measured['step']}: {sent}" if sent else ""
-    )
-
-
-def _moment_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Optimizer moments; AdamW's per-tensor `step` counters are bookkeeping, not counted."""
-    return sum(
-        t.numel() * t.element_size()
-        for state in optimizer.state.values()
-        for name, t in state.items()
-        if name != "step" and torch.is_tensor(t)
+    items = ", ".join(f"{k} {p_state[k]:,} / {m_state[k]:,}" for k in STATE_KINDS)
+    return (
+        f"predicted / measured (rank 0): model state {p_state['total']:,} / "
+        f"{m_state['total']:,} bytes ({items})"
+        + (f"; bytes sent in step {measured['step']}: {sent}" if sent else "")
     )

@@ -88,8 +88,13 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     path = run_dir / METRICS_FILE
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in kept if json.loads(line)["step"] <= last_step]
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):  # a line torn by the crash
+            continue
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(path)

@@ -38,13 +38,27 @@ class WorkerEnv:
     local_world_size: int
     use_env_rendezvous: bool  # False: one process, no launcher (an in-memory store)
     restart_count: int = 0  # the launcher's restarts so far (TORCHELASTIC_RESTART_COUNT)
+    agent_store: str = ""  # HOST:PORT of the elastic agent's store, when workers share it
 
 
 def init_process_group(cfg: RunConfig, env: WorkerEnv) -> None:
     timeout = timedelta(seconds=cfg.parallel.comm_timeout_s)
     if cfg.parallel.backend == "nccl":
         torch.cuda.set_device(env.local_rank)
-    if env.use_env_rendezvous:
+    if env.use_env_rendezvous and env.agent_store and env.restart_count > 0:
+        # The agent's store outlives a restart: without a prefix per attempt, a restarted
+        # rank can read a dead rank's gloo address left by the previous attempt.
+        host, port = env.agent_store.rsplit(":", 1)
+        client = dist.TCPStore(host, int(port), env.world_size, is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"paratrain/attempt_{env.restart_count}", client)
+        dist.init_process_group(
+            cfg.parallel.backend,
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+        )
+    elif env.use_env_rendezvous:
         dist.init_process_group(cfg.parallel.backend, timeout=timeout)
     else:
         store = dist.HashStore()
@@ -178,7 +192,8 @@ def _train_and_record(
         progress.close()
         if writer is not None:
             writer.close()
-    compared = tracker.compare(result.model)  # collective: every rank's measurement
+    # Collective: every rank's measurement, against the prediction.
+    compared = tracker.compare(result.extra.get("model_state_bytes"))
     traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective over pp (--trace)
     if not is_writer:
         return None

@@ -1,0 +1,169 @@
+"""End to end, through the real launcher: a killed worker is restarted and resumes, SIGTERM
+checkpoints and stops, `--resume` continues exactly, and bad checkpoints are refused.
+
+The runs slow one rank down (`--straggler`, a sleep; the numbers do not change) so that
+there is time to signal them mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paratrain.train import checkpoint as ck
+
+STEPS = 12
+RUN = [
+    "--n-layer", "2", "--d-model", "32", "--n-head", "2", "--seq-len", "32",
+    "--global-batch", "8", "--micro-batch", "2", "--warmup-steps", "2", "--val-batches", "1",
+    "--steps", str(STEPS), "--checkpoint-every", "3", "--keep-checkpoints", "0",
+]  # fmt: skip
+SLOW = ["--straggler", "1:40"]
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's complete lines (the last one may be being written)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    return [row["step"] for row in rows(run_dir)]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [row["loss"] for row in rows(run_dir)]
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not steps_logged(run_dir) or steps_logged(run_dir)[-1] < step:
+        assert proc.poll() is None, f"the run ended early: {finish(proc)}"
+        assert time.monotonic() < deadline, "the run did not reach step {step}"
+        time.sleep(0.05)
+
+
+def worker_pid(run_dir: Path, rank: int) -> int:
+    """The pid of the launcher's worker with RANK=rank for this run directory."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--launched-worker" in cmdline and str(run_dir).encode() in b" ".join(cmdline):
+            if f"RANK={rank}".encode() in environ:
+                return int(entry.name)
+    raise AssertionError(f"no worker of rank {rank} found for {run_dir}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reliability") / "uninterrupted"
+    code, _, err = finish(start(*RUN, "--out", str(out), cwd=out.parent))
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(
+    tmp_path, uninterrupted
+):
+    out = tmp_path / "killed"
+    proc = start(*RUN, *SLOW, "--max-restarts", "1", "--out", str(out), cwd=tmp_path)
+    wait_for_step(out, 5, proc)  # past the checkpoint of step 3
+    os.kill(worker_pid(out, 1), signal.SIGKILL)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert "restart 1: resuming from step" in err
+    assert steps_logged(out) == list(range(1, STEPS + 1))  # each step exactly once
+    assert losses(out) == losses(uninterrupted)  # same mesh: bitwise
+    final = ck.checkpoint_path(out, STEPS)
+    from paratrain.train.export import export_safetensors, load_exported
+
+    ours = load_exported(export_safetensors(out)).state_dict()
+    theirs = load_exported(export_safetensors(uninterrupted, tmp_path / "u.st")).state_dict()
+    assert ck.is_complete(final)
+    assert all(ours[k].equal(theirs[k]) for k in theirs)
+
+
+@pytest.mark.e2e
+def test_sigterm_checkpoints_and_stops_then_resume_continues_exactly(tmp_path, uninterrupted):
+    out = tmp_path / "preempted"
+    proc = start(*RUN, *SLOW, "--out", str(out), cwd=tmp_path)
+    wait_for_step(out, 4, proc)
+    proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
+    code, _, err = finish(proc)
+    assert code == 143, err
+    assert "stopped by" in err and f"--resume {out}" in err
+    stopped = ck.latest_checkpoint(out).step
+    assert 4 <= stopped < STEPS and steps_logged(out) == list(range(1, stopped + 1))
+    code, _, err = finish(start("--resume", str(out), cwd=tmp_path))
+    assert code == 0, err
+    assert f"resuming at step {stopped} of {STEPS}" in err
+    assert steps_logged(out) == list(range(1, STEPS + 1))
+    assert losses(out) == losses(uninterrupted)
+
+
+def refused(*args: str, cwd: Path) -> str:
+    code, out, err = finish(start(*args, cwd=cwd), timeout=120)
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.e2e
+def test_bad_checkpoints_and_data_are_refused_with_one_line_and_nothing_changes(
+    tmp_path, uninterrupted
+):
+    import shutil
+
+    def copy(name: str) -> Path:
+        run = tmp_path / name
+        shutil.copytree(uninterrupted, run)
+        return run
+
+    run = copy("other-model")
+    assert "model.d_model = 64 but the checkpoint has 32" in refused(
+        "--resume", str(run), "--d-model", "64", cwd=tmp_path
+    )
+    run = copy("truncated")
+    latest = ck.latest_checkpoint(run).path
+    shard = sorted(latest.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    before = sorted(p.name for p in (run / ck.CHECKPOINTS).iterdir())
+    assert f"is damaged: {shard.name} has 100 bytes" in refused("--resume", str(run), cwd=tmp_path)
+    assert sorted(p.name for p in (run / ck.CHECKPOINTS).iterdir()) == before
+    run = copy("corrupt-index")
+    (ck.latest_checkpoint(run).path / ck.COMMIT_FILE).write_bytes(b"not a pickle")
+    assert "has a damaged .metadata" in refused("--resume", str(run), cwd=tmp_path)
+    run = copy("no-checkpoint")
+    shutil.rmtree(run / ck.CHECKPOINTS)
+    assert "no complete checkpoint" in refused("--resume", str(run), cwd=tmp_path)
+    assert "does not exist" in refused(*RUN, "--data", str(tmp_path / "missing.txt"), cwd=tmp_path)
