@@ -19,7 +19,7 @@ from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.data import load_tokens
-from paratrain.train.loop import TrainResult, train
+from paratrain.train.loop import TrainResult, build_model, train
 from paratrain.train.prediction import Tracker
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
@@ -199,5 +199,9 @@ def _train_and_record(
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
     summary = summarize(result, cfg, run_dir) | compared | traced
+    with torch.device("meta"):  # the count only: no memory
+        summary["params"] = sum(p.numel() for p in build_model(cfg).parameters())
+    measured = compared.get("measured", {}).get("model_state_bytes")
+    summary["model_state_bytes_per_rank"] = [r["total"] for r in measured] if measured else None
     rd.write_summary(run_dir, summary)
     return summary
