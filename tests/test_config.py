@@ -102,7 +102,7 @@ BAD_INPUTS = [
     (["--zero", "5"], "--zero 5; valid: 0, 1, 2, 3"),
     (["--zero", "3", "--pp", "2"], "--zero 3 with a pipeline (--pp > 1) is refused"),
     (["--zero", "1", "--tp", "2", "--sequence-parallel"], "--sequence-parallel with --zero"),
-    (["--dtype", "float16"], "--dtype float16: training with fp16 loss scaling is not wired"),
+    (["--dtype", "float16", "--pp", "2"], "--dtype float16 with --pp 2 --dp-mode sync: fp16"),
     (["--dtype", "float8"], "train.dtype = 'float8'; valid: auto, float32"),
     (["--backend", "mpi"], "parallel.backend = 'mpi'; valid: auto, gloo, nccl"),
     (["--steps", "0"], "train.steps = 0 must be positive"),

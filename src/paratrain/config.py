@@ -88,6 +88,9 @@ class TrainConfig:
     dtype: str = param(
         "auto", "Compute dtype: float32, bfloat16, or auto (bf16 on CUDA, else fp32)."
     )
+    loss_scale: float = param(
+        2.0**16, "fp16 only: initial loss scale, halved on overflow (step skipped), then grown."
+    )
     val_batches: int = param(8, "Batches of held-out data for the final validation loss.")
     log_every: int = param(10, "Steps between log lines when stderr is not a terminal.")
     trace: bool = param(

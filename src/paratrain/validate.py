@@ -15,7 +15,7 @@ from paratrain.config import RunConfig
 from paratrain.models.plans import check_gpt_tensor_parallel
 from paratrain.parallel.recompute import RECOMPUTE
 
-BUILT_DTYPES = ("float32", "bfloat16")
+BUILT_DTYPES = ("float32", "bfloat16", "float16")
 KNOWN_DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -56,6 +56,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "train.log_every": cfg.train.log_every,
         "parallel.comm_timeout_s": cfg.parallel.comm_timeout_s,
         "train.max_skipped_steps": cfg.train.max_skipped_steps,
+        "train.loss_scale": cfg.train.loss_scale,
     }
     for name, value in checks.items():
         if value <= 0:
@@ -149,12 +150,13 @@ def compute_dtype(cfg: RunConfig) -> str:
 
 
 def _check_not_built_yet(cfg: RunConfig) -> None:
-    """Flags named now so scripts can rely on them, refused until their feature lands."""
-    t = cfg.train
-    if t.dtype not in BUILT_DTYPES:
+    """Combinations named now so scripts can rely on them, refused until they land."""
+    t, p = cfg.train, cfg.parallel
+    if t.dtype == "float16" and (p.pp > 1 or p.dp_mode == "async"):
         raise ValueError(
-            f"--dtype {t.dtype}: training with fp16 loss scaling is not wired yet; "
-            f"valid: {', '.join(BUILT_DTYPES)}"
+            f"--dtype float16 with --pp {p.pp} --dp-mode {p.dp_mode}: fp16 loss scaling runs "
+            "with pp = 1 and sync data parallelism (each pipeline chunk would scale again); "
+            "use --dtype bfloat16, which needs no loss scale"
         )
 
 

@@ -144,6 +144,7 @@ def train(
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     metrics: list[StepMetrics] = []
     skipped_in_a_row, stopped_at = 0, None
+    scalers = [w.scaler for w in engine.wrappers if getattr(w, "scaler", None) is not None]
 
     def save(step: int) -> None:
         if run_dir is not None:
@@ -164,7 +165,10 @@ def train(
         grad_norm = engine.clip(t.grad_clip)
         # The norm is global (reduced over dp, tp and pp), so every rank decides the same.
         skipped = not math.isfinite(grad_norm)
-        if skipped:
+        if skipped and scalers:  # fp16: an overflow the loss scaler expects and handles
+            optimizer.step()  # finds the overflow on every rank, halves the scale, skips
+            log.info("step %d: fp16 overflow, loss scale now %g", step + 1, scalers[0].scale)
+        elif skipped:
             skipped_in_a_row += 1
             log.warning(
                 "step %d skipped: gradient norm %s, loss %s (%d in a row, limit %d)",

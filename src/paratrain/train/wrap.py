@@ -10,6 +10,8 @@ and the optimizer go through them rather than through `p.grad`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -32,7 +34,9 @@ def wrap(module: nn.Module, mesh: Mesh, cfg: RunConfig, reduce_op: str) -> Wrapp
     p, dp, dtype = cfg.parallel, mesh.group("dp"), compute_dtype(cfg)
     if p.zero == 0 and dtype == "float32":
         return DataParallel(module, dp, p.bucket_mb, reduce_op=reduce_op)
-    precision = MixedPrecision.of(dtype)
+    precision = dataclasses.replace(
+        MixedPrecision.of(dtype), initial_loss_scale=cfg.train.loss_scale
+    )
     if p.zero == 3:
         return FullyShardedDataParallel(
             module, dp, gpt_units(module), precision, prefetch=p.prefetch, reduce_op=reduce_op
