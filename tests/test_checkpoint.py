@@ -203,3 +203,52 @@ def test_a_non_finite_gradient_skips_the_step_on_every_rank():
 def test_too_many_non_finite_steps_in_a_row_stop_the_run():
     for message in run_distributed(nan_at, 2, {2, 3}, 2):
         assert "2 consecutive steps (up to step 3) had a non-finite gradient norm" in message
+
+
+HANG_TIMEOUT_S = 2.0
+
+
+class GaveUp(Exception):
+    pass
+
+
+def hang_in_step_3(rank, world_size, run_dir):
+    """Rank 1 stops (a long sleep) after step 2's checkpoint; rank 0 must time out in step 3
+    with a report, not wait forever."""
+    import time
+
+    from paratrain.comm.group import CommOptions
+    from paratrain.mesh import Mesh
+    from paratrain.train import loop
+
+    original = loop.straggle
+
+    def straggle(cfg, mesh, busy_s):
+        if mesh.global_rank == 1 and mesh.ledger.step == 3:
+            time.sleep(HANG_TIMEOUT_S + 4)
+            raise GaveUp
+        original(cfg, mesh, busy_s)
+
+    loop.straggle = straggle
+    cfg = tiny_config(steps=5, checkpoint_every=2)
+    cfg.parallel.dp = 2
+    mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=HANG_TIMEOUT_S))
+    start = time.monotonic()
+    try:
+        loop.train(cfg, mesh, tiny_data(), run_dir=Path(run_dir))
+    except GaveUp:
+        return "gave up", time.monotonic() - start
+    except Exception as e:  # CommError on rank 0
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_hung_rank_is_reported_in_time_and_the_last_checkpoint_stays_intact(tmp_path):
+    (message, elapsed), _ = run_distributed(hang_in_step_3, 2, str(tmp_path), timeout=60)
+    assert message is not None
+    assert "rank 0 (rank 0 of group 'dp'" in message and "in training step 4" in message, message
+    assert "rank 1 did not make this call" in message
+    # Steps 1-3 take well under a second each; the report comes within timeout + 5 s.
+    assert elapsed < HANG_TIMEOUT_S + 5 + 3, elapsed
+    assert ck.latest_checkpoint(tmp_path).step == 2
+    ck.check_files(ck.latest_checkpoint(tmp_path).path)
