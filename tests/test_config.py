@@ -100,6 +100,7 @@ BAD_INPUTS = [
     (["--dp-mode", "hogwild"], "--dp-mode 'hogwild'; valid: sync, async"),
     (["--dc-lambda", "-0.5"], "--dc-lambda -0.5 and --staleness-bound 0 must be >= 0"),
     (["--zero", "5"], "--zero 5; valid: 0, 1, 2, 3"),
+    (["--zero2-accumulate", "lazy"], "--zero2-accumulate 'lazy'; valid: full, shard"),
     (["--zero", "3", "--pp", "2"], "--zero 3 with a pipeline (--pp > 1) is refused"),
     (["--zero", "1", "--tp", "2", "--sequence-parallel"], "--sequence-parallel with --zero"),
     (["--dtype", "float16", "--pp", "2"], "--dtype float16 with --pp 2 --dp-mode sync: fp16"),

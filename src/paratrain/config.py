@@ -45,6 +45,11 @@ class ParallelConfig:
     tp: int = param(1, "Tensor-parallel degree.")
     zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group (3 = FSDP).")
     prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.")
+    zero2_accumulate: str = param(
+        "full",
+        "ZeRO-2 with K micro-batches: full (whole gradient until the last, one reduce-scatter)"
+        " or shard (reduce-scatter every micro-batch into the shard: 1/k memory, K x traffic).",
+    )
     schedule: str = param("1f1b", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
     sequence_parallel: bool = param(
         False, "Split LayerNorm/dropout regions along the sequence over tp."

@@ -236,6 +236,8 @@ def _check_zero(cfg: RunConfig) -> None:
         raise ValueError(f"--zero {p.zero}; valid: 0, 1, 2, 3")
     if p.prefetch < 0:
         raise ValueError(f"--prefetch {p.prefetch} must be zero or positive")
+    if p.zero2_accumulate not in ("full", "shard"):
+        raise ValueError(f"--zero2-accumulate {p.zero2_accumulate!r}; valid: full, shard")
     sharded = p.zero > 0 or t.dtype != "float32"
     if sharded and p.dp_mode == "async":
         raise ValueError("--dp-mode async keeps the whole model on the server; use --zero 0")

@@ -41,7 +41,15 @@ def wrap(module: nn.Module, mesh: Mesh, cfg: RunConfig, reduce_op: str) -> Wrapp
         return FullyShardedDataParallel(
             module, dp, gpt_units(module), precision, prefetch=p.prefetch, reduce_op=reduce_op
         )
-    return ZeroDataParallel(module, dp, p.zero, precision, p.bucket_mb, reduce_op=reduce_op)
+    return ZeroDataParallel(
+        module,
+        dp,
+        p.zero,
+        precision,
+        p.bucket_mb,
+        reduce_op=reduce_op,
+        accumulate=p.zero2_accumulate if p.zero == 2 else "full",
+    )
 
 
 class OptimizerSet:
