@@ -102,7 +102,6 @@ BAD_INPUTS = [
     (["--zero", "5"], "--zero 5; valid: 0, 1, 2, 3"),
     (["--zero2-accumulate", "lazy"], "--zero2-accumulate 'lazy'; valid: full, shard"),
     (["--zero", "3", "--pp", "2"], "--zero 3 with a pipeline (--pp > 1) is refused"),
-    (["--zero", "1", "--tp", "2", "--sequence-parallel"], "--sequence-parallel with --zero"),
     (["--dtype", "float16", "--pp", "2"], "--dtype float16 with --pp 2 --dp-mode sync: fp16"),
     (["--dtype", "float8"], "train.dtype = 'float8'; valid: auto, float32"),
     (["--backend", "mpi"], "parallel.backend = 'mpi'; valid: auto, gloo, nccl"),

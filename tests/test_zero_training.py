@@ -16,7 +16,7 @@ from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import assert_layout_equivalent, tiny_config, tiny_data, train_layouts
 
-# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation])
+# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation[, sequence parallel]])
 LAYOUTS = {
     2: [
         (2, 1, 1, 1, "1f1b", 2),
@@ -24,20 +24,28 @@ LAYOUTS = {
         (2, 1, 1, 2, "1f1b", 1, "shard"),  # K = 4 reduce-scatters into the shard
         (2, 1, 1, 3, "1f1b", 2),
     ],
-    4: [(4, 1, 1, 3, "1f1b", 1), (2, 1, 2, 2, "1f1b", 2), (2, 2, 1, 2, "1f1b", 1, "shard")],
+    4: [
+        (4, 1, 1, 3, "1f1b", 1),
+        (2, 1, 2, 2, "1f1b", 2),
+        (2, 2, 1, 2, "1f1b", 1, "shard"),
+        # Sequence parallelism's partial LayerNorm gradients summed in the ZeRO shards.
+        (2, 1, 2, 1, "1f1b", 2, "full", True),
+        (2, 1, 2, 2, "1f1b", 1, "shard", True),
+        (2, 1, 2, 3, "1f1b", 2, "full", True),
+    ],
     8: [(2, 2, 2, 1, "1f1b", 2), (2, 2, 2, 2, "1f1b", 2)],
 }
 CLIP = 0.5
 
 
 def layout_config(
-    world, dp, pp, tp, zero, schedule, micro_batch, accumulate="full", dtype="float32"
+    world, dp, pp, tp, zero, schedule, micro_batch, accumulate="full", sp=False, dtype="float32"
 ):
     cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP, dtype=dtype)
     cfg.model.n_layer = 4
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.schedule = world, dp, pp, tp, zero, schedule
-    p.zero2_accumulate = accumulate
+    p.zero2_accumulate, p.sequence_parallel = accumulate, sp
     cfg.train.microbatches = 0
     return resolve(cfg, world)
 
@@ -55,7 +63,7 @@ def test_zero_layouts_match_single_process(world):
 def bf16_run(rank, world_size, data):
     out = []
     for dtype in ("float32", "bfloat16"):
-        cfg = layout_config(2, 2, 1, 1, 1, "1f1b", 2, "full", dtype)
+        cfg = layout_config(2, 2, 1, 1, 1, "1f1b", 2, "full", False, dtype)
         cfg.train.steps = 6
         out.append([m.loss for m in train(cfg, Mesh.build(dp=2), data).metrics])
     return out

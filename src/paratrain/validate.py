@@ -248,11 +248,6 @@ def _check_zero(cfg: RunConfig) -> None:
         )
     if p.zero == 3 and t.recompute != "none":
         raise ValueError("--zero 3 with --recompute is not supported yet; drop one of them")
-    if sharded and p.sequence_parallel:
-        raise ValueError(
-            "--sequence-parallel with --zero or a 16-bit --dtype is not supported yet: its "
-            "partial LayerNorm gradients are summed before the data-parallel reduction"
-        )
 
 
 def _check_tensor_parallel(cfg: RunConfig) -> None:

@@ -26,7 +26,6 @@ from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
-from paratrain.parallel.tensor_parallel_state import sync_sequence_parallel_grads
 from paratrain.train import wrap as wrapping
 from paratrain.train.step import accumulate_gradients, evaluate
 
@@ -59,7 +58,7 @@ class FlatEngine(Engine):
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
         self.model.zero_grad()
         loss, tokens = accumulate_gradients(self.model, micro_batches)
-        sync_sequence_parallel_grads(self.model.module, self.tp)
+        wrapping.sync_sequence_parallel(self.model, self.tp)
         wrapping.scale_gradients(self.wrappers, 1.0 / max(tokens, 1))
         return loss, tokens
 
@@ -90,7 +89,7 @@ class PipelineEngine(Engine):
             loss = self.runtime.run_step(micro_batches)
         for w in self.wrappers:
             w.finish_gradient_sync()
-            sync_sequence_parallel_grads(w.module, self.tp)
+            wrapping.sync_sequence_parallel(w, self.tp)
         tokens = sum(b[:, 1:].numel() for b in micro_batches)
         # The runtime weights every micro-batch equally: full-length rows only.
         stats = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)

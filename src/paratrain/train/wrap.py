@@ -21,7 +21,11 @@ from paratrain.mesh import Mesh
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel, gpt_units
 from paratrain.parallel.mixed_precision import MixedPrecision
-from paratrain.parallel.tensor_parallel_state import sharded_parameters
+from paratrain.parallel.tensor_parallel_state import (
+    sequence_parallel_parameters,
+    sharded_parameters,
+    sync_sequence_parallel_grads,
+)
 from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train.clip import clip_global_norm
 from paratrain.train.optim import build_adamw
@@ -73,6 +77,38 @@ def build_optimizer(wrappers: list[Wrapper], cfg: RunConfig, lr: float):
     if all(isinstance(w, DataParallel) for w in wrappers):
         return build_adamw(nn.ModuleList([w.module for w in wrappers]), lr, t.weight_decay, betas)
     return OptimizerSet([w.build_optimizer(lr, t.weight_decay, betas) for w in wrappers])
+
+
+def sync_sequence_parallel(w: Wrapper, tp: comm.CommGroup) -> None:
+    """Sum over tp the gradients sequence parallelism left partial (LayerNorms, position
+    embedding, row-parallel biases), wherever this wrapper keeps the reduced gradient.
+
+    Plain data parallelism: in `p.grad`. Sharded wrappers: only in this rank's shard, so
+    the pieces of those parameters in it are summed; every tp rank of a dp rank holds the
+    same pieces (the same local parameters in the same order), and sums commute with the
+    dp reduction that came first.
+    """
+    if isinstance(w, DataParallel):
+        sync_sequence_parallel_grads(w.module, tp)
+        return
+    partial = {id(p) for p in sequence_parallel_parameters(w.module)}
+    if tp.size == 1 or not partial:
+        return
+    names = {n for n, p in w.module.named_parameters() if id(p) in partial}
+    views = []
+    for shard in w.shards if isinstance(w, FullyShardedDataParallel) else [w.shard]:
+        pieces = shard.layout.local_pieces(shard.rank)
+        views += [
+            v
+            for piece, v in zip(pieces, shard.piece_views(shard.grad), strict=True)
+            if piece.segment.name in names
+        ]
+    flat = torch.cat(views) if views else torch.zeros(0)
+    comm.all_reduce(flat, tp, op="sum")
+    offset = 0
+    for v in views:
+        v.copy_(flat[offset : offset + v.numel()])
+        offset += v.numel()
 
 
 def scale_gradients(wrappers: list[Wrapper], factor: float) -> None:
