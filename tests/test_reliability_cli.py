@@ -167,3 +167,17 @@ def test_bad_checkpoints_and_data_are_refused_with_one_line_and_nothing_changes(
     shutil.rmtree(run / ck.CHECKPOINTS)
     assert "no complete checkpoint" in refused("--resume", str(run), cwd=tmp_path)
     assert "does not exist" in refused(*RUN, "--data", str(tmp_path / "missing.txt"), cwd=tmp_path)
+
+
+@pytest.mark.e2e
+def test_a_dead_worker_without_restarts_brings_the_run_down_with_its_rank_named(tmp_path):
+    out = tmp_path / "dies"
+    proc = start(*RUN, *SLOW, "--out", str(out), cwd=tmp_path)
+    wait_for_step(out, 4, proc)
+    os.kill(worker_pid(out, 1), signal.SIGKILL)
+    started = time.monotonic()
+    code, _, err = finish(proc, timeout=120)
+    assert code == 1 and "worker rank 1 failed with exit code -9" in err, err
+    assert time.monotonic() - started < 60  # the other rank did not wait for a timeout
+    assert 3 <= ck.latest_checkpoint(out).step < STEPS  # the last complete one is intact
+    ck.check_files(ck.latest_checkpoint(out).path)
