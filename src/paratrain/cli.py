@@ -70,24 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     from paratrain.plan.command import add_plan_arguments
 
     add_plan_arguments(plan)
-    bench = sub.add_parser("bench", help="benchmarks against PyTorch-native peers")
-    benches = bench.add_subparsers(dest="name", required=True, parser_class=OneLineParser)
-    overhead = benches.add_parser("overhead", help="our training step against a plain loop")
-    overhead.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
-    add_bench_comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
-    dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
-    dp.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    dp.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
-    dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
-    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
-    add_bench_tp_flags(benches.add_parser("tp", help="tensor parallel against torch DTensor"))
-    layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
-    layouts.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
-    add_bench_pp_flags(benches.add_parser("pp", help="pipeline schedules against torch pipelining"))
-    add_bench_zero_flags(benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2"))
+    from paratrain.bench.command import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmarks against PyTorch-native peers"))
     from paratrain.measure.schedule_command import add_schedule_arguments
 
     add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
@@ -96,54 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
     export.add_argument("--out", help="output file (default: RUN_DIR/model.safetensors)")
     return parser
-
-
-def add_bench_pp_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 2)")
-    parser.add_argument(
-        "--schedules", default="gpipe,1f1b,interleaved,zb-h1", help="ours, comma-separated"
-    )
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
-    parser.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
-
-
-def add_bench_zero_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
-    parser.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
-    parser.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
-    parser.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
-
-
-def add_bench_comm_flags(parser: argparse.ArgumentParser) -> None:
-    from paratrain.bench import comm
-
-    parser.add_argument("--ops", default=",".join(comm.OPS), help="collectives, comma-separated")
-    parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
-    parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
-    parser.add_argument(
-        "--sizes", default=comm.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=10,
-        help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
-    )
-    parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
-    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
-
-
-def add_bench_tp_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
-    parser.add_argument("--pairs", type=int, default=20, help="alternating step pairs (at least 4)")
-    parser.add_argument(
-        "--sequence-parallel",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="both sides sequence parallel (ours; DTensor SequenceParallel)",
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -302,96 +239,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from paratrain.bench.command import run_bench
+
     setup_logging(0)
-    if args.name == "comm":
-        return cmd_bench_comm(args)
-    if args.name == "pp":
-        return cmd_bench_pp(args)
-    if args.name == "layouts":
-        from paratrain.bench.layouts import run_layouts_bench
-
-        result = run_layouts_bench(args.steps)
-        if args.json:
-            print(json.dumps(result), flush=True)
-        return 0
-    if args.name == "tp":
-        return cmd_bench_tp(args)
-    if args.name == "zero":
-        return cmd_bench_zero(args)
-    if args.name == "dp":
-        if args.pairs < 4:
-            raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
-        from paratrain.bench.dp import run_dp_bench
-
-        result = run_dp_bench(args.pairs, args.bucket_mb, args.async_steps)
-        if args.json:
-            print(json.dumps(result), flush=True)
-        return 0
-    from paratrain.bench.overhead import run_overhead_bench
-
-    result = run_overhead_bench(steps=args.steps, rounds=args.rounds)
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
-
-
-def cmd_bench_zero(args: argparse.Namespace) -> int:
-    if args.pairs < 4:
-        raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
-    from paratrain.bench.zero import parse_stages, run_zero_bench
-
-    stages = parse_stages(args.stages)
-    try:
-        result = run_zero_bench(args.pairs, stages, args.out or None, args.dp)
-    except RuntimeError as e:  # the two loss curves disagree: one line
-        print(f"paratrain bench zero: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
-
-
-def cmd_bench_tp(args: argparse.Namespace) -> int:
-    if args.pairs < 4:
-        raise ValueError(f"--pairs {args.pairs}: need at least 4 pairs for quartiles")
-    from paratrain.bench.tp import run_tp_bench
-
-    try:
-        result = run_tp_bench(args.pairs, args.sequence_parallel)
-    except RuntimeError as e:  # the two loss curves disagree: one line
-        print(f"paratrain bench tp: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
-
-
-def cmd_bench_comm(args: argparse.Namespace) -> int:
-    from paratrain.bench.comm import Sweep, run_comm_bench
-
-    sweep = Sweep.from_flags(args.ops, args.algos, args.world_sizes, args.sizes, args.repeats)
-    try:
-        result, status = run_comm_bench(sweep, args.out or None)
-    except RuntimeError as e:  # a rank failed or hung: its error, in one line
-        print(f"paratrain bench comm: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return status
-
-
-def cmd_bench_pp(args: argparse.Namespace) -> int:
-    from paratrain.bench.pp import run_pp_bench
-
-    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
-    try:
-        result = run_pp_bench(names, args.pairs, args.microbatches, args.out or None)
-    except RuntimeError as e:  # the two sides' losses disagree: one line
-        print(f"paratrain bench pp: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result), flush=True)
-    return 0
+    return run_bench(args)
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -1,0 +1,151 @@
+"""`paratrain bench NAME`: the flags of each benchmark and how it is run.
+
+Every bench prints a readable report; `--json` adds one JSON object as the last line of
+stdout. A bench whose two sides disagree (losses beyond tolerance) or whose ranks fail
+raises RuntimeError: one line on stderr and exit status 1. Flags out of range raise
+ValueError, which the CLI turns into one line and status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+JSON_HELP = "print a JSON result as last line"
+
+
+def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
+    # The CLI's parser class (one-line errors) for the sub-commands too.
+    benches = bench.add_subparsers(dest="name", required=True, parser_class=type(bench))
+    overhead = benches.add_parser("overhead", help="our training step against a plain loop")
+    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
+    dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
+    _pairs(dp, 4)
+    dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
+    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
+    tp = benches.add_parser("tp", help="tensor parallel against torch DTensor")
+    _pairs(tp, 4)
+    tp.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="both sides sequence parallel (ours; DTensor SequenceParallel)",
+    )
+    layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
+    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
+    pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
+    _pairs(pp, 2)
+    pp.add_argument(
+        "--schedules", default="gpipe,1f1b,interleaved,zb-h1", help="ours, comma-separated"
+    )
+    pp.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
+    pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
+    zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
+    _pairs(zero, 4)
+    zero.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
+    zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
+    zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
+    for parser in benches.choices.values():
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
+    parser.add_argument(
+        "--pairs", type=int, default=20, help=f"alternating step pairs (at least {minimum})"
+    )
+    parser.set_defaults(min_pairs=minimum)
+
+
+def _comm_flags(parser: argparse.ArgumentParser) -> None:
+    from paratrain.bench import comm
+
+    parser.add_argument("--ops", default=",".join(comm.OPS), help="collectives, comma-separated")
+    parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
+    parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
+    parser.add_argument(
+        "--sizes", default=comm.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
+    )
+    parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    minimum = getattr(args, "min_pairs", 0)
+    if minimum and args.pairs < minimum:
+        what = "quartiles" if minimum >= 4 else "a median"
+        raise ValueError(f"--pairs {args.pairs}: need at least {minimum} pairs for {what}")
+    run: Callable[[argparse.Namespace], tuple[Any, int]] = RUNNERS[args.name]
+    try:
+        result, status = run(args)
+    except RuntimeError as e:  # the sides disagree, or a rank failed: its error, one line
+        print(f"paratrain bench {args.name}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return status
+
+
+def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.overhead import run_overhead_bench
+
+    return run_overhead_bench(steps=args.steps, rounds=args.rounds), 0
+
+
+def _comm(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.comm import Sweep, run_comm_bench
+
+    sweep = Sweep.from_flags(args.ops, args.algos, args.world_sizes, args.sizes, args.repeats)
+    return run_comm_bench(sweep, args.out or None)
+
+
+def _dp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.dp import run_dp_bench
+
+    return run_dp_bench(args.pairs, args.bucket_mb, args.async_steps), 0
+
+
+def _tp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.tp import run_tp_bench
+
+    return run_tp_bench(args.pairs, args.sequence_parallel), 0
+
+
+def _layouts(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.layouts import run_layouts_bench
+
+    return run_layouts_bench(args.steps), 0
+
+
+def _pp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.pp import run_pp_bench
+
+    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
+    return run_pp_bench(names, args.pairs, args.microbatches, args.out or None), 0
+
+
+def _zero(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.zero import parse_stages, run_zero_bench
+
+    stages = parse_stages(args.stages)
+    return run_zero_bench(args.pairs, stages, args.out or None, args.dp), 0
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
+    "overhead": _overhead,
+    "comm": _comm,
+    "dp": _dp,
+    "tp": _tp,
+    "layouts": _layouts,
+    "pp": _pp,
+    "zero": _zero,
+}
