@@ -34,6 +34,7 @@ def test_json_is_the_last_line_with_the_seeds_numbers(capsys, tmp_path):
     assert entry["model_state_bytes_per_gpu"] == {
         "params": 14_000_000_000,
         "grads": 14_000_000_000,
+        "grad_accumulation": 0,
         "optimizer": 7_000_000_000,
         "master": 3_500_000_000,
         "total": 38_500_000_000,
@@ -42,6 +43,28 @@ def test_json_is_the_last_line_with_the_seeds_numbers(capsys, tmp_path):
     assert data["recommended"]["zero"] == 1
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert "tp1.pp1.dp8.z1" in out  # the table
+
+
+def test_zero2_accumulate_flag_charges_one_option_and_shows_the_other(capsys):
+    """7B, dp 8, K = 8 (docs/planner.md's example): the table row and its note line carry
+    both options; the JSON's charged entry follows the flag, `zero2_alternative` the other."""
+    base = ["--preset", "7b", "--dp", "8", "--zero", "2", "--microbatches", "8", "--no-chart"]
+    entries = {}
+    for option in ("full", "shard"):
+        code, out, _ = run(capsys, *base, "--zero2-accumulate", option, "--json")
+        assert code == 0
+        (entries[option],) = json.loads(out.strip().splitlines()[-1])["layouts"]
+        assert "    ZeRO-2, K = 8, " + option in out and "(charged) | " in out
+    full, shard = entries["full"], entries["shard"]
+    assert full["model_state_bytes_per_gpu"]["grad_accumulation"] == 14_000_000_000
+    assert full["model_state_bytes_per_gpu"]["total"] == 40_250_000_000
+    assert shard["model_state_bytes_per_gpu"]["total"] == 26_250_000_000
+    assert (full["comm_bytes_per_gpu"], shard["comm_bytes_per_gpu"]) == (24.5e9, 110.25e9)
+    assert full["zero2_alternative"]["gradient_comm_bytes_per_gpu"] == 98_000_000_000
+    assert shard["zero2_alternative"]["grad_accumulation"] == 14_000_000_000
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *base, "--zero2-accumulate", "half"])
+    assert exc.value.code == 2 and "invalid choice: 'half'" in capsys.readouterr().err
 
 
 def test_params_alone_and_overrides(capsys):
@@ -144,14 +167,18 @@ def test_validate_zero_stages_and_zb_h1_match_exactly(capsys):
     carry the paper's volume with S the padded flat buffers."""
     from paratrain.bench.validate import run_validation
 
-    assert run_validation(steps=2, cases=["zero1", "zero2", "zero3", "zb-h1"]) == 0
+    cases = ["zero1", "zero2", "zero2-shard", "zero3", "zb-h1"]
+    assert run_validation(steps=2, cases=cases) == 0
     out = capsys.readouterr().out
     assert " NO " not in out and "exact quantities agree" in out
     rows = {tuple(line.split()[:3]): line for line in out.splitlines() if line[:1] != " "}
-    for zero in ("zero1", "zero2", "zero3"):
+    for zero in ("zero1", "zero2", "zero2-shard", "zero3"):
         for kind in ("params", "grads", "optimizer", "master"):
             assert rows[(zero, "0,1", kind)].split()[6] == "yes"  # the ok column
     assert "= 2 (k-1) S / k, one sync per step" in rows[("zero2", "0,1", "dp")]
+    # accumulate shard, K = 2: one more reduce-scatter of (k-1)S/k = 1,783,296 bytes
+    assert " 5,349,920 " in rows[("zero2-shard", "0,1", "dp")]
+    assert "= (K + 1) (k-1) S / k" in rows[("zero2-shard", "0,1", "dp")]
     assert "= K 3 (k-1) S / k" in rows[("zero3", "0,1", "dp")]
     assert " 1,783,296 " in rows[("zero2", "0,1", "grads")]  # a shard: N / 2 x 4 bytes
     assert "1F1B idles 3 (S-1) = 3" in rows[("zb-h1", "all", "idle")]

@@ -15,16 +15,20 @@ import pytest
 from paratrain.plan import comm, memory, pipeline
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import CLUSTER_PRESETS, GB, cluster_preset
+from paratrain.plan.estimate import estimate
 from paratrain.plan.layout import PRECISIONS, Layout, Workload, microbatches_for
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, gpt_param_count, model_preset
+from paratrain.plan.report import zero2_note
 
 MIXED = Workload()  # mixed-precision Adam, 16 bytes per parameter
 SEEDS = cluster_preset("seeds-80gb-nvlink300-ib50-1e14")
 
 
 def state_gb(n: float, k: int, zero: int) -> dict[str, float]:
-    s = memory.model_state_bytes(int(n), MIXED, Layout(dp=k, zero=zero))
-    return {name: v / GB for name, v in s.as_dict().items()}
+    """The seeds' items (no accumulation: K = 1, so ZeRO-2 holds no whole gradient)."""
+    s = memory.model_state_bytes(int(n), MIXED, Layout(dp=k, zero=zero)).as_dict()
+    assert s.pop("grad_accumulation") == 0
+    return {name: v / GB for name, v in s.items()}
 
 
 def test_seeds_7b_on_8_gpus_memory_table_itemised():
@@ -115,14 +119,73 @@ def test_zero_traffic_follows_the_zero_paper_not_the_seeds():
     assert totals[3] == 3 * (k - 1) * 2 * n // k  # 1.5x DDP
 
 
-def test_zero2_and_zero3_traffic_grows_with_accumulation():
+def test_zero3_and_zero2_shard_traffic_grows_with_accumulation():
     model = ModelSpec("1b", n_params=10**9)
-    for zero, grows in ((0, False), (1, False), (2, True), (3, True)):
-        one = sum(e.bytes for e in comm.dp_traffic(model, MIXED, Layout(dp=4, zero=zero), SEEDS, 1))
-        many = sum(
-            e.bytes for e in comm.dp_traffic(model, MIXED, Layout(dp=4, zero=zero), SEEDS, 8)
-        )
+    shard = Workload(zero2_accumulate="shard")
+    cases = ((0, MIXED, False), (1, MIXED, False), (2, MIXED, False), (2, shard, True))
+    for zero, w, grows in (*cases, (3, MIXED, True)):
+        one = sum(e.bytes for e in comm.dp_traffic(model, w, Layout(dp=4, zero=zero), SEEDS, 1))
+        many = sum(e.bytes for e in comm.dp_traffic(model, w, Layout(dp=4, zero=zero), SEEDS, 8))
         assert (many > one) == grows
+
+
+def test_zero2_accumulation_both_options_7b_on_8_gpus_k8():
+    """docs/planner.md's worked example, by hand. 7B, mixed Adam, k = 8, K = 8: S = 2N =
+    14 GB of bf16 gradients, a shard S/k = 1.75 GB, one ring reduce-scatter (k-1)S/k =
+    12.25 GB, the parameter all-gather (k-1)P/k = 12.25 GB.
+    full: grads 1.75 + a transient whole gradient 14 = 40.25 GB of model state at the
+      peak (26.25 at the step boundary, the seeds' figure), traffic 12.25 + 12.25 = 24.5 GB;
+    shard: 26.25 GB, traffic 8 x 12.25 + 12.25 = 110.25 GB, of it 98 GB gradients."""
+    model, lay, k = model_preset("7b"), Layout(dp=8, zero=2), 8
+    full, shard = MIXED, Workload(zero2_accumulate="shard")
+    s_full = memory.model_state_bytes(model.params, full, lay, k)
+    s_shard = memory.model_state_bytes(model.params, shard, lay, k)
+    assert (s_full.grads, s_full.grad_accumulation) == (1.75e9, 14e9)
+    assert (s_full.total, s_full.step_boundary) == (40.25e9, 26.25e9)
+    assert (s_shard.grads, s_shard.grad_accumulation, s_shard.total) == (1.75e9, 0, 26.25e9)
+    # the peak of "full" exceeds ZeRO-1's 38.5 GB by the gradient shard it keeps beside
+    z1 = memory.model_state_bytes(model.params, full, Layout(dp=8, zero=1), k)
+    assert s_full.total - z1.total == s_full.grads == 1.75e9
+    # K = 1: nothing is accumulated, the two options are the same
+    assert memory.model_state_bytes(model.params, full, lay, 1) == s_shard
+
+    def sent(w: Workload) -> dict[tuple[str, str], int]:
+        return {(e.op, e.what): e.bytes for e in comm.dp_traffic(model, w, lay, SEEDS, k)}
+
+    assert sent(full) == {
+        ("reduce_scatter", "gradients, once per step"): 12_250_000_000,
+        ("all_gather", "updated parameters"): 12_250_000_000,
+    }
+    assert sent(shard) == {
+        ("reduce_scatter", "gradients, every micro-batch"): 98_000_000_000,
+        ("all_gather", "updated parameters"): 12_250_000_000,
+    }
+
+
+def test_zero2_estimate_reports_the_other_option():
+    """Whichever option is charged, the estimate carries the other one beside it."""
+    model, lay = model_preset("7b"), Layout(dp=8, zero=2)
+    for charged, other in (("full", "shard"), ("shard", "full")):
+        w = Workload(microbatches=8, global_batch=None, zero2_accumulate=charged)
+        e = estimate(model, SEEDS, w, lay)
+        assert e.alternative is not None and e.alternative.alternative is None
+        by = {charged: e, other: e.alternative}
+        assert (by["full"].gradient_comm_bytes, by["shard"].gradient_comm_bytes) == (
+            12_250_000_000,
+            98_000_000_000,
+        )
+        assert by["full"].memory_bytes - by["shard"].memory_bytes == 14e9  # the whole gradient
+        alt = e.as_dict()["zero2_alternative"]
+        assert (e.as_dict()["zero2_accumulate"], alt["zero2_accumulate"]) == (charged, other)
+        assert alt["grad_accumulation"] == (14e9 if other == "full" else 0)
+        assert alt["gradient_comm_bytes_per_gpu"] == by[other].gradient_comm_bytes
+        note = zero2_note(e)
+        assert f"K = 8, {charged}: grads 1.75" in note and "(charged) | " + other in note
+        assert "gradient traffic 12.25 GB/step" in note and "gradient traffic 98.00" in note
+    one = Workload(microbatches=1, global_batch=None)
+    assert estimate(model, SEEDS, one, lay).as_dict()["zero2_alternative"] is None
+    with pytest.raises(ValueError, match="zero2 accumulate 'half'; valid: full, shard"):
+        Workload(zero2_accumulate="half")
 
 
 def test_gpt_param_count_matches_the_module():
@@ -258,12 +321,23 @@ def test_property_zero_traffic_uses_the_padded_buffer():
         n, k, m = rng.randint(1, 10**10), rng.randint(2, 64), rng.randint(1, 16)
         model = ModelSpec("n", n_params=n)
         shard = math.ceil(n / k)
-        # ZeRO-1: one reduce-scatter and one all-gather; ZeRO-2 (DeepSpeed): the
-        # reduce-scatter after every micro-batch; ZeRO-3: three per micro-batch
-        for zero, calls in ((1, 2), (2, m + 1), (3, 3 * m)):
+        # ZeRO-1 and ZeRO-2 accumulating the whole gradient: one reduce-scatter and one
+        # all-gather; ZeRO-2 accumulating into the shard (DeepSpeed): the reduce-scatter
+        # after every micro-batch; ZeRO-3: three per micro-batch
+        shard_w = Workload(zero2_accumulate="shard")
+        for zero, w, calls in (
+            (1, MIXED, 2),
+            (2, MIXED, 2),
+            (2, shard_w, m + 1),
+            (3, MIXED, 3 * m),
+        ):
             lay = Layout(dp=k, zero=zero)
-            sent = sum(e.bytes for e in comm.dp_traffic(model, MIXED, lay, SEEDS, m))
+            sent = sum(e.bytes for e in comm.dp_traffic(model, w, lay, SEEDS, m))
             assert sent == calls * (k - 1) * shard * 2  # 2 bytes per element, mixed
+            state = memory.model_state_bytes(n, w, lay, m)
+            whole = zero == 2 and w is MIXED and m > 1  # the transient whole gradient
+            assert state.grad_accumulation == (2 * n if whole else 0)
+            assert state.step_boundary == memory.model_state_bytes(n, w, lay).total
 
 
 def test_zb_h1_bubble_is_a_third_of_1f1b_in_time():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from paratrain.plan.model import ModelSpec, gpt_param_count
 from paratrain.plan.ranks import (
     ONE_NODE,
     Coords,
+    accumulated_gradient_bytes,
     bytes_by_axis,
     chunk_params,
     flat_buffers,
@@ -171,6 +173,46 @@ def test_zero_state_padding_and_traffic_per_flat_buffer(zero):
         planned = bytes_by_axis(terms, bookkeeping=False)["dp"]
         syncs = kk if zero == 3 else 1
         assert planned * k == syncs * (3 if zero == 3 else 2) * (k - 1) * 4 * padded
+        if zero == 2:  # accumulate shard: K reduce-scatters, then the one all-gather
+            shard_w = replace(FP32, zero2_accumulate="shard")
+            terms = rank_traffic(OURS, shard_w, lay, kk, Coords(stage=stage))
+            planned = bytes_by_axis(terms, bookkeeping=False)["dp"]
+            assert planned * k == (kk + 1) * (k - 1) * 4 * padded
+            whole = 4 * padded if kk > 1 else 0  # "full" holds the buckets, padded buffers
+            assert accumulated_gradient_bytes(OURS, FP32, lay, kk, stage) == whole
+            assert accumulated_gradient_bytes(OURS, shard_w, lay, kk, stage) == 0
+
+
+def test_zero2_accumulation_options_per_rank_by_hand():
+    """OURS has N = 8 (12 64^2 + 13 64) + 2 256 64 + 32 64 + 2 64 = 434,816 parameters;
+    over k = 3 a shard is ceil(N/3) = 144,939 and the flat buffer 3 x 144,939 = 434,817
+    (one padding element). fp32, K = 4 micro-batches:
+    - one reduce-scatter or all-gather sends (k-1) x 144,939 x 4 = 1,159,512 bytes;
+    - full: one of each per step, 2,319,024; the buckets hold the whole padded gradient,
+      434,817 x 4 = 1,739,268 bytes, from micro-batch 1 until the reduce-scatter;
+    - shard: 4 reduce-scatters and one all-gather, 5 x 1,159,512 = 5,797,560; nothing held.
+    The step-boundary state is the same: a gradient shard of 144,939 x 4 = 579,756."""
+    lay = Layout(dp=3, zero=2)
+    full, shard = FP32, replace(FP32, zero2_accumulate="shard")
+    assert OURS.params == 434_816
+
+    def dp_terms(w: Workload) -> dict[str, int]:
+        return {t.what: t.bytes for t in rank_traffic(OURS, w, lay, 4, Coords()) if t.axis == "dp"}
+
+    assert dp_terms(full) == {
+        "gradients, once per step": 1_159_512,
+        "updated parameters": 1_159_512,
+        "(loss, tokens), float64": 16,
+        "gradient-norm squares of the shards, float64": 16,
+    }
+    assert dp_terms(shard)["gradients, every micro-batch"] == 4 * 1_159_512
+    assert bytes_by_axis(rank_traffic(OURS, shard, lay, 4, Coords()), False)["dp"] == 5_797_560
+    assert accumulated_gradient_bytes(OURS, full, lay, 4) == 1_739_268
+    assert accumulated_gradient_bytes(OURS, full, lay, 1) == 0  # nothing to accumulate
+    assert accumulated_gradient_bytes(OURS, shard, lay, 4) == 0
+    for w in (full, shard):
+        state = rank_model_state(OURS, w, lay)
+        assert (state.grads, state.grad_accumulation) == (579_756, 0)  # the step boundary
 
 
 def test_zb_h1_slots_bubble_and_memory_follow_the_schedule():

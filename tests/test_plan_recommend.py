@@ -70,8 +70,12 @@ def test_rejected_layouts_carry_reasons():
     result = plan(model_preset("70b"), SEEDS, Workload())
     rejected = [e for e in result.estimates if not e.fits]
     assert rejected and all(e.reason and not e.reason.startswith("fits") for e in rejected)
+    pp_zero3 = [e for e in result.estimates if e.layout.pp > 1 and e.layout.zero == 3]
+    assert pp_zero3 and all("ZeRO-3 with pipeline" in e.reason for e in pp_zero3)
+    # ZeRO-2 with a pipeline runs (the runtime takes it with either accumulation option):
+    # it is costed, not refused.
     pp_zero2 = [e for e in result.estimates if e.layout.pp > 1 and e.layout.zero == 2]
-    assert pp_zero2 and all("ZeRO-2" in e.reason for e in pp_zero2)
+    assert pp_zero2 and not any("pipeline" in e.reason for e in pp_zero2)
 
 
 def test_seeds_warnings_few_gpus_and_already_fits():
@@ -130,7 +134,11 @@ def test_json_entries_carry_the_issue_keys():
         assert set(entry["model_state_bytes_per_gpu"]) == {
             "params",
             "grads",
+            "grad_accumulation",  # ZeRO-2's transient whole gradient (0 elsewhere)
             "optimizer",
             "master",
             "total",
         }
+        zero2_k = entry["zero"] == 2 and (entry["microbatches"] or 0) > 1
+        assert (entry["zero2_alternative"] is not None) == zero2_k
+        assert entry["zero2_accumulate"] == ("full" if entry["zero"] == 2 else None)

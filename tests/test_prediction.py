@@ -83,6 +83,25 @@ def test_zero_model_state_and_bytes_agree_with_padding_dp3(zero, dtype):
     assert state["master"] == (4 * shard if dtype == "bfloat16" else 0)
 
 
+def test_zero2_accumulate_shard_is_predicted_exactly_dp3():
+    """`--zero 2 --zero2-accumulate shard`: the runtime reduce-scatters after each of the
+    K = 2 micro-batches, so each rank sends one more (k-1)S/k than with "full": S padded to
+    3 x 14,294 fp32 elements, (k-1)S/k = 2 x 14,294 x 4 = 114,352 bytes. The step-boundary
+    state is the same for both options; "full"'s transient whole gradient is a note."""
+    cfg = config(dp=3, zero=2, zero2_accumulate="shard")
+    full = predict(config(dp=3, zero=2))
+    assert "accumulate full" in full.notes[-1] and "0.17 MB" in full.notes[-1]  # 42,882 x 4
+    per_rank = run_distributed(train_and_compare, 3, cfg, tiny_data())
+    for compared in per_rank:
+        predicted, measured = compared["predicted"], compared["measured"]
+        assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+        assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+        assert measured["model_state_bytes"] == full.model_state
+        for shard, whole in zip(measured["bytes_sent_per_step"], full.bytes_per_step, strict=True):
+            assert shard["dp"] - whole["dp"] == 114_352
+    assert "accumulate shard" in describe(predict(cfg))[1]
+
+
 def test_prediction_per_rank_for_a_3d_layout():
     cfg = config(dp=2, pp=2, tp=2, schedule="1f1b")
     pred = predict(cfg)

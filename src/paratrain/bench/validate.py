@@ -9,7 +9,8 @@ plan/pipeline.py):
   ceil(n / k) and their padding, as the runtime records them in TrainResult.extra);
 - bytes sent per step by group (dp, tp, pp), every step: exact (the ledger counts native
   collectives with the ring and chain formulas the planner uses; ZeRO 2 (k-1) S / k per
-  step for stages 1-2, 3 (k-1) S / k per micro-batch for stage 3, S the padded buffers);
+  step for stages 1-2, (K + 1) (k-1) S / k for stage 2 with accumulate shard,
+  3 (k-1) S / k per micro-batch for stage 3, S the padded buffers);
 - peak forward graphs held (micro-batches x chunks in flight): exact (the schedule);
 - bubble, slot model: exact (the schedule's simulation with F = B = W = 1, B + W unsplit
   outside ZB-H1, against (S-1)/(vK+S-1), or ZB-H1's (S-1+max(0,S-K))/(3K+S-1+max(0,S-K)));
@@ -36,6 +37,7 @@ from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.ranks import (
     Coords,
+    accumulated_gradient_bytes,
     bytes_by_axis,
     flat_buffers,
     formula_model_state,
@@ -72,6 +74,7 @@ class Case:
     name: str
     layout: Layout
     microbatches: int
+    zero2_accumulate: str = "full"  # parallel.zero2_accumulate, for ZeRO-2
 
 
 CASES = {
@@ -85,11 +88,13 @@ CASES = {
         Case("3d", Layout(dp=2, pp=2, tp=2, schedule="1f1b"), 4),
         Case("zero1", Layout(dp=2, zero=1), 2),
         Case("zero2", Layout(dp=2, zero=2), 2),
+        Case("zero2-shard", Layout(dp=2, zero=2), 2, "shard"),
         Case("zero3", Layout(dp=2, zero=3), 2),
         Case("zero3-dp3", Layout(dp=3, zero=3), 2),
         Case("zero3-tp", Layout(dp=2, tp=2, zero=3), 2),
         Case("zero1-pp", Layout(dp=2, pp=2, zero=1, schedule="1f1b"), 4),
         Case("zero2-pp", Layout(dp=2, pp=2, zero=2, schedule="interleaved", chunks=2), 4),
+        Case("zero2-shard-pp", Layout(dp=2, pp=2, zero=2, schedule="1f1b"), 4, "shard"),
         Case("zb-h1", Layout(pp=2, schedule="zb-h1"), 4),
     )
 }
@@ -102,6 +107,7 @@ def small_config(case: Case, steps: int) -> RunConfig:
     lay, cfg = case.layout, RunConfig()
     p, t = cfg.parallel, cfg.train
     p.nproc, p.dp, p.pp, p.tp, p.zero = lay.world, lay.dp, lay.pp, lay.tp, lay.zero
+    p.zero2_accumulate = case.zero2_accumulate
     p.schedule, p.chunks, p.backend = lay.schedule or "1f1b", lay.chunks, "gloo"
     p.bucket_mb = 0  # one bucket per chunk: one gradient all-reduce each
     t.steps, t.warmup_steps, t.val_batches, t.dtype = steps, 1, 0, "float32"
@@ -131,6 +137,7 @@ def workload_for(cfg: RunConfig) -> Workload:
         precision=PRECISIONS["fp32"],
         recompute=cfg.train.recompute,
         bucket_bytes=2**62,
+        zero2_accumulate=getattr(cfg.parallel, "zero2_accumulate", "full"),
     )
 
 
@@ -157,7 +164,23 @@ def state_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> 
         notes.append(f"estimate() per GPU splits N evenly: N / (tp pp) x 4 = {even:,}")
     if notes:
         rows[0] = Row(**{**rows[0].__dict__, "note": "; ".join(notes)})
+    if lay.zero == 2 and case.microbatches > 1:
+        rows[1] = Row(**{**rows[1].__dict__, "note": grads_note(case, model, w, stage)})
     return rows
+
+
+def grads_note(case: Case, model: ModelSpec, w: Workload, stage: int) -> str:
+    """ZeRO-2's gradients at the step boundary, and what its accumulation held before."""
+    whole = accumulated_gradient_bytes(model, w, case.layout, case.microbatches, stage)
+    if whole:
+        return (
+            f"a shard at the step boundary; accumulate full held the whole gradient, "
+            f"{whole:,} bytes (the buckets), from micro-batch 1 to {case.microbatches}"
+        )
+    return (
+        "a shard; accumulate shard keeps no whole gradient between micro-batches (within a "
+        "backward, the unreduced buckets: here one bucket, the whole buffer)"
+    )
 
 
 def state_note(lay: Layout, model: ModelSpec, w: Workload, stage: int) -> str:
@@ -218,6 +241,12 @@ def zero_formula(case: Case, model: ModelSpec, stage: int) -> str:
     lay, k = case.layout, case.layout.dp
     padded = sum(k * -(-n // k) for chunk in flat_buffers(model, lay, stage) for n in chunk)
     s_bytes = 4 * padded  # fp32 parameters and fp32 gradient reduction
+    if lay.zero == 2 and case.zero2_accumulate == "shard":
+        volume = (case.microbatches + 1) * (k - 1) * s_bytes // k
+        return (
+            f"= (K + 1) (k-1) S / k = {volume:,}: a reduce-scatter every micro-batch, "
+            f"K = {case.microbatches}, S = {s_bytes:,} padded"
+        )
     if lay.zero < 3:
         return f"= 2 (k-1) S / k, one sync per step, S = {s_bytes:,} padded"
     volume = case.microbatches * 3 * (k - 1) * s_bytes // k
@@ -338,12 +367,12 @@ def _value(x: float) -> str:
 
 
 def format_rows(rows: list[Row]) -> str:
-    head = f"{'case':<12} {'ranks':<16} {'quantity':<34} {'predicted':>13} {'measured':>13}  ok"
+    head = f"{'case':<14} {'ranks':<16} {'quantity':<34} {'predicted':>13} {'measured':>13}  ok"
     lines = [head]
     for r in rows:
         mark = ("yes" if r.ok else "NO") if r.exact else "~"
         lines.append(
-            f"{r.case:<12} {r.ranks or 'all':<16} {r.quantity:<34} {_value(r.predicted):>13} "
+            f"{r.case:<14} {r.ranks or 'all':<16} {r.quantity:<34} {_value(r.predicted):>13} "
             f"{_value(r.measured):>13}  {mark:<3}" + (f" {r.note}" if r.note else "")
         )
     return "\n".join(lines)

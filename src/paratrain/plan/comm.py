@@ -9,10 +9,12 @@ Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
 - ZeRO-1 and ZeRO-2 reduce-scatter gradients and all-gather updated parameters:
   2 (k - 1) S / k, the same as DDP; ZeRO-3 adds a second parameter gather, 3 (k - 1) S / k
   (ZeRO, arXiv:1910.02054, section 7). S is the flat buffer padded to a multiple of k, so
-  (k - 1) S / k = (k - 1) ceil(n / k) elements exactly. ZeRO-2 and ZeRO-3 keep only a
-  gradient shard, so they reduce-scatter after every micro-batch: K-fold gradient traffic
-  with accumulation (DeepSpeed's ZeRO-2; paratrain's runtime keeps the whole gradient
-  until the last micro-batch instead, see ranks.py).
+  (k - 1) S / k = (k - 1) ceil(n / k) elements exactly. ZeRO-3 keeps no whole gradient,
+  so it reduce-scatters after every micro-batch. ZeRO-2 with K micro-batches follows
+  `Workload.zero2_accumulate`: "full" (the runtime's default) holds the whole gradient
+  until the last micro-batch and reduce-scatters once, 2 (k - 1) S / k per step, paid in
+  memory (memory.py's `grad_accumulation`); "shard" (DeepSpeed's ZeRO-2) reduce-scatters
+  after every micro-batch into the shard: K (k - 1) S / k + (k - 1) S / k.
 - Megatron tensor parallelism (arXiv:1909.08053, section 3) does not all-gather between
   the column- and row-parallel layers: per layer one all-reduce of the b s h activation
   after attention and one after the MLP in forward, two more in backward (and two more
@@ -108,17 +110,14 @@ def dp_traffic(
 
     if layout.zero == 0:
         return [entry("all_reduce", "gradients", all_reduce_bytes(grads, k), buckets * 2 * (k - 1))]
-    if layout.zero == 1:
-        return [
-            entry("reduce_scatter", "gradients", rs, buckets * (k - 1)),
-            entry("all_gather", "updated parameters", ag, buckets * (k - 1)),
-        ]
     m = microbatches
-    if layout.zero == 2:
-        return [
-            entry("reduce_scatter", "gradients, every micro-batch", m * rs, m * buckets * (k - 1)),
-            entry("all_gather", "updated parameters", ag, buckets * (k - 1)),
-        ]
+    if layout.zero in (1, 2):
+        gather = entry("all_gather", "updated parameters", ag, buckets * (k - 1))
+        if layout.zero == 2 and workload.zero2_accumulate == "shard":
+            what, times = "gradients, every micro-batch", m
+        else:  # ZeRO-1, and ZeRO-2 accumulating the whole gradient
+            what, times = "gradients, once per step", 1
+        return [entry("reduce_scatter", what, times * rs, times * buckets * (k - 1)), gather]
     return [
         entry("all_gather", "parameters for forward", m * ag, m * units * (k - 1)),
         entry("all_gather", "parameters for backward", m * ag, m * units * (k - 1)),

@@ -17,7 +17,7 @@ from paratrain.plan.cluster import (
     cluster_preset,
     cluster_with,
 )
-from paratrain.plan.layout import RECOMPUTE, SCHEDULES, Workload, precision
+from paratrain.plan.layout import RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATE, Workload, precision
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import chart, table
@@ -70,6 +70,15 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         help="fraction of data-parallel traffic hidden behind backward (default 0)",
     )
     w.add_argument(
+        "--zero2-accumulate",
+        default="full",
+        choices=ZERO2_ACCUMULATE,
+        help="ZeRO-2 with K > 1 micro-batches, which option the search charges: full (the "
+        "runtime's default: whole gradient held until the last micro-batch, one "
+        "reduce-scatter) or shard (reduce-scatter every micro-batch: gradient memory 1/k, "
+        "K x gradient traffic); the table shows the other beside it (default full)",
+    )
+    w.add_argument(
         "--train-tokens",
         type=float,
         default=300e9,
@@ -107,7 +116,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         metavar="NAMES",
         help="with --validate, only these comma-separated cases: dp, tp, gpipe, 1f1b, "
-        "interleaved, 3d (default: all)",
+        "interleaved, 3d, zero1, zero2, zero2-shard, zero3, ... (default: all)",
     )
 
 
@@ -170,6 +179,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         activation_bytes_override=None if args.activation_gb is None else args.activation_gb * GB,
         overlap=args.overlap,
         train_tokens=args.train_tokens,
+        zero2_accumulate=args.zero2_accumulate,
     )
     return model, cluster, workload
 

@@ -5,7 +5,7 @@ This is where the other modules meet; each number is computed by exactly one of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from paratrain.plan import comm, memory, pipeline
@@ -29,6 +29,8 @@ class Estimate:
     redundant_bytes: int = 0
     problems: list[str] = field(default_factory=list)
     capacity_bytes: float = 0.0
+    zero2_accumulate: str | None = None  # the option charged, for ZeRO-2 layouts
+    alternative: Estimate | None = None  # ZeRO-2 with K > 1: the same, the other option
 
     @property
     def fits(self) -> bool:
@@ -41,6 +43,11 @@ class Estimate:
     @property
     def comm_bytes(self) -> int:
         return sum(e.bytes for e in self.comm)
+
+    @property
+    def gradient_comm_bytes(self) -> int:
+        """Data-parallel gradient traffic: the all-reduce or reduce-scatters of gradients."""
+        return sum(e.bytes for e in self.comm if e.axis == "dp" and e.what.startswith("gradients"))
 
     @property
     def messages(self) -> int:
@@ -88,11 +95,36 @@ class Estimate:
             },
             "train_time_s": self.train_time_s,
             "redundant_bytes": self.redundant_bytes,
+            "gradient_comm_bytes_per_gpu": self.gradient_comm_bytes,
+            "zero2_accumulate": self.zero2_accumulate,
+            "zero2_alternative": None if self.alternative is None else self.alternative.summary(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The figures that differ between ZeRO-2's two accumulation options."""
+        s, t = self.model_state, self.time
+        return {
+            "zero2_accumulate": self.zero2_accumulate,
+            "grads": s.grads,
+            "grad_accumulation": s.grad_accumulation,
+            "model_state_total": s.total,
+            "memory_bytes_per_gpu": round(self.memory_bytes),
+            "gradient_comm_bytes_per_gpu": self.gradient_comm_bytes,
+            "comm_bytes_per_gpu": self.comm_bytes,
+            "messages_per_step": self.messages,
+            "step_time_s": None if t is None else t.total_s,
+            "fits": self.fits,
+            "reason": self.reason,
         }
 
 
 def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> list[str]:
-    """Reasons a layout cannot run at all, whatever the memory."""
+    """Reasons a layout cannot run at all, whatever the memory.
+
+    ZeRO-2 with a pipeline runs (the runtime takes either accumulation option); with
+    accumulate shard its K-fold gradient traffic is what DeepSpeed refuses it for, and
+    comm.py charges it.
+    """
     problems = []
     if layout.world != cluster.gpus:
         problems.append(f"dp*tp*pp = {layout.world} but the cluster has {cluster.gpus} GPUs")
@@ -101,10 +133,10 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
             f"tensor parallel {layout.tp} spans nodes of {cluster.gpus_per_node} GPUs "
             "(its per-layer all-reduces need NVLink)"
         )
-    if layout.zero >= 2 and layout.pp > 1:
+    if layout.zero == 3 and layout.pp > 1:  # the runtime refuses it too (validate.py)
         problems.append(
-            f"ZeRO-{layout.zero} with pipeline parallelism reduce-scatters gradients every "
-            "micro-batch (DeepSpeed refuses it); use ZeRO-1"
+            "ZeRO-3 with pipeline parallelism gathers the stage's parameters again for every "
+            "micro-batch (DeepSpeed refuses it); use ZeRO-1 or 2"
         )
     if model.has_shape:
         if model.n_head % layout.tp:  # type: ignore[operator]
@@ -117,11 +149,21 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
 
 
 def estimate(
-    model: ModelSpec, cluster: ClusterSpec, workload: Workload, layout: Layout
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    layout: Layout,
+    alternative: bool = True,
 ) -> Estimate:
-    """Evaluate one layout. Never raises for a layout that cannot run: it records why."""
+    """Evaluate one layout. Never raises for a layout that cannot run: it records why.
+
+    For ZeRO-2 with K > 1 micro-batches, `alternative` also evaluates the layout under the
+    other accumulation option (Workload.zero2_accumulate), so both costs can be shown.
+    """
     state = memory.model_state_bytes(model.params, workload, layout)
     est = Estimate(layout, state, capacity_bytes=cluster.gpu_memory_bytes)
+    if layout.zero == 2:
+        est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout)
     est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout)
     try:
@@ -130,6 +172,7 @@ def estimate(
     except ValueError as e:
         est.problems.append(str(e))
         return est
+    est.model_state = state = memory.model_state_bytes(model.params, workload, layout, k)
     est.microbatches, est.global_batch = k, k * workload.micro_batch * layout.dp
     est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
@@ -142,8 +185,18 @@ def estimate(
         est.train_time_s = est.time.total_s * workload.train_tokens / tokens
     if est.memory_bytes > cluster.gpu_memory_bytes:
         est.problems.append(
-            f"needs {est.memory_bytes / GB:.2f} GB per GPU ({state.total / GB:.2f} model state"
+            f"needs {est.memory_bytes / GB:.2f} GB per GPU ({state.step_boundary / GB:.2f} "
+            "model state"
+            + (
+                f" + {state.grad_accumulation / GB:.2f} whole gradient accumulated"
+                if state.grad_accumulation
+                else ""
+            )
             + (f" + {est.activation_bytes / GB:.2f} activations" if est.activation_bytes else "")
             + f") of {cluster.gpu_memory_bytes / GB:.0f} GB"
         )
+    if alternative and layout.zero == 2 and layout.dp > 1 and k > 1:
+        other = "shard" if workload.zero2_accumulate == "full" else "full"
+        other_workload = replace(workload, zero2_accumulate=other)
+        est.alternative = estimate(model, cluster, other_workload, layout, alternative=False)
     return est

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
+ZERO2_ACCUMULATE = ("full", "shard")  # parallel/zero.py's `accumulate=`, the runtime's order
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class Workload:
     overlap: float = 0.0  # fraction of data-parallel traffic hidden behind backward
     bucket_bytes: int = 25 * 2**20  # gradient bucket (PyTorch DDP's 25 MiB default)
     train_tokens: float = 300e9  # for the total training time (GPT-3 trained on 300B)
+    # ZeRO-2 with K > 1 micro-batches: "full" holds the whole gradient until the last one
+    # and reduce-scatters once (the runtime's default); "shard" reduce-scatters after every
+    # micro-batch into the shard (DeepSpeed's ZeRO-2). See comm.py and memory.py.
+    zero2_accumulate: str = "full"
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -83,6 +88,10 @@ class Workload:
             raise ValueError(f"overlap {self.overlap}; valid: 0 <= overlap <= 1")
         if self.train_tokens <= 0:
             raise ValueError(f"train tokens {self.train_tokens}; must be > 0")
+        if self.zero2_accumulate not in ZERO2_ACCUMULATE:
+            raise ValueError(
+                f"zero2 accumulate {self.zero2_accumulate!r}; valid: {', '.join(ZERO2_ACCUMULATE)}"
+            )
 
     @property
     def moments(self) -> int:

@@ -13,6 +13,14 @@ N among tp * pp GPUs; ZeRO then shards over the dp group of k GPUs:
 
 A sharded flat buffer is padded to a multiple of k, so a shard is ceil(n / k) elements.
 
+ZeRO-2 with K > 1 micro-batches and accumulate "full" (the runtime's default) also holds
+the whole gradient, n x grad bytes, from the first micro-batch's backward until the one
+reduce-scatter after the last (parallel/zero.py): `grad_accumulation`, a transient item
+counted in the total (it is alive at the peak, during the last backward) but not at the
+step boundary. Beside the ceil(n / k) shard it makes the peak exceed ZeRO-1's by that
+shard. With accumulate "shard" gradients are reduce-scattered into the shard after every
+micro-batch (K-fold traffic, comm.py), and the item is 0, as it is for K = 1.
+
 Activations per transformer layer and micro-batch (Korthikanti et al., arXiv:2205.05198,
 section 4, 16-bit activations): s b h (34 + 5 a s / h) bytes; with tensor parallelism of
 degree t and no sequence parallelism s b h (10 + 24 / t + 5 a s / (h t)); selective
@@ -31,21 +39,30 @@ from paratrain.plan.model import ModelSpec
 
 @dataclass(frozen=True)
 class ModelState:
-    """Model-state bytes on one GPU, by kind (the seeds' table 9.2.3 columns)."""
+    """Model-state bytes on one GPU, by kind (the seeds' table 9.2.3 columns), and the
+    transient whole gradient of ZeRO-2's "full" accumulation (module docstring)."""
 
     params: int
     grads: int
     optimizer: int  # all moments (Adam: m and v)
     master: int  # fp32 master weights
+    grad_accumulation: int = 0  # transient: alive during the step, gone at its boundary
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.master
+        """The peak: the step-boundary items plus the transient one."""
+        return self.params + self.grads + self.grad_accumulation + self.optimizer + self.master
+
+    @property
+    def step_boundary(self) -> int:
+        """What is held between steps (the seeds' totals, the runtime's record)."""
+        return self.total - self.grad_accumulation
 
     def as_dict(self) -> dict[str, int]:
         return {
             "params": self.params,
             "grads": self.grads,
+            "grad_accumulation": self.grad_accumulation,
             "optimizer": self.optimizer,
             "master": self.master,
             "total": self.total,
@@ -61,23 +78,34 @@ def local_params(n_params: int, tp: int, pp: int) -> int:
     return math.ceil(n_params / (tp * pp))
 
 
-def model_state_bytes(n_params: int, workload: Workload, layout: Layout) -> ModelState:
-    """Bytes of parameters, gradients, optimizer moments and master weights on one GPU."""
+def holds_whole_gradient(workload: Workload, layout: Layout, microbatches: int) -> bool:
+    """True for ZeRO-2 accumulating the whole gradient over K > 1 micro-batches."""
+    full = workload.zero2_accumulate == "full"
+    return layout.zero == 2 and layout.dp > 1 and full and microbatches > 1
+
+
+def model_state_bytes(
+    n_params: int, workload: Workload, layout: Layout, microbatches: int = 1
+) -> ModelState:
+    """Bytes of parameters, gradients, optimizer moments and master weights on one GPU,
+    and ZeRO-2's transient whole gradient when it accumulates K = `microbatches` > 1."""
     n = local_params(n_params, layout.tp, layout.pp)
     shard = math.ceil(n / layout.dp)  # elements of one ZeRO shard
     p = workload.precision
     z = layout.zero
+    whole = holds_whole_gradient(workload, layout, microbatches)
     return ModelState(
         params=p.param_bytes * (shard if z >= 3 else n),
         grads=p.grad_bytes * (shard if z >= 2 else n),
         optimizer=workload.moments * p.moment_bytes * (shard if z >= 1 else n),
         master=p.master_bytes * (shard if z >= 1 else n),
+        grad_accumulation=p.grad_bytes * n if whole else 0,
     )
 
 
 def redundant_bytes(n_params: int, workload: Workload, layout: Layout) -> int:
     """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP."""
-    per_gpu = model_state_bytes(n_params, workload, layout).total
+    per_gpu = model_state_bytes(n_params, workload, layout).step_boundary
     return max(0, layout.world * per_gpu - workload.state_bytes_per_param * n_params)
 
 

@@ -20,7 +20,10 @@ model (they are left out of `estimate`, so the seeds' figures reproduce to the b
 Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
 multiple of k on its own (parallel/zero_flat.py): `flat_buffers`, `held_model_state` and
 `padding_bytes` count it, and `rank_model_state` itemises as the runtime records it.
-Gradients are reduced over dp in fp32 whatever the compute dtype (REDUCE_BYTES).
+Gradients are reduced over dp in fp32 whatever the compute dtype (REDUCE_BYTES). ZeRO-2
+follows `Workload.zero2_accumulate` as the runtime follows `parallel.zero2_accumulate`:
+one reduce-scatter per step ("full", holding the whole gradient meanwhile:
+`accumulated_gradient_bytes`) or one per micro-batch ("shard").
 
 Two tensor-parallel terms depend on how this runtime works, so they are counted here:
 - full recomputation (PyTorch's non-reentrant checkpoint) stops recomputing a block once
@@ -40,7 +43,12 @@ from dataclasses import dataclass, replace
 from paratrain.plan import comm
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
-from paratrain.plan.memory import ModelState, local_params, model_state_bytes
+from paratrain.plan.memory import (
+    ModelState,
+    holds_whole_gradient,
+    local_params,
+    model_state_bytes,
+)
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
@@ -184,28 +192,45 @@ def rank_model_state(
     return replace(formula, params=formula.params + pad)
 
 
+def accumulated_gradient_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int = 0
+) -> int:
+    """The transient whole gradient of ZeRO-2 with accumulate "full" and K > 1 on `stage`.
+
+    memory.py's `grad_accumulation` for this runtime: the buckets tile each padded flat
+    buffer (parallel/zero_flat.py), k ceil(n / k) elements per chunk in the gradient's
+    (compute) dtype, alive from the first micro-batch's backward until the reduce-scatter
+    after the last. Not in `rank_model_state`, which is the step boundary's record.
+    """
+    if not holds_whole_gradient(workload, layout, microbatches):
+        return 0
+    k = layout.dp
+    padded = sum(
+        k * math.ceil(n / k) for chunk in flat_buffers(model, layout, stage) for n in chunk
+    )
+    return workload.precision.grad_bytes * padded
+
+
 def _zero_traffic(
     model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, at: Coords
 ) -> list[RankTraffic]:
     """comm.dp_traffic's ZeRO formulas per flat buffer (S padded to a multiple of k).
 
     The runtime reduces gradients in fp32 (MixedPrecision.reduce_dtype) and all-gathers
-    parameters in their own dtype. ZeRO-1/2 accumulate the whole gradient over the K
-    micro-batches and reduce-scatter once per step: 2 (k - 1) S / k. ZeRO-3 gathers each
-    unit for forward and again for backward and reduce-scatters it after every backward:
-    3 (k - 1) S / k per micro-batch.
+    parameters in their own dtype. ZeRO-1, and ZeRO-2 with accumulate "full" (the
+    default), accumulate the whole gradient over the K micro-batches and reduce-scatter once
+    per step: 2 (k - 1) S / k; ZeRO-2 with accumulate "shard" reduce-scatters after every
+    micro-batch: (K + 1) (k - 1) S / k. ZeRO-3 gathers each unit for forward and again for
+    backward and reduce-scatters it after every backward: 3 (k - 1) S / k per micro-batch.
     """
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
     layout_k = Layout(dp=layout.dp, zero=layout.zero)
-    syncs = microbatches if layout.zero == 3 else 1
     sent: dict[tuple[str, str], int] = {}
     for chunk in flat_buffers(model, layout, at.stage):
         for n in chunk:
             buffer = ModelSpec("flat buffer", n_params=n)
-            for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, syncs):
-                once = layout.zero < 3 and e.op == "reduce_scatter"
-                what = "gradients, once per step" if once else e.what
-                sent[(e.op, what)] = sent.get((e.op, what), 0) + e.bytes
+            for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, microbatches):
+                sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + e.bytes
     return [RankTraffic("dp", op, what, nbytes) for (op, what), nbytes in sent.items()]
 
 

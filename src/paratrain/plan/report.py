@@ -10,8 +10,9 @@ from paratrain.plan.recommend import SYNC_VS_ASYNC, Plan
 
 MAX_REJECTED_ROWS = 20
 HEADER = (
-    f"{'layout':<32} {'K':>5} {'params':>7} {'grads':>7} {'optim':>7} {'master':>7} "
-    f"{'act':>7} {'total':>7} {'comm':>8} {'msgs':>7} {'bubble':>6} {'step s':>9} {'days':>7}"
+    f"{'layout':<32} {'K':>5} {'params':>7} {'grads':>7} {'g-acc':>7} {'optim':>7} "
+    f"{'master':>7} {'act':>7} {'total':>7} {'comm':>8} {'msgs':>7} {'bubble':>6} "
+    f"{'step s':>9} {'days':>7}"
 )
 
 
@@ -27,9 +28,33 @@ def _row(e: Estimate, mark: str) -> str:
     days = "-" if e.train_time_s is None else f"{e.train_time_s / 86400:.3g}"
     return (
         f"{mark + e.layout.label:<32} {k:>5} {_gb(s.params):>7} {_gb(s.grads):>7} "
-        f"{_gb(s.optimizer):>7} {_gb(s.master):>7} {_gb(e.activation_bytes):>7} "
+        f"{_gb(s.grad_accumulation):>7} {_gb(s.optimizer):>7} {_gb(s.master):>7} "
+        f"{_gb(e.activation_bytes):>7} "
         f"{_gb(e.memory_bytes):>7} {_gb(e.comm_bytes):>8} {e.messages:>7} {bubble:>6} "
         f"{step:>9} {days:>7}"
+    )
+
+
+def _zero2_side(e: Estimate) -> str:
+    s = e.model_state
+    acc = f" + {_gb(s.grad_accumulation)} accumulating" if s.grad_accumulation else ""
+    return (
+        f"{e.zero2_accumulate}: grads {_gb(s.grads)}{acc}, gradient traffic "
+        f"{_gb(e.gradient_comm_bytes)} GB/step, total {_gb(e.memory_bytes)} GB"
+    )
+
+
+def zero2_note(e: Estimate) -> str | None:
+    """Both ZeRO-2 accumulation options of a layout with K > 1: the charged one first."""
+    alt = e.alternative
+    if alt is None:
+        return None
+    step = "" if alt.time is None else f", step {alt.time.total_s:.4g} s"
+    over = alt.memory_bytes > alt.capacity_bytes
+    verdict = "fits" if alt.fits else "over capacity" if over else "rejected"
+    return (
+        f"    ZeRO-2, K = {e.microbatches}, {_zero2_side(e)} (charged) | "
+        f"{_zero2_side(alt)}{step}, {verdict}"
     )
 
 
@@ -44,19 +69,22 @@ def table(plan: Plan) -> str:
         f"cluster {c.name}: {c.gpus} GPUs, {c.gpus_per_node} per node, "
         f"{c.gpu_memory_bytes / GB:.0f} GB each, intra {c.intra_bw / GB:.0f} GB/s, "
         f"inter {c.inter_bw / GB:.0f} GB/s, {c.effective_flops:.3g} FLOP/s effective",
-        "GB per GPU (1e9 bytes); comm = GB sent per GPU per step; days to train "
-        f"{w.train_tokens:.3g} tokens",
+        "GB per GPU (1e9 bytes); g-acc = the whole gradient ZeRO-2 holds while accumulating "
+        f"(--zero2-accumulate {w.zero2_accumulate}); comm = GB sent per GPU per step; days "
+        f"to train {w.train_tokens:.3g} tokens",
         "",
         HEADER,
     ]
     fitting = sorted((e for e in plan.estimates if e.fits), key=lambda e: e.memory_bytes)
     for e in fitting:
         lines.append(_row(e, "* " if e is plan.recommended else "  "))
+        lines += [n for n in [zero2_note(e)] if n]
     rejected = [e for e in plan.estimates if not e.fits]
     if rejected:
         lines += ["", f"rejected ({len(rejected)}):"]
         for e in rejected[:MAX_REJECTED_ROWS]:
             lines.append(f"  {e.layout.label:<30} {e.reason}")
+            lines += [n for n in [zero2_note(e)] if n]
         if len(rejected) > MAX_REJECTED_ROWS:
             lines.append(f"  ... and {len(rejected) - MAX_REJECTED_ROWS} more (see --json)")
     lines += ["", plan.explanation]
@@ -85,6 +113,7 @@ def chart(plan: Plan, path: str | Path, max_layouts: int = 24) -> Path:
     kinds = [
         ("params", lambda e: e.model_state.params),
         ("grads", lambda e: e.model_state.grads),
+        ("grads accumulated (transient)", lambda e: e.model_state.grad_accumulation),
         ("optimizer", lambda e: e.model_state.optimizer),
         ("master", lambda e: e.model_state.master),
         ("activations", lambda e: e.activation_bytes or 0.0),

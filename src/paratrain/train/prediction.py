@@ -16,7 +16,10 @@ step's end (`TrainResult.extra["model_state_bytes"]`, train/wrap.py): tensor siz
 DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
 Predictions per rank come from plan/ranks.py, exact for our GPT (ZeRO shards of
 ceil(n / k) per flat buffer, and that padding), and include the runtime's bookkeeping
-scalars; activations are Korthikanti's formula (an estimate, see docs/planner.md). Not
+scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient reduce-scatter per step
+with "full", one per micro-batch with "shard"), and "full"'s transient whole gradient is a
+note at the start, not part of the step-boundary record; activations are Korthikanti's
+formula (an estimate, see docs/planner.md). Not
 predicted: the asynchronous parameter server (`--dp-mode async`); sequence parallelism's
 smaller activations.
 """
@@ -35,7 +38,14 @@ from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.ranks import AXES, Coords, bytes_by_axis, rank_model_state, rank_traffic
+from paratrain.plan.ranks import (
+    AXES,
+    Coords,
+    accumulated_gradient_bytes,
+    bytes_by_axis,
+    rank_model_state,
+    rank_traffic,
+)
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")
@@ -77,6 +87,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
+        zero2_accumulate=getattr(p, "zero2_accumulate", "full"),
     )
     notes = []
     schedule = p.schedule if p.pp > 1 else ""
@@ -98,7 +109,10 @@ def predict(cfg: RunConfig) -> Prediction:
     for rank in range(shape.world_size):
         c = shape.coords(rank)
         at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"])
-        states.append(rank_model_state(model, workload, layout, at.stage).as_dict())
+        state = rank_model_state(model, workload, layout, at.stage)  # the step boundary
+        states.append(
+            {**{kind: getattr(state, kind) for kind in STATE_KINDS}, "total": state.total}
+        )
         terms = rank_traffic(
             model, workload, layout, k, at, cfg.parallel.sequence_parallel, cfg.model.dropout
         )
@@ -107,7 +121,20 @@ def predict(cfg: RunConfig) -> Prediction:
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
     bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     bubble = bubble if modelled else None
+    if layout.zero == 2 and layout.dp > 1 and k > 1:
+        notes.append(zero2_note(model, workload, layout, k))
     return Prediction(states, sent, acts, bubble, notes)
+
+
+def zero2_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:
+    """What ZeRO-2's accumulation option costs in this run, beyond the step-boundary record."""
+    if workload.zero2_accumulate == "shard":
+        return f"ZeRO-2 accumulate shard: a gradient reduce-scatter after each of K = {k}"
+    whole = max(accumulated_gradient_bytes(model, workload, layout, k, s) for s in range(layout.pp))
+    return (
+        f"ZeRO-2 accumulate full: the whole gradient, {whole / MB:.2f} MB, held from the "
+        f"first micro-batch's backward to the one reduce-scatter (K = {k})"
+    )
 
 
 def describe(pred: Prediction, rank: int = 0) -> list[str]:
