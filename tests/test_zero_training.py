@@ -16,7 +16,8 @@ from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import assert_layout_equivalent, tiny_config, tiny_data, train_layouts
 
-# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation[, sequence parallel]])
+# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation[, sequence parallel
+# [, recompute]]])
 LAYOUTS = {
     2: [
         (2, 1, 1, 1, "1f1b", 2),
@@ -32,6 +33,7 @@ LAYOUTS = {
         (2, 1, 2, 1, "1f1b", 2, "full", True),
         (2, 1, 2, 2, "1f1b", 1, "shard", True),
         (2, 1, 2, 3, "1f1b", 2, "full", True),
+        (4, 1, 1, 3, "1f1b", 1, "full", False, "full"),  # FSDP with recomputed blocks
     ],
     8: [(2, 2, 2, 1, "1f1b", 2), (2, 2, 2, 2, "1f1b", 2)],
 }
@@ -39,9 +41,19 @@ CLIP = 0.5
 
 
 def layout_config(
-    world, dp, pp, tp, zero, schedule, micro_batch, accumulate="full", sp=False, dtype="float32"
+    world,
+    dp,
+    pp,
+    tp,
+    zero,
+    schedule,
+    micro_batch,
+    accumulate="full",
+    sp=False,
+    recompute="none",
+    dtype="float32",
 ):
-    cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP, dtype=dtype)
+    cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP, dtype=dtype, recompute=recompute)
     cfg.model.n_layer = 4
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.schedule = world, dp, pp, tp, zero, schedule
@@ -63,7 +75,7 @@ def test_zero_layouts_match_single_process(world):
 def bf16_run(rank, world_size, data):
     out = []
     for dtype in ("float32", "bfloat16"):
-        cfg = layout_config(2, 2, 1, 1, 1, "1f1b", 2, "full", False, dtype)
+        cfg = layout_config(2, 2, 1, 1, 1, "1f1b", 2, dtype=dtype)
         cfg.train.steps = 6
         out.append([m.loss for m in train(cfg, Mesh.build(dp=2), data).metrics])
     return out

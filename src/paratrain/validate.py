@@ -246,8 +246,6 @@ def _check_zero(cfg: RunConfig) -> None:
             "--zero 3 with a pipeline (--pp > 1) is refused: every micro-batch would gather "
             "the stage's parameters again (DeepSpeed forbids it too); use --zero 1 or 2"
         )
-    if p.zero == 3 and t.recompute != "none":
-        raise ValueError("--zero 3 with --recompute is not supported yet; drop one of them")
 
 
 def _check_tensor_parallel(cfg: RunConfig) -> None:
