@@ -28,12 +28,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from paratrain.config import RunConfig
+from paratrain.bench.validate_cases import (  # noqa: F401 (CASES, Case: this module's API)
+    CASES,
+    MICRO_BATCH,
+    Case,
+    Row,
+    model_spec,
+    run_case,
+    small_config,
+    workload_for,
+)
 from paratrain.plan import memory, pipeline
-from paratrain.plan.layout import PRECISIONS, Layout, Workload
+from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.ranks import (
     Coords,
@@ -47,107 +55,7 @@ from paratrain.plan.ranks import (
 )
 
 log = logging.getLogger(__name__)
-TIMEOUT_S = 600.0
-MICRO_BATCH = 2
 STATE_KINDS = ("params", "grads", "optimizer", "master")
-
-
-@dataclass(frozen=True)
-class Row:
-    case: str
-    quantity: str
-    predicted: float
-    measured: float
-    exact: bool = True  # deterministic: must be equal
-    note: str = ""
-    ranks: str = ""  # which ranks the row stands for, e.g. "0,1" (rows merge across ranks)
-
-    @property
-    def ok(self) -> bool:
-        return self.predicted == self.measured if self.exact else True
-
-
-@dataclass(frozen=True)
-class Case:
-    """One layout to validate, with K micro-batches of MICRO_BATCH sequences per replica."""
-
-    name: str
-    layout: Layout
-    microbatches: int
-    zero2_accumulate: str = "full"  # parallel.zero2_accumulate, for ZeRO-2
-
-
-CASES = {
-    c.name: c
-    for c in (
-        Case("dp", Layout(dp=2), 2),
-        Case("tp", Layout(tp=2), 2),
-        Case("gpipe", Layout(pp=2, schedule="gpipe"), 4),
-        Case("1f1b", Layout(pp=2, schedule="1f1b"), 4),
-        Case("interleaved", Layout(pp=2, schedule="interleaved", chunks=2), 4),
-        Case("3d", Layout(dp=2, pp=2, tp=2, schedule="1f1b"), 4),
-        Case("zero1", Layout(dp=2, zero=1), 2),
-        Case("zero2", Layout(dp=2, zero=2), 2),
-        Case("zero2-shard", Layout(dp=2, zero=2), 2, "shard"),
-        Case("zero3", Layout(dp=2, zero=3), 2),
-        Case("zero3-dp3", Layout(dp=3, zero=3), 2),
-        Case("zero3-tp", Layout(dp=2, tp=2, zero=3), 2),
-        Case("zero1-pp", Layout(dp=2, pp=2, zero=1, schedule="1f1b"), 4),
-        Case("zero2-pp", Layout(dp=2, pp=2, zero=2, schedule="interleaved", chunks=2), 4),
-        Case("zero2-shard-pp", Layout(dp=2, pp=2, zero=2, schedule="1f1b"), 4, "shard"),
-        Case("zb-h1", Layout(pp=2, schedule="zb-h1"), 4),
-    )
-}
-
-
-def small_config(case: Case, steps: int) -> RunConfig:
-    """Our default GPT, a few short steps: big enough to be a real run, quick on CPU."""
-    from paratrain.validate import resolve
-
-    lay, cfg = case.layout, RunConfig()
-    p, t = cfg.parallel, cfg.train
-    p.nproc, p.dp, p.pp, p.tp, p.zero = lay.world, lay.dp, lay.pp, lay.tp, lay.zero
-    p.zero2_accumulate = case.zero2_accumulate
-    p.schedule, p.chunks, p.backend = lay.schedule or "1f1b", lay.chunks, "gloo"
-    p.bucket_mb = 0  # one bucket per chunk: one gradient all-reduce each
-    t.steps, t.warmup_steps, t.val_batches, t.dtype = steps, 1, 0, "float32"
-    t.micro_batch, t.microbatches = MICRO_BATCH, case.microbatches
-    t.global_batch = case.microbatches * MICRO_BATCH * lay.dp
-    return resolve(cfg, lay.world)
-
-
-def model_spec(cfg: RunConfig) -> ModelSpec:
-    m = cfg.model
-    return ModelSpec(
-        "paratrain",
-        n_layer=m.n_layer,
-        d_model=m.d_model,
-        n_head=m.n_head,
-        vocab_size=m.vocab_size,
-        seq_len=cfg.train.seq_len,
-        max_seq_len=m.max_seq_len,
-    )
-
-
-def workload_for(cfg: RunConfig) -> Workload:
-    """fp32 AdamW, the CPU runtime's precision; one gradient bucket per chunk."""
-    return Workload(
-        micro_batch=cfg.train.micro_batch,
-        global_batch=cfg.train.global_batch,
-        precision=PRECISIONS["fp32"],
-        recompute=cfg.train.recompute,
-        bucket_bytes=2**62,
-        zero2_accumulate=getattr(cfg.parallel, "zero2_accumulate", "full"),
-    )
-
-
-def run_case(case: Case, steps: int = 3) -> list[dict[str, Any]]:
-    """Train the case in layout.world gloo processes; each rank's measurements, by rank."""
-    from paratrain.bench.ranks import run_ranks
-    from paratrain.bench.validate_measure import measure_rank
-
-    cfg = small_config(case, steps)
-    return run_ranks(measure_rank, case.layout.world, cfg, timeout=TIMEOUT_S)
 
 
 def state_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
