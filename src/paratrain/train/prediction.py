@@ -228,5 +228,6 @@ def summary_line(pred: Prediction, measured: dict[str, Any]) -> str:
     return (
         f"predicted / measured (rank 0): model state {p_state['total']:,} / "
         f"{m_state['total']:,} bytes ({items})"
-        + (f"; bytes sent in step {measured['step']}: {sent}" if sent else "")
+        # No step ran here (a resumed run that was already complete): no traffic to compare.
+        + (f"; bytes sent in step {measured['step']}: {sent}" if sent and measured["step"] else "")
     )
