@@ -164,3 +164,14 @@ def train_layouts(rank, world_size, runs, data) -> list[RunRecord]:
         mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
         records.append(record_of(train(cfg, mesh, data), mesh.group("tp")))
     return records
+
+
+def check_layouts(world: int, configs: list[RunConfig], clip: float) -> None:
+    """Train every resolved config in `world` processes and check each against one process."""
+    from tests.distributed import run_distributed
+
+    data = tiny_data()
+    runs = [(c.parallel.dp, c.parallel.pp, c.parallel.tp, c) for c in configs]
+    per_rank = run_distributed(train_layouts, world, runs, data, timeout=600)
+    for i, cfg in enumerate(configs):
+        assert_layout_equivalent([r[i] for r in per_rank], cfg, data, clip=clip)

@@ -13,7 +13,7 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
-from paratrain.plan.model import ModelSpec
+from paratrain.plan.model import ModelSpec, spec_of
 
 TIMEOUT_S = 600.0
 MICRO_BATCH = 2
@@ -84,16 +84,7 @@ def small_config(case: Case, steps: int) -> RunConfig:
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
-    m = cfg.model
-    return ModelSpec(
-        "paratrain",
-        n_layer=m.n_layer,
-        d_model=m.d_model,
-        n_head=m.n_head,
-        vocab_size=m.vocab_size,
-        seq_len=cfg.train.seq_len,
-        max_seq_len=m.max_seq_len,
-    )
+    return spec_of(cfg.model, cfg.train.seq_len)
 
 
 def workload_for(cfg: RunConfig) -> Workload:

@@ -76,17 +76,21 @@ def gpt_param_count(n_layer: int, d_model: int, vocab_size: int, max_seq_len: in
     return n_layer * (12 * d * d + 13 * d) + 2 * vocab_size * d + max_seq_len * d + 2 * d
 
 
-def _ours() -> ModelSpec:
-    m, t = ModelConfig(), TrainConfig()
+def spec_of(m: ModelConfig, seq_len: int) -> ModelSpec:
+    """Our GPT's shape (a [model] config) as the planner takes it, at this sequence length."""
     return ModelSpec(
         "paratrain",
         n_layer=m.n_layer,
         d_model=m.d_model,
         n_head=m.n_head,
         vocab_size=m.vocab_size,
-        seq_len=t.seq_len,
+        seq_len=seq_len,
         max_seq_len=m.max_seq_len,
     )
+
+
+def _ours() -> ModelSpec:
+    return spec_of(ModelConfig(), TrainConfig().seq_len)
 
 
 # Shapes: GPT-3 table 2.1 (arXiv:2005.14165) for 1.3B, 13B, 175B; LLaMA (arXiv:2302.13971)

@@ -37,7 +37,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
-from paratrain.plan.model import ModelSpec
+from paratrain.plan.model import ModelSpec, spec_of
 from paratrain.plan.ranks import (
     AXES,
     Coords,
@@ -72,15 +72,7 @@ class Prediction:
 def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
-    model = ModelSpec(
-        "paratrain",
-        n_layer=m.n_layer,
-        d_model=m.d_model,
-        n_head=m.n_head,
-        vocab_size=m.vocab_size,
-        seq_len=t.seq_len,
-        max_seq_len=m.max_seq_len,
-    )
+    model = spec_of(m, t.seq_len)
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,
