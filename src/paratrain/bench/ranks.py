@@ -23,6 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 PRELOAD = ["torch", "torch.distributed", "paratrain", "paratrain.train.loop"]
+EXITED = "paratrain/ranks_exited"  # store key: how many ranks finished their function
+EXIT_WAIT_S = 30.0  # the longest a finished rank waits for the others before it exits
 
 
 @functools.cache
@@ -46,6 +48,7 @@ def _rank_main(
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    store = None
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(
@@ -61,11 +64,24 @@ def _rank_main(
         results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # report everything, including assertion errors, to the parent
         results.put((rank, "error", traceback.format_exc()))
+    if store is not None:
+        _wait_for_every_rank(store, world_size)
     # Leave without destroying the process group: after a deliberately failed collective
     # gloo still holds the pending work, and destroy_process_group would wait for it.
     results.close()
     results.join_thread()
     os._exit(0)
+
+
+def _wait_for_every_rank(store: Any, world_size: int) -> None:
+    """Leave only when every rank is done: gloo finishes connecting a pair on one side
+    before the other, and a rank that exits early closes sockets a slower peer is still
+    handshaking on ("Connection closed by peer"), which under load fails a correct test.
+    Bounded, so a rank that never arrives (a hang test) cannot keep the others."""
+    store.add(EXITED, 1)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while store.add(EXITED, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class RankFailed(AssertionError):
