@@ -7,7 +7,7 @@ import torch
 
 from paratrain.mesh import Mesh
 from paratrain.parallel.async_sgd import dc_asgd_correct
-from paratrain.train.loop import train
+from paratrain.train.async_loop import train_async
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
@@ -23,7 +23,7 @@ def test_dc_asgd_matches_its_formula():
 
 
 def run(rank, world_size, cfg, data):
-    result = train(cfg, Mesh.build(dp=world_size), data)
+    result = train_async(cfg, Mesh.build(dp=world_size), data)
     return [m.loss for m in result.metrics], result.val_loss, result.extra.get("async")
 
 

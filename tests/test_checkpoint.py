@@ -162,34 +162,27 @@ def nan_at(rank, world_size, bad_steps, max_skipped):
     """Rank 1's logits become NaN in `bad_steps`, as an overflow would make them: its
     gradients are NaN before the all-reduce, so every replica's are after it."""
     from paratrain.mesh import Mesh
-    from paratrain.train import engine as engine_module
-    from paratrain.train.loop import train as train_loop
+    from paratrain.train.loop import train
 
-    FlatEngine = engine_module.FlatEngine
-    original_init, original_step = FlatEngine.__init__, FlatEngine.forward_backward
-    step = {"n": 0}
+    done = {"steps": 0}
 
-    def init(self, model, mesh, cfg):
-        original_init(self, model, mesh, cfg)
+    def poison(_module, _args, out):
+        return out * float("nan") if done["steps"] + 1 in bad_steps else out
+
+    def on_start(engine):
         if rank == 1:
+            engine.modules[0].head.register_forward_hook(poison)
 
-            def poison(_module, _args, out):
-                return out * float("nan") if step["n"] in bad_steps else out
+    def on_step(m):
+        done["steps"] = m.step
 
-            model.head.register_forward_hook(poison)
-
-    def forward_backward(self, micro_batches):
-        step["n"] += 1
-        return original_step(self, micro_batches)
-
-    FlatEngine.__init__, FlatEngine.forward_backward = init, forward_backward
     cfg = tiny_config(steps=5, max_skipped_steps=max_skipped)
     cfg.parallel.dp = 2
     try:
-        result = train_loop(cfg, Mesh.build(dp=2), tiny_data())
+        result = train(cfg, Mesh.build(dp=2), tiny_data(), on_step=on_step, on_start=on_start)
     except RuntimeError as e:
         return str(e)
-    return [m.skipped for m in result.metrics], result.optimizer.state_dict()
+    return [m.skipped for m in result.metrics], result.optimizer.optimizers[0].state_dict()
 
 
 def test_a_non_finite_gradient_skips_the_step_on_every_rank():
@@ -219,23 +212,19 @@ def hang_in_step_3(rank, world_size, run_dir):
 
     from paratrain.comm.group import CommOptions
     from paratrain.mesh import Mesh
-    from paratrain.train import loop
+    from paratrain.train.loop import train
 
-    original = loop.straggle
-
-    def straggle(cfg, mesh, busy_s):
-        if mesh.global_rank == 1 and mesh.ledger.step == 3:
+    def after_step(m):
+        if rank == 1 and m.step == 3:
             time.sleep(HANG_TIMEOUT_S + 4)
             raise GaveUp
-        original(cfg, mesh, busy_s)
 
-    loop.straggle = straggle
     cfg = tiny_config(steps=5, checkpoint_every=2)
     cfg.parallel.dp = 2
     mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=HANG_TIMEOUT_S))
     start = time.monotonic()
     try:
-        loop.train(cfg, mesh, tiny_data(), run_dir=Path(run_dir))
+        train(cfg, mesh, tiny_data(), on_step=after_step, run_dir=Path(run_dir))
     except GaveUp:
         return "gave up", time.monotonic() - start
     except Exception as e:  # CommError on rank 0

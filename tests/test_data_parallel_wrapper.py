@@ -12,9 +12,10 @@ from paratrain import comm
 from paratrain.comm.traffic import ring_all_reduce
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw
+from paratrain.train.build import build_model
+from paratrain.train.engine import FlatEngine
 from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config
@@ -75,7 +76,7 @@ def masked_step(rank, world_size):
     opt = torch.optim.SGD(model.module.parameters(), lr=0.1)  # Adam would amplify rounding
     batches = masked_batches()
     mine = batches[rank * 2 : rank * 2 + 2]  # two micro-batches per replica
-    out = train_step(model, opt, mine, lr=0.1, grad_clip=0.0)
+    out = train_step(FlatEngine(model), opt, mine, lr=0.1, grad_clip=0.0)
     return out.loss, copy.deepcopy(model.module.state_dict())
 
 
@@ -105,14 +106,15 @@ def sync_counts(rank, world_size, micro_batch, algo):
     cfg = tiny_config(micro_batch=micro_batch)
     mesh = Mesh.build(dp=world_size, options=comm.CommOptions(algo=algo))
     model = DataParallel(build_model(cfg), mesh.group("dp"), bucket_mb=0.01, reduce_op="sum")
-    opt = build_adamw(model.module, 1e-3, 0.0, (0.9, 0.95))
+    opt = adamw(model.module, 1e-3, 0.0, (0.9, 0.95))
+    engine = FlatEngine(model)
     g = torch.Generator().manual_seed(rank)
     mesh.ledger.reset()
     steps = 3
     for _ in range(steps):
         per_replica = cfg.train.global_batch // world_size
         batch = torch.randint(0, 256, (per_replica, 17), generator=g)
-        train_step(model, opt, list(batch.split(micro_batch)), lr=1e-3, grad_clip=1.0)
+        train_step(engine, opt, list(batch.split(micro_batch)), lr=1e-3, grad_clip=1.0)
     totals = mesh.ledger.totals()[("dp", "all_reduce")]
     bucket_bytes = [b.nbytes for b in model.buckets]
     return totals.calls, totals.bytes_sent, bucket_bytes, steps

@@ -17,8 +17,9 @@ from paratrain.parallel.mixed_precision import (
     scale_backward,
 )
 from paratrain.parallel.zero import ZeroDataParallel
-from paratrain.parallel.zero_step import sharded_train_step
-from paratrain.train.loop import build_model
+from paratrain.train.build import build_model
+from paratrain.train.engine import FlatEngine
+from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import reference_training, tiny_config, tiny_data
 from tests.test_zero_equivalence import train_sharded
@@ -71,15 +72,18 @@ def fp16_run(rank, world_size):
     cfg = tiny_config(micro_batch=4)
     precision = MixedPrecision(torch.float16, initial_loss_scale=2.0**20, growth_interval=2)
     model = ZeroDataParallel(build_model(cfg), Mesh.build(dp=world_size).group("dp"), 1, precision)
-    opt = model.build_optimizer(1e-2, 0.1, (0.9, 0.95))
+    engine = FlatEngine(model)
+    opt = engine.build_optimizer(1e-2, 0.1, (0.9, 0.95))
     g = torch.Generator().manual_seed(rank)
     batch = torch.randint(0, 256, (4, 17), generator=g)  # learned by heart: the loss falls
-    losses, scales = [], []
+    losses, scales, overflows = [], [], 0
     for _ in range(30):
-        loss, _, _ = sharded_train_step(model, opt, [batch], 1e-2, 1.0)
-        losses.append(loss)
+        out = train_step(engine, opt, [batch], 1e-2, 1.0)
+        losses.append(out.loss)
         scales.append(model.scaler.scale)
-    return losses, scales, opt.steps_skipped
+        overflows += out.overflow
+    assert overflows == model.scaler.skipped  # the step saw every skip the scaler made
+    return losses, scales, model.scaler.skipped
 
 
 def test_fp16_loss_scale_skips_overflowing_steps_and_recovers():
@@ -128,7 +132,7 @@ def fp16_training(rank, world_size, dtype, loss_scale=2.0**16, steps=16):
     cfg = tiny_config(steps=steps, micro_batch=4, dtype=dtype, loss_scale=loss_scale)
     cfg.parallel.dp, cfg.parallel.zero = world_size, 1
     result = train(cfg, Mesh.build(dp=world_size), tiny_data())
-    return [(m.loss, m.skipped) for m in result.metrics], result.engine.wrappers[0].scaler
+    return [(m.loss, m.skipped) for m in result.metrics], result.engine.replicas[0].scaler
 
 
 def test_fp16_training_with_loss_scaling_tracks_fp32():

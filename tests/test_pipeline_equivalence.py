@@ -26,9 +26,13 @@ import torch
 
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
+from paratrain.train.build import data_parallel, pipeline_plan
 from paratrain.train.data import BatchSampler
-from paratrain.train.optim import build_adamw, learning_rate
+from paratrain.train.engine import PipelineEngine
+from paratrain.train.optim import LrSchedule
+from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
@@ -50,11 +54,11 @@ def build_stage(cfg, stage: int, num_stages: int, chunks: int) -> list[torch.nn.
     m = cfg.model
     torch.manual_seed(cfg.train.seed)  # the reference's seed: identical full model
     model = GPT(GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len))
-    return split_into_stages(model, stage, num_stages, chunks)
+    return split_into_stages(model, stage, num_stages, chunks, plan=pipeline_plan(GPT_PLAN))
 
 
 def train_pipeline(rank, world_size, cfg, data, schedule_name, chunks):
-    """One pp rank: AdamW over this stage's parameters, the global grad norm, clipping."""
+    """One pp rank: the one training step (train/step.py) over this stage's chunks."""
     mesh = Mesh.build(pp=world_size)
     group = mesh.group("pp")
     t = cfg.train
@@ -62,17 +66,17 @@ def train_pipeline(rank, world_size, cfg, data, schedule_name, chunks):
     stage_chunks = build_stage(cfg, group.rank, world_size, chunks)
     schedule = build_schedule(schedule_name, world_size, k, chunks)
     runtime = PipelineRuntime(stage_chunks, schedule, group, cfg.model.d_model)
-    opt = build_adamw(torch.nn.ModuleList(stage_chunks), t.lr, t.weight_decay, (t.beta1, t.beta2))
+    replicas = [data_parallel(c, mesh.group("dp"), cfg, reduce_op="avg") for c in stage_chunks]
+    engine = PipelineEngine(replicas, runtime, mesh.group("tp"))
+    opt = engine.build_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    lr = LrSchedule.of(cfg)
     losses, norms = [], []
     for step in range(t.steps):
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(step, t.lr, t.warmup_steps, t.steps, t.min_lr_ratio)
-        opt.zero_grad(set_to_none=True)
         micro = list(sampler.global_batch_at(step).split(t.micro_batch))
-        losses.append(runtime.run_step(micro))
-        norms.append(runtime.clip_grad_norm(t.grad_clip))
-        opt.step()
+        out = train_step(engine, opt, micro, lr(step), t.grad_clip)
+        losses.append(out.loss)
+        norms.append(out.grad_norm)
     state = {}
     for chunk in stage_chunks:
         state.update(copy.deepcopy(chunk.state_dict()))

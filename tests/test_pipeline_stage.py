@@ -7,8 +7,12 @@ import torch
 from torch import nn
 
 from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.pipeline import PipelinePlan, split_into_stages, stage_layout
 from paratrain.parallel.pipeline.stage import partition
+from paratrain.train.build import pipeline_plan
+
+GPT_SPLIT = pipeline_plan(GPT_PLAN)
 
 
 def gpt(n_layer: int = 4) -> GPT:
@@ -21,7 +25,9 @@ def test_chunks_in_virtual_order_compute_the_full_model_exactly(num_stages, chun
     model = gpt(6)
     ids = torch.randint(0, 256, (2, 8))
     targets = torch.randint(0, 256, (2, 8))
-    per_stage = [split_into_stages(model, s, num_stages, chunks) for s in range(num_stages)]
+    per_stage = [
+        split_into_stages(model, s, num_stages, chunks, plan=GPT_SPLIT) for s in range(num_stages)
+    ]
     pieces = [per_stage[vs % num_stages][vs // num_stages] for vs in range(num_stages * chunks)]
     x = ids
     for piece in pieces[:-1]:
@@ -34,9 +40,13 @@ def test_chunks_in_virtual_order_compute_the_full_model_exactly(num_stages, chun
 
 
 def test_layout_is_contiguous_and_balanced_by_layers():
-    layout = stage_layout(gpt(7), 2, 2)  # 4 pieces of 7 blocks: 2 2 2 1, larger first
+    layout = stage_layout(
+        gpt(7), 2, 2, plan=GPT_SPLIT
+    )  # 4 pieces of 7 blocks: 2 2 2 1, larger first
     assert layout == [["0", "1"], ["2", "3"], ["4", "5"], ["6"]]
-    chunks = split_into_stages(gpt(7), 1, 2, 2)  # stage 1 holds virtual stages 1 and 3
+    chunks = split_into_stages(
+        gpt(7), 1, 2, 2, plan=GPT_SPLIT
+    )  # stage 1 holds virtual stages 1 and 3
     assert [list(c.blocks.keys()) for c in chunks] == [["2", "3"], ["6"]]
     assert chunks[1].head is not None and chunks[0].head is None
 
@@ -45,8 +55,8 @@ def test_balance_by_parameters_counts_the_embeddings_and_head():
     """GPT's embedding (256 x C + 16 x C) and head (256 x C) are worth about a block
     each here, so with params balance the end stages get fewer blocks."""
     model = gpt(6)
-    by_layers = stage_layout(model, 3, balance="layers")
-    by_params = stage_layout(model, 3, balance="params")
+    by_layers = stage_layout(model, 3, balance="layers", plan=GPT_SPLIT)
+    by_params = stage_layout(model, 3, balance="params", plan=GPT_SPLIT)
     assert [len(p) for p in by_layers] == [2, 2, 2]
     assert len(by_params[1]) > len(by_params[0]) and len(by_params[1]) > len(by_params[2])
 
@@ -88,10 +98,10 @@ def test_a_user_model_splits_with_its_own_plan():
 
 def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="4 blocks cannot be split into 6 pipeline pieces"):
-        split_into_stages(gpt(4), 0, 3, 2)
+        split_into_stages(gpt(4), 0, 3, 2, plan=GPT_SPLIT)
     with pytest.raises(ValueError, match="stage 2 outside 0..1"):
-        split_into_stages(gpt(4), 2, 2)
+        split_into_stages(gpt(4), 2, 2, plan=GPT_SPLIT)
     with pytest.raises(ValueError, match="module 'out' has parameters but the plan places"):
         split_into_stages(Tower(), 0, 2, plan=PipelinePlan(blocks="layers", first=("inp",)))
     with pytest.raises(ValueError, match="balance 'flops'; valid: layers, params"):
-        split_into_stages(gpt(4), 0, 2, balance="flops")
+        split_into_stages(gpt(4), 0, 2, balance="flops", plan=GPT_SPLIT)

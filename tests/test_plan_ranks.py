@@ -125,12 +125,13 @@ def test_full_recompute_and_sequence_parallel_terms():
 @pytest.mark.parametrize("n_layer", [2, 3])
 def test_fsdp_units_are_the_models_units(n_layer):
     from paratrain.models.gpt import GPT, GPTConfig
-    from paratrain.parallel.fsdp import gpt_units
+    from paratrain.models.plans import GPT_PLAN
+    from paratrain.parallel.fsdp_units import expand_units
 
     gpt = GPT(GPTConfig(256, n_layer, 4, 64, 32))
     counted = [
         sum(p.numel() for name in unit for p in gpt.get_submodule(name).parameters())
-        for unit in gpt_units(gpt)
+        for unit in expand_units(gpt, GPT_PLAN.fsdp_units)
     ]
     spec = ModelSpec("ours", n_layer=n_layer, d_model=64, n_head=4, vocab_size=256, seq_len=32)
     assert flat_buffers(spec, Layout(dp=2, zero=3)) == [counted]

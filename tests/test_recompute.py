@@ -9,7 +9,7 @@ import torch
 
 from paratrain.measure.activations import ActivationMeter
 from paratrain.parallel.recompute import apply_recomputation
-from paratrain.train.loop import build_model
+from paratrain.train.build import build_model
 from tests.equivalence import tiny_config
 
 

@@ -6,7 +6,8 @@ Equal to float32 rounding: losses, gradient norms and parameters (gathered back 
 because split matmuls, all-reduced partial sums and the vocabulary-split softmax add the
 same terms in a different order (tolerances in equivalence.py). Adam is elementwise, so
 optimizing shards is optimizing the whole; only the gradient norm for clipping needs the
-group (tensor_parallel_state.grad_norm).
+group (train/clip.py), and under sequence parallelism the partial gradients of replicated
+parameters their sum over it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ import torch
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_TP_PLAN
-from paratrain.parallel.tensor_parallel import (
-    apply_tensor_parallel,
-    clip_grad_norm_,
-    full_state_dict,
-    sync_sequence_parallel_grads,
-)
+from paratrain.parallel.tensor_parallel import apply_tensor_parallel, full_state_dict
+from paratrain.train.build import data_parallel
 from paratrain.train.data import BatchSampler
+from paratrain.train.engine import FlatEngine
+from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
@@ -47,38 +46,25 @@ def _model(cfg, group, sp: bool, dropout: float = 0.0) -> GPT:
 
 
 def train_tp(rank, k, cfg, data, sp, dropout=0.0, skip_sync=False):
-    """The reference's loop (equivalence.py) with the three tensor-parallel additions."""
-    group = Mesh.build(tp=k).group("tp")
-    t = cfg.train
+    """The one training step (train/step.py) on a tensor-parallel model; every tp rank
+    takes the whole global batch (a data-parallel group of one)."""
+    mesh = Mesh.build(tp=k)
+    group, t = mesh.group("tp"), cfg.train
     model = _model(cfg, group, sp, dropout)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": t.weight_decay},
-            {"params": no_decay, "weight_decay": 0},
-        ],
-        lr=t.lr,
-        betas=(t.beta1, t.beta2),
-    )
+    engine = FlatEngine(data_parallel(model, mesh.group("dp"), cfg), group)
+    if skip_sync:  # break the property on purpose: leave the partial gradients partial
+        engine._complete_partial_grads = lambda: None
+    opt = engine.build_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
     # Dropout masks must come from the tracker alone: a rank-dependent default stream
     # (as the training loop seeds it) must not matter.
     torch.manual_seed(1000 + rank)
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
-        for g in opt.param_groups:
-            g["lr"] = reference_lr(step, cfg)
         batch = sampler.global_batch_at(step)  # the same batch on every tp rank
-        opt.zero_grad()
-        loss = model(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        if not skip_sync:
-            sync_sequence_parallel_grads(model, group)  # (1) only under sequence parallelism
-        norm = clip_grad_norm_(model, t.grad_clip or float("inf"), group)  # (2) whole norm
-        opt.step()
-        losses.append(loss.item())
-        norms.append(norm.item())
+        out = train_step(engine, opt, [batch], reference_lr(step, cfg), t.grad_clip)
+        losses.append(out.loss)
+        norms.append(out.grad_norm)
     # Evaluation under tensor parallelism: the vocabulary-split loss in eval mode.
     model.eval()
     val = data.val[: t.seq_len + 1].long().view(1, -1)
@@ -89,7 +75,7 @@ def train_tp(rank, k, cfg, data, sp, dropout=0.0, skip_sync=False):
         for n, p in model.named_parameters()
         if n.endswith(REPLICATED_SUFFIXES)
     }
-    state = full_state_dict(model, group)  # (3) whole parameters for the comparison
+    state = full_state_dict(model, group)  # whole parameters for the comparison
     return RunRecord(losses, norms, state), val_loss, replicated
 
 

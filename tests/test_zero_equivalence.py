@@ -18,13 +18,16 @@ import pytest
 import torch
 
 from paratrain.mesh import Mesh
-from paratrain.parallel.fsdp import FullyShardedDataParallel, gpt_units
+from paratrain.models.plans import GPT_PLAN
+from paratrain.parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.fsdp_units import expand_units
 from paratrain.parallel.mixed_precision import MixedPrecision
 from paratrain.parallel.zero import ZeroDataParallel
-from paratrain.parallel.zero_step import sharded_train_step
+from paratrain.train.build import build_model
 from paratrain.train.data import BatchSampler
-from paratrain.train.loop import build_model, peak_lr
-from paratrain.train.optim import learning_rate
+from paratrain.train.engine import FlatEngine
+from paratrain.train.optim import LrSchedule
+from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
@@ -39,26 +42,27 @@ def wrap(model, group, stage, dtype="float32", **options):
     """The wrapper for a ZeRO stage: 0-2 ZeroDataParallel, 3 FullyShardedDataParallel."""
     precision = MixedPrecision.of(dtype)
     if stage == 3:
-        return FullyShardedDataParallel(model, group, gpt_units(model), precision, **options)
+        units = expand_units(model, GPT_PLAN.fsdp_units)
+        return FullyShardedDataParallel(model, group, units, precision, **options)
     return ZeroDataParallel(model, group, stage, precision, **options)
 
 
 def train_sharded(cfg, mesh, data, stage, dtype="float32", **options):
-    """The training loop's steps (train/loop.py) with a sharded wrapper."""
+    """The one training step (train/step.py) through a sharded wrapper built here, with
+    options the CLI does not expose (tiny buckets)."""
     t = cfg.train
     dp = mesh.group("dp")
-    model = wrap(build_model(cfg), dp, stage, dtype, **options)
-    lr = peak_lr(cfg)
-    opt = model.build_optimizer(lr, t.weight_decay, (t.beta1, t.beta2))
+    engine = FlatEngine(wrap(build_model(cfg), dp, stage, dtype, **options))
+    lr = LrSchedule.of(cfg)
+    opt = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
         micro = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
-        step_lr = learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
-        loss, norm, _ = sharded_train_step(model, opt, micro, step_lr, t.grad_clip)
-        losses.append(loss)
-        norms.append(norm)
-    return RunRecord(losses, norms, model.full_state_dict()), model
+        out = train_step(engine, opt, micro, lr(step), t.grad_clip)
+        losses.append(out.loss)
+        norms.append(out.grad_norm)
+    return RunRecord(losses, norms, engine.replica.full_state_dict()), engine.replica
 
 
 def run_cases(rank, world_size, cases, data):

@@ -195,3 +195,29 @@ def from_toml_text(text: str) -> RunConfig:
     cfg = RunConfig()
     apply_overrides(cfg, tomllib.loads(text), "config")
     return cfg
+
+
+def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
+    """'RANK:FACTOR' -> (rank, factor): that rank's steps take FACTOR times its compute."""
+    try:
+        rank_text, factor_text = text.split(":")
+        rank, factor = int(rank_text), float(factor_text)
+    except ValueError:
+        raise ValueError(f"--straggler {text!r}; expected RANK:FACTOR such as 1:3") from None
+    if not 0 <= rank < world_size or not factor >= 1:  # written so that NaN fails
+        raise ValueError(
+            f"--straggler {text!r}: rank must be in 0..{world_size - 1} and factor at least 1"
+        )
+    return rank, factor
+
+
+def compute_dtype(cfg: RunConfig) -> str:
+    """The dtype a run computes in: `auto` means bfloat16 on CUDA, float32 elsewhere.
+
+    For configurations built in code that never went through `resolve`.
+    """
+    if cfg.train.dtype == "auto":
+        import torch  # only here: the configuration itself needs no torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return cfg.train.dtype

@@ -76,6 +76,10 @@ class MeshShape:
     def group_of(self, axis: str, global_rank: int) -> list[int]:
         return next(g for g in self.groups(axis) if global_rank in g)
 
+    def pipeline_ends(self) -> list[list[int]]:
+        """For every pipeline (same dp and tp coordinates), its first and last stage."""
+        return [[g[0], g[-1]] for g in self.groups("pp") if len(g) > 1]
+
 
 class Mesh:
     """One rank's view of the grid: its coordinates and one CommGroup per axis."""
@@ -87,12 +91,15 @@ class Mesh:
         groups: dict[str, CommGroup],
         ledger: Ledger,
         watchdog: Watchdog | None = None,
+        options: CommOptions | None = None,
     ) -> None:
         self.shape = shape
         self.global_rank = global_rank
         self.ledger = ledger
         self.watchdog = watchdog
         self._groups = groups
+        self._common = {"ledger": ledger, "options": options, "watchdog": watchdog}
+        self._pipeline_ends: list[CommGroup | None] = []
 
     @classmethod
     def build(
@@ -125,7 +132,7 @@ class Mesh:
         groups = {"world": CommGroup.world(**common)}
         for axis in AXES:
             groups[axis] = cls._build_axis(shape, axis, rank, common)
-        return cls(shape, rank, groups, ledger, watchdog)
+        return cls(shape, rank, groups, ledger, watchdog, options)
 
     @staticmethod
     def _build_axis(shape: MeshShape, axis: str, rank: int, common: dict) -> CommGroup:
@@ -146,6 +153,22 @@ class Mesh:
         """Stop the watchdog; call before destroying the process group."""
         if self.watchdog is not None:
             self.watchdog.stop()
+
+    def pipeline_ends_group(self) -> CommGroup | None:
+        """The first and the last stage of this rank's pipeline, as a group ("pp_ends"),
+        for weights the two share (parallel/pipeline/tied.py); None on the stages between.
+
+        Created on first use, collectively: every rank must ask, at the same point, as for
+        `build`. Only a model with tied weights across stages needs it.
+        """
+        if not self._pipeline_ends:  # [] until created, then [the group or None]
+            own = None
+            for ranks in self.shape.pipeline_ends():
+                pg = dist.new_group(ranks)
+                if self.global_rank in ranks:
+                    own = CommGroup("pp_ends", pg, ranks, self.global_rank, **self._common)
+            self._pipeline_ends.append(own)
+        return self._pipeline_ends[0]
 
     def group(self, axis: str) -> CommGroup:
         if axis not in self._groups:

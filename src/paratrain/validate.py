@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from paratrain.comm.group import ALGOS
-from paratrain.config import RunConfig
+from paratrain.config import RunConfig, parse_straggler
 from paratrain.models.plans import check_gpt_tensor_parallel
 from paratrain.parallel.recompute import RECOMPUTE
 
@@ -109,20 +109,6 @@ def _check_comm(cfg: RunConfig) -> None:
         raise ValueError(f"--lr-base-batch {t.lr_base_batch} must be positive")
 
 
-def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
-    """'RANK:FACTOR' -> (rank, factor): that rank's steps take FACTOR times its compute."""
-    try:
-        rank_text, factor_text = text.split(":")
-        rank, factor = int(rank_text), float(factor_text)
-    except ValueError:
-        raise ValueError(f"--straggler {text!r}; expected RANK:FACTOR such as 1:3") from None
-    if not 0 <= rank < world_size or factor < 1:
-        raise ValueError(
-            f"--straggler {text!r}: rank must be in 0..{world_size - 1} and factor at least 1"
-        )
-    return rank, factor
-
-
 def _resolve_device_defaults(cfg: RunConfig) -> None:
     cuda = torch.cuda.is_available()
     backend = cfg.parallel.backend
@@ -137,16 +123,6 @@ def _resolve_device_defaults(cfg: RunConfig) -> None:
         cfg.train.dtype = "bfloat16" if cuda else "float32"
     elif dtype not in KNOWN_DTYPES:
         raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(KNOWN_DTYPES)}")
-
-
-def compute_dtype(cfg: RunConfig) -> str:
-    """The dtype a run computes in: `auto` means bfloat16 on CUDA, float32 elsewhere.
-
-    For configurations built in code that never went through `resolve`.
-    """
-    if cfg.train.dtype == "auto":
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-    return cfg.train.dtype
 
 
 def _check_not_built_yet(cfg: RunConfig) -> None:

@@ -22,10 +22,10 @@ from torch import nn
 from paratrain.bench.ranks import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.train.build import build_model
 from paratrain.train.data import BatchSampler, load_tokens
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4
@@ -61,8 +61,8 @@ def compare_with_ddp(rank: int, world: int, pairs: int, bucket_mb: float) -> dic
         build_model(cfg), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True
     )
     betas = (t.beta1, t.beta2)
-    ours_opt = build_adamw(ours.module, t.lr, t.weight_decay, betas)
-    peer_opt = build_adamw(peer.module, t.lr, t.weight_decay, betas)
+    ours_opt = adamw(ours.module, t.lr, t.weight_decay, betas)
+    peer_opt = adamw(peer.module, t.lr, t.weight_decay, betas)
     sampler = BatchSampler(load_tokens("").train, t.seq_len, t.global_batch, t.seed)
     per_rank = t.global_batch // world
     batches = [

@@ -20,10 +20,12 @@ from torch import nn
 
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.train.build import build_model
 from paratrain.train.data import BatchSampler, load_tokens
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw, learning_rate
+from paratrain.train.engine import FlatEngine
+from paratrain.train.optim import learning_rate
 from paratrain.train.step import train_step
 
 log = logging.getLogger(__name__)
@@ -71,14 +73,14 @@ def run_overhead_bench(steps: int = 20, rounds: int = 7) -> dict[str, float]:
     batches = [list(sampler.global_batch_at(s).split(t.micro_batch)) for s in range(total)]
     mesh = Mesh.build(dp=1)  # one process: the dp group has one rank, no communication
     betas = (t.beta1, t.beta2)
-    ours_model = DataParallel(build_model(cfg), mesh.group("dp"), reduce_op="sum")
+    ours = FlatEngine(DataParallel(build_model(cfg), mesh.group("dp"), reduce_op="sum"))
     plain_model = build_model(cfg)
-    ours_opt = build_adamw(ours_model.module, t.lr, t.weight_decay, betas)
-    plain_opt = build_adamw(plain_model, t.lr, t.weight_decay, betas)
+    ours_opt = ours.build_optimizer(t.lr, t.weight_decay, betas)
+    plain_opt = adamw(plain_model, t.lr, t.weight_decay, betas)
 
     def ours(step: int) -> float:
         lr = learning_rate(step, t.lr, t.warmup_steps, total, t.min_lr_ratio)
-        out = train_step(ours_model, ours_opt, batches[step], lr, t.grad_clip)
+        out = train_step(ours, ours_opt, batches[step], lr, t.grad_clip)
         return out.loss
 
     def plain(step: int) -> float:

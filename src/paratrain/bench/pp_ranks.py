@@ -25,9 +25,10 @@ from torch import nn
 from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.models.plans import GPT_PLAN
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw
+from paratrain.train.build import build_model, pipeline_plan
 
 # Ours -> (torch.distributed.pipelining schedule class, chunks per stage on both sides).
 # torch's ScheduleInterleavedZeroBubble with one stage per rank is its ZB1P schedule
@@ -54,6 +55,9 @@ class _PeerChunk(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.chunk(x)  # (b, T, C) hidden states, or (b, T, V) logits on the last
+
+
+GPT_SPLIT = pipeline_plan(GPT_PLAN)
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -119,14 +123,14 @@ def compare_schedule(
     _, v = PEER[name]
     betas = (t.beta1, t.beta2)
     b = batches[0].shape[0] // k
-    ours_chunks = split_into_stages(build_model(cfg), rank, world, chunks=v)
+    ours_chunks = split_into_stages(build_model(cfg), rank, world, chunks=v, plan=GPT_SPLIT)
     runtime = PipelineRuntime(
         ours_chunks, build_schedule(name, world, k, v), group, hidden_size=cfg.model.d_model
     )
-    ours_opt = build_adamw(nn.ModuleList(ours_chunks), t.lr, t.weight_decay, betas)
-    peer_chunks = split_into_stages(build_model(cfg), rank, world, chunks=v)
+    ours_opt = adamw(nn.ModuleList(ours_chunks), t.lr, t.weight_decay, betas)
+    peer_chunks = split_into_stages(build_model(cfg), rank, world, chunks=v, plan=GPT_SPLIT)
     peer = build_peer(peer_chunks, rank, world, name, k)
-    peer_opt = build_adamw(nn.ModuleList(peer_chunks), t.lr, t.weight_decay, betas)
+    peer_opt = adamw(nn.ModuleList(peer_chunks), t.lr, t.weight_decay, betas)
 
     def run(is_ours: bool, batch: torch.Tensor) -> tuple[float, float]:
         comm.barrier(group)

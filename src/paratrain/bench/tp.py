@@ -34,14 +34,15 @@ from paratrain.bench.ranks import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_TP_PLAN, check_gpt_tensor_parallel
+from paratrain.parallel.adamw import adamw
+from paratrain.parallel.replica import all_reduce_whole_grads_
 from paratrain.parallel.tensor_parallel import (
     apply_tensor_parallel,
     full_state_dict,
-    sync_sequence_parallel_grads,
+    sequence_parallel_parameters,
 )
+from paratrain.train.build import build_model
 from paratrain.train.data import BatchSampler, load_tokens
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # relative difference of the two losses allowed at every step
@@ -54,8 +55,10 @@ def _our_step(
     opt.zero_grad(set_to_none=True)
     loss = model(batch[:, :-1], batch[:, 1:])
     loss.backward()
-    if sp:
-        sync_sequence_parallel_grads(model, mesh.group("tp"))
+    if sp:  # sum the partial gradients of the replicated parameters over tp
+        partial = {id(p) for p in sequence_parallel_parameters(model)}
+        names = [n for n, p in model.named_parameters() if id(p) in partial]
+        all_reduce_whole_grads_(model, names, mesh.group("tp"))
     opt.step()
     return loss.item()
 
@@ -73,7 +76,7 @@ def compare_with_dtensor(
     )
     peer, _, plan = tp_peer.parallelize_gpt_dtensor(build_model(cfg), world, sp)
     betas = (t.beta1, t.beta2)
-    ours_opt = build_adamw(ours, t.lr, t.weight_decay, betas)
+    ours_opt = adamw(ours, t.lr, t.weight_decay, betas)
     peer_opt = tp_peer.build_peer_adamw(peer, t.lr, t.weight_decay, betas)
     # The first (untimed) step of each counts the bytes of one whole step.
     mesh.ledger.reset()
@@ -210,7 +213,7 @@ def _log_report(s: dict[str, Any], peer_plan: str, cfg: RunConfig) -> None:
     log.info(
         "ours: apply_tensor_parallel(GPT_TP_PLAN, sequence_parallel=%s)%s",
         sp,
-        " + sync_sequence_parallel_grads" if sp else "",
+        " + the sequence-parallel gradient sum" if sp else "",
     )
     log.info(
         "peer: torch DTensor parallelize_module on DeviceMesh('cpu', %s), loss_parallel(); "

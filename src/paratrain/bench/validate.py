@@ -107,7 +107,7 @@ def state_note(lay: Layout, model: ModelSpec, w: Workload, stage: int) -> str:
     items = " + ".join(f"{kind} {v:,}" for kind, v in pad.items()) or "0"
     return (
         f"{shown}; memory.py params ({what}) {formula:,} + padding {items} "
-        "(train/wrap.py counts all padding under params)"
+        "(train/engine.py counts all padding under params)"
     )
 
 

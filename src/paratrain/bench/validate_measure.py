@@ -2,7 +2,7 @@
 
 Each rank trains our small GPT through the real loop and records, without changing it:
 - model-state bytes, itemised (params, grads, optimizer, master): the runtime's own record
-  at the last step's end, `TrainResult.extra["model_state_bytes"]` (train/wrap.py: tensor
+  at the last step's end, `TrainResult.extra["model_state_bytes"]` (train/engine.py: tensor
   sizes for DataParallel; for ZeRO and FSDP the wrappers' flat buffers and shards, their
   padding counted under params; AdamW's per-tensor `step` counters are left out);
 - bytes sent per step by group and op, from the comm ledger, from after set-up (the
@@ -16,8 +16,9 @@ Each rank trains our small GPT through the real loop and records, without changi
   last backward pass, as the runtime does: with ZB-H1 the deferred weight gradient, after
   the hook above has fired at the input-gradient pass.
 
-The loop builds its engine itself: inside the rank's own process this module wraps
-`loop.build_engine` to keep the engine (its modules, its pipeline runtime).
+The loop builds its engine itself and hands it to `on_start` before the first step:
+that is where the graph meter attaches, and the engine (its modules, its pipeline
+runtime) is kept for the per-step measurements.
 """
 
 from __future__ import annotations
@@ -162,19 +163,17 @@ def trace_summary(trace: Any) -> dict[str, float]:
 
 def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     """Train under cfg's layout; what this rank held, sent and kept (see the docstring)."""
-    from paratrain.train import loop
+    from paratrain.train.loop import train
 
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
     kept: dict[str, Any] = {}
     steps: list[dict[str, Any]] = []
-    real_engine = loop.build_engine
 
-    def build_engine(*args: Any, **kwargs: Any) -> Any:
-        kept["engine"] = engine = real_engine(*args, **kwargs)
+    def on_start(engine: Any) -> None:
+        kept["engine"] = engine
         kept["graphs"] = GraphMeter(engine.modules)
         kept["before"] = ledger_bytes(mesh)  # set-up done, the first step not begun
-        return engine
 
     def on_step(_: Any) -> None:
         now = ledger_bytes(mesh)
@@ -182,7 +181,7 @@ def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         kept["before"] = now
         step: dict[str, Any] = {"sent": {k: v for k, v in sent.items() if v}}
         step.update(kept["graphs"].take())
-        runtime = getattr(kept["engine"], "runtime", None)
+        runtime = kept["engine"].runtime  # None without a pipeline
         if runtime is not None:
             step["trace"] = trace_summary(runtime.last_trace)
             actions = runtime.schedule.stages[runtime.stage]
@@ -190,11 +189,10 @@ def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
             step["held_graphs"], step["held_bytes"] = held
         steps.append(step)
 
-    loop.build_engine = build_engine
     try:
-        result = loop.train(cfg, mesh, random_tokens(cfg.model.vocab_size), on_step=on_step)
+        data = random_tokens(cfg.model.vocab_size)
+        result = train(cfg, mesh, data, on_step=on_step, on_start=on_start)
     finally:
-        loop.build_engine = real_engine
         mesh.close()
     return {
         "coords": {axis: mesh.coord(axis) for axis in ("pp", "dp", "tp")},

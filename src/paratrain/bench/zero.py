@@ -1,6 +1,6 @@
 """`paratrain bench zero`: each ZeRO stage against its PyTorch-native peer on the same GPT.
 
-Ours: the wrapper `train/wrap.py: wrap` picks for `--zero s` in float32 (stage 0: plain
+Ours: the wrapper `train/build.py: data_parallel` picks for `--zero s` in float32 (stage 0: plain
 `DataParallel`; 1 and 2: `ZeroDataParallel`; 3: `FullyShardedDataParallel` over the GPT's
 units), with its optimizer. Peers (`bench/zero_peer.py: PEERS`): DDP for stage 0, DDP +
 `ZeroRedundancyOptimizer` for 1, FSDP2 `fully_shard(reshard_after_forward=False)` for 2,
@@ -36,14 +36,12 @@ from paratrain.bench.dp import step_pair_side
 from paratrain.bench.ranks import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.replica import Replica
 from paratrain.plan.comm import all_reduce_bytes
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
+from paratrain.train.build import build_model, data_parallel
 from paratrain.train.data import BatchSampler, load_tokens
-from paratrain.train.loop import build_model
-from paratrain.train.optim import build_adamw
-from paratrain.train.wrap import wrap
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # relative difference of the two losses allowed at every step, every rank
@@ -82,29 +80,25 @@ def _stage_config(cfg: RunConfig, zero: int, dp: int) -> RunConfig:
 
 def _build_ours(cfg: RunConfig, mesh: Mesh) -> tuple[nn.Module, Any]:
     t = cfg.train
-    betas = (t.beta1, t.beta2)
-    model = wrap(build_model(cfg), mesh, cfg, reduce_op="avg")  # losses are per-rank means
-    if isinstance(model, DataParallel):
-        return model, build_adamw(model.module, t.lr, t.weight_decay, betas)
-    return model, model.build_optimizer(t.lr, t.weight_decay, betas)
+    # Losses are per-rank means, as the peers' are: replicas average.
+    model = data_parallel(build_model(cfg), mesh.group("dp"), cfg, reduce_op="avg")
+    return model, model.build_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
 
 
-def _ours_state(model: nn.Module, optimizer: Any) -> dict[str, int]:
-    """Our bytes by kind: stage 0 counted by the peers' counter, sharded ones by their own."""
-    if isinstance(model, DataParallel):
-        return zero_peer.state_bytes(model.module, optimizer, [b.buffer for b in model.buckets])
+def _ours_state(model: Replica, optimizer: Any) -> dict[str, int]:
+    """Our bytes by kind, from the wrapper's own memory report."""
     report = model.memory_report(optimizer).as_dict()
     report.pop("total")
     return report
 
 
-def _full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+def _full_params(model: nn.Module, ours: bool) -> dict[str, torch.Tensor]:
     """Every parameter whole on every rank (collectives: same order on all ranks)."""
     from torch.distributed.tensor import DTensor
 
-    if hasattr(model, "full_state_dict"):  # our sharded wrappers
+    if ours:
         return model.full_state_dict()
-    module = getattr(model, "module", model)  # DataParallel and DDP wrap, FSDP2 does not
+    module = getattr(model, "module", model)  # DDP wraps, FSDP2 does not
     return {
         n: (p.full_tensor() if isinstance(p, DTensor) else p).detach()
         for n, p in module.named_parameters()
@@ -154,7 +148,7 @@ def compare_stage(
         ours_by_op[op] = ours_by_op.get(op, 0) + totals.bytes_sent
     with zero_peer.PeerTraffic(world, rank) as traffic:
         counted = (ours_loss, step_pair_side(*sides[False], batches[-1], False))
-    a, b = _full_params(sides[True][0]), _full_params(sides[False][0])
+    a, b = _full_params(sides[True][0], True), _full_params(sides[False][0], False)
     return {
         "times": times,
         "losses": losses + timed_losses + [counted],

@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paratrain.comm.traffic import native_traffic
-from paratrain.train.optim import build_adamw, param_groups
+from paratrain.parallel.adamw import adamw, param_groups
 
 KINDS = ("params", "grads", "master", "optimizer", "padding", "other")
 STATE_KINDS = KINDS[:-1]  # model state: everything but step counters and buffers
@@ -63,10 +63,10 @@ def wrap_peer(
     from torch.nn.parallel import DistributedDataParallel
 
     if zero >= 2:
-        return _fully_shard(module, world, zero == 3), build_adamw(module, lr, weight_decay, betas)
+        return _fully_shard(module, world, zero == 3), adamw(module, lr, weight_decay, betas)
     model = DistributedDataParallel(module, gradient_as_bucket_view=True)
     if zero == 0:
-        return model, build_adamw(module, lr, weight_decay, betas)
+        return model, adamw(module, lr, weight_decay, betas)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     opt = ZeroRedundancyOptimizer(

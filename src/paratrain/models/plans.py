@@ -1,8 +1,10 @@
-"""How GPT is split, as data: the tensor-parallel plan and the checks it implies.
+"""How GPT is split, as data: every fact a strategy needs about the model, in one place.
 
-Pure data and arithmetic (no distributed code, not even torch): read by
-`paratrain.parallel.tensor_parallel.apply_tensor_parallel` inside the workers, and by
-configuration checks before any worker starts.
+Pure data and arithmetic (no distributed code, not even torch). The strategies take these
+as arguments and never import a model: train/build.py hands `GPT_PLAN.tensor_parallel` to
+`apply_tensor_parallel`, `fsdp_units` to `FullyShardedDataParallel`, `pipeline_*` to
+`split_into_stages` and `recompute_units` to `apply_recomputation`; the configuration
+checks read them before any worker starts.
 
 The tensor-parallel plan is Megatron-LM's layout (arXiv:1909.08053, section 3):
 q, k, v column-parallel so each rank owns whole heads and attention needs no
@@ -19,6 +21,7 @@ statistics are per token.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 GPT_TP_PLAN: dict[str, str] = {
@@ -77,4 +80,33 @@ GPT_FSDP_UNITS: tuple[tuple[str, ...], ...] = (
     ("tok_emb", "pos_emb"),
     ("blocks.*",),
     ("norm", "head"),
+)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything the strategies need to know about a model, as module names.
+
+    tensor_parallel: module-name pattern -> style (parallel/tensor_parallel.py: STYLES).
+    fsdp_units: the FSDP / ZeRO-3 units, in forward order ("x.*": one unit per child).
+    pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
+    pipeline_first / pipeline_last: the modules only the first / last stage holds.
+    recompute_units: the modules whose activations are recomputed in backward.
+    """
+
+    tensor_parallel: dict[str, str]
+    fsdp_units: tuple[tuple[str, ...], ...]
+    pipeline_blocks: str
+    pipeline_first: tuple[str, ...]
+    pipeline_last: tuple[str, ...]
+    recompute_units: tuple[str, ...]
+
+
+GPT_PLAN = ModelPlan(
+    tensor_parallel=GPT_TP_PLAN,
+    fsdp_units=GPT_FSDP_UNITS,
+    pipeline_blocks="blocks",
+    pipeline_first=("tok_emb", "pos_emb"),
+    pipeline_last=("norm", "head"),
+    recompute_units=("blocks.*",),  # each block keeps only its input (Megatron's "full")
 )

@@ -88,11 +88,14 @@ def serve(
     group: comm.CommGroup,
     total_updates: int,
     set_lr: Callable[[int], None],
+    clip: Callable[[], float],
     dc_lambda: float = 0.0,
     staleness_bound: int = 0,
-    grad_clip: float = 0.0,
 ) -> ServerReport:
-    """Run the parameter server on group rank 0 until `total_updates` have been applied."""
+    """Run the parameter server on group rank 0 until `total_updates` have been applied.
+
+    clip: called with the pushed gradient in `.grad`; clips it, returns its norm before.
+    """
     workers = [r for r in range(group.size) if r != group.rank]
     numel = sum(p.numel() for p in model.parameters())
     report, version, next_batch = ServerReport(), 0, 0
@@ -123,8 +126,7 @@ def serve(
             set_lr(len(report.updates))
             grad = dc_asgd_correct(grad, _flat_params(model), pulled[w], dc_lambda)
             _set_grads(model, grad)
-            max_norm = grad_clip if grad_clip > 0 else float("inf")
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            norm = clip()
             optimizer.step()
             version += 1
             report.updates.append(

@@ -23,14 +23,27 @@ Usage from a user's own loop:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.replica import (
+    MOMENTS,
+    GradSquares,
+    MemoryReport,
+    StatePiece,
+    adam_state,
+    all_reduce_whole_grads_,
+    complete_state_dict,
+    count_memory,
+    scale_whole_grads_,
+    whole_grad_squares,
+)
 
 
 def broadcast_parameters(model: nn.Module, group: comm.CommGroup) -> None:
@@ -47,11 +60,13 @@ def broadcast_parameters(model: nn.Module, group: comm.CommGroup) -> None:
 
 
 class DataParallel(nn.Module):
-    """Wrap any module for data-parallel training over `group`.
+    """Wrap any module for data-parallel training over `group` (a `Replica`).
 
     reduce_op: "avg" divides the summed gradients by the group size (DDP's behaviour);
     "sum" is for losses already normalised by the global token count.
     """
+
+    scaler = None  # float32 throughout: no loss scaling (mixed precision: zero.py)
 
     def __init__(
         self,
@@ -156,3 +171,50 @@ class DataParallel(nn.Module):
             bucket.buffer.zero_()
             for p, view in zip(bucket.params, bucket.views, strict=True):
                 p.grad = view
+
+    # -- the rest of the Replica protocol: gradients are whole, in p.grad ------------------
+    def scale_grads_(self, factor: float) -> None:
+        scale_whole_grads_(self.module, factor)
+
+    def grad_squares(self) -> GradSquares:
+        return whole_grad_squares(self.module)  # every replica holds the whole gradient
+
+    def all_reduce_grads_(
+        self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True
+    ) -> None:
+        del same_layout  # whole gradients: the same on every rank whatever else differs
+        all_reduce_whole_grads_(self.module, names, group)
+
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+    ) -> torch.optim.AdamW:
+        return adamw(self.module, lr, weight_decay, betas, eps)
+
+    def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
+        """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments."""
+        known = [("params", p) for p in self.module.parameters()]
+        known += [("grads", b.buffer) for b in self.buckets]
+        states = optimizer.state.values() if optimizer is not None else ()
+        return count_memory(known, {}, self.module, states)
+
+    def checkpoint_pieces(
+        self, optimizer: torch.optim.Optimizer
+    ) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        pieces, counters = [], []
+        for name, p in self.module.named_parameters():
+            state = adam_state(optimizer, p)
+            counters.append(state["step"])
+            tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}
+            pieces.append(StatePiece(name, p.shape, 0, p.numel(), tensors))
+        return pieces, counters
+
+    def after_load(self) -> None:
+        """Every rank loaded the whole values: nothing else holds a copy."""
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        values = {n: p.detach().clone() for n, p in self.module.named_parameters()}
+        return complete_state_dict(self.module, values)
+
+    def materialize(self) -> None:
+        """The module is always whole."""

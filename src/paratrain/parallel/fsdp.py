@@ -19,8 +19,12 @@ unit u those of u-1..u-d, so that they run while unit u computes. Depth 0 gather
 unit only when it is needed; each extra unit of depth costs one more unit of gathered
 parameters at the peak (`peak_gathered_bytes`).
 
-Driving it is the same as ZeroDataParallel (zero.py); `optimizer.step()` updates the shards
-only: the next forward gathers the new values.
+Driving it is the `Replica` protocol (replica.py), as for every wrapper; `optimizer.step()`
+updates the shards only: the next forward gathers the new values.
+
+A parameter used by modules of two units (tied input and output embeddings) is moved to
+the root unit: it must be whole whenever either user runs, and the root unit is gathered
+for the whole forward and backward.
 """
 
 from __future__ import annotations
@@ -34,25 +38,16 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.models.plans import GPT_FSDP_UNITS
+from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
-from paratrain.parallel.fsdp_units import FlatUnit, Tracker, expand_units
+from paratrain.parallel.flat_replica import FlatShardReplica
+from paratrain.parallel.fsdp_units import FlatUnit, Tracker
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
-from paratrain.parallel.zero_optim import (
-    MemoryReport,
-    ShardedAdamW,
-    clip_grad_norm_,
-    memory_report,
-    scale_grads_,
-)
+from paratrain.parallel.replica import MemoryReport, count_memory
+from paratrain.parallel.zero_flat import FlatShard
 
 
-def gpt_units(model: nn.Module) -> list[list[str]]:
-    """Our GPT's units: embeddings, each block, final norm with the head."""
-    return expand_units(model, GPT_FSDP_UNITS)
-
-
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(FlatShardReplica):
     """ZeRO-3 of `module` over `group`, gathering by the given units (module names each).
 
     units: lists of module names, in forward order; parameters in none of them form a
@@ -97,17 +92,25 @@ class FullyShardedDataParallel(nn.Module):
             self.scaler = DynamicLossScaler(p.initial_loss_scale, p.growth_interval)
 
     def _build_units(self, spec: Sequence[Sequence[str]]) -> list[FlatUnit]:
-        claimed: set[int] = set()
-        units = []
+        """A unit per entry of `spec`; parameters that no entry's modules use, or that the
+        modules of two entries use (tied weights), form the root unit."""
+        found, users = [], {}  # users: id(parameter) -> how many entries use it
         for names in spec:
             modules = [self.module.get_submodule(n) for n in names]
-            named = []
+            named: dict[int, tuple[str, nn.Parameter]] = {}
             for n, m in zip(names, modules, strict=True):
                 for pn, p in m.named_parameters(prefix=n):
-                    if p.requires_grad and id(p) not in claimed:
-                        claimed.add(id(p))
-                        named.append((pn, p))
-            units.append((",".join(names), modules, named))
+                    if p.requires_grad:
+                        named.setdefault(id(p), (pn, p))
+            found.append((",".join(names), modules, list(named.values())))
+            for key in named:
+                users[key] = users.get(key, 0) + 1
+        units, claimed = [], set()
+        for name, modules, named_params in found:
+            own = [(pn, p) for pn, p in named_params if users[id(p)] == 1]
+            claimed.update(id(p) for _, p in own)
+            if own:
+                units.append((name, modules, own))
         rest = [(n, p) for n, p in self.module.named_parameters() if id(p) not in claimed]
         rest = [(n, p) for n, p in rest if p.requires_grad]
         if rest:
@@ -216,27 +219,22 @@ class FullyShardedDataParallel(nn.Module):
 
     # -- update and state ------------------------------------------------------------------
     @property
-    def shards(self) -> list:
+    def shards(self) -> list[FlatShard]:
         return [u.shard for u in self.units]
+
+    @property
+    def sharded_over(self) -> comm.CommGroup:
+        return self.group
+
+    def _after_update(self) -> None:
+        """Drop any gathered copy: the next forward gathers the updated shards."""
+        for unit in self.units:
+            unit.free()
 
     @property
     def peak_gathered_bytes(self) -> int:
         """The most bytes of gathered parameters alive at once since zero_grad()."""
         return self.tracker.peak
-
-    def scale_grads_(self, factor: float) -> None:
-        scale = self.scaler.scale if self.scaler is not None else 1.0
-        scale_grads_(self.shards, factor / scale)
-
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        return clip_grad_norm_(self.shards, self.group, max_norm)
-
-    def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
-    ) -> ShardedAdamW:
-        return ShardedAdamW(
-            self.shards, self.group, lr, weight_decay, betas, eps, None, self.scaler
-        )
 
     def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
         known: list[tuple[str, torch.Tensor]] = []
@@ -252,10 +250,8 @@ class FullyShardedDataParallel(nn.Module):
         padding["optimizer"] = extra * 8 if optimizer is not None else 0
         if p.has_master:
             padding["master"] = extra * 4
-        return memory_report(known, padding, self.module, optimizer)
-
-    def sharded_state_dict(self) -> dict[str, dict]:
-        return {k: v for u in self.units for k, v in u.shard.sharded_state().items()}
+        states = optimizer.inner.state.values() if optimizer is not None else ()
+        return count_memory(known, padding, self.module, states)
 
     def materialize(self) -> None:
         """Gather every unit and keep it: the plain module is whole again (after training;
@@ -263,14 +259,3 @@ class FullyShardedDataParallel(nn.Module):
         through `module.state_dict()` would read freed memory."""
         for u in self.units:
             u.wait()
-
-    @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter whole, in fp32 (the master values), on every rank."""
-        out = {}
-        for u in self.units:
-            sizes = [u.layout.shard] * self.group.size
-            flat = comm.all_gather_flat(u.shard.optimized, self.group, sizes=sizes)
-            for seg, view in zip(u.layout.segments, u.layout.views(flat), strict=True):
-                out[seg.name] = view.clone()
-        return out

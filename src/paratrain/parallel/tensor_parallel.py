@@ -51,10 +51,9 @@ from paratrain.parallel.tensor_parallel_rng import (
     fork_during_forward,
 )
 from paratrain.parallel.tensor_parallel_state import (
-    clip_grad_norm_,
     full_state_dict,
-    grad_norm,
-    sync_sequence_parallel_grads,
+    sequence_parallel_parameters,
+    sharded_parameters,
 )
 
 STYLES: dict[str, str] = {
@@ -77,10 +76,9 @@ __all__ = [
     "VocabParallelCrossEntropy",
     "VocabParallelEmbedding",
     "apply_tensor_parallel",
-    "clip_grad_norm_",
     "full_state_dict",
-    "grad_norm",
-    "sync_sequence_parallel_grads",
+    "sequence_parallel_parameters",
+    "sharded_parameters",
 ]
 
 

@@ -23,13 +23,14 @@ reduce-scatter starts from the hook that completes it and overlaps the earlier l
 backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (zero_flat.py): a
 bucket's reduce-scatter gives each rank the part of the bucket inside its shard.
 
-Driving it (what a training loop calls, in order):
+Driving it is the `Replica` protocol (replica.py), as for every wrapper; the training
+step (train/step.py) does, in order:
     model = ZeroDataParallel(module, group, stage=2, precision=MixedPrecision.of("bf16"))
     opt = model.build_optimizer(lr, weight_decay, betas)
     model.zero_grad()
     for each micro-batch: (inside model.no_sync() for all but the last) loss.backward()
     model.finish_gradient_sync()
-    model.scale_grads_(1 / global_tokens); norm = model.clip_grad_norm_(max_norm)
+    model.scale_grads_(1 / global_tokens); clip by the global norm of model.grad_squares()
     opt.step()                         # updates this rank's shard, all-gathers parameters
 """
 
@@ -43,21 +44,17 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
+from paratrain.parallel.flat_replica import FlatShardReplica
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
-from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, flat_buckets, make_shard
-from paratrain.parallel.zero_optim import (
-    MemoryReport,
-    ShardedAdamW,
-    clip_grad_norm_,
-    memory_report,
-    scale_grads_,
-)
+from paratrain.parallel.replica import MemoryReport, count_memory
+from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, FlatShard, flat_buckets, make_shard
 
 ACCUMULATE = ("full", "shard")
 
 
-class ZeroDataParallel(nn.Module):
+class ZeroDataParallel(FlatShardReplica):
     """ZeRO stage 0, 1 or 2 of `module` over `group` (see the module docstring).
 
     reduce_op: "sum" for losses already normalised by the global token count (the training
@@ -250,23 +247,18 @@ class ZeroDataParallel(nn.Module):
         for b in self.buckets:
             b.buffer = None
 
-    # -- sharded gradients and the update --------------------------------------------------
-    def scale_grads_(self, factor: float) -> None:
-        """Multiply the reduced gradient (and undo fp16's loss scale)."""
-        scale = self.scaler.scale if self.scaler is not None else 1.0
-        scale_grads_([self.shard], factor / scale)
+    # -- what the shared half of the protocol needs (flat_replica.py) ----------------------
+    @property
+    def shards(self) -> list[FlatShard]:
+        return [self.shard]
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        group = self.group if self.stage >= 1 else None
-        return clip_grad_norm_([self.shard], group, max_norm)
+    @property
+    def sharded_over(self) -> comm.CommGroup | None:
+        return self.group if self.stage >= 1 else None
 
-    def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
-    ) -> ShardedAdamW:
-        after = self._gather_params if self.stage >= 1 else None
-        return ShardedAdamW(
-            [self.shard], self.group, lr, weight_decay, betas, eps, after, self.scaler
-        )
+    def _after_update(self) -> None:
+        if self.stage >= 1:
+            self._gather_params()
 
     @torch.no_grad()
     def _gather_params(self) -> None:
@@ -287,20 +279,8 @@ class ZeroDataParallel(nn.Module):
         padding = {"params": pad * self.flat_params.element_size()}
         if self.flat_grads is not None:
             padding["grads"] = pad * self.flat_grads.element_size()
-        return memory_report(known, padding, self.module, optimizer)
+        states = optimizer.inner.state.values() if optimizer is not None else ()
+        return count_memory(known, padding, self.module, states)
 
-    def sharded_state_dict(self) -> dict[str, dict]:
-        """This rank's pieces, per parameter, with global shapes (fp32 master values)."""
-        return self.shard.sharded_state()
-
-    @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter whole, in fp32 (the master values), on every rank."""
-        values = self.shard.optimized
-        if self.stage >= 1:
-            sizes = [self.layout.shard] * self.group.size
-            values = comm.all_gather_flat(values, self.group, sizes=sizes)
-        return {
-            s.name: v.clone()
-            for s, v in zip(self.layout.segments, self.layout.views(values), strict=True)
-        }
+    def materialize(self) -> None:
+        """The full parameters are always there."""

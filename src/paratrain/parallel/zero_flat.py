@@ -32,7 +32,6 @@ class Segment:
     shape: torch.Size  # its global shape
     start: int  # first element in the flat buffer
     numel: int
-    decay: bool  # weight decay applies (2-D and larger: matrices and embeddings)
 
     @property
     def end(self) -> int:
@@ -61,7 +60,7 @@ class FlatLayout:
         self.segments: list[Segment] = []
         offset = 0
         for name, p in named_params:
-            self.segments.append(Segment(name, p.shape, offset, p.numel(), p.dim() >= 2))
+            self.segments.append(Segment(name, p.shape, offset, p.numel()))
             offset += p.numel()
         self.numel = offset
         self.shard = math.ceil(offset / k) if offset else 0  # planner: ceil(n / k)
@@ -120,29 +119,6 @@ class FlatShard:
             tensor[p.shard_offset : p.shard_offset + p.numel]
             for p in self.layout.local_pieces(self.rank)
         ]
-
-    def decay_views(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Views of `tensor` (shaped like the shard) over pieces of decayed parameters."""
-        return [
-            tensor[p.shard_offset : p.shard_offset + p.numel]
-            for p in self.layout.local_pieces(self.rank)
-            if p.segment.decay
-        ]
-
-    def sharded_state(self, prefix: str = "") -> dict[str, dict]:
-        """Per parameter: global shape, flat range owned here, and that piece (fp32 values).
-
-        Enough to write a sharded checkpoint and to reshard it for any other k.
-        """
-        values = self.optimized
-        out = {}
-        for p in self.layout.local_pieces(self.rank):
-            out[prefix + p.segment.name] = {
-                "global_shape": tuple(p.segment.shape),
-                "flat_range": (p.lo, p.hi),
-                "value": values[p.shard_offset : p.shard_offset + p.numel].float().clone(),
-            }
-        return out
 
 
 def make_shard(

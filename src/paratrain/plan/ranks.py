@@ -184,7 +184,7 @@ def rank_model_state(
     """Model-state bytes of a rank on `stage`, itemised as the runtime records them.
 
     `formula_model_state`, with all the flat buffers' padding (`padding_bytes`) counted
-    under params: train/wrap.py's `model_state_bytes` adds the wrappers'
+    under params: train/engine.py `Engine.memory_report` adds the wrappers'
     MemoryReport.padding to params. The total is what the buffers hold.
     """
     formula = formula_model_state(model, workload, layout, stage)

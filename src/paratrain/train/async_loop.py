@@ -12,17 +12,21 @@ import statistics
 import time
 from collections.abc import Callable
 
-import torch
-
 from paratrain.comm import CommGroup
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.adamw import adamw
 from paratrain.parallel.async_sgd import ServerReport, serve, work
+from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.replica import WholeGradients
+from paratrain.train.build import build_model, seed_rank_stream
+from paratrain.train.clip import clip_to, global_grad_norm
 from paratrain.train.data import BatchSampler, TokenData, validation_batches
-from paratrain.train.loop import StepMetrics, TrainResult, build_model, peak_lr, straggle
-from paratrain.train.optim import build_adamw, learning_rate
-from paratrain.train.step import evaluate
+from paratrain.train.engine import FlatEngine
+from paratrain.train.metrics import StepMetrics, TrainResult
+from paratrain.train.optim import LrSchedule
+from paratrain.train.passes import evaluate
+from paratrain.train.straggler import straggle
 
 
 def train_async(
@@ -41,25 +45,25 @@ def train_async(
 
 def _serve(cfg, group, model, data, on_step) -> TrainResult:
     t, workers = cfg.train, group.size - 1
-    lr = peak_lr(cfg)
-    optimizer = build_adamw(model, lr, t.weight_decay, (t.beta1, t.beta2))
+    lr = LrSchedule.of(cfg)  # per step of W updates, as in synchronous training
+    optimizer = adamw(model, lr.peak, t.weight_decay, (t.beta1, t.beta2))
 
     def set_lr(update: int) -> None:
         for g in optimizer.param_groups:
-            g["lr"] = learning_rate(update // workers, lr, t.warmup_steps, t.steps, t.min_lr_ratio)
+            g["lr"] = lr(update // workers)
+
+    pushed = WholeGradients(model)
+
+    def clip() -> float:  # the one global norm; the server holds the whole model
+        norm = global_grad_norm([pushed.grad_squares()], tp_split=())
+        clip_to([pushed], norm, t.grad_clip)
+        return norm
 
     p = cfg.parallel
     report = serve(
-        model,
-        optimizer,
-        group,
-        t.steps * workers,
-        set_lr,
-        p.dc_lambda,
-        p.staleness_bound,
-        t.grad_clip,
+        model, optimizer, group, t.steps * workers, set_lr, clip, p.dc_lambda, p.staleness_bound
     )
-    metrics = _step_metrics(report, workers, t, lr)
+    metrics = _step_metrics(report, workers, lr)
     for m in metrics:
         if on_step is not None:
             on_step(m)
@@ -86,7 +90,7 @@ def async_summary(report: ServerReport) -> dict:
     }
 
 
-def _step_metrics(report: ServerReport, workers: int, t, lr: float) -> list[StepMetrics]:
+def _step_metrics(report: ServerReport, workers: int, lr: LrSchedule) -> list[StepMetrics]:
     metrics, previous_end = [], 0.0
     for step in range(len(report.updates) // workers):
         chunk = report.updates[step * workers : (step + 1) * workers]
@@ -97,7 +101,7 @@ def _step_metrics(report: ServerReport, workers: int, t, lr: float) -> list[Step
             StepMetrics(
                 step=step + 1,
                 loss=sum(u.loss * u.tokens for u in chunk) / max(tokens, 1.0),
-                lr=learning_rate(step, lr, t.warmup_steps, t.steps, t.min_lr_ratio),
+                lr=lr(step),
                 tokens_per_s=tokens / elapsed,
                 grad_norm=statistics.fmean(u.grad_norm for u in chunk),
                 step_s=elapsed,
@@ -111,28 +115,21 @@ def _step_metrics(report: ServerReport, workers: int, t, lr: float) -> list[Step
 
 
 def _work(cfg, mesh, group, model, data) -> None:
+    """A worker: the same token-weighted passes as synchronous training, on a replica of
+    one process (its gradient goes to the server, not to other workers)."""
     t, workers = cfg.train, group.size - 1
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     per_update = t.global_batch // workers
-    torch.manual_seed(t.seed + 7919 * (mesh.global_rank + 1))
+    seed_rank_stream(t.seed, mesh.global_rank)
+    alone = CommGroup("worker", None, [group.global_rank], group.global_rank, group.ledger)
+    engine = FlatEngine(DataParallel(model, alone, reduce_op="sum"))
 
     def compute(batch_index: int) -> tuple[float, float]:
         start = time.perf_counter()
         step, part = divmod(batch_index, workers)
         rows = sampler.global_batch_at(step)[part * per_update : (part + 1) * per_update]
-        loss_sum, tokens = 0.0, 0
-        for micro in rows.split(t.micro_batch):
-            targets = micro[:, 1:]
-            n = int((targets != IGNORE_INDEX).sum())
-            if n:
-                loss = model(micro[:, :-1].clamp(min=0), targets)
-                (loss * n).backward()
-                loss_sum += loss.item() * n
-                tokens += n
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.div_(max(tokens, 1))
-        straggle(cfg, mesh, time.perf_counter() - start)
-        return loss_sum / max(tokens, 1), float(tokens)
+        loss, tokens = engine.forward_backward(list(rows.split(t.micro_batch)))
+        straggle(cfg, mesh.global_rank, mesh.shape.world_size, time.perf_counter() - start)
+        return loss, float(tokens)
 
     work(model, group, compute)

@@ -45,7 +45,7 @@ from paratrain.train.checkpoint_planner import (
     ShardedLoadPlanner,
     ShardedSavePlanner,
 )
-from paratrain.train.checkpoint_state import after_load, rank_state
+from paratrain.train.checkpoint_state import rank_state
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def save(
     """Write this step's checkpoint (collective over every rank); return its directory."""
     world = mesh.group("world")
     path = checkpoint_path(run_dir, step)
-    state = rank_state(engine.wrappers, optimizer, engine.tp)
+    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
     if mesh.global_rank == 0:
         if path.exists():  # a save of this step that never finished
             shutil.rmtree(path)
@@ -247,7 +247,7 @@ def load(
     """
     meta = read_meta(ckpt.path)
     check_compatible(meta, cfg, ckpt.path)
-    state = rank_state(engine.wrappers, optimizer, engine.tp)
+    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
     entries: dict[str, Any] = dict(state.tensors)
     same_layout = meta["layout"] == layout_of(cfg, mesh)
     same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
@@ -267,7 +267,8 @@ def load(
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"checkpoint {ckpt.path} could not be loaded: {first}") from None
     state.set_adam_step(int(meta["adam_step"]))
-    after_load(engine.wrappers)
+    for replica in engine.replicas:
+        replica.after_load()
     if same_layout:
         _set_rng_state(entries[rng_key], engine.modules)
     return meta

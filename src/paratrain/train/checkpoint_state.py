@@ -10,7 +10,9 @@ part, and they compose:
   of the global one, offset by tp_rank * local_size along that dimension;
 - ZeRO / FSDP flatten the (tp-local) parameters into one buffer and give each dp rank a
   contiguous range of it: a flat range of a row-major tensor is a union of at most
-  2 * ndim - 1 boxes (a partial row, whole rows, a partial row), each still contiguous;
+  2 * ndim - 1 boxes (a partial row, whole rows, a partial row), each still contiguous.
+  Every wrapper describes what it holds the same way (`Replica.checkpoint_pieces`: flat
+  ranges of each parameter, the whole range where nothing is sharded);
 - pipeline parallelism simply leaves other stages' names out.
 
 DTensor says the same for even dim-0 shards (FSDP2); a flat range that cuts rows is not a
@@ -28,13 +30,8 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.data_parallel import DataParallel
-from paratrain.parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.replica import MOMENTS, Replica, StatePiece
 from paratrain.parallel.tensor_parallel_state import sharded_parameters
-from paratrain.parallel.zero import ZeroDataParallel
-from paratrain.parallel.zero_flat import FlatShard
-
-MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state tensors, shaped like the parameter
 
 
 @dataclass(frozen=True)
@@ -107,35 +104,14 @@ def tp_placements(module: nn.Module, tp: comm.CommGroup) -> dict[str, Placement]
     return out
 
 
-def _whole(tensor: torch.Tensor, where: Placement) -> Sharded:
-    return Sharded(where.shape, [Box(where.offsets, tensor)])
-
-
-def _pieces(shard: FlatShard, flat: torch.Tensor, where: dict[str, Placement]) -> dict:
-    """{name: Sharded} for the parameter pieces in `flat` (shaped like the shard)."""
-    out = {}
-    for piece in shard.layout.local_pieces(shard.rank):
-        name = piece.segment.name
-        values = flat[piece.shard_offset : piece.shard_offset + piece.numel]
-        place = where[name]
-        boxes = []
-        ranges = flat_range_boxes(tuple(piece.segment.shape), piece.lo, piece.hi)
-        for offsets, sizes, start in ranges:
-            view = values[start - piece.lo : start - piece.lo + math.prod(sizes)].view(sizes)
-            glob = tuple(o + p for o, p in zip(offsets, place.offsets, strict=True))
-            boxes.append(Box(glob, view))
-        out[name] = Sharded(place.shape, boxes)
-    return out
-
-
-def _adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
-    """AdamW's state of `param`, created (zeros, step 0) if no step has run yet."""
-    state = optimizer.state[param]
-    if not state:
-        state["step"] = torch.tensor(0.0)
-        for key in MOMENTS:
-            state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
-    return state
+def _boxes(piece: StatePiece, values: torch.Tensor, place: Placement) -> Sharded:
+    """The boxes of one flat piece (`values`: its (hi - lo,) elements) in the global tensor."""
+    boxes = []
+    for offsets, sizes, start in flat_range_boxes(tuple(piece.shape), piece.lo, piece.hi):
+        view = values[start - piece.lo : start - piece.lo + math.prod(sizes)].view(sizes)
+        glob = tuple(o + p for o, p in zip(offsets, place.offsets, strict=True))
+        boxes.append(Box(glob, view))
+    return Sharded(place.shape, boxes)
 
 
 @dataclass
@@ -153,60 +129,24 @@ class RankState:
             counter.fill_(float(step))
 
 
-def rank_state(wrappers: list, optimizer, tp: comm.CommGroup) -> RankState:
+def rank_state(replicas: list[Replica], optimizers: list, tp: comm.CommGroup) -> RankState:
     """Model values (fp32 master copies where they exist) and AdamW moments, as boxes.
 
-    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`.
+    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`. A name whose
+    pieces all live on other dp ranks is present with no boxes, so that every rank's key
+    set is the same.
     """
     tensors: dict[str, Sharded] = {}
     counters: list[torch.Tensor] = []
-    optimizers = getattr(optimizer, "optimizers", None)
-    for i, w in enumerate(wrappers):
-        where = tp_placements(w.module, tp)
-        if isinstance(w, DataParallel):
-            for name, p in w.module.named_parameters():
-                state = _adam_state(optimizer, p)
-                counters.append(state["step"])
-                tensors[f"model.{name}"] = _whole(p.data, where[name])
-                for key in MOMENTS:
-                    tensors[f"optim.{key}.{name}"] = _whole(state[key], where[name])
-            continue
-        inner = optimizers[i].inner
-        shards = w.shards if isinstance(w, FullyShardedDataParallel) else [w.shard]
-        for shard in shards:
-            tensors |= {f"model.{n}": s for n, s in _pieces(shard, shard.optimized, where).items()}
-            if not shard.optimized.numel():
-                continue  # nothing of this buffer lives here; the optimizer skipped it
-            state = _adam_state(inner, shard.optimized)
-            counters.append(state["step"])
-            for key in MOMENTS:
-                pieces = _pieces(shard, state[key], where)
-                tensors |= {f"optim.{key}.{n}": s for n, s in pieces.items()}
-        # Names that live in this wrapper but whose pieces are all on other dp ranks:
-        # present with no boxes, so every rank's key set is the same.
+    for replica, optimizer in zip(replicas, optimizers, strict=True):
+        where = tp_placements(replica.module, tp)
+        pieces, steps = replica.checkpoint_pieces(optimizer)
+        counters += steps
+        for piece in pieces:
+            for key, values in piece.tensors.items():
+                name = f"{'model' if key == 'model' else f'optim.{key}'}.{piece.name}"
+                tensors[name] = _boxes(piece, values, where[piece.name])
         for name, place in where.items():
             for key in ("model", *(f"optim.{m}" for m in MOMENTS)):
                 tensors.setdefault(f"{key}.{name}", Sharded(place.shape, []))
     return RankState(tensors, counters)
-
-
-@torch.no_grad()
-def after_load(wrappers: list) -> None:
-    """Make every copy agree with the values just loaded into the optimized tensors.
-
-    Mixed precision: the 16-bit compute weights follow the fp32 master. ZeRO-1/2: every
-    rank loaded only its shard; the full parameters are all-gathered. FSDP: gathered units
-    are dropped, so the next forward gathers the loaded shards.
-    """
-    for w in wrappers:
-        if isinstance(w, DataParallel):
-            continue
-        shards = w.shards if isinstance(w, FullyShardedDataParallel) else [w.shard]
-        for shard in shards:
-            if shard.master is not None:
-                shard.param.copy_(shard.master)
-        if isinstance(w, ZeroDataParallel) and w.stage >= 1:
-            w._gather_params()
-        if isinstance(w, FullyShardedDataParallel):
-            for unit in w.units:
-                unit.free()

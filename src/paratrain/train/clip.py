@@ -1,37 +1,54 @@
-"""Gradient clipping by the global norm over every parameter of the model, counted once.
+"""The global gradient norm, counting every parameter once, and clipping by it.
 
 The norm must be global: clipping each stage (or shard) by its own norm would scale the
-parts differently and change the update's direction. Each rank sums the squares of its own
-gradients: the squares of tensor-parallel shards are summed over the tp group, while a
-parameter replicated on every tp rank (LayerNorm) counts once; pipeline stages hold
-different parameters, so their sums add over the pp group. Data-parallel replicas hold
-identical, already reduced gradients: they add nothing.
+parts differently and change the update's direction. Each replica reports the squared
+norms of the gradient entries it holds (`Replica.grad_squares`); they are summed in
+float64 and reduced over exactly the groups that split each gradient:
+
+- dp, where a wrapper shards the reduced gradient (ZeRO, FSDP): ranks hold disjoint
+  pieces, so their squares add; replicas that hold the whole gradient add nothing;
+- tp, for tensor-parallel shards (`sharded_parameters`); a parameter replicated on every
+  tp rank (LayerNorm) counts once;
+- pp, across stages, which hold different parameters (a weight tied across stages is
+  left out on all but one of them by the caller).
+
+The traffic is three tiny all-reduces at most: 16 bytes over dp, 8 over tp, 8 over pp.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 import torch
-from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.tensor_parallel_state import sharded_parameters
+from paratrain.parallel.replica import GradSquares, Replica
 
 
 def global_grad_norm(
-    modules: list[nn.Module],
+    parts: Sequence[GradSquares],
+    tp_split: Collection[str],
     tp: comm.CommGroup | None = None,
     pp: comm.CommGroup | None = None,
 ) -> float:
-    split = {id(p) for m in modules for p, _ in sharded_parameters(m).values()}
-    grads: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (tp-split, replicated)
-    for m in modules:
-        for p in m.parameters():
-            if p.grad is not None:
-                grads[0 if id(p) in split else 1].append(p.grad.detach())
-    squares = torch.zeros(2, dtype=torch.float64)  # (tp-split, replicated) on this rank
-    for i, group in enumerate(grads):
-        if group:  # one fused kernel per list, as torch.nn.utils.clip_grad_norm_ does
-            squares[i] = torch.stack(torch._foreach_norm(group)).double().pow(2).sum()
+    """The L2 norm of the whole model's gradient, equal on every rank.
+
+    parts: what each of this rank's replicas holds; tp_split: the names (as in the parts)
+    of tensor-parallel shards.
+    """
+    # (tp-split, replicated) squares of dp-sharded entries, then of whole ones
+    sharded = torch.zeros(2, dtype=torch.float64)
+    whole = torch.zeros(2, dtype=torch.float64)
+    sharded_over = None
+    for part in parts:
+        split = torch.tensor([name in tp_split for name in part.names], dtype=torch.bool)
+        target = whole if part.sharded_over is None else sharded
+        target[0] += part.squares[split].sum()
+        target[1] += part.squares[~split].sum()
+        sharded_over = part.sharded_over or sharded_over
+    if sharded_over is not None:
+        comm.all_reduce(sharded, sharded_over, op="sum")
+    squares = sharded + whole
     if tp is not None and tp.size > 1:
         comm.all_reduce(squares[:1], tp, op="sum")
     total = squares.sum().reshape(1)
@@ -40,18 +57,12 @@ def global_grad_norm(
     return float(total.sqrt())
 
 
-def clip_global_norm(
-    modules: list[nn.Module],
-    max_norm: float,
-    tp: comm.CommGroup | None = None,
-    pp: comm.CommGroup | None = None,
-) -> float:
-    """Return the global L2 norm before clipping; scale gradients if it exceeds max_norm.
-
-    The same rule as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-    """
-    total = global_grad_norm(modules, tp, pp)
-    if max_norm > 0 and total > max_norm:
-        grads = [p.grad for m in modules for p in m.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, max_norm / (total + 1e-6))
-    return total
+def clip_to(replicas: Sequence[Replica], norm: float, max_norm: float) -> None:
+    """Scale every replica's gradient so the global norm is at most max_norm (0: no
+    clipping), by torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6)."""
+    if max_norm <= 0:
+        return
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:  # False for a NaN norm: the step is skipped instead
+        for r in replicas:
+            r.scale_grads_(coef)

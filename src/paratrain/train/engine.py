@@ -1,111 +1,182 @@
 """How one rank computes a step's gradients, whatever the layout.
 
 An engine holds this rank's part of the model (all of it, or its pipeline stage's chunks),
-each piece wrapped for data parallelism over the mesh's dp group by `wrap.py` (plain,
-ZeRO 1-2, FSDP, with or without mixed precision). After `forward_backward` the gradients
-are those of the global batch's mean token loss, identical on every dp replica (or sharded
-over it), and the return value is that mean loss. `clip` and `optimizer` then work the
-same for every engine and wrapper.
+each piece wrapped for data parallelism (a `Replica`: plain, ZeRO 1-2, FSDP, with or
+without mixed precision). After `forward_backward` the gradients are those of the global
+batch's mean token loss, reduced over dp (whole or sharded), and the return value is that
+mean loss. The engine asks its replicas only what the `Replica` protocol offers, so
+`grad_norm`, the optimizer, the memory report and checkpoints work the same for all.
 
 Tensor parallelism is applied to the model before an engine sees it; the engines only
 finish what sequence parallelism leaves partial (LayerNorm gradients summed over tp).
 
 - FlatEngine (pp = 1): micro-batches in turn, token-weighted, one gradient sync per step.
 - PipelineEngine (pp > 1): the pipeline runtime runs the schedule over the pp group; the
-  dp reduction of each chunk's gradients runs once, after the schedule ends.
+  dp reduction of each chunk's gradients runs once, after the schedule ends; weights tied
+  between the first and the last stage are then summed between them.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.config import RunConfig
-from paratrain.mesh import Mesh
-from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
-from paratrain.train import wrap as wrapping
-from paratrain.train.step import accumulate_gradients, evaluate
+from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
+from paratrain.parallel.replica import GradSquares, Replica
+from paratrain.parallel.tensor_parallel_state import (
+    sequence_parallel_parameters,
+    sharded_parameters,
+)
+from paratrain.train.clip import global_grad_norm
+from paratrain.train.optim import OptimizerSet
+from paratrain.train.passes import accumulate_gradients, evaluate
+
+STATE_KINDS = ("params", "grads", "optimizer", "master")  # the planner's model-state kinds
 
 
 class Engine:
-    wrappers: list[wrapping.Wrapper]
-    modules: list[nn.Module]
-    tp: comm.CommGroup
-    pp: comm.CommGroup | None
+    """What FlatEngine and PipelineEngine share: everything but computing the gradients."""
 
-    def build_optimizer(self, cfg: RunConfig, lr: float):
-        return wrapping.build_optimizer(self.wrappers, cfg, lr)
+    def __init__(self, replicas: list[Replica], tp: comm.CommGroup, pp: comm.CommGroup | None):
+        self.replicas, self.tp, self.pp = replicas, tp, pp
+        self.runtime: PipelineRuntime | None = None
+        self._tp_split = {n for r in replicas for n in sharded_parameters(r.module)}
+        self._partial = []  # per replica: names whose gradients sequence parallelism splits
+        for r in replicas:
+            partial = {id(p) for p in sequence_parallel_parameters(r.module)}
+            self._partial.append([n for n, p in r.module.named_parameters() if id(p) in partial])
 
-    def clip(self, max_norm: float) -> float:
-        return wrapping.clip(self.wrappers, max_norm, self.tp, self.pp)
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [r.module for r in self.replicas]
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16: a step whose gradients overflowed is the loss scaler's to skip."""
+        return any(r.scaler is not None for r in self.replicas)
+
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float]
+    ) -> OptimizerSet:
+        return OptimizerSet([r.build_optimizer(lr, weight_decay, betas) for r in self.replicas])
+
+    def grad_norm(self) -> float:
+        """The global L2 norm of the reduced gradient, the same on every rank."""
+        return global_grad_norm(self._grad_squares(), self._tp_split, self.tp, self.pp)
+
+    def _grad_squares(self) -> list[GradSquares]:
+        return [r.grad_squares() for r in self.replicas]
+
+    def _complete_partial_grads(self) -> None:
+        """Sum over tp the gradients that sequence parallelism left partial (after the dp
+        reduction: sums commute)."""
+        if self.tp.size > 1:
+            for r, names in zip(self.replicas, self._partial, strict=True):
+                if names:
+                    r.all_reduce_grads_(names, self.tp)
+
+    def memory_report(self, optimizer: OptimizerSet) -> dict[str, int]:
+        """Bytes of model state held on this rank at the step boundary, by the planner's
+        kinds (padding counted with the parameters; AdamW's step counters left out)."""
+        totals = dict.fromkeys(STATE_KINDS, 0)
+        for r, opt in zip(self.replicas, optimizer.optimizers, strict=True):
+            report = r.memory_report(opt)
+            for kind in STATE_KINDS:
+                totals[kind] += getattr(report, kind)
+            totals["params"] += report.padding
+        return totals
 
     def finish(self) -> None:
         """After the last step: leave every module whole (ZeRO-3 gathers its units)."""
-        for w in self.wrappers:
-            if hasattr(w, "materialize"):
-                w.materialize()
+        for r in self.replicas:
+            r.materialize()
 
 
 class FlatEngine(Engine):
-    def __init__(self, model: nn.Module, mesh: Mesh, cfg: RunConfig) -> None:
-        self.model = wrapping.wrap(model, mesh, cfg, reduce_op="sum")
-        self.wrappers, self.modules = [self.model], [model]
-        self.tp, self.pp = mesh.group("tp"), None  # the whole depth is on this rank
+    """The whole depth of the model on this rank: one replica."""
+
+    def __init__(self, replica: Replica, tp: comm.CommGroup | None = None) -> None:
+        super().__init__([replica], tp or _solo(replica.group), None)
+        self.replica = replica
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-        self.model.zero_grad()
-        loss, tokens = accumulate_gradients(self.model, micro_batches)
-        wrapping.sync_sequence_parallel(self.model, self.tp)
-        wrapping.scale_gradients(self.wrappers, 1.0 / max(tokens, 1))
+        self.replica.zero_grad()
+        loss, tokens = accumulate_gradients(self.replica, micro_batches)
+        self._complete_partial_grads()
+        scale = self.replica.scaler.scale if self.replica.scaler is not None else 1.0
+        self.replica.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
         return loss, tokens
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
         # Through the wrapper: under ZeRO-3 the module alone holds no parameters.
-        return evaluate(self.model, batches, self.model.group)
+        return evaluate(self.replica, batches, self.replica.group)
 
 
 class PipelineEngine(Engine):
-    def __init__(self, model: nn.Module, mesh: Mesh, cfg: RunConfig) -> None:
-        p, t = cfg.parallel, cfg.train
-        pp = mesh.group("pp")
-        chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks)
-        schedule = build_schedule(p.schedule, pp.size, t.microbatches, p.chunks)
-        self.runtime = PipelineRuntime(chunks, schedule, pp, hidden_size=cfg.model.d_model)
-        self.dp_group = mesh.group("dp")
-        # The runtime weights each micro-batch's mean loss by 1/K: replicas average.
-        self.wrappers = [wrapping.wrap(c, mesh, cfg, reduce_op="avg") for c in chunks]
-        self.modules = list(chunks)
-        self.tp, self.pp = mesh.group("tp"), pp
+    """This stage's chunks, each its own replica, run by the pipeline runtime."""
+
+    def __init__(
+        self,
+        replicas: list[Replica],
+        runtime: PipelineRuntime,
+        tp: comm.CommGroup,
+        tied: TiedWeights | None = None,
+        ends: comm.CommGroup | None = None,
+    ) -> None:
+        super().__init__(replicas, tp, runtime.group)
+        self.runtime, self.dp = runtime, replicas[0].group
+        self.tied = tied or TiedWeights()
+        self.ends = ends  # the first and the last stage, if this rank is one of them
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-        for w in self.wrappers:
-            w.zero_grad()
+        for r in self.replicas:
+            r.zero_grad()
         with contextlib.ExitStack() as stack:
-            for w in self.wrappers:  # one dp reduction per chunk, after the whole schedule
-                stack.enter_context(w.no_sync())
+            for r in self.replicas:  # one dp reduction per chunk, after the whole schedule
+                stack.enter_context(r.no_sync())
             loss = self.runtime.run_step(micro_batches)
-        for w in self.wrappers:
-            w.finish_gradient_sync()
-            wrapping.sync_sequence_parallel(w, self.tp)
+        for r in self.replicas:
+            r.finish_gradient_sync()
+        self._complete_partial_grads()
+        self._sum_tied_grads()
         tokens = sum(b[:, 1:].numel() for b in micro_batches)
         # The runtime weights every micro-batch equally: full-length rows only.
         stats = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)
-        comm.all_reduce(stats, self.dp_group, op="sum")
+        comm.all_reduce(stats, self.dp, op="sum")
         return float(stats[0] / stats[1]), int(stats[1])
 
+    def _sum_tied_grads(self) -> None:
+        if not self.tied or self.ends is None:
+            return
+        first = self.runtime.stage == 0  # holds virtual stage 0 as its chunk 0
+        replica = self.replicas[0] if first else self.replicas[-1]
+        names = self.tied.first if first else self.tied.last
+        replica.all_reduce_grads_(list(names), self.ends, same_layout=False)
+
+    def _grad_squares(self) -> list[GradSquares]:
+        parts = super()._grad_squares()
+        if self.tied and self.ends is not None and self.runtime.stage != 0:
+            parts[-1] = _without(parts[-1], set(self.tied.last))  # counted on the first stage
+        return parts
+
     def evaluate(self, batches: list[torch.Tensor]) -> float:
-        mine = batches[self.dp_group.rank :: self.dp_group.size]
+        mine = batches[self.dp.rank :: self.dp.size]
         loss = self.runtime.run_forward(mine) if mine else 0.0
         tokens = sum(b[:, 1:].numel() for b in mine)
         stats = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)
-        comm.all_reduce(stats, self.dp_group, op="sum")
+        comm.all_reduce(stats, self.dp, op="sum")
         return float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")
 
 
-def build_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig) -> Engine:
-    if mesh.size("pp") > 1:
-        return PipelineEngine(model, mesh, cfg)
-    return FlatEngine(model, mesh, cfg)
+def _without(part: GradSquares, names: set[str]) -> GradSquares:
+    keep = [i for i, n in enumerate(part.names) if n not in names]
+    return replace(part, names=[part.names[i] for i in keep], squares=part.squares[keep])
+
+
+def _solo(group: comm.CommGroup) -> comm.CommGroup:
+    """A group of this rank alone, for a model without tensor parallelism."""
+    return comm.CommGroup("tp", None, [group.global_rank], group.global_rank, group.ledger)

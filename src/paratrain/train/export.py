@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from paratrain.config import ModelConfig, RunConfig
 from paratrain.train import checkpoint
-from paratrain.train.loop import build_model
+from paratrain.train.build import build_model
 
 EXPORT_FILE = "model.safetensors"
 META_KEY = "paratrain"

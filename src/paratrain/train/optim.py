@@ -1,11 +1,19 @@
-"""AdamW with decoupled weight decay on matrices and embeddings, and the LR schedule."""
+"""The learning-rate schedule, and the replicas' optimizers driven as one.
+
+The optimizers themselves (AdamW, decay on matrices and embeddings; the sharded AdamW of
+ZeRO) are built by each data-parallel wrapper: parallel/adamw.py.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
+from typing import Any
 
-import torch
-from torch import nn
+from paratrain.config import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def learning_rate(step: int, base_lr: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -38,18 +46,60 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int, scaling: str) 
     raise ValueError(f"lr scaling {scaling!r}; valid: none, linear, sqrt")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay 2-D weights (linear layers, embeddings); not biases or LayerNorm gains."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+@dataclass(frozen=True)
+class Rewarmup:
+    """A short linear ramp of the learning rate after resuming on another world size."""
+
+    start: int = 0  # the first step after the resume
+    steps: int = 0
+
+    def factor(self, step: int) -> float:
+        if self.steps <= 0 or step >= self.start + self.steps:
+            return 1.0
+        return (step - self.start + 1) / self.steps
 
 
-def build_adamw(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
-) -> torch.optim.AdamW:
-    # foreach=True is PyTorch's fast CPU/GPU path for many small tensors.
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, foreach=True)
+@dataclass(frozen=True)
+class LrSchedule:
+    """The learning rate of each step: warmup, cosine decay, and a re-warmup if resumed."""
+
+    peak: float
+    warmup: int
+    total: int
+    min_ratio: float
+    rewarm: Rewarmup = Rewarmup()
+
+    @classmethod
+    def of(cls, cfg: RunConfig, rewarm: Rewarmup = Rewarmup()) -> LrSchedule:
+        t, peak = cfg.train, peak_lr(cfg)
+        if t.lr_scaling != "none":
+            log.info(
+                "learning rate %.3g at batch %d, %s scaling to batch %d: %.3g",
+                t.lr, t.lr_base_batch, t.lr_scaling, t.global_batch, peak,
+            )  # fmt: skip
+        return cls(peak, t.warmup_steps, t.steps, t.min_lr_ratio, rewarm)
+
+    def __call__(self, step: int) -> float:
+        lr = learning_rate(step, self.peak, self.warmup, self.total, self.min_ratio)
+        return lr * self.rewarm.factor(step)
+
+
+def peak_lr(cfg: RunConfig) -> float:
+    t = cfg.train
+    return scaled_lr(t.lr, t.global_batch, t.lr_base_batch, t.lr_scaling)
+
+
+class OptimizerSet:
+    """The optimizers of several replicas (one per pipeline chunk) driven as one: the
+    learning rate is set on every param group, `step()` steps them all."""
+
+    def __init__(self, optimizers: list[Any]) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()

@@ -12,7 +12,7 @@ At the end every rank reports what it held and sent, and the summary carries bot
 Lists are indexed by global rank. Bytes sent are the last step's, from the comm ledger
 between two optimizer steps (the first step also carries set-up: the replicas' initial
 parameter broadcast). The measured model state is the runtime's own record at the last
-step's end (`TrainResult.extra["model_state_bytes"]`, train/wrap.py): tensor sizes for
+step's end (`TrainResult.extra["model_state_bytes"]`, train/engine.py): tensor sizes for
 DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
 Predictions per rank come from plan/ranks.py, exact for our GPT (ZeRO shards of
 ceil(n / k) per flat buffer, and that padding), and include the runtime's bookkeeping
@@ -155,7 +155,7 @@ class Tracker:
     `step_done` (called from the loop's on_step) marks each step's end with the ledger's
     bytes by group, so evaluation traffic after the last step is not counted. The model
     state is the record `train` makes at the last step's end, which the worker hands to
-    `compare` (`TrainResult.extra["model_state_bytes"]`, from train/wrap.py).
+    `compare` (`TrainResult.extra["model_state_bytes"]`, from train/engine.py).
     """
 
     def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:

@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from paratrain.train.loop import StepMetrics
+from paratrain.train.metrics import StepMetrics
 
 log = logging.getLogger(__name__)
 

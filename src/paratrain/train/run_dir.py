@@ -15,7 +15,7 @@ import torch
 import paratrain
 from paratrain.config import RunConfig, to_toml
 from paratrain.train.data import TokenData
-from paratrain.train.loop import StepMetrics
+from paratrain.train.metrics import StepMetrics
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"

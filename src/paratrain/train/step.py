@@ -1,24 +1,25 @@
-"""One optimizer step of data-parallel training over K micro-batches.
+"""The one training step, used by the CLI's loop, the benchmarks and the equivalence tests.
 
-Token weighting: each micro-batch contributes the sum of its token losses, and the summed
-gradients (over micro-batches and, by the dp all-reduce, over replicas) are divided by the
-number of target tokens in the whole global batch. The step therefore equals one step on
-all K * b * dp sequences at once even when micro-batches hold different numbers of tokens
-(targets equal to IGNORE_INDEX are masked out and do not count).
+`train_step(engine, optimizer, micro_batches, lr, grad_clip)` computes the gradients of the
+global batch through the engine (any layout: data, tensor, pipeline parallel, ZeRO),
+takes the global gradient norm, clips, and updates; a step whose norm is not finite makes
+no update on any rank (the norm is global, so every rank decides the same), except under
+fp16, where the loss scaler takes the overflow (halves its scale, skips the update).
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from paratrain import comm
-from paratrain.models.gpt import IGNORE_INDEX
-from paratrain.parallel.data_parallel import DataParallel
-from paratrain.train.clip import clip_global_norm
+from paratrain.train.clip import clip_to
+from paratrain.train.engine import Engine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,81 +27,57 @@ class StepOutput:
     loss: float  # mean token loss over the global batch (all replicas)
     grad_norm: float  # global L2 norm of the reduced gradient, before clipping
     tokens: int  # target tokens in the global batch
-
-
-def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-    """Forward and backward of the micro-batches, one gradient sync, the global token count.
-
-    `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group).
-    Returns (mean token loss over the global batch, target tokens in the global batch); the
-    gradients still hold sums over tokens: the caller scales them by 1 / tokens.
-    No micro-batch is skipped, even one with no target tokens: sharded wrappers communicate
-    in every pass, so all ranks must run the same passes. Such a batch runs with its loss
-    multiplied by 0 (targets clamped to a valid id, so the zero is exact, not 0 * nan).
-    """
-    sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
-    last = len(micro_batches) - 1
-    for i, batch in enumerate(micro_batches):
-        # Masked (padding) positions are fed token 0; their targets carry the mask.
-        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
-        tokens = int((targets != IGNORE_INDEX).sum())
-        if tokens == 0:
-            targets = targets.clamp(min=0)
-        # Only the last micro-batch's backward triggers the gradient sync.
-        sync = contextlib.nullcontext() if i == last else model.no_sync()
-        with sync:
-            mean_loss = model(inputs, targets)
-            (mean_loss * tokens).backward()
-        sums[0] += mean_loss.detach().double() * tokens
-        sums[1] += tokens
-    model.finish_gradient_sync()
-    comm.all_reduce(sums, model.group, op="sum")
-    total_tokens = max(1.0, float(sums[1]))
-    return float(sums[0]) / total_tokens, int(sums[1])
+    skipped: bool = False  # the norm was not finite: no update
+    overflow: bool = False  # ... under fp16: the loss scaler's expected skip, not a fault
 
 
 def train_step(
-    model: DataParallel,
-    optimizer: torch.optim.Optimizer,
+    engine: Engine,
+    optimizer: Any,
     micro_batches: list[torch.Tensor],
     lr: float,
     grad_clip: float,
 ) -> StepOutput:
-    """One whole step on a single-stage replica: accumulate, clip, update."""
+    """One whole optimizer step of this rank's part of the model: accumulate, clip, update."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    model.zero_grad()
-    loss, tokens = accumulate_gradients(model, micro_batches)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    torch._foreach_mul_(grads, 1.0 / max(tokens, 1))
-    grad_norm = clip_global_norm([model.module], grad_clip)  # one process holds all of it
-    optimizer.step()
-    return StepOutput(loss, grad_norm, tokens)
+    loss, tokens = engine.forward_backward(micro_batches)
+    grad_norm = engine.grad_norm()
+    finite = math.isfinite(grad_norm)
+    if finite:
+        clip_to(engine.replicas, grad_norm, grad_clip)
+    if finite or engine.loss_scaled:
+        optimizer.step()  # fp16: finds the overflow on every rank, halves the scale, skips
+    overflow = not finite and engine.loss_scaled
+    return StepOutput(loss, grad_norm, tokens, skipped=not finite, overflow=overflow)
 
 
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup
-) -> float:
-    """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ...
+class NonFiniteLoss(RuntimeError):
+    """Too many consecutive steps had a NaN or infinite gradient norm."""
 
-    Every replica runs the same number of forward passes (a replica short of batches
-    repeats one with weight 0): under ZeRO-3 each forward is a collective.
-    """
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64)  # (loss * tokens, tokens)
-    rounds = -(-len(batches) // dp_group.size)  # ceil
-    for i in range(rounds):
-        index = dp_group.rank + i * dp_group.size
-        batch = batches[index] if index < len(batches) else batches[0]
-        targets = batch[:, 1:]
-        tokens = int((targets != IGNORE_INDEX).sum()) if index < len(batches) else 0
-        if tokens == 0:  # a pass for the collectives only: a finite loss, weight 0
-            targets = targets.clamp(min=0)
-        loss = model(batch[:, :-1].clamp(min=0), targets)
-        sums[0] += loss.double() * tokens
-        sums[1] += tokens
-    comm.all_reduce(sums, dp_group, op="sum")
-    model.train(was_training)
-    return float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
+
+class SkippedSteps:
+    """Counts consecutive steps skipped for a non-finite gradient norm (fp16 overflows are
+    the loss scaler's, not faults) and stops the run at the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_a_row = limit, 0
+
+    def record(self, step: int, out: StepOutput) -> None:
+        if out.overflow:
+            log.info("step %d: fp16 overflow, the loss scaler skipped it", step + 1)
+            return
+        if not out.skipped:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        log.warning(
+            "step %d skipped: gradient norm %s, loss %s (%d in a row, limit %d)",
+            step + 1, out.grad_norm, out.loss, self.in_a_row, self.limit,
+        )  # fmt: skip
+        if self.in_a_row >= self.limit:
+            raise NonFiniteLoss(
+                f"{self.in_a_row} consecutive steps (up to step {step + 1}) had a non-finite "
+                f"gradient norm; stopping (train.max_skipped_steps = {self.limit}); the last "
+                "checkpoint is untouched"
+            )

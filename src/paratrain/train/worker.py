@@ -18,8 +18,11 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
+from paratrain.train.async_loop import train_async
+from paratrain.train.build import build_model
 from paratrain.train.data import load_tokens
-from paratrain.train.loop import TrainResult, build_model, train
+from paratrain.train.loop import train
+from paratrain.train.metrics import TrainResult
 from paratrain.train.prediction import Tracker
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
@@ -186,7 +189,10 @@ def _train_and_record(
         progress.update(m)
 
     try:
-        result = train(cfg, mesh, data, on_step, run_dir=run_dir, resume=resume, stop=stop)
+        if cfg.parallel.dp_mode == "async":
+            result = train_async(cfg, mesh, data, on_step)
+        else:
+            result = train(cfg, mesh, data, on_step, run_dir=run_dir, resume=resume, stop=stop)
     finally:
         tracker.close()
         progress.close()

@@ -2,7 +2,7 @@
 
     schedule = build_schedule("1f1b", num_stages, num_microbatches, chunks)   # pure data
     simulation = check_schedule(schedule)            # proves it; bubble, peak in-flight
-    chunks = split_into_stages(model, stage, num_stages, chunks)   # build full, then slice
+    chunks = split_into_stages(model, stage, num_stages, chunks, plan=plan)  # full, then slice
     runtime = PipelineRuntime(chunks, schedule, mesh.group("pp"), hidden_size)
     loss = runtime.run_step(micro_batches)           # gradients accumulated over K
     val = runtime.run_forward(val_batches)           # forward-only schedule
@@ -23,16 +23,11 @@ from paratrain.parallel.pipeline.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from paratrain.parallel.pipeline.stage import (
-    GPT_PLAN,
-    PipelinePlan,
-    split_into_stages,
-    stage_layout,
-)
+from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
+from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
 from paratrain.parallel.pipeline.timeline import render
 
 __all__ = [
-    "GPT_PLAN",
     "SCHEDULES",
     "Action",
     "Costs",
@@ -43,8 +38,10 @@ __all__ = [
     "ScheduleError",
     "Simulation",
     "StepTrace",
+    "TiedWeights",
     "build_schedule",
     "check_schedule",
+    "find_tied_weights",
     "forward_only",
     "gpipe",
     "interleaved_1f1b",

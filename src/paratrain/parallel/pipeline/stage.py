@@ -27,14 +27,12 @@ BALANCES = ("layers", "params")
 
 @dataclass(frozen=True)
 class PipelinePlan:
-    """Where a model's parts go: attribute names on the model, top level."""
+    """Where a model's parts go: attribute names on the model, top level (a model's own
+    plan lives beside it, models/plans.py)."""
 
-    blocks: str = "blocks"  # an nn.ModuleDict of blocks, in execution order
-    first: tuple[str, ...] = ("tok_emb", "pos_emb")  # only on virtual stage 0
-    last: tuple[str, ...] = ("norm", "head")  # only on the last virtual stage
-
-
-GPT_PLAN = PipelinePlan()
+    blocks: str  # an nn.ModuleDict of blocks, in execution order
+    first: tuple[str, ...] = ()  # only on virtual stage 0
+    last: tuple[str, ...] = ()  # only on the last virtual stage
 
 
 def _params(module: nn.Module | None) -> int:
@@ -95,7 +93,8 @@ def stage_layout(
     num_stages: int,
     chunks: int = 1,
     balance: str = "layers",
-    plan: PipelinePlan = GPT_PLAN,
+    *,
+    plan: PipelinePlan,
 ) -> list[list[str]]:
     """Block names of each virtual stage 0 .. S*v - 1 (the same on every rank)."""
     if balance not in BALANCES:
@@ -154,7 +153,8 @@ def split_into_stages(
     num_stages: int,
     chunks: int = 1,
     balance: str = "layers",
-    plan: PipelinePlan = GPT_PLAN,
+    *,
+    plan: PipelinePlan,
 ) -> list[nn.Module]:
     """This stage's chunks, in local chunk order (chunk c = virtual stage c * S + stage).
 
@@ -168,7 +168,7 @@ def split_into_stages(
     if chunks < 1:
         raise ValueError(f"chunks={chunks}; valid: >= 1")
     _check_plan(model, plan)
-    layout = stage_layout(model, num_stages, chunks, balance, plan)
+    layout = stage_layout(model, num_stages, chunks, balance, plan=plan)
     last = num_stages * chunks - 1
     out = []
     for c in range(chunks):

@@ -1,0 +1,169 @@
+"""The half of the `Replica` protocol that ZeRO-1/2 and ZeRO-3 share: after the reduction,
+the gradient exists only as this rank's flat shards.
+
+`ZeroDataParallel` keeps one flat buffer, `FullyShardedDataParallel` one per unit; both
+expose them as `shards` (zero_flat.FlatShard: compute-dtype parameters, reduced gradient,
+fp32 master copy) and say over which group they are disjoint (`sharded_over`: the dp
+group, or None for ZeRO stage 0, whose single shard is the whole buffer). Scaling, the
+squared norms, sums over other groups, the optimizer, checkpoint pieces and full weights
+are then the same code for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.parallel.adamw import ShardedAdamW
+from paratrain.parallel.replica import (
+    MOMENTS,
+    GradSquares,
+    StatePiece,
+    adam_state,
+    complete_state_dict,
+)
+from paratrain.parallel.zero_flat import FlatShard, Piece
+
+
+class FlatShardReplica(nn.Module):
+    """Base of the sharded wrappers; subclasses set module, group, scaler and implement
+    `shards`, `sharded_over` and `_after_update` (what follows an update of the shards)."""
+
+    module: nn.Module
+    group: comm.CommGroup
+    scaler: Any
+
+    @property
+    def shards(self) -> list[FlatShard]:
+        raise NotImplementedError
+
+    @property
+    def sharded_over(self) -> comm.CommGroup | None:
+        raise NotImplementedError
+
+    def _after_update(self) -> None:
+        """Make the compute parameters follow the updated shards (gather or drop them)."""
+        raise NotImplementedError
+
+    # -- gradients ------------------------------------------------------------------------
+    def scale_grads_(self, factor: float) -> None:
+        grads = [s.grad for s in self.shards if s.grad.numel()]
+        if grads and factor != 1.0:
+            torch._foreach_mul_(grads, factor)
+
+    def _held_pieces(self) -> list[tuple[Piece, torch.Tensor]]:
+        """(piece, gradient view) of every parameter piece held here, in layout order."""
+        return [
+            (piece, view)
+            for shard in self.shards
+            for piece, view in zip(
+                shard.layout.local_pieces(shard.rank), shard.piece_views(shard.grad), strict=True
+            )
+        ]
+
+    def grad_squares(self) -> GradSquares:
+        """Norms per parameter piece, like torch's per-tensor norms (one fp32 norm over a
+        whole flat buffer rounds measurably worse), squared in float64."""
+        held = self._held_pieces()
+        names, views = [p.segment.name for p, _ in held], [v for _, v in held]
+        squares = torch.zeros(0, dtype=torch.float64)
+        if views:
+            squares = torch.stack(torch._foreach_norm(views)).double().pow(2)
+        return GradSquares(names, squares, self.sharded_over)
+
+    def all_reduce_grads_(
+        self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True
+    ) -> None:
+        if group.size == 1 or not names:
+            return
+        if same_layout:
+            self._all_reduce_pieces(names, group)
+        else:
+            self._all_reduce_whole(names, group)
+
+    def _all_reduce_pieces(self, names: Sequence[str], group: comm.CommGroup) -> None:
+        """Every rank of `group` holds the same pieces (tensor-parallel peers: the same
+        local parameters in the same flat layout): sum them in place, in one call."""
+        views = [v for p, v in self._held_pieces() if p.segment.name in names]
+        flat = torch.cat(views) if views else torch.zeros(0, dtype=self._grad_dtype)
+        comm.all_reduce(flat, group, op="sum")
+        offset = 0
+        for v in views:
+            v.copy_(flat[offset : offset + v.numel()])
+            offset += v.numel()
+
+    def _all_reduce_whole(self, names: Sequence[str], group: comm.CommGroup) -> None:
+        """The ranks of `group` keep these parameters in different layouts (tied weights
+        at the two ends of a pipeline): put this rank's pieces in place in the whole
+        gradients, sum over `group` and over the dp ranks (sums commute, and the dp
+        ranks' pieces are disjoint), and keep this rank's pieces of the result."""
+        numel = {s.name: s.numel for shard in self.shards for s in shard.layout.segments}
+        starts, total = {}, 0
+        for name in names:  # the named gradients end to end, in the order given
+            starts[name], total = total, total + numel[name]
+        flat = torch.zeros(total, dtype=self._grad_dtype)
+        held = [(p, v) for p, v in self._held_pieces() if p.segment.name in starts]
+        for piece, view in held:
+            at = starts[piece.segment.name]
+            flat[at + piece.lo : at + piece.hi].copy_(view)
+        comm.all_reduce(flat, group, op="sum")
+        if self.sharded_over is not None:
+            comm.all_reduce(flat, self.sharded_over, op="sum")
+        for piece, view in held:
+            at = starts[piece.segment.name]
+            view.copy_(flat[at + piece.lo : at + piece.hi])
+
+    @property
+    def _grad_dtype(self) -> torch.dtype:
+        return self.shards[0].grad.dtype if self.shards else torch.float32
+
+    # -- the update and its state -----------------------------------------------------------
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+    ) -> ShardedAdamW:
+        return ShardedAdamW(
+            self.shards, self.group, lr, weight_decay, betas, eps, self._after_update, self.scaler
+        )
+
+    def checkpoint_pieces(
+        self, optimizer: ShardedAdamW
+    ) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        pieces, counters = [], []
+        for shard in self.shards:
+            if not shard.optimized.numel():
+                continue  # nothing of this buffer lives here; the optimizer skipped it
+            state = adam_state(optimizer.inner, shard.optimized)
+            counters.append(state["step"])
+            full = {"model": shard.optimized} | {k: state[k] for k in MOMENTS}
+            for piece in shard.layout.local_pieces(shard.rank):
+                at = slice(piece.shard_offset, piece.shard_offset + piece.numel)
+                tensors = {key: t[at] for key, t in full.items()}
+                seg = piece.segment
+                pieces.append(StatePiece(seg.name, seg.shape, piece.lo, piece.hi, tensors))
+        return pieces, counters
+
+    @torch.no_grad()
+    def after_load(self) -> None:
+        """The loaded values are in the fp32 master (or parameter) shards: the 16-bit
+        compute copies follow, and the full parameters are rebuilt from the shards."""
+        for shard in self.shards:
+            if shard.master is not None:
+                shard.param.copy_(shard.master)
+        self._after_update()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, in fp32 (the master values), on every rank (collective)."""
+        values = {}
+        for shard in self.shards:
+            flat = shard.optimized
+            if self.sharded_over is not None:
+                sizes = [shard.layout.shard] * self.sharded_over.size
+                flat = comm.all_gather_flat(flat, self.sharded_over, sizes=sizes)
+            for seg, view in zip(shard.layout.segments, shard.layout.views(flat), strict=True):
+                values[seg.name] = view.float().clone()
+        return complete_state_dict(self.module, values)

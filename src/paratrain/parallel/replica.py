@@ -1,0 +1,279 @@
+"""The one protocol every data-parallel wrapper answers, and the pieces of its answers.
+
+A training step treats `DataParallel`, `ZeroDataParallel` (ZeRO 0-2) and
+`FullyShardedDataParallel` (ZeRO-3) alike: it asks a `Replica` to run forward, to hold back
+or finish the gradient reduction, to scale its reduced gradient, for this rank's squared
+gradient norms, to sum some gradients over another group (sequence parallelism, tied
+weights across pipeline stages), for an optimizer over what it owns, for its memory, and
+for the pieces of state a checkpoint stores. Each wrapper keeps its gradients where it
+likes (`p.grad`, flat shards); only its own methods look there. Adding a wrapper means
+implementing this protocol, not adding a branch to the training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.comm.group import CommGroup
+from paratrain.parallel.mixed_precision import DynamicLossScaler
+
+MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state tensors, shaped like the parameter
+
+
+@dataclass(frozen=True)
+class GradSquares:
+    """This rank's squared L2 norm of each gradient entry it holds.
+
+    names[i]: the parameter (as named in the replica's module) entry i belongs to; a
+        parameter cut across dp ranks appears once per piece held here.
+    squares: (len(names),) float64.
+    sharded_over: the group whose ranks hold disjoint pieces of these gradients (their
+        squares add up), or None when every rank of the replica's group holds all of them.
+    """
+
+    names: list[str]
+    squares: torch.Tensor
+    sharded_over: CommGroup | None
+
+
+@dataclass(frozen=True)
+class StatePiece:
+    """Flattened elements [lo, hi) of one parameter that this rank holds, with its AdamW
+    moments: what a sharded checkpoint stores of it from this rank.
+
+    shape: the parameter's shape in the replica's module (tensor-parallel shards are
+        placed in the global tensor by the checkpoint code).
+    tensors: "model", "exp_avg", "exp_avg_sq" -> (hi - lo,) views of live storage, so that
+        saving reads the training state and loading writes into it in place.
+    """
+
+    name: str
+    shape: torch.Size
+    lo: int
+    hi: int
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes of unique storage on one rank at the step boundary, by kind.
+
+    padding: elements added so shards are equal, beyond what the planner's formula
+    (plan/memory.py, one buffer padded to a multiple of k) already counts.
+    other: storage reachable from the model or optimizer that is none of the above, e.g.
+    AdamW's per-tensor step counters.
+    """
+
+    params: int
+    grads: int
+    master: int
+    optimizer: int
+    padding: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.master + self.optimizer + self.padding + self.other
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+@runtime_checkable
+class Replica(Protocol):
+    """What every data-parallel wrapper of `module` over `group` answers."""
+
+    module: nn.Module
+    group: CommGroup
+    scaler: DynamicLossScaler | None  # fp16's loss scaler, else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Accumulate this backward's gradients without reducing them yet."""
+        ...
+
+    def finish_gradient_sync(self) -> None:
+        """After the last backward: reduce what is left and wait for every reduction."""
+        ...
+
+    def zero_grad(self, set_to_none: bool = False) -> None: ...
+
+    def scale_grads_(self, factor: float) -> None:
+        """Multiply the reduced gradient by `factor`, wherever it is kept."""
+        ...
+
+    def grad_squares(self) -> GradSquares: ...
+
+    def all_reduce_grads_(
+        self, names: Sequence[str], group: CommGroup, same_layout: bool = True
+    ) -> None:
+        """Sum over `group` the reduced gradients of the named parameters, in place.
+
+        Collective over `group`, whose ranks name parameters of the same shapes in the same
+        order. same_layout: they are tensor-parallel peers, holding the same pieces (a
+        sharded wrapper sums its pieces); False: they may shard them differently (tied
+        weights at the two ends of a pipeline), so the sum goes through whole tensors.
+        """
+        ...
+
+    def build_optimizer(
+        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+    ) -> Any:
+        """AdamW over what this rank updates; driven as `param_groups[i]["lr"]`, `step()`."""
+        ...
+
+    def memory_report(self, optimizer: Any = None) -> MemoryReport: ...
+
+    def checkpoint_pieces(self, optimizer: Any) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        """This rank's pieces of every parameter and moment, and AdamW's step counters."""
+        ...
+
+    def after_load(self) -> None:
+        """Make every copy agree with values just loaded into the pieces (collective)."""
+        ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every key of the module's state_dict(), tied aliases included, whole (fp32
+        master values where they exist), on every rank (collective)."""
+        ...
+
+    def materialize(self) -> None:
+        """After training: leave the module whole and usable on its own (collective)."""
+        ...
+
+
+class WholeGradients:
+    """The gradient half of the protocol for a module whose gradients are whole in `p.grad`:
+    what DataParallel does with its replica's, and what the parameter server needs to
+    clip the gradients a worker pushed."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def grad_squares(self) -> GradSquares:
+        return whole_grad_squares(self.module)
+
+    def scale_grads_(self, factor: float) -> None:
+        scale_whole_grads_(self.module, factor)
+
+
+def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and gradients of the parameters that have one (each parameter once)."""
+    names, grads = [], []
+    for name, p in module.named_parameters():
+        if p.grad is not None:
+            names.append(name)
+            grads.append(p.grad.detach())
+    return names, grads
+
+
+def whole_grad_squares(module: nn.Module) -> GradSquares:
+    """Per-parameter squared norms of whole gradients held in `p.grad`.
+
+    Norms are taken per tensor in the gradient's dtype (one fused kernel, as
+    torch.nn.utils.clip_grad_norm_ does) and squared and summed in float64.
+    """
+    names, grads = whole_grads(module)
+    squares = torch.zeros(0, dtype=torch.float64)
+    if grads:
+        squares = torch.stack(torch._foreach_norm(grads)).double().pow(2)
+    return GradSquares(names, squares, None)
+
+
+def scale_whole_grads_(module: nn.Module, factor: float) -> None:
+    grads = whole_grads(module)[1]
+    if grads and factor != 1.0:
+        torch._foreach_mul_(grads, factor)
+
+
+def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
+    """`Replica.all_reduce_grads_` for gradients kept whole in `p.grad`, concatenated in
+    the order of `names` (in place; a parameter without a gradient contributes zeros,
+    since other ranks may have one)."""
+    named = dict(module.named_parameters())
+    params = [named[n] for n in names if n in named and named[n].requires_grad]
+    if group.size == 1 or not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat, group, op="sum")
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        summed = flat[offset : offset + g.numel()].view_as(g)
+        if p.grad is None:
+            p.grad = summed.clone()
+        else:
+            p.grad.copy_(summed)
+        offset += g.numel()
+
+
+def complete_state_dict(
+    module: nn.Module, values: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`values` (one tensor per parameter, under named_parameters()' first name) extended
+    to every key of `module.state_dict()`: a tied parameter's other names alias its value,
+    and buffers are copied from the module, so `load_state_dict(strict=True)` works."""
+    canonical = {id(p): name for name, p in module.named_parameters()}
+    out = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if isinstance(tensor, nn.Parameter) and id(tensor) in canonical:
+            out[name] = values[canonical[id(tensor)]]
+        else:
+            out[name] = tensor.detach().clone()
+    return out
+
+
+def count_memory(
+    known: list[tuple[str, torch.Tensor]],
+    padding: dict[str, int],
+    module: nn.Module,
+    optimizer_states: Iterable[dict[str, Any]],
+) -> MemoryReport:
+    """Count each storage once: the wrapper's `known` buffers by category, the optimizer's
+    moments, and anything else reachable from the module's parameters, gradients and
+    buffers as `other`. `padding` (bytes per category) is moved out into its own line."""
+    seen: set[int] = set()
+    totals = dict.fromkeys(("params", "grads", "master", "optimizer", "other"), 0)
+
+    def add(kind: str, t: torch.Tensor | None) -> None:
+        if t is None:
+            return
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+            return
+        seen.add(storage.data_ptr())
+        totals[kind] += storage.nbytes()
+
+    for kind, t in known:
+        add(kind, t)
+    for state in optimizer_states:
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                add("optimizer" if key in MOMENTS else "other", value)
+    for p in module.parameters():
+        add("other", p.data)
+        add("other", p.grad)
+    for b in module.buffers():
+        add("other", b)
+    for kind, nbytes in padding.items():
+        totals[kind] -= nbytes
+    return MemoryReport(padding=sum(padding.values()), **totals)
+
+
+def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AdamW's state of `param`, created (zeros, step 0) if no step has run yet, so that a
+    checkpoint can be loaded into a freshly built optimizer."""
+    state = optimizer.state[param]
+    if not state:
+        state["step"] = torch.tensor(0.0)  # host-side counter, as torch's AdamW keeps it
+        for key in MOMENTS:
+            state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    return state

@@ -1,0 +1,130 @@
+"""From a configuration and a mesh to this rank's engine: the model, made parallel.
+
+The architecture's order: every rank builds the full model from the same seed (so every
+layout starts from identical weights), then tensor parallelism slices it, recomputation
+wraps its blocks, the pipeline split keeps this stage's chunks, and data parallelism goes
+last, because it must see the final local parameters. Each step takes its own group from
+the mesh and the model's facts from its plan (models/plans.py); none knows which others
+are on.
+
+Which data-parallel wrapper a configuration gets:
+- float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
+- --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone);
+- --zero 3: FullyShardedDataParallel over the model's FSDP units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.config import RunConfig, compute_dtype
+from paratrain.mesh import Mesh
+from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.models.plans import GPT_PLAN, ModelPlan
+from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.fsdp_units import expand_units
+from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.pipeline import (
+    PipelinePlan,
+    PipelineRuntime,
+    build_schedule,
+    find_tied_weights,
+    split_into_stages,
+)
+from paratrain.parallel.recompute import apply_recomputation
+from paratrain.parallel.replica import Replica
+from paratrain.parallel.tensor_parallel import apply_tensor_parallel
+from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
+
+
+def gpt_config(cfg: RunConfig) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout)
+
+
+def build_model(cfg: RunConfig) -> nn.Module:
+    """The full plain model, from the run's seed: the same on every rank."""
+    torch.manual_seed(cfg.train.seed)
+    return GPT(gpt_config(cfg))
+
+
+# Dropout masks differ between replicas (they see different data) but not between runs:
+# rank r's stream starts at seed + RANK_STRIDE * (r + 1). A resume on another layout gives
+# each rank work it never had before, so its stream moves on by STEP_STRIDE per step done.
+# Both are primes (the 1000th and 10000th), far apart, so nearby seeds, ranks and steps
+# do not land on one another's streams.
+RANK_STRIDE = 7919
+STEP_STRIDE = 104729
+
+
+def seed_rank_stream(seed: int, global_rank: int, step: int = 0) -> None:
+    """Seed this rank's own random stream (dropout), after the shared model is built."""
+    torch.manual_seed(seed + RANK_STRIDE * (global_rank + 1) + STEP_STRIDE * step)
+
+
+def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
+    return PipelinePlan(plan.pipeline_blocks, plan.pipeline_first, plan.pipeline_last)
+
+
+def build_engine(cfg: RunConfig, mesh: Mesh, plan: ModelPlan = GPT_PLAN) -> Engine:
+    """This rank's part of the model, made parallel in the architecture's order."""
+    p, t = cfg.parallel, cfg.train
+    model = build_model(cfg)
+    if mesh.size("tp") > 1:
+        tp = mesh.group("tp")
+        sp = p.sequence_parallel
+        apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
+    if t.recompute != "none":  # inside each block, so after tensor parallelism
+        units = expand_units(model, [plan.recompute_units])
+        apply_recomputation([model.get_submodule(n) for [n] in units], t.recompute)
+    if mesh.size("pp") == 1:
+        return FlatEngine(data_parallel(model, mesh.group("dp"), cfg, plan), mesh.group("tp"))
+    return _pipeline_engine(model, mesh, cfg, plan)
+
+
+def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan) -> Engine:
+    p, pp = cfg.parallel, mesh.group("pp")
+    split = pipeline_plan(plan)
+    tied = find_tied_weights(model, split)
+    chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=split)
+    schedule = build_schedule(p.schedule, pp.size, cfg.train.microbatches, p.chunks)
+    runtime = PipelineRuntime(chunks, schedule, pp, hidden_size=cfg.model.d_model)
+    # The runtime weights each micro-batch's mean loss by 1/K: replicas average.
+    dp = mesh.group("dp")
+    replicas = [data_parallel(c, dp, cfg, plan, reduce_op="avg") for c in chunks]
+    ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
+    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends)
+
+
+def data_parallel(
+    module: nn.Module,
+    group: comm.CommGroup,
+    cfg: RunConfig,
+    plan: ModelPlan = GPT_PLAN,
+    reduce_op: str = "sum",
+) -> Replica:
+    """The wrapper the configuration asks for (see the module docstring).
+
+    reduce_op: "sum" for losses normalised by the global token count (the flat engine),
+    "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
+    """
+    p, dtype = cfg.parallel, compute_dtype(cfg)
+    if p.zero == 0 and dtype == "float32":
+        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op)
+    precision = MixedPrecision.of(dtype)
+    precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
+    if p.zero == 3:
+        units = expand_units(module, plan.fsdp_units)
+        return FullyShardedDataParallel(
+            module, group, units, precision, prefetch=p.prefetch, reduce_op=reduce_op
+        )
+    accumulate = p.zero2_accumulate if p.zero == 2 else "full"
+    return ZeroDataParallel(
+        module, group, p.zero, precision, p.bucket_mb, reduce_op=reduce_op, accumulate=accumulate
+    )

@@ -1,0 +1,79 @@
+"""What a training run reports: one `StepMetrics` per step, a `TrainResult` at the end, and
+the timer that splits a step into data, compute and communication time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from paratrain.comm.ledger import Ledger
+from paratrain.train.step import StepOutput
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    grad_norm: float
+    step_s: float
+    compute_s: float  # step time not spent waiting for communication or data
+    comm_s: float  # time blocked in collectives (from the ledger)
+    data_s: float  # time spent producing this step's batches
+    skipped: bool = False  # non-finite gradient norm: no update
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module  # the plain model (unwrapped), or this stage's chunks
+    metrics: list[StepMetrics]
+    val_loss: float
+    extra: dict = field(default_factory=dict)  # model_state_bytes; async: staleness etc.
+    engine: Any = None  # what computed the steps (replicas, runtime), for measurements
+    optimizer: Any = None
+
+
+class StepTimer:
+    """One step's wall time, split by the moments the loop marks and the ledger's record of
+    time spent blocked in collectives."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def start(self, step: int) -> None:
+        self.ledger.step = step + 1  # named in hang reports
+        self._start = time.perf_counter()
+        self._waited = self.ledger.wait_s()
+
+    def data_done(self) -> None:
+        self._data_done = time.perf_counter()
+
+    def busy_s(self) -> float:
+        """Compute time so far: since the data was ready, less time blocked in collectives."""
+        return time.perf_counter() - self._data_done - self.comm_s()
+
+    def comm_s(self) -> float:
+        return self.ledger.wait_s() - self._waited
+
+    def finish(self, step: int, out: StepOutput, lr: float) -> StepMetrics:
+        end = time.perf_counter()
+        step_s, comm_s = end - self._start, self.comm_s()
+        return StepMetrics(
+            step=step + 1,
+            loss=out.loss,
+            lr=lr,
+            tokens_per_s=out.tokens / step_s,
+            grad_norm=out.grad_norm,
+            step_s=step_s,
+            compute_s=end - self._data_done - comm_s,
+            comm_s=comm_s,
+            data_s=self._data_done - self._start,
+            skipped=out.skipped,
+        )

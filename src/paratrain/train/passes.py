@@ -1,0 +1,77 @@
+"""Forward and backward passes over a step's micro-batches, weighted by tokens.
+
+Token weighting: each micro-batch contributes the sum of its token losses, and the summed
+gradients (over micro-batches and, by the dp all-reduce, over replicas) are divided by the
+number of target tokens in the whole global batch. The step therefore equals one step on
+all K * b * dp sequences at once even when micro-batches hold different numbers of tokens
+(targets equal to IGNORE_INDEX are masked out and do not count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from paratrain import comm
+from paratrain.models.gpt import IGNORE_INDEX
+
+
+def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
+    """Forward and backward of the micro-batches, one gradient sync, the global token count.
+
+    `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group).
+    Returns (mean token loss over the global batch, target tokens in the global batch); the
+    gradients still hold sums over tokens: the caller scales them by 1 / tokens.
+    No micro-batch is skipped, even one with no target tokens: sharded wrappers communicate
+    in every pass, so all ranks must run the same passes. Such a batch runs with its loss
+    multiplied by 0 (targets clamped to a valid id, so the zero is exact, not 0 * nan).
+    """
+    sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
+    last = len(micro_batches) - 1
+    for i, batch in enumerate(micro_batches):
+        # Masked (padding) positions are fed token 0; their targets carry the mask.
+        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
+        tokens = int((targets != IGNORE_INDEX).sum())
+        if tokens == 0:
+            targets = targets.clamp(min=0)
+        # Only the last micro-batch's backward triggers the gradient sync.
+        sync = contextlib.nullcontext() if i == last else model.no_sync()
+        with sync:
+            mean_loss = model(inputs, targets)
+            (mean_loss * tokens).backward()
+        sums[0] += mean_loss.detach().double() * tokens
+        sums[1] += tokens
+    model.finish_gradient_sync()
+    comm.all_reduce(sums, model.group, op="sum")
+    total_tokens = max(1.0, float(sums[1]))
+    return float(sums[0]) / total_tokens, int(sums[1])
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup
+) -> float:
+    """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ...
+
+    Every replica runs the same number of forward passes (a replica short of batches
+    repeats one with weight 0): under ZeRO-3 each forward is a collective.
+    """
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64)  # (loss * tokens, tokens)
+    rounds = -(-len(batches) // dp_group.size)  # ceil
+    for i in range(rounds):
+        index = dp_group.rank + i * dp_group.size
+        batch = batches[index] if index < len(batches) else batches[0]
+        targets = batch[:, 1:]
+        tokens = int((targets != IGNORE_INDEX).sum()) if index < len(batches) else 0
+        if tokens == 0:  # a pass for the collectives only: a finite loss, weight 0
+            targets = targets.clamp(min=0)
+        loss = model(batch[:, :-1].clamp(min=0), targets)
+        sums[0] += loss.double() * tokens
+        sums[1] += tokens
+    comm.all_reduce(sums, dp_group, op="sum")
+    model.train(was_training)
+    return float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
