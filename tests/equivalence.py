@@ -72,11 +72,14 @@ def reference_lr(step: int, cfg: RunConfig) -> float:
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def reference_training(cfg: RunConfig, data: TokenData) -> tuple[RunRecord, dict]:
+def reference_training(
+    cfg: RunConfig, data: TokenData, tie_embeddings: bool = False
+) -> tuple[RunRecord, dict]:
     """Plain PyTorch on one process; returns the record and the initial state."""
     m, t = cfg.model, cfg.train
     torch.manual_seed(t.seed)
-    model = GPT(GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len))
+    shape = (m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len)
+    model = GPT(GPTConfig(*shape, tie_embeddings=tie_embeddings))
     initial = copy.deepcopy(model.state_dict())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

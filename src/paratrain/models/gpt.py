@@ -27,6 +27,7 @@ class GPTConfig:
     d_model: int = 128
     max_seq_len: int = 256
     dropout: float = 0.0
+    tie_embeddings: bool = False  # the output head reuses the token embedding's matrix
 
 
 class CausalSelfAttention(nn.Module):
@@ -92,6 +93,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:  # GPT-2's weight tying (Press and Wolf, arXiv:1608.05859)
+            self.head.weight = self.tok_emb.weight  # one parameter, two names
         # A module, not a call, so that tensor parallelism can swap in a loss that works on
         # vocabulary-split logits without the model knowing (models/plans.py).
         self.loss_fn: nn.Module = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)

@@ -33,6 +33,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from paratrain.comm import regions
@@ -98,6 +99,7 @@ def apply_tensor_parallel(
     layer is not covered.
     """
     matches = match_plan(model, plan)
+    tied = _tied_names(model)  # before the styles make new parameters of the slices
     tracker = RngTracker(seed, group.rank)
     attention = [name for name, style in matches.items() if style == "attention"]
     for name, style in matches.items():
@@ -111,8 +113,40 @@ def apply_tensor_parallel(
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, new)
     _check_dropout_covered(model, matches)
+    _tie_again(model, tied)
     model.tp_rng_tracker = tracker  # its states are part of a checkpoint
     return model
+
+
+def _tied_names(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """(module name, attribute) of each parameter that more than one module holds."""
+    holders: dict[int, list[tuple[str, str]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module.named_parameters(recurse=False):
+            holders.setdefault(id(p), []).append((name, attr))
+    return [names for names in holders.values() if len(names) > 1]
+
+
+def _tie_again(model: nn.Module, tied: list[list[tuple[str, str]]]) -> None:
+    """Each style sliced its module's parameter into a new one, so a tied weight (the
+    token embedding and the output head) became two: make them one again. Both must be
+    the same slice of the same tensor (split along the same dimension), or the plan
+    splits the tie apart, which is refused."""
+    for names in tied:
+        holders = [(model.get_submodule(m), attr) for m, attr in names]
+        first = getattr(*holders[0])
+        dim = getattr(holders[0][0], "tp_shard_dims", {}).get(holders[0][1])
+        for (module, attr), (m, _) in zip(holders[1:], names[1:], strict=True):
+            p = getattr(module, attr)
+            same_split = getattr(module, "tp_shard_dims", {}).get(attr) == dim
+            if p is not first and not (
+                same_split and p.shape == first.shape and torch.equal(p, first)
+            ):
+                raise ValueError(
+                    f"tensor parallel plan splits the tied parameter {names[0][0]}."
+                    f"{names[0][1]} and {m}.{attr} differently; give both the same split"
+                )
+            setattr(module, attr, first)
 
 
 def match_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:

@@ -72,10 +72,15 @@ def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
     return PipelinePlan(plan.pipeline_blocks, plan.pipeline_first, plan.pipeline_last)
 
 
-def build_engine(cfg: RunConfig, mesh: Mesh, plan: ModelPlan = GPT_PLAN) -> Engine:
-    """This rank's part of the model, made parallel in the architecture's order."""
+def build_engine(
+    cfg: RunConfig, mesh: Mesh, plan: ModelPlan = GPT_PLAN, model: nn.Module | None = None
+) -> Engine:
+    """This rank's part of the model, made parallel in the architecture's order.
+
+    model: the full plain model, the same on every rank (default: `build_model(cfg)`).
+    """
     p, t = cfg.parallel, cfg.train
-    model = build_model(cfg)
+    model = build_model(cfg) if model is None else model
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
         sp = p.sequence_parallel
