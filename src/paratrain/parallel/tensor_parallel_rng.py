@@ -64,6 +64,13 @@ class RngTracker:
         finally:
             self.exit(name)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The CPU streams' states, for a checkpoint (CUDA streams are reseeded)."""
+        return dict(self._cpu)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._cpu.update(state)
+
     def __repr__(self) -> str:
         return f"RngTracker({self.seeds})"
 

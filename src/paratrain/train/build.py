@@ -81,16 +81,22 @@ def build_engine(
     """
     p, t = cfg.parallel, cfg.train
     model = build_model(cfg) if model is None else model
+    tracker = None
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
         sp = p.sequence_parallel
         apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
+        tracker = model.tp_rng_tracker
     if t.recompute != "none":  # inside each block, so after tensor parallelism
         units = expand_units(model, [plan.recompute_units])
         apply_recomputation([model.get_submodule(n) for [n] in units], t.recompute)
     if mesh.size("pp") == 1:
-        return FlatEngine(data_parallel(model, mesh.group("dp"), cfg, plan), mesh.group("tp"))
-    return _pipeline_engine(model, mesh, cfg, plan)
+        dp = data_parallel(model, mesh.group("dp"), cfg, plan)
+        engine: Engine = FlatEngine(dp, mesh.group("tp"))
+    else:
+        engine = _pipeline_engine(model, mesh, cfg, plan)
+    engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
+    return engine
 
 
 def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan) -> Engine:

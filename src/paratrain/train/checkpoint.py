@@ -40,6 +40,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.parallel.tensor_parallel_rng import RngTracker
 from paratrain.train.checkpoint_planner import (
     CheckpointMismatch,
     ShardedLoadPlanner,
@@ -177,16 +178,14 @@ def find_resumable(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
     return ckpt
 
 
-def _rng_state(modules: list) -> dict[str, Any]:
-    tracker = getattr(modules[0], "tp_rng_tracker", None)
-    return {"torch": torch.get_rng_state(), "tp": dict(tracker._cpu) if tracker else None}
+def _rng_state(tracker: RngTracker | None) -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "tp": tracker.state_dict() if tracker else None}
 
 
-def _set_rng_state(state: dict[str, Any], modules: list) -> None:
+def _set_rng_state(state: dict[str, Any], tracker: RngTracker | None) -> None:
     torch.set_rng_state(state["torch"])
-    tracker = getattr(modules[0], "tp_rng_tracker", None)
     if tracker is not None and state.get("tp"):
-        tracker._cpu.update(state["tp"])
+        tracker.load_state_dict(state["tp"])
 
 
 def save(
@@ -212,7 +211,7 @@ def save(
         (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     comm.barrier(world)
     entries: dict[str, Any] = dict(state.tensors)
-    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.modules)
+    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker)
     start = time.perf_counter()
     dcp.save(
         entries,
@@ -270,5 +269,5 @@ def load(
     for replica in engine.replicas:
         replica.after_load()
     if same_layout:
-        _set_rng_state(entries[rng_key], engine.modules)
+        _set_rng_state(entries[rng_key], engine.rng_tracker)
     return meta

@@ -27,6 +27,7 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.replica import GradSquares, Replica
+from paratrain.parallel.tensor_parallel_rng import RngTracker
 from paratrain.parallel.tensor_parallel_state import (
     sequence_parallel_parameters,
     sharded_parameters,
@@ -44,6 +45,7 @@ class Engine:
     def __init__(self, replicas: list[Replica], tp: comm.CommGroup, pp: comm.CommGroup | None):
         self.replicas, self.tp, self.pp = replicas, tp, pp
         self.runtime: PipelineRuntime | None = None
+        self.rng_tracker: RngTracker | None = None  # tensor parallelism's dropout streams
         self._tp_split = {n for r in replicas for n in sharded_parameters(r.module)}
         self._partial = []  # per replica: names whose gradients sequence parallelism splits
         for r in replicas:

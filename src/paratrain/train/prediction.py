@@ -79,7 +79,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
-        zero2_accumulate=getattr(p, "zero2_accumulate", "full"),
+        zero2_accumulate=p.zero2_accumulate,
     )
     notes = []
     schedule = p.schedule if p.pp > 1 else ""
