@@ -125,6 +125,25 @@ def assert_equivalent(parallel: RunRecord, reference: RunRecord, initial: dict) 
     assert moved > MIN_PARAM_MOVE, f"parameters barely moved ({moved:.3g}): nothing was trained"
 
 
+def run_steps(engine, cfg: RunConfig, data: TokenData, dp_group) -> tuple[list, list]:
+    """cfg.train.steps steps of the one training step (train/step.py) through `engine`,
+    each replica taking its micro-batches of the step's global batch; (losses, norms)."""
+    from paratrain.train.optim import LrSchedule
+    from paratrain.train.step import train_step
+
+    t = cfg.train
+    lr = LrSchedule.of(cfg)
+    optimizer = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
+    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    losses, norms = [], []
+    for step in range(t.steps):
+        micro = sampler.replica_microbatches(step, dp_group.rank, dp_group.size, t.micro_batch)
+        out = train_step(engine, optimizer, micro, lr(step), t.grad_clip)
+        losses.append(out.loss)
+        norms.append(out.grad_norm)
+    return losses, norms
+
+
 def record_of(result, tp_group) -> RunRecord:
     """A rank's losses, norms and whole parameters (tensor-parallel shards gathered) from
     `paratrain.train.loop.train`'s result, whatever the layout (collective over tp)."""

@@ -11,32 +11,30 @@ them, counting the sum once in the global norm. Tolerances: tests/equivalence.py
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.models.gpt import GPT
 from paratrain.parallel.tensor_parallel import full_state_dict
-from paratrain.train.build import build_engine, data_parallel
-from paratrain.train.data import BatchSampler
-from paratrain.train.optim import LrSchedule
-from paratrain.train.step import train_step
+from paratrain.train.build import build_engine, data_parallel, gpt_config
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
     assert_equivalent,
     reference_training,
+    run_steps,
     tiny_config,
     tiny_data,
 )
 
 
 def tied_gpt(cfg: RunConfig) -> GPT:
-    m = cfg.model
     torch.manual_seed(cfg.train.seed)
-    return GPT(GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len,
-                         tie_embeddings=True))  # fmt: skip
+    return GPT(dataclasses.replace(gpt_config(cfg), tie_embeddings=True))
 
 
 def layout(dp=1, pp=1, tp=1, zero=0, sp=False, schedule="1f1b") -> RunConfig:
@@ -51,19 +49,10 @@ def train_tied(rank, world_size, configs, data) -> list[RunRecord]:
     """Each layout trained with the one step (train/step.py) from the same tied model."""
     records = []
     for cfg in configs:
-        p, t = cfg.parallel, cfg.train
+        p = cfg.parallel
         mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
         engine = build_engine(cfg, mesh, model=tied_gpt(cfg))
-        lr = LrSchedule.of(cfg)
-        opt = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
-        sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
-        dp = mesh.group("dp")
-        losses, norms = [], []
-        for step in range(t.steps):
-            micro = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
-            out = train_step(engine, opt, micro, lr(step), t.grad_clip)
-            losses.append(out.loss)
-            norms.append(out.grad_norm)
+        losses, norms = run_steps(engine, cfg, data, mesh.group("dp"))
         engine.finish()
         state = {}
         for module in engine.modules:

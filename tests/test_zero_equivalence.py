@@ -24,15 +24,13 @@ from paratrain.parallel.fsdp_units import expand_units
 from paratrain.parallel.mixed_precision import MixedPrecision
 from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train.build import build_model
-from paratrain.train.data import BatchSampler
 from paratrain.train.engine import FlatEngine
-from paratrain.train.optim import LrSchedule
-from paratrain.train.step import train_step
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
     assert_equivalent,
     reference_training,
+    run_steps,
     tiny_config,
     tiny_data,
 )
@@ -50,18 +48,9 @@ def wrap(model, group, stage, dtype="float32", **options):
 def train_sharded(cfg, mesh, data, stage, dtype="float32", **options):
     """The one training step (train/step.py) through a sharded wrapper built here, with
     options the CLI does not expose (tiny buckets)."""
-    t = cfg.train
     dp = mesh.group("dp")
     engine = FlatEngine(wrap(build_model(cfg), dp, stage, dtype, **options))
-    lr = LrSchedule.of(cfg)
-    opt = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
-    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
-    losses, norms = [], []
-    for step in range(t.steps):
-        micro = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
-        out = train_step(engine, opt, micro, lr(step), t.grad_clip)
-        losses.append(out.loss)
-        norms.append(out.grad_norm)
+    losses, norms = run_steps(engine, cfg, data, dp)
     return RunRecord(losses, norms, engine.replica.full_state_dict()), engine.replica
 
 
