@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
+from paratrain.config import SCHEDULES
 from paratrain.parallel.pipeline import (
-    SCHEDULES,
     Action,
     Costs,
     ScheduleError,

@@ -11,7 +11,7 @@ formulas (native) or of what was sent (ours); report.py gathers every rank's cou
 """
 
 from paratrain.comm.call import Done, Handle
-from paratrain.comm.group import ALGOS, CommGroup, CommOptions
+from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.in_place import all_reduce, broadcast, reduce
 from paratrain.comm.ledger import Ledger, OpTotals
 from paratrain.comm.p2p import irecv, isend, recv, recv_any, send
@@ -21,7 +21,6 @@ from paratrain.comm.sharded import all_gather, all_gather_flat, reduce_scatter
 from paratrain.comm.wait import CommError
 
 __all__ = [
-    "ALGOS",
     "CommError",
     "CommGroup",
     "CommOptions",

@@ -17,7 +17,6 @@ from paratrain.parallel.pipeline.check import Costs, ScheduleError, Simulation, 
 from paratrain.parallel.pipeline.grid import render_grid
 from paratrain.parallel.pipeline.runtime import PipelineRuntime
 from paratrain.parallel.pipeline.schedules import (
-    SCHEDULES,
     Action,
     Schedule,
     build_schedule,
@@ -33,7 +32,6 @@ from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
 
 __all__ = [
-    "SCHEDULES",
     "Action",
     "Costs",
     "Event",

@@ -13,11 +13,12 @@ import argparse
 import json
 from typing import Any
 
+from paratrain.config import SCHEDULES
 from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
 from paratrain.parallel.pipeline.check import Costs, Simulation, check_schedule
 from paratrain.parallel.pipeline.grid import render_grid
-from paratrain.parallel.pipeline.schedules import SCHEDULES, build_schedule
+from paratrain.parallel.pipeline.schedules import build_schedule
 from paratrain.parallel.pipeline.spans import spans_from_simulation
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from paratrain.config import SCHEDULES
+
 F, B, BI, BW = "F", "B", "BI", "BW"
 SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
 COMPUTE = (F, B, BI, BW)
@@ -259,18 +261,19 @@ def forward_only(num_stages: int, num_microbatches: int, chunks: int = 1) -> Sch
     return _build("forward", s_, k, v, [list(order) for _ in range(s_)], fwd_only=True)
 
 
-SCHEDULES: dict[str, Callable[[int, int, int], Schedule]] = {
+GENERATORS: dict[str, Callable[[int, int, int], Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved": interleaved_1f1b,
     "zb-h1": zb_h1,
 }
+assert tuple(GENERATORS) == SCHEDULES, "one generator per schedule config.py offers"
 
 
 def build_schedule(name: str, num_stages: int, num_microbatches: int, chunks: int = 1) -> Schedule:
     """The schedule called `name` (gpipe, 1f1b, interleaved, zb-h1, or forward for eval)."""
     if name == "forward":
         return forward_only(num_stages, num_microbatches, chunks)
-    if name not in SCHEDULES:
+    if name not in GENERATORS:
         raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULES)}, forward")
-    return SCHEDULES[name](num_stages, num_microbatches, chunks)
+    return GENERATORS[name](num_stages, num_microbatches, chunks)
