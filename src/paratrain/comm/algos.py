@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from paratrain.comm.group import CommGroup
 
-OUR_ALGOS = {
+OUR_ALGOS = {  # per op, the algorithms of config.COMM_ALGOS it offers
     "all_reduce": ("native", "ring", "tree"),
     "reduce_scatter": ("native", "ring"),
     "all_gather": ("native", "ring"),
