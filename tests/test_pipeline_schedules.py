@@ -12,14 +12,14 @@ from dataclasses import replace
 
 import pytest
 
+from paratrain.config import SCHEDULES
 from paratrain.parallel.pipeline import (
-    SCHEDULES,
     Action,
     Costs,
     ScheduleError,
     build_schedule,
     check_schedule,
-    render,
+    render_grid,
 )
 from paratrain.parallel.pipeline.schedules import RECV_B, RECV_F, SEND_B, SEND_F, B, F
 from paratrain.plan.pipeline import bubble_fraction
@@ -172,7 +172,7 @@ def test_a_compute_before_its_input_is_rejected():
 
 
 def test_timeline_renders_the_1f1b_example():
-    text = render(check_schedule(build_schedule("1f1b", 4, 8)))
+    text = render_grid(check_schedule(build_schedule("1f1b", 4, 8)))
     lines = text.splitlines()
     assert lines[0].startswith("stage 0 |F0 F1 F2 F3 .  .  .  B0 F4 B1")
     assert lines[3].startswith("stage 3 |.  .  .  F0 B0 F1 B1")

@@ -19,19 +19,16 @@ from paratrain.parallel.pipeline.schedules import SEND_B, SEND_F
 from paratrain.plan import comm, memory, pipeline
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec, gpt_param_count
-from paratrain.plan.ranks import (
-    ONE_NODE,
-    Coords,
+from paratrain.plan.rank_memory import (
     accumulated_gradient_bytes,
-    bytes_by_axis,
     chunk_params,
     flat_buffers,
     held_model_state,
     padding_bytes,
     rank_model_state,
-    rank_traffic,
     replicated_params,
 )
+from paratrain.plan.rank_traffic import ONE_NODE, Coords, bytes_by_axis, rank_traffic
 
 OURS = ModelSpec("ours", n_layer=8, d_model=64, n_head=4, vocab_size=256, seq_len=32)
 FP32 = Workload(micro_batch=2, global_batch=16, precision=PRECISIONS["fp32"])

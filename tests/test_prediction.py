@@ -15,7 +15,7 @@ import pytest
 
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.plan.ranks import padding_bytes
+from paratrain.plan.rank_memory import padding_bytes
 from paratrain.train.loop import train
 from paratrain.train.prediction import Tracker, describe, planner_inputs, predict
 from paratrain.validate import resolve

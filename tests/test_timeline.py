@@ -11,16 +11,18 @@ import json
 
 import pytest
 
-from paratrain.measure.timeline import (
-    chrome_trace,
-    idle_fractions,
-    span_name,
+from paratrain.measure.chrome_trace import chrome_trace, write_chrome_trace
+from paratrain.measure.gantt import write_gantt
+from paratrain.measure.spans import idle_fractions, span_name
+from paratrain.parallel.pipeline import (
+    Action,
+    Event,
+    StepTrace,
+    build_schedule,
+    check_schedule,
     spans_from_simulation,
     spans_from_traces,
-    write_chrome_trace,
-    write_gantt,
 )
-from paratrain.parallel.pipeline import Action, Event, StepTrace, build_schedule, check_schedule
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -21,6 +21,24 @@ else:  # pragma: no cover - Python 3.10
 
 import tomli_w
 
+# The valid values of the string (and stage) fields, defined once: validate.py checks them,
+# and the modules that implement each option take their lists from here.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # in code only
+RECOMPUTE_MODES = ("none", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+ZERO2_ACCUMULATE = ("full", "shard")
+COMM_ALGOS = ("native", "ring", "tree")
+BACKENDS = ("gloo", "nccl")
+DP_MODES = ("sync", "async")
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def one_of(values: tuple[str, ...]) -> str:
+    """'a, b or c': the choices as a help text reads them."""
+    return ", ".join(values[:-1]) + " or " + values[-1]
+
 
 def param(default: Any, help: str) -> Any:
     """A dataclass field whose help text becomes the `--help` line of its CLI flag."""
@@ -50,14 +68,14 @@ class ParallelConfig:
         "ZeRO-2 with K micro-batches: full (whole gradient until the last, one reduce-scatter)"
         " or shard (reduce-scatter every micro-batch into the shard: 1/k memory, K x traffic).",
     )
-    schedule: str = param("1f1b", "Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.")
+    schedule: str = param("1f1b", f"Pipeline schedule: {one_of(SCHEDULES)}.")
     sequence_parallel: bool = param(
         False, "Split LayerNorm/dropout regions along the sequence over tp."
     )
     chunks: int = param(1, "Model chunks per pipeline stage (v); interleaved needs 2 or more.")
     backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
-    comm_algo: str = param("native", "Default collective algorithm: native, ring or tree.")
+    comm_algo: str = param("native", f"Default collective algorithm: {one_of(COMM_ALGOS)}.")
     bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
     dp_mode: str = param("sync", "Data parallel: sync (all-reduce) or async (parameter server).")
     dc_lambda: float = param(0.0, "Async: DC-ASGD delay compensation strength (0 = off).")
@@ -78,7 +96,7 @@ class TrainConfig:
         0, "Micro-batches per replica per step (K = G / (b * dp)); 0: from G."
     )
     lr: float = param(3e-3, "Peak learning rate (after warmup), at batch lr_base_batch.")
-    lr_scaling: str = param("none", "Scale lr with the global batch: none, linear or sqrt.")
+    lr_scaling: str = param("none", f"Scale lr with the global batch: {one_of(LR_SCALINGS)}.")
     lr_base_batch: int = param(16, "Global batch at which lr applies unscaled.")
     min_lr_ratio: float = param(
         0.1, "Final learning rate of the cosine decay, as a fraction of lr."
@@ -87,7 +105,9 @@ class TrainConfig:
     weight_decay: float = param(0.1, "AdamW weight decay, applied to matrices and embeddings only.")
     beta1: float = param(0.9, "AdamW beta1.")
     beta2: float = param(0.95, "AdamW beta2.")
-    recompute: str = param("none", "Activation recomputation per block: none or full.")
+    recompute: str = param(
+        "none", f"Activation recomputation per block: {one_of(RECOMPUTE_MODES)}."
+    )
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value; 0 disables.")
     seed: int = param(1234, "Seed for model initialisation and data order.")
     dtype: str = param(

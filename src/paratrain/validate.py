@@ -10,15 +10,20 @@ from pathlib import Path
 
 import torch
 
-from paratrain.comm.group import ALGOS
-from paratrain.config import RunConfig, parse_straggler
+from paratrain.config import (
+    BACKENDS,
+    COMM_ALGOS,
+    COMPUTE_DTYPES,
+    DP_MODES,
+    LR_SCALINGS,
+    RECOMPUTE_MODES,
+    SCHEDULES,
+    ZERO2_ACCUMULATE,
+    ZERO_STAGES,
+    RunConfig,
+    parse_straggler,
+)
 from paratrain.models.plans import check_gpt_tensor_parallel
-from paratrain.parallel.recompute import RECOMPUTE
-
-BUILT_DTYPES = ("float32", "bfloat16", "float16")
-KNOWN_DTYPES = ("float32", "bfloat16", "float16")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-LR_SCALINGS = ("none", "linear", "sqrt")
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
@@ -91,20 +96,21 @@ def _check_positive(cfg: RunConfig) -> None:
 
 def _check_comm(cfg: RunConfig) -> None:
     p, t = cfg.parallel, cfg.train
-    if p.comm_algo not in ALGOS:
-        raise ValueError(f"--comm-algo {p.comm_algo!r}; valid: {', '.join(ALGOS)}")
+    if p.comm_algo not in COMM_ALGOS:
+        raise ValueError(f"--comm-algo {p.comm_algo!r}; valid: {', '.join(COMM_ALGOS)}")
     if p.bucket_mb < 0:
         raise ValueError(f"--bucket-mb {p.bucket_mb} must be zero (one bucket) or positive")
-    if p.dp_mode not in ("sync", "async"):
-        raise ValueError(f"--dp-mode {p.dp_mode!r}; valid: sync, async")
+    if p.dp_mode not in DP_MODES:
+        raise ValueError(f"--dp-mode {p.dp_mode!r}; valid: {', '.join(DP_MODES)}")
     if p.dc_lambda < 0 or p.staleness_bound < 0:
         raise ValueError(
             f"--dc-lambda {p.dc_lambda} and --staleness-bound {p.staleness_bound} must be >= 0"
         )
     if t.lr_scaling not in LR_SCALINGS:
         raise ValueError(f"--lr-scaling {t.lr_scaling!r}; valid: {', '.join(LR_SCALINGS)}")
-    if t.recompute not in RECOMPUTE:
-        raise ValueError(f"--recompute {t.recompute!r}; valid: {', '.join(RECOMPUTE)}")
+    if t.recompute not in RECOMPUTE_MODES:
+        valid = ", ".join(RECOMPUTE_MODES)
+        raise ValueError(f"--recompute {t.recompute!r}; valid: {valid}")
     if t.lr_base_batch < 1:
         raise ValueError(f"--lr-base-batch {t.lr_base_batch} must be positive")
 
@@ -114,15 +120,15 @@ def _resolve_device_defaults(cfg: RunConfig) -> None:
     backend = cfg.parallel.backend
     if backend == "auto":
         cfg.parallel.backend = "nccl" if cuda else "gloo"
-    elif backend not in ("gloo", "nccl"):
-        raise ValueError(f"parallel.backend = {backend!r}; valid: auto, gloo, nccl")
+    elif backend not in BACKENDS:
+        raise ValueError(f"parallel.backend = {backend!r}; valid: auto, {', '.join(BACKENDS)}")
     elif backend == "nccl" and not cuda:
         raise ValueError("parallel.backend = 'nccl' needs CUDA, which this machine lacks; use gloo")
     dtype = cfg.train.dtype
     if dtype == "auto":
         cfg.train.dtype = "bfloat16" if cuda else "float32"
-    elif dtype not in KNOWN_DTYPES:
-        raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(KNOWN_DTYPES)}")
+    elif dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(COMPUTE_DTYPES)}")
 
 
 def _check_not_built_yet(cfg: RunConfig) -> None:
@@ -208,12 +214,13 @@ def _check_pipeline(cfg: RunConfig) -> None:
 
 def _check_zero(cfg: RunConfig) -> None:
     p, t = cfg.parallel, cfg.train
-    if p.zero not in (0, 1, 2, 3):
-        raise ValueError(f"--zero {p.zero}; valid: 0, 1, 2, 3")
+    if p.zero not in ZERO_STAGES:
+        raise ValueError(f"--zero {p.zero}; valid: {', '.join(map(str, ZERO_STAGES))}")
     if p.prefetch < 0:
         raise ValueError(f"--prefetch {p.prefetch} must be zero or positive")
-    if p.zero2_accumulate not in ("full", "shard"):
-        raise ValueError(f"--zero2-accumulate {p.zero2_accumulate!r}; valid: full, shard")
+    if p.zero2_accumulate not in ZERO2_ACCUMULATE:
+        valid = ", ".join(ZERO2_ACCUMULATE)
+        raise ValueError(f"--zero2-accumulate {p.zero2_accumulate!r}; valid: {valid}")
     sharded = p.zero > 0 or t.dtype != "float32"
     if sharded and p.dp_mode == "async":
         raise ValueError("--dp-mode async keeps the whole model on the server; use --zero 0")

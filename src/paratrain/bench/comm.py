@@ -41,10 +41,11 @@ from paratrain.bench.comm_fit import (
     fit_alpha_beta,
     predictions,
 )
-from paratrain.comm.group import ALGOS, CommGroup, CommOptions
+from paratrain.comm.algos import OUR_ALGOS
+from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
-from paratrain.comm.ops import OUR_ALGOS
 from paratrain.comm.traffic import chunk_sizes
+from paratrain.config import COMM_ALGOS as ALGOS
 
 log = logging.getLogger(__name__)
 

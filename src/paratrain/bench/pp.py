@@ -23,9 +23,10 @@ import torch
 from paratrain.bench.pp_ranks import PEER, compare_schedules
 from paratrain.bench.ranks import run_ranks
 from paratrain.config import RunConfig
-from paratrain.measure.schedule_command import bubble_formula
-from paratrain.measure.timeline import spans_from_traces, write_chrome_trace, write_gantt
-from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule
+from paratrain.measure.chrome_trace import write_chrome_trace
+from paratrain.measure.gantt import write_gantt
+from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule, spans_from_traces
+from paratrain.parallel.pipeline.schedule_command import bubble_formula
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)

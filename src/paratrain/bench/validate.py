@@ -43,16 +43,14 @@ from paratrain.bench.validate_cases import (  # noqa: F401 (CASES, Case: this mo
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.ranks import (
-    Coords,
+from paratrain.plan.rank_memory import (
     accumulated_gradient_bytes,
-    bytes_by_axis,
     flat_buffers,
     formula_model_state,
     padding_bytes,
     rank_model_state,
-    rank_traffic,
 )
+from paratrain.plan.rank_traffic import Coords, bytes_by_axis, rank_traffic
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")

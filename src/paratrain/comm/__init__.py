@@ -1,28 +1,26 @@
-"""The only module that calls torch.distributed collectives: every byte is counted here.
+"""The only package that calls torch.distributed collectives: every byte is counted here.
 
 Strategies call these functions with a `CommGroup` taken from the Mesh; the group carries
 the rank's Ledger, its options (timeout, default algorithm, per-call checking) and the
-watchdog that explains a hang. See ops.py for the collectives, p2p.py for send/recv,
-ring.py and tree.py for our own algorithms, traffic.py for the byte formulas.
+watchdog that explains a hang. A call flows: op (in_place.py: all_reduce, broadcast,
+reduce; sharded.py: all_gather, reduce_scatter; rooted.py; p2p.py: send/recv) -> algos.py
+picks native or ours (ring.py, tree.py) -> call.py records it in the ledger (check.py
+optionally verifies that every rank makes the same call) -> wait.py waits, bounded, or
+raises CommError with the watchdog's report -> the ledger counts the bytes of traffic.py's
+formulas (native) or of what was sent (ours); report.py gathers every rank's counters.
 """
 
-from paratrain.comm.call import CommError, Done, Handle
-from paratrain.comm.group import ALGOS, CommGroup, CommOptions
+from paratrain.comm.call import Done, Handle
+from paratrain.comm.group import CommGroup, CommOptions
+from paratrain.comm.in_place import all_reduce, broadcast, reduce
 from paratrain.comm.ledger import Ledger, OpTotals
-from paratrain.comm.ops import (
-    all_gather,
-    all_gather_flat,
-    all_reduce,
-    broadcast,
-    reduce,
-    reduce_scatter,
-)
 from paratrain.comm.p2p import irecv, isend, recv, recv_any, send
 from paratrain.comm.report import gather_report
 from paratrain.comm.rooted import barrier, broadcast_object, gather, scatter
+from paratrain.comm.sharded import all_gather, all_gather_flat, reduce_scatter
+from paratrain.comm.wait import CommError
 
 __all__ = [
-    "ALGOS",
     "CommError",
     "CommGroup",
     "CommOptions",

@@ -1,7 +1,7 @@
 """The life of one communication call: record it, wait with a timeout, count it, or explain.
 
 Every op in this package goes through `begin` and then either `finish` (blocking calls) or
-a `Handle` (asynchronous ones). Waiting is always bounded by the group's timeout; a call
+a `Handle` (asynchronous ones). Waiting is bounded by the group's timeout (wait.py); a call
 that does not complete raises CommError naming this rank, the group, the op and its
 sequence number, followed by the watchdog's comparison of all ranks' ledgers.
 """
@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from paratrain.comm.check import verify_same_call
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import Traffic
-
-
-class CommError(RuntimeError):
-    """A collective failed or timed out; the message names the rank, group, op and call."""
+from paratrain.comm.wait import wait_works
 
 
 def describe(*tensors: torch.Tensor | None) -> str:
@@ -39,8 +36,6 @@ def begin(group: CommGroup, op: str, algo: str, shapes: str, peer: int | None = 
     peer_global = None if peer is None else group.ranks[peer]
     record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes, peer_global)
     if group.options.check and group.size > 1:
-        from paratrain.comm.check import verify_same_call
-
         verify_same_call(group, record)
     return record
 
@@ -49,35 +44,6 @@ def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
     group.ledger.finish(
         record, traffic.sent, traffic.recv, traffic.messages, time.perf_counter() - record.start
     )
-
-
-def timeout(group: CommGroup) -> timedelta:
-    return timedelta(seconds=group.options.timeout_s)
-
-
-def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work | None]) -> None:
-    for work in works:
-        if work is None:
-            continue
-        try:
-            work.wait(timeout=timeout(group))
-        except RuntimeError as e:
-            raise failure(group, record, e) from e
-
-
-def failure(group: CommGroup, record: CallRecord, err: BaseException) -> CommError:
-    elapsed = time.perf_counter() - record.start
-    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    peer = "" if record.peer is None else f" with peer rank {record.peer}"
-    step = f" in training step {record.step}" if record.step else ""
-    head = (
-        f"rank {group.global_rank} (rank {group.rank} of group {group.name!r}, ranks "
-        f"{group.ranks}): {record.op}({record.algo}){peer} call #{record.seq} "
-        f"{record.shapes}{step} failed after {elapsed:.1f} s: {cause}"
-    )
-    if group.watchdog is None:
-        return CommError(head + "\n(no watchdog on this group: no comparison of ledgers)")
-    return CommError(head + "\n" + group.watchdog.divergence_report(group, record))
 
 
 class Handle:

@@ -13,10 +13,10 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from paratrain.comm.call import CommError, wait_works
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import native_traffic
+from paratrain.comm.wait import CommError, wait_works
 
 WIDTH = 160  # bytes per rank for "#seq signature"
 

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
+from paratrain.config import COMM_ALGOS
 
 if TYPE_CHECKING:
     from paratrain.comm.watchdog import Watchdog
-
-ALGOS = ("native", "ring", "tree")
 
 
 @dataclass(frozen=True)
@@ -22,8 +21,8 @@ class CommOptions:
     check: bool = False  # verify before each call that all ranks issue the same op/shapes
 
     def __post_init__(self) -> None:
-        if self.algo not in ALGOS:
-            raise ValueError(f"comm algo {self.algo!r}; valid: {', '.join(ALGOS)}")
+        if self.algo not in COMM_ALGOS:
+            raise ValueError(f"comm algo {self.algo!r}; valid: {', '.join(COMM_ALGOS)}")
         if self.timeout_s <= 0:
             raise ValueError(f"comm timeout {self.timeout_s} s must be positive")
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paratrain.comm.call import Handle, begin, describe, wait_works
+from paratrain.comm.call import Handle, begin, describe
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import Traffic
+from paratrain.comm.wait import wait_works
 
 
 def _nbytes(t: torch.Tensor) -> int:

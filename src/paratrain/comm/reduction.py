@@ -1,10 +1,18 @@
-"""Element-wise reductions as our own algorithms apply them: sum, avg, max, min."""
+"""Element-wise reductions: sum, avg, max, min, as our algorithms apply them and as the
+backend's collectives are asked for them."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
+NATIVE_OPS = {  # the backend's reduction for each of ours
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.SUM,  # then divided by finish_avg_: defined for integers too
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
 
 
 def check_op(op: str) -> None:

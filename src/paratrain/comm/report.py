@@ -6,9 +6,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from paratrain.comm.call import begin, failure, finish
+from paratrain.comm.call import begin, finish
 from paratrain.comm.group import CommGroup
 from paratrain.comm.traffic import Traffic
+from paratrain.comm.wait import failure
 
 NOTE = (
     "bytes of native collectives are what the bandwidth-optimal (NCCL ring / chain) "

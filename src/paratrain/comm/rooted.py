@@ -10,10 +10,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain.comm.call import begin, describe, failure, finish, wait_works
+from paratrain.comm.call import begin, describe, finish
 from paratrain.comm.group import CommGroup
 from paratrain.comm.p2p import exchange
 from paratrain.comm.traffic import Traffic
+from paratrain.comm.wait import failure, wait_works
 
 
 def scatter(

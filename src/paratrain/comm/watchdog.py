@@ -13,14 +13,11 @@ import json
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from paratrain.comm.ledger import CallRecord, Ledger
-
-if TYPE_CHECKING:
-    from paratrain.comm.group import CommGroup
+from paratrain.comm.ledger import Ledger
 
 KEY = "paratrain/ledger/{rank}"
 
@@ -64,16 +61,17 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
-    def divergence_report(self, group: CommGroup, record: CallRecord) -> str:
+    def divergence_report(self, group_name: str, ranks: list[int]) -> str:
+        """Compare the published ledgers of the group's members (global `ranks`)."""
         self.publish()
         time.sleep(2 * self.interval_s)  # let peers that just started a call publish it
         ledgers = {}
-        for rank in group.ranks:
+        for rank in ranks:
             try:
                 ledgers[rank] = self.read(rank)
             except Exception as e:  # a store that failed too: say so, don't mask the error
                 ledgers[rank] = {"error": str(e)}
-        return first_divergence(group.name, group.ranks, ledgers)
+        return first_divergence(group_name, ranks, ledgers)
 
 
 def _call_of(entry: dict[str, Any]) -> str:

@@ -82,6 +82,50 @@ def _set_grads(model: nn.Module, flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
+class _Server:
+    """What the server keeps between messages: the version, what each worker last pulled,
+    and the report of every update."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        group: comm.CommGroup,
+        set_lr: Callable[[int], None],
+        clip: Callable[[], float],
+        dc_lambda: float,
+    ) -> None:
+        self.model, self.optimizer, self.group = model, optimizer, group
+        self.set_lr, self.clip, self.dc_lambda = set_lr, clip, dc_lambda
+        self.version = 0
+        self.pulled: dict[int, torch.Tensor] = {}  # worker -> the parameters it was sent
+        self.report = ServerReport()
+        self.start = time.perf_counter()
+
+    def reply(self, worker: int, batch: float) -> None:
+        """Send the version and the next batch index; unless STOP, the parameters too."""
+        header = torch.tensor([float(self.version), batch], dtype=torch.float64)
+        comm.send(header, self.group, worker)
+        if batch != STOP:
+            self.pulled[worker] = _flat_params(self.model)
+            comm.send(self.pulled[worker], self.group, worker)
+
+    def apply(self, worker: int, grad: torch.Tensor, header: list[float], staleness: int) -> None:
+        """Correct the pushed gradient for its delay, clip it and take one optimizer step."""
+        _, batch, loss, tokens = header
+        index = len(self.report.updates)
+        self.set_lr(index)
+        grad = dc_asgd_correct(grad, _flat_params(self.model), self.pulled[worker], self.dc_lambda)
+        _set_grads(self.model, grad)
+        norm = self.clip()
+        self.optimizer.step()
+        self.version += 1
+        elapsed = time.perf_counter() - self.start
+        self.report.updates.append(
+            Update(index, worker, staleness, int(batch), norm, loss, tokens, elapsed)
+        )
+
+
 def serve(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -96,58 +140,31 @@ def serve(
 
     clip: called with the pushed gradient in `.grad`; clips it, returns its norm before.
     """
+    server = _Server(model, optimizer, group, set_lr, clip, dc_lambda)
     workers = [r for r in range(group.size) if r != group.rank]
     numel = sum(p.numel() for p in model.parameters())
-    report, version, next_batch = ServerReport(), 0, 0
-    pulled: dict[int, torch.Tensor] = {}
-    start = time.perf_counter()
-
-    def reply(worker: int, batch: float) -> None:
-        comm.send(torch.tensor([float(version), batch], dtype=torch.float64), group, worker)
-        if batch != STOP:
-            pulled[worker] = _flat_params(model)
-            comm.send(pulled[worker], group, worker)
-
-    for w in workers:
-        reply(w, float(next_batch))
-        next_batch += 1
+    for next_batch, w in enumerate(workers):  # every worker starts on its own batch
+        server.reply(w, float(next_batch))
+    next_batch = len(workers)
     active = set(workers)
     header = torch.empty(4, dtype=torch.float64)
     while active:
         w = comm.recv_any(header, group)  # whichever worker pushes first is served first
-        pulled_version, batch, loss, tokens = header.tolist()
         grad = comm.recv(torch.empty(numel), group, w)
-        staleness = version - int(pulled_version)
-        if len(report.updates) >= total_updates:
+        staleness = server.version - int(header[0])
+        if len(server.report.updates) >= total_updates:
             pass  # a push in flight when the run ended: not applied, not counted
         elif staleness_bound and staleness > staleness_bound:
-            report.dropped += 1
+            server.report.dropped += 1
         else:
-            set_lr(len(report.updates))
-            grad = dc_asgd_correct(grad, _flat_params(model), pulled[w], dc_lambda)
-            _set_grads(model, grad)
-            norm = clip()
-            optimizer.step()
-            version += 1
-            report.updates.append(
-                Update(
-                    len(report.updates),
-                    w,
-                    staleness,
-                    int(batch),
-                    norm,
-                    loss,
-                    tokens,
-                    time.perf_counter() - start,
-                )
-            )
-        if len(report.updates) >= total_updates:
-            reply(w, STOP)
+            server.apply(w, grad, header.tolist(), staleness)
+        if len(server.report.updates) >= total_updates:
+            server.reply(w, STOP)
             active.discard(w)
             continue
-        reply(w, float(next_batch))
+        server.reply(w, float(next_batch))
         next_batch += 1
-    return report
+    return server.report
 
 
 def work(

@@ -29,14 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from paratrain import comm
+from paratrain.config import COMPUTE_DTYPES, DTYPE_SHORT_NAMES
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+DTYPES = {  # each compute dtype under its torch name and its short name
+    name: getattr(torch, full)
+    for full in COMPUTE_DTYPES
+    for name in (full, DTYPE_SHORT_NAMES[full])
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-RECOMPUTE = ("none", "full")
+from paratrain.config import RECOMPUTE_MODES
 
 
 def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -32,8 +32,8 @@ def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply_recomputation(blocks: nn.ModuleDict | list[nn.Module], mode: str = "full") -> int:
     """Recompute each block's activations in backward; return how many blocks changed."""
-    if mode not in RECOMPUTE:
-        raise ValueError(f"recompute mode {mode!r}; valid: {', '.join(RECOMPUTE)}")
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute mode {mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
     if mode == "none":
         return 0
     modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)

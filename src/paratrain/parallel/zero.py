@@ -44,14 +44,13 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
 from paratrain.parallel.replica import MemoryReport, count_memory
 from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, FlatShard, flat_buckets, make_shard
-
-ACCUMULATE = ("full", "shard")
 
 
 class ZeroDataParallel(FlatShardReplica):
@@ -74,7 +73,7 @@ class ZeroDataParallel(FlatShardReplica):
         super().__init__()
         if stage not in (0, 1, 2):
             raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (3: fsdp.py)")
-        if reduce_op not in ("avg", "sum") or accumulate not in ACCUMULATE:
+        if reduce_op not in ("avg", "sum") or accumulate not in ZERO2_ACCUMULATE:
             raise ValueError(f"reduce_op {reduce_op!r} / accumulate {accumulate!r}")
         self.module, self.group, self.stage = module, group, stage
         self.precision = precision or MixedPrecision()

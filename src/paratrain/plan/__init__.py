@@ -1,10 +1,12 @@
 """The planner: pure functions from model, cluster, workload and layout to predictions.
 
-No process groups and no tensors: dataclasses in, dataclasses out (ARCHITECTURE.md). One
-concept per module: model.py and cluster.py (specs and presets), layout.py (a candidate
-and the batch arithmetic), memory.py, comm.py, pipeline.py, time.py (the formulas),
-estimate.py (one layout), recommend.py (search and the seeds' rule), report.py (table and
-chart), command.py (`paratrain plan`). Formulas and sources: docs/planner.md.
+No process groups and no tensors: dataclasses in, dataclasses out (ARCHITECTURE.md). Data
+flows: model.py and cluster.py (specs and presets) and layout.py (a candidate and the batch
+arithmetic) -> the formulas memory.py, comm.py, pipeline.py, time.py -> estimate.py (one
+layout, the busiest GPU) -> recommend.py (search and the seeds' rule) -> report.py (table
+and chart); command.py is `paratrain plan`. rank_memory.py and rank_traffic.py count every
+rank of our own runtime exactly, for `plan --validate` and `paratrain train`'s prediction.
+Formulas and sources: docs/planner.md.
 """
 
 from paratrain.plan.cluster import CLUSTER_PRESETS, ClusterSpec, cluster_preset

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-RECOMPUTE = ("none", "selective", "full")
-ZERO2_ACCUMULATE = ("full", "shard")  # parallel/zero.py's `accumulate=`, the runtime's order
+from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
+
+# The planner also models selective recomputation (attention only, Korthikanti et al.,
+# arXiv:2205.05198), which the runtime does not implement: a planner-only extension.
+RECOMPUTE = (*RECOMPUTE_MODES, "selective")
 
 
 @dataclass(frozen=True)

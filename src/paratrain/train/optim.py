@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from paratrain.config import RunConfig
+from paratrain.config import LR_SCALINGS, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int, scaling: str) 
         return base_lr * math.sqrt(ratio)
     if scaling == "none":
         return base_lr
-    raise ValueError(f"lr scaling {scaling!r}; valid: none, linear, sqrt")
+    raise ValueError(f"lr scaling {scaling!r}; valid: {', '.join(LR_SCALINGS)}")
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ between two optimizer steps (the first step also carries set-up: the replicas' i
 parameter broadcast). The measured model state is the runtime's own record at the last
 step's end (`TrainResult.extra["model_state_bytes"]`, train/engine.py): tensor sizes for
 DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
-Predictions per rank come from plan/ranks.py, exact for our GPT (ZeRO shards of
-ceil(n / k) per flat buffer, and that padding), and include the runtime's bookkeeping
-scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient reduce-scatter per step
-with "full", one per micro-batch with "shard"), and "full"'s transient whole gradient is a
-note at the start, not part of the step-boundary record; activations are Korthikanti's
-formula (an estimate, see docs/planner.md). Not
-predicted: the asynchronous parameter server (`--dp-mode async`); sequence parallelism's
-smaller activations.
+Predictions per rank come from plan/rank_memory.py and plan/rank_traffic.py, exact for our
+GPT (ZeRO shards of ceil(n / k) per flat buffer, and that padding), and include the
+runtime's bookkeeping scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient
+reduce-scatter per step with "full", one per micro-batch with "shard"), and "full"'s
+transient whole gradient is a note at the start, not part of the step-boundary record;
+activations are Korthikanti's formula (an estimate, see docs/planner.md). Not predicted:
+the asynchronous parameter server (`--dp-mode async`); sequence parallelism's smaller
+activations.
 """
 
 from __future__ import annotations
@@ -38,14 +38,8 @@ from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec, spec_of
-from paratrain.plan.ranks import (
-    AXES,
-    Coords,
-    accumulated_gradient_bytes,
-    bytes_by_axis,
-    rank_model_state,
-    rank_traffic,
-)
+from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
+from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")

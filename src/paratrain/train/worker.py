@@ -23,10 +23,10 @@ from paratrain.train.build import build_model
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
+from paratrain.train.pipeline_trace import record_trace
 from paratrain.train.prediction import Tracker
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
-from paratrain.train.trace import record_trace
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,16 @@
     loss = runtime.run_step(micro_batches)           # gradients accumulated over K
     val = runtime.run_forward(val_batches)           # forward-only schedule
 
+The same schedule is drawn: `render_grid(simulation)` as text (grid.py), and a simulation
+or the runtime's recorded `StepTrace`s (step_trace.py) as spans (spans.py) for
+measure/'s Chrome trace and Gantt chart; `paratrain schedule` is schedule_command.py.
 See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
 """
 
 from paratrain.parallel.pipeline.check import Costs, ScheduleError, Simulation, check_schedule
-from paratrain.parallel.pipeline.runtime import Event, PipelineRuntime, StepTrace
+from paratrain.parallel.pipeline.grid import render_grid
+from paratrain.parallel.pipeline.runtime import PipelineRuntime
 from paratrain.parallel.pipeline.schedules import (
-    SCHEDULES,
     Action,
     Schedule,
     build_schedule,
@@ -23,12 +26,12 @@ from paratrain.parallel.pipeline.schedules import (
     one_f_one_b,
     zb_h1,
 )
+from paratrain.parallel.pipeline.spans import spans_from_simulation, spans_from_traces
 from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
+from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
-from paratrain.parallel.pipeline.timeline import render
 
 __all__ = [
-    "SCHEDULES",
     "Action",
     "Costs",
     "Event",
@@ -46,7 +49,9 @@ __all__ = [
     "gpipe",
     "interleaved_1f1b",
     "one_f_one_b",
-    "render",
+    "render_grid",
+    "spans_from_simulation",
+    "spans_from_traces",
     "split_into_stages",
     "stage_layout",
     "zb_h1",

@@ -27,7 +27,6 @@ over the K micro-batches equal those of one step on the whole batch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -38,7 +37,6 @@ from paratrain.parallel.pipeline.check import check_schedule
 from paratrain.parallel.pipeline.schedules import (
     BI,
     BW,
-    COMPUTE,
     RECV_B,
     RECV_F,
     SEND_B,
@@ -51,35 +49,7 @@ from paratrain.parallel.pipeline.schedules import (
     message_key,
     virtual_stage,
 )
-
-
-@dataclass(frozen=True)
-class Event:
-    action: Action
-    start: float  # time.perf_counter(): one clock for all processes of a machine
-    end: float
-
-
-@dataclass
-class StepTrace:
-    """What one stage did in one step, from its own timestamps only."""
-
-    stage: int
-    start: float
-    end: float
-    events: list[Event] = field(default_factory=list)
-    peak_in_flight: int = 0  # most (micro-batch, chunk) forward graphs held at once
-    peak_in_flight_bytes: int = 0  # most bytes saved for backward held at once
-    # (micro-batch, chunk) -> bytes its forward saved for backward (saved-tensor hooks)
-    activation_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
-
-    def busy(self) -> float:
-        return sum(e.end - e.start for e in self.events if e.action.kind in COMPUTE)
-
-    def bubble_fraction(self) -> float:
-        """Measured idle fraction: time not computing (waiting, sending) over the step."""
-        span = self.end - self.start
-        return 1.0 - self.busy() / span if span > 0 else 0.0
+from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 
 
 class _Step:
@@ -153,23 +123,6 @@ class PipelineRuntime:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
-
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """Global gradient norm over all stages (one all-reduce of a scalar), then clip.
-
-        The norm must be global: clipping each stage by its own norm would scale the
-        stages differently and change the update direction. max_norm <= 0: no clipping.
-        """
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        sq = torch.zeros(())
-        for g in grads:
-            sq += g.detach().pow(2).sum()
-        total = comm.all_reduce(sq, self.group, op="sum").sqrt()
-        if max_norm > 0:
-            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-            for g in grads:
-                g.mul_(coef)
-        return float(total)
 
     # -- execution ------------------------------------------------------------------
     def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:

@@ -20,7 +20,7 @@ def _label(kind: str, microbatch: int, chunk: int, chunks: int) -> str:
     return f"{_LETTER.get(kind, kind)}{microbatch}{suffix}"
 
 
-def render(sim: Simulation) -> str:
+def render_grid(sim: Simulation) -> str:
     """The grid of actions per stage, then the bubble and peak in-flight per stage."""
     durations = [slot.end - slot.start for row in sim.slots for slot in row]
     unit = min(durations, default=1.0)

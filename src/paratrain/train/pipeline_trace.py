@@ -5,7 +5,8 @@ processes of a machine). The stages of the pipeline that holds global rank 0 (dp
 coordinate 0) send theirs to rank 0, one `broadcast_object` per stage over the pp group:
 S small pickles through `paratrain.comm`, no shared file system needed. Rank 0 writes
 `trace.json` (Chrome trace: chrome://tracing, Perfetto) and `timeline.png` (Gantt chart)
-with `measure/timeline.py`, the same drawing `paratrain schedule` and `bench pp` use.
+with `measure/chrome_trace.py` and `measure/gantt.py`, the same drawing `paratrain schedule`
+and `bench pp` use.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any
 
 from paratrain import comm
 from paratrain.config import RunConfig
-from paratrain.measure.timeline import spans_from_traces, write_chrome_trace, write_gantt
+from paratrain.measure.chrome_trace import write_chrome_trace
+from paratrain.measure.gantt import write_gantt
 from paratrain.mesh import Mesh
-from paratrain.parallel.pipeline.runtime import StepTrace
+from paratrain.parallel.pipeline.spans import spans_from_traces
+from paratrain.parallel.pipeline.step_trace import StepTrace
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,13 @@ import argparse
 import json
 from typing import Any
 
-from paratrain.measure.timeline import spans_from_simulation, write_chrome_trace, write_gantt
-from paratrain.parallel.pipeline import SCHEDULES, Costs, Simulation, build_schedule, check_schedule
-from paratrain.parallel.pipeline import render as render_grid
+from paratrain.config import SCHEDULES
+from paratrain.measure.chrome_trace import write_chrome_trace
+from paratrain.measure.gantt import write_gantt
+from paratrain.parallel.pipeline.check import Costs, Simulation, check_schedule
+from paratrain.parallel.pipeline.grid import render_grid
+from paratrain.parallel.pipeline.schedules import build_schedule
+from paratrain.parallel.pipeline.spans import spans_from_simulation
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:

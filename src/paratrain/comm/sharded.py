@@ -1,13 +1,10 @@
-"""Collectives over a CommGroup: each one recorded, timed, bounded by a timeout and counted.
+"""Collectives between one whole tensor and per-rank shards: all_gather, reduce_scatter.
 
-Ranks (`src`, `dst`) are relative to the group. `algo` chooses the algorithm per call,
-defaulting to the group's option: `native` is the backend's own collective (the fast path),
-`ring` and `tree` are ours, built on point-to-point messages (ring.py, tree.py).
-
-A group of one rank needs no communication: calls return at once and record nothing.
-Gaps in gloo are filled here rather than passed on as errors: all-gather of tensors whose
-first dimension differs between ranks, reduce-scatter of sizes k does not divide, and avg
-on integers (the sum divided by k, rounded down).
+The pair that ZeRO and FSDP are built from. Each call is recorded, timed, bounded by a
+timeout and counted; `algo` chooses the algorithm per call (algos.py). Shards may differ in
+size between ranks, which gloo does not support: all-gather of first dimensions that differ
+and reduce-scatter of sizes k does not divide are padded to the longest shard here and
+trimmed, and the ledger counts the unpadded bytes. A group of one rank records nothing.
 """
 
 from __future__ import annotations
@@ -15,138 +12,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paratrain.comm import ring, tree
-from paratrain.comm.call import Done, Handle, begin, describe, finish, wait_works
+from paratrain.comm import ring
+from paratrain.comm.algos import choose_algo
+from paratrain.comm.call import Done, Handle, begin, describe, finish
 from paratrain.comm.group import CommGroup
 from paratrain.comm.p2p import add
-from paratrain.comm.reduction import check_op, finish_avg_
+from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
 from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
-
-OUR_ALGOS = {
-    "all_reduce": ("native", "ring", "tree"),
-    "reduce_scatter": ("native", "ring"),
-    "all_gather": ("native", "ring"),
-    "broadcast": ("native", "tree"),
-    "reduce": ("native", "tree"),
-}
-NATIVE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.SUM,  # then divided here: defined for integers too
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
-
-
-def _algo(group: CommGroup, algo: str | None, op: str) -> str:
-    chosen = algo or group.options.algo
-    valid = OUR_ALGOS.get(op, ("native",))
-    if chosen not in valid:
-        if algo is None:  # a run-wide default that this op lacks: use the backend's own
-            return "native"
-        raise ValueError(f"{op} has no {chosen!r} algorithm; valid: {', '.join(valid)}")
-    return chosen
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _flat_work(tensor: torch.Tensor) -> torch.Tensor:
-    """A 1-D view when the tensor is contiguous (so results land in place), else a copy."""
-    return tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
-
-
-def all_reduce(
-    tensor: torch.Tensor,
-    group: CommGroup,
-    op: str = "sum",
-    algo: str | None = None,
-    async_op: bool = False,
-) -> torch.Tensor | Handle:
-    """Reduce `tensor` in place over the group and return it (or a Handle if async_op)."""
-    check_op(op)
-    if group.size == 1:
-        return Done(tensor) if async_op else tensor
-    algo = _algo(group, algo, "all_reduce")
-    record = begin(group, "all_reduce", algo, describe(tensor))
-    flat = _flat_work(tensor)
-    sizes = [b * tensor.element_size() for b in chunk_sizes(tensor.numel(), group.size)]
-
-    def done() -> torch.Tensor:
-        if op == "avg" and algo == "native":
-            finish_avg_(flat, group.size)
-        if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-            tensor.copy_(flat.view_as(tensor))
-        return tensor
-
-    if tensor.numel() == 0:
-        return _finish_now(group, record, Traffic(0, 0, 0), tensor, async_op)
-    if algo == "native":
-        work = dist.all_reduce(flat, op=NATIVE_OPS[op], group=group.pg, async_op=True)
-        traffic = native_traffic(
-            "all_reduce", _nbytes(tensor), group.size, group.rank, chunk_bytes=sizes
-        )
-        handle = Handle(group, record, [work], traffic, then=done)
-        return handle if async_op else handle.wait()
-    if algo == "ring":
-        traffic = ring.all_reduce_(flat, group, record, op)
-    else:
-        traffic = tree.all_reduce_(flat, group, record, op)
-    return _finish_now(group, record, traffic, done(), async_op)
-
-
-def broadcast(
-    tensor: torch.Tensor, group: CommGroup, src: int = 0, algo: str | None = None
-) -> torch.Tensor:
-    """Copy group rank `src`'s tensor into every rank's `tensor` (in place) and return it."""
-    if group.size == 1:
-        return tensor
-    algo = _algo(group, algo, "broadcast")
-    root = group.to_global(src)
-    record = begin(group, "broadcast", algo, describe(tensor))
-    flat = _flat_work(tensor)
-    if tensor.numel() == 0:
-        traffic = Traffic(0, 0, 0)
-    elif algo == "native":
-        wait_works(group, record, [dist.broadcast(flat, src=root, group=group.pg, async_op=True)])
-        traffic = native_traffic("broadcast", _nbytes(tensor), group.size, group.rank, src)
-    else:
-        traffic = tree.broadcast_(flat, group, record, root=src)
-    if flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view_as(tensor))
-    finish(group, record, traffic)
-    return tensor
-
-
-def reduce(
-    tensor: torch.Tensor, group: CommGroup, dst: int = 0, op: str = "sum", algo: str | None = None
-) -> torch.Tensor:
-    """Reduce onto group rank `dst`, whose `tensor` then holds the result.
-
-    Other ranks' `tensor` is used as scratch: its contents afterwards are unspecified.
-    """
-    check_op(op)
-    if group.size == 1:
-        return tensor
-    algo = _algo(group, algo, "reduce")
-    record = begin(group, "reduce", algo, describe(tensor))
-    flat = _flat_work(tensor)
-    if tensor.numel() == 0:
-        traffic = Traffic(0, 0, 0)
-    elif algo == "native":
-        work = dist.reduce(
-            flat, dst=group.to_global(dst), op=NATIVE_OPS[op], group=group.pg, async_op=True
-        )
-        wait_works(group, record, [work])
-        if op == "avg" and group.rank == dst:
-            finish_avg_(flat, group.size)
-        traffic = native_traffic("reduce", _nbytes(tensor), group.size, group.rank, dst)
-    else:
-        traffic = tree.reduce_(flat, group, record, op, root=dst)
-    if flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view_as(tensor))
-    finish(group, record, traffic)
-    return tensor
+from paratrain.comm.wait import wait_works
 
 
 def all_gather_flat(
@@ -186,7 +59,7 @@ def _can_overlap(
     """Whether an async call can really be left in flight: native, equal sizes, not empty."""
     return (
         group.size > 1
-        and _algo(group, algo, op) == "native"
+        and choose_algo(group, algo, op) == "native"
         and sizes is not None
         and len(sizes) == group.size
         and len(set(sizes)) == 1
@@ -212,7 +85,7 @@ def _all_gather(
 ) -> tuple[torch.Tensor, list[int]]:
     if group.size == 1:
         return tensor.reshape(-1).clone(), [tensor.numel()]
-    algo = _algo(group, algo, "all_gather")
+    algo = choose_algo(group, algo, "all_gather")
     record = begin(group, "all_gather", algo, describe(tensor))
     meta = Traffic(0, 0, 0)
     if sizes is None:
@@ -292,7 +165,7 @@ def reduce_scatter(
         )
     if group.size == 1:
         return flat.clone()
-    algo = _algo(group, algo, "reduce_scatter")
+    algo = choose_algo(group, algo, "reduce_scatter")
     record = begin(group, "reduce_scatter", algo, describe(tensor))
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     if flat.numel() == 0:
@@ -314,7 +187,11 @@ def reduce_scatter(
 def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
     flat = tensor.reshape(-1)
     sizes = sizes if sizes is not None else chunk_sizes(flat.numel(), group.size)
-    if group.size == 1 or flat.numel() == 0 or _algo(group, algo, "reduce_scatter") != "native":
+    if (
+        group.size == 1
+        or flat.numel() == 0
+        or choose_algo(group, algo, "reduce_scatter") != "native"
+    ):
         return Done(reduce_scatter(tensor, group, op, algo, sizes))
     check_op(op)
     if len(sizes) != group.size or sum(sizes) != flat.numel():
@@ -360,8 +237,3 @@ def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tenso
     if op == "avg":
         finish_avg_(mine, group.size)
     return mine
-
-
-def _finish_now(group, record, traffic, result, async_op):
-    finish(group, record, traffic)
-    return Done(result) if async_op else result

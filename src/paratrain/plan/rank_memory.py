@@ -1,0 +1,181 @@
+"""Per-rank model state for paratrain's own runtime: what each rank of a layout holds.
+
+`estimate` answers for the busiest GPU, with N / (tp pp) parameters per GPU. The runtime's
+ranks are not all alike: the first pipeline stage holds the embeddings, the last the final
+LayerNorm, the head and the loss; LayerNorms, the position embedding and the row-parallel
+biases are replicated across tp. For a model whose N is counted from its shape (our GPT,
+`gpt_param_count`) this module counts each rank exactly, so that `plan --validate` and
+`paratrain train` can put every rank's prediction beside its measurement (rank_traffic.py
+does the same for the bytes each rank sends).
+
+Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
+multiple of k on its own (parallel/zero_flat.py): `flat_buffers`, `held_model_state` and
+`padding_bytes` count it, and `rank_model_state` itemises as the runtime records it.
+ZeRO-2 follows `Workload.zero2_accumulate` as the runtime follows
+`parallel.zero2_accumulate`: with "full" it holds the whole gradient between the
+micro-batches of a step (`accumulated_gradient_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.memory import (
+    ModelState,
+    holds_whole_gradient,
+    local_params,
+    model_state_bytes,
+)
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+
+STATE_KINDS = ("params", "grads", "optimizer", "master")
+
+
+def exact(model: ModelSpec) -> bool:
+    """True when N is counted from the shape, so every rank's share can be counted too."""
+    return model.n_params is None and model.has_shape
+
+
+def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
+    """Parameters of each chunk on `stage` (any tp rank), in chunk order.
+
+    Our GPT (models/gpt.py) under GPT_TP_PLAN: per block LayerNorms 4h and row-parallel
+    biases 2h replicated, q k v, fc and both projections split, 12 h^2 / t + 7 h / t + 6 h;
+    the first virtual stage adds the vocabulary-split token embedding V h / t and the
+    replicated positions T_max h; the last adds the final LayerNorm 2h and the head V h / t.
+    For a model given by its count alone: N / (tp pp) on one chunk.
+    """
+    if not exact(model):
+        return [local_params(model.params, layout.tp, layout.pp)]
+    h, t, v = model.d_model, layout.tp, model.vocab_size
+    s, c = layout.pp, layout.chunks
+    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    block = (12 * h * h + 7 * h) // t + 6 * h  # type: ignore[operator]
+    out = []
+    for vs in stage_virtual_stages(stage, s, c):
+        n = pieces[vs] * block
+        if vs == 0:
+            n += v * h // t + (model.max_seq_len or model.seq_len) * h  # type: ignore[operator]
+        if vs == s * c - 1:
+            n += 2 * h + v * h // t  # type: ignore[operator]
+        out.append(n)
+    return out
+
+
+def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[int]]:
+    """Per chunk on `stage` (each chunk is wrapped on its own), the parameter counts of the
+    flat buffers that ZeRO shards, each padded to a multiple of k on its own.
+
+    ZeRO-1/2 (parallel/zero.py): one buffer per chunk. ZeRO-3 (parallel/fsdp.py): one per
+    FSDP unit of models/plans.py's GPT_FSDP_UNITS: the embeddings V h / t + T_max h, each
+    block, the final LayerNorm with the head 2 h + V h / t. A model given by its count
+    alone: one buffer per chunk.
+    """
+    chunks = chunk_params(model, layout, stage)
+    if layout.zero < 3 or not exact(model):
+        return [[n] for n in chunks]
+    h, t, v = model.d_model, layout.tp, model.vocab_size
+    s, c = layout.pp, layout.chunks
+    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    block = (12 * h * h + 7 * h) // t + 6 * h  # type: ignore[operator]
+    embeddings = v * h // t + (model.max_seq_len or model.seq_len) * h  # type: ignore[operator]
+    head = 2 * h + v * h // t  # type: ignore[operator]
+    out = []
+    for vs in stage_virtual_stages(stage, s, c):
+        units = ([embeddings] if vs == 0 else []) + [block] * pieces[vs]
+        out.append(units + ([head] if vs == s * c - 1 else []))
+    return out
+
+
+def held_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """What the buffers of a rank on `stage` hold, by kind, padding where it lives.
+
+    Per flat buffer of n elements over k = dp ranks, shards of ceil(n / k) (zero_flat.py):
+    ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
+    gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
+    """
+    z, p = layout.zero, workload.precision
+    k = layout.dp if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
+    buffers = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
+    shard = sum(math.ceil(n / k) for n in buffers)
+    full = sum(k * math.ceil(n / k) for n in buffers)
+    return ModelState(
+        params=p.param_bytes * (shard if z >= 3 else full),
+        grads=p.grad_bytes * (shard if z >= 2 else full),
+        optimizer=workload.moments * p.moment_bytes * (shard if z >= 1 else full),
+        master=p.master_bytes * (shard if z >= 1 else full),
+    )
+
+
+def formula_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """memory.py's items per chunk (n whole, ceil(n / k) a shard; each chunk is wrapped on
+    its own), summed over the chunks of `stage`."""
+    states = [
+        model_state_bytes(n, workload, Layout(dp=layout.dp, zero=layout.zero))
+        for n in chunk_params(model, layout, stage)
+    ]
+    return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
+
+
+def padding_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> dict[str, int]:
+    """Bytes the flat buffers hold beyond `formula_model_state`, by kind: for ZeRO-1/2 the
+    k ceil(n / k) - n padding elements of the whole buffers; for ZeRO-3 the units' shards
+    beyond one ceil(N / k) shard of the chunk's N parameters."""
+    held = held_model_state(model, workload, layout, stage).as_dict()
+    formula = formula_model_state(model, workload, layout, stage).as_dict()
+    return {kind: held[kind] - formula[kind] for kind in STATE_KINDS}
+
+
+def rank_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """Model-state bytes of a rank on `stage`, itemised as the runtime records them.
+
+    `formula_model_state`, with all the flat buffers' padding (`padding_bytes`) counted
+    under params: train/engine.py `Engine.memory_report` adds the wrappers'
+    MemoryReport.padding to params. The total is what the buffers hold.
+    """
+    formula = formula_model_state(model, workload, layout, stage)
+    pad = sum(padding_bytes(model, workload, layout, stage).values())
+    return replace(formula, params=formula.params + pad)
+
+
+def accumulated_gradient_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int = 0
+) -> int:
+    """The transient whole gradient of ZeRO-2 with accumulate "full" and K > 1 on `stage`.
+
+    memory.py's `grad_accumulation` for this runtime: the buckets tile each padded flat
+    buffer (parallel/zero_flat.py), k ceil(n / k) elements per chunk in the gradient's
+    (compute) dtype, alive from the first micro-batch's backward until the reduce-scatter
+    after the last. Not in `rank_model_state`, which is the step boundary's record.
+    """
+    if not holds_whole_gradient(workload, layout, microbatches):
+        return 0
+    k = layout.dp
+    padded = sum(
+        k * math.ceil(n / k) for chunk in flat_buffers(model, layout, stage) for n in chunk
+    )
+    return workload.precision.grad_bytes * padded
+
+
+def replicated_params(model: ModelSpec, layout: Layout, stage: int) -> int:
+    """Parameters replicated across tp on `stage`: per block 2 LayerNorms and 2 row-parallel
+    biases (6h), the positions on the first virtual stage, the final LayerNorm on the last."""
+    h, s, c = model.d_model, layout.pp, layout.chunks
+    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    n = 0
+    for vs in stage_virtual_stages(stage, s, c):
+        n += pieces[vs] * 6 * h  # type: ignore[operator]
+        n += (model.max_seq_len or model.seq_len) * h if vs == 0 else 0  # type: ignore[operator]
+        n += 2 * h if vs == s * c - 1 else 0  # type: ignore[operator]
+    return n
