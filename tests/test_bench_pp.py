@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from paratrain.bench.pp import run_pp_bench
+from paratrain.bench.pp.run import run_pp_bench
 from paratrain.cli import main
 
 
@@ -52,7 +52,7 @@ def test_bad_flags_exit_2_before_any_rank_starts(capsys, argv, message):
 
 def test_losses_that_disagree_fail_the_bench():
     """Fabricated rows: the check is on the last rank, where both sides' losses live."""
-    from paratrain.bench.pp import summarise
+    from paratrain.bench.pp.run import summarise
     from paratrain.parallel.pipeline import StepTrace
 
     def rank(losses: tuple[float, float]) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from paratrain import cli
-from paratrain.bench.tp import LOSS_RTOL, _summarize, run_tp_comparisons
+from paratrain.bench.tp.run import LOSS_RTOL, _summarize, run_tp_comparisons
 from tests.equivalence import tiny_config, tiny_data
 
 SUMMARY_KEYS = {"ours_step_s", "torch_step_s", "ratio", "bytes_per_rank_per_step", "max_param_diff"}

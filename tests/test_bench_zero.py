@@ -19,8 +19,8 @@ import json
 import pytest
 
 from paratrain import cli
-from paratrain.bench.zero import LOSS_RTOL, formula_state, run_zero_bench
-from paratrain.bench.zero_report import check_losses
+from paratrain.bench.zero.report import check_losses
+from paratrain.bench.zero.run import LOSS_RTOL, formula_state, run_zero_bench
 from tests.equivalence import tiny_config, tiny_data
 
 KEYS = {

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.bench.ranks import run_ranks
+from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_TP_PLAN, check_gpt_tensor_parallel
@@ -67,7 +67,7 @@ def compare_with_dtensor(
     rank: int, world: int, batches: list[torch.Tensor], sp: bool, cfg: RunConfig
 ) -> dict[str, Any]:
     """One rank of the comparison: per-pair times and losses, bytes, final parameters."""
-    from paratrain.bench import tp_peer
+    from paratrain.bench.tp import peer as tp_peer
 
     t = cfg.train
     mesh = Mesh.build(tp=world)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from paratrain.bench.pp_ranks import PEER, compare_schedules
-from paratrain.bench.ranks import run_ranks
+from paratrain.bench.harness.spawn import run_ranks
+from paratrain.bench.pp.compare import PEER, compare_schedules
 from paratrain.config import RunConfig
 from paratrain.measure.schedule_command import bubble_formula
 from paratrain.measure.timeline import spans_from_traces, write_chrome_trace, write_gantt

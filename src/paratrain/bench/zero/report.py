@@ -6,7 +6,7 @@ import logging
 import statistics
 from typing import Any
 
-from paratrain.bench.zero_peer import KINDS, PEERS, STATE_KINDS
+from paratrain.bench.zero.peer import KINDS, PEERS, STATE_KINDS
 
 log = logging.getLogger(__name__)
 NOTES = {
@@ -25,7 +25,7 @@ def _state(kinds: dict[str, int]) -> int:
 
 def check_losses(zero: int, results: list[dict]) -> float:
     """The largest relative loss difference; raises RuntimeError above LOSS_RTOL."""
-    from paratrain.bench.zero import LOSS_RTOL
+    from paratrain.bench.zero.run import LOSS_RTOL
 
     worst = 0.0
     for rank, r in enumerate(results):
@@ -49,7 +49,7 @@ def summarize(
     comm_formula: int,
 ) -> dict[str, Any]:
     """One stage's JSON entry from every rank's result; raises if the losses differ."""
-    from paratrain.bench.zero import DTYPE, LOSS_RTOL
+    from paratrain.bench.zero.run import DTYPE, LOSS_RTOL
 
     worst = check_losses(zero, results)
     times = results[0]["times"]  # rank 0's clock; both ranks wait on the same collectives

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.bench.ranks import run_ranks
+from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw

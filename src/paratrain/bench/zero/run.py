@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.bench import zero_peer
-from paratrain.bench.dp import step_pair_side
-from paratrain.bench.ranks import run_ranks
+from paratrain.bench.dp.run import step_pair_side
+from paratrain.bench.harness.spawn import run_ranks
+from paratrain.bench.zero import peer as zero_peer
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.replica import Replica
@@ -169,7 +169,7 @@ def run_zero_comparisons(
     dp: int = DP,
 ) -> list[dict[str, Any]]:
     """Each stage's comparison at dp ranks, summarised (bench/zero_report.py)."""
-    from paratrain.bench.zero_report import summarize
+    from paratrain.bench.zero.report import summarize
 
     t = cfg.train
     if t.global_batch % dp:
@@ -209,7 +209,7 @@ def run_zero_bench(
 ) -> dict:
     """The whole bench: logs each stage's peer and results, writes the PNG, returns
     {"stages": [one entry per stage], "png": path or None}."""
-    from paratrain.bench.zero_report import log_summary, plot_state_bytes
+    from paratrain.bench.zero.report import log_summary, plot_state_bytes
 
     torch.set_num_threads(1)
     stages = list(STAGES) if stages is None else stages
