@@ -81,3 +81,17 @@ def check_losses(
             )
         worst = max(worst, rel)
     return worst
+
+
+def check_mean_losses(
+    per_rank: Sequence[Sequence[tuple[float, float]]], rtol: float, where: str = ""
+) -> float:
+    """`check_losses` for data parallelism, from each rank's (ours, peer) loss per step.
+
+    Ours is the global batch's mean, the same on every rank; a peer's is its own rank's,
+    so ours is compared with their mean (every rank holds as many target tokens).
+    """
+    steps = range(len(per_rank[0]))
+    ours = [per_rank[0][i][0] for i in steps]
+    peer = [statistics.fmean(rank[i][1] for rank in per_rank) for i in steps]
+    return check_losses(ours, peer, rtol, where)

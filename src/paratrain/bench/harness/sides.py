@@ -41,6 +41,12 @@ class OurSide:
         return train_step(self.engine, self.optimizer, micro_batches, self.lr, self.grad_clip).loss
 
 
+def rank_share(global_batches: list[torch.Tensor], rank: int, world: int) -> list[torch.Tensor]:
+    """This rank's 1/world of each global batch, as data parallelism splits it."""
+    per_rank = global_batches[0].shape[0] // world
+    return [b[rank * per_rank : (rank + 1) * per_rank] for b in global_batches]
+
+
 def torch_step(
     model: nn.Module,
     optimizer: Any,

@@ -17,7 +17,7 @@ import torch
 
 from paratrain.bench.harness.bytes_sent import PeerTraffic, ours_by_op
 from paratrain.bench.harness.pairs import time_pairs
-from paratrain.bench.harness.sides import OurSide, full_parameters, torch_step
+from paratrain.bench.harness.sides import OurSide, full_parameters, rank_share, torch_step
 from paratrain.bench.zero import peer as zero_peer
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
@@ -32,8 +32,7 @@ def compare_stage(
     rank: int, world: int, zero: int, global_batches: list[torch.Tensor], cfg: RunConfig
 ) -> dict[str, Any]:
     """One rank of one stage's comparison: times, losses, bytes held and sent, difference."""
-    per_rank = global_batches[0].shape[0] // world
-    batches = [[b[rank * per_rank : (rank + 1) * per_rank]] for b in global_batches]
+    batches = [[b] for b in rank_share(global_batches, rank, world)]
     t = cfg.train
     mesh = Mesh.build(dp=world)
     ours = OurSide(build_engine(cfg, mesh), cfg)

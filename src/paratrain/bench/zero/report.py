@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import Any
 
-from paratrain.bench.harness.pairs import check_losses as check_losses_of
-from paratrain.bench.harness.pairs import ratio_summary
+from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
 from paratrain.bench.zero.compare import DTYPE, LOSS_RTOL
 from paratrain.bench.zero.formulas import formula_comm, formula_state, scalar_bytes
 from paratrain.bench.zero.peer import KINDS, PEERS, STATE_KINDS
@@ -28,15 +26,8 @@ def _state(kinds: dict[str, int]) -> int:
 
 
 def check_losses(zero: int, results: list[dict]) -> float:
-    """The largest relative loss difference over the steps; RuntimeError above LOSS_RTOL.
-
-    Ours is the global batch's mean, the same on every rank; the peer's is each rank's
-    own, so ours is compared with their mean (every rank holds as many tokens).
-    """
-    steps = range(len(results[0]["losses"]))
-    ours = [results[0]["losses"][i][0] for i in steps]
-    peer = [statistics.fmean(r["losses"][i][1] for r in results) for i in steps]
-    return check_losses_of(ours, peer, LOSS_RTOL, f"stage {zero}: ")
+    """The largest relative loss difference over the steps; RuntimeError above LOSS_RTOL."""
+    return check_mean_losses([r["losses"] for r in results], LOSS_RTOL, f"stage {zero}: ")
 
 
 def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[str, Any]:
