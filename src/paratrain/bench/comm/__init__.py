@@ -1,7 +1,12 @@
 """`paratrain bench comm`: native, ring and tree collectives timed and counted side by side.
 
-Flags -> `Sweep` (sweep.py) -> for each world size, k rank processes time and count every
-(op, algorithm, size) (calls.py) -> run.py takes the slowest rank per sample and the median
-sample, checks the bytes against comm/traffic.py, and fits alpha and beta per algorithm
-(fit.py) -> tables, the comparison with native and the plot (report.py).
+    sweep.py    the flags made into a checked `Sweep` (ops, algorithms, worlds, sizes)
+    calls.py    what each rank runs: every collective of the sweep, timed and counted
+    fit.py      cost models, the alpha-beta fit and busbw conventions
+    report.py   tables, the comparison with native, the plot
+    run.py      per world size: ranks started, slowest rank per sample, bytes checked
+                against comm/traffic.py, fits and predictions
+
+Flags -> Sweep -> calls.py in k processes per world size -> run.py combines and checks
+-> fit.py fits -> report.py shows.
 """

@@ -9,7 +9,7 @@ and the same timer. Each pair runs one step of each, alternating which goes firs
 report gives both medians, the median and spread of the pairwise ratios, and the largest
 parameter difference at the end. The bench fails if our loss (the global mean) and the
 mean of the peer's per-rank losses differ by more than LOSS_RTOL at any step. Then the
-overlap (overlap.py) and the straggler runs (straggler.py).
+overlap (overlap.py) and the straggler runs (sync_vs_async.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from paratrain.bench.dp.compare import compare_with_ddp
 from paratrain.bench.dp.overlap import run_overlap
-from paratrain.bench.dp.straggler import run_straggler
+from paratrain.bench.dp.sync_vs_async import run_straggler
 from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig

@@ -1,5 +1,5 @@
-"""`paratrain bench overhead`: our training step (`train_step` through a `FlatEngine`)
-against a plain PyTorch loop in one process, same model, batches and optimizer.
+"""`paratrain bench overhead`: our training step against a plain PyTorch loop, one process.
 
-    run.py   both loops in alternating rounds; the medians and their ratio
+run.py   both loops on the same preloaded batches, in alternating rounds; the medians
+         of per-step times and their ratio; the loss curves must agree
 """

@@ -1,8 +1,12 @@
 """`paratrain plan --validate`: the planner's predictions against real runs, row by row.
 
-A case (cases.py) is a layout trained a few steps through the real loop in gloo processes;
-each rank records what it held, sent and kept (record.py); the planner (plan/) predicts
-the same quantities for that rank; the rows put them side by side (held.py: model state
-and activations; sent.py: bytes per group; bubbles.py: the pipeline's idle time) and
-run.py merges equal rows across ranks, prints the table and sets the exit status.
+    cases.py     the layouts validated, each as a RunConfig and as the planner's inputs
+    record.py    what one rank records while the real loop trains: bytes held, sent, kept
+    held.py      rows of model state (exact) and activations (graphs exact, bytes explained)
+    sent.py      rows of bytes sent per step by group (exact, runtime scalars labelled)
+    bubbles.py   rows of a pipeline's bubble (slot model exact, wall clock explained)
+    run.py       every case run, rows merged across ranks, the table, the exit status
+
+A case trains in gloo processes (cases.py -> record.py per rank); the planner (plan/)
+predicts the same quantities for each rank; the rows put them side by side.
 """

@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from paratrain.bench.harness.bytes_sent import PeerTraffic, ours_by_op
 from paratrain.bench.harness.pairs import PairRow, time_pairs
 from paratrain.bench.harness.sides import OurSide, full_parameters, torch_step
-from paratrain.bench.tp import peer as tp_peer
+from paratrain.bench.tp.peer import build_peer_adamw, describe_plan, parallelize_gpt_dtensor
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.tensor_parallel import full_state_dict
@@ -41,8 +41,8 @@ def compare_with_dtensor(
     t = cfg.train
     mesh = Mesh.build(tp=world)
     ours = OurSide(build_engine(_tp_config(cfg, world, sp), mesh), cfg)
-    module, _, plan = tp_peer.parallelize_gpt_dtensor(build_model(cfg), world, sp)
-    opt = tp_peer.build_peer_adamw(module, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    module, _, plan = parallelize_gpt_dtensor(build_model(cfg), world, sp)
+    opt = build_peer_adamw(module, t.lr, t.weight_decay, (t.beta1, t.beta2))
     peer = functools.partial(
         torch_step, module, opt, lr=t.lr, grad_clip=t.grad_clip, forward=loss_parallel
     )
@@ -66,7 +66,7 @@ def compare_with_dtensor(
         "torch_ops": counter.summary(),
         "torch_norm_bytes": norm.bytes_sent(),
         "torch_unsized": dict(counter.unsized),
-        "peer_plan": tp_peer.describe_plan(plan),
+        "peer_plan": describe_plan(plan),
     }
 
 

@@ -18,7 +18,7 @@ import torch
 from paratrain.bench.harness.bytes_sent import PeerTraffic, ours_by_op
 from paratrain.bench.harness.pairs import time_pairs
 from paratrain.bench.harness.sides import OurSide, full_parameters, rank_share, torch_step
-from paratrain.bench.zero import peer as zero_peer
+from paratrain.bench.zero.peer import state_bytes, wrap_peer
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model
@@ -37,7 +37,7 @@ def compare_stage(
     mesh = Mesh.build(dp=world)
     ours = OurSide(build_engine(cfg, mesh), cfg)
     module = build_model(cfg)
-    model, opt = zero_peer.wrap_peer(zero, module, world, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    model, opt = wrap_peer(zero, module, world, t.lr, t.weight_decay, (t.beta1, t.beta2))
     peer = functools.partial(torch_step, model, opt, lr=t.lr, grad_clip=t.grad_clip)
     # Warm-up: DDP rebuilds its buckets in its second step.
     warm = [(ours(b), peer(b)) for b in batches[:WARMUP]]
@@ -54,7 +54,7 @@ def compare_stage(
         "times": [(r.ours_s, r.peer_s) for r in rows],
         "losses": warm + [(r.ours_loss, r.peer_loss) for r in rows] + [counted],
         "ours_bytes": _by_kind(replica.memory_report(optimizer).as_dict()),
-        "torch_bytes": zero_peer.state_bytes(model, opt),
+        "torch_bytes": state_bytes(model, opt),
         "ours_sent": ours_sent,
         "torch_sent": dict(traffic.sent),
         "torch_norm_sent": dict(norm.sent),

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from paratrain.bench.harness.spawn import run_ranks
-from paratrain.bench.zero import peer as zero_peer
 from paratrain.bench.zero.compare import DTYPE, WARMUP, compare_stage
+from paratrain.bench.zero.peer import PEERS
 from paratrain.bench.zero.report import log_summary, plot_state_bytes, summarize
 from paratrain.config import RunConfig
 from paratrain.train.build import build_model
@@ -98,7 +98,7 @@ def run_zero_bench(
         log.info(
             "stage %d peer: torch %s; clip_grad_norm_(foreach=True) at %g; gloo, %d ranks, "
             "1 thread each, %s",
-            zero, zero_peer.PEERS[zero], cfg.train.grad_clip, dp, DTYPE,
+            zero, PEERS[zero], cfg.train.grad_clip, dp, DTYPE,
         )  # fmt: skip
     tokens = load_tokens("").train if tokens is None else tokens
     entries = run_zero_comparisons(pairs, stages, cfg, tokens, dp)
