@@ -91,7 +91,11 @@ def clip_grad_norm(
     from torch.distributed.tensor import DTensor
 
     params = [p for p in parameters if p.grad is not None]
-    kinds = [k for k in _split(params, lambda p: isinstance(p, DTensor)) if k]
+    dtensors = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    kinds = [k for k in (dtensors, plain) if k]
+    if not kinds:
+        return torch.zeros(())
     if len(kinds) == 1 and stages is None and max_norm > 0:
         return _whole(torch.nn.utils.clip_grad_norm_(kinds[0], max_norm, foreach=True))
     norms = [torch.nn.utils.get_total_norm([p.grad for p in k], foreach=True) for k in kinds]
@@ -111,10 +115,6 @@ def full_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter of a peer's module whole on every rank, DTensor shards gathered
     (collective: the same order on all ranks)."""
     return {n: _whole(p).detach().clone() for n, p in module.named_parameters()}
-
-
-def _split(items: list[Any], test: Callable[[Any], bool]) -> tuple[list[Any], list[Any]]:
-    return [x for x in items if test(x)], [x for x in items if not test(x)]
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
