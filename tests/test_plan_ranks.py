@@ -19,15 +19,17 @@ from paratrain.parallel.pipeline.schedules import SEND_B, SEND_F
 from paratrain.plan import comm, memory, pipeline
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec, gpt_param_count
-from paratrain.plan.rank_traffic import ONE_NODE, bytes_by_axis, rank_traffic
 from paratrain.plan.ranks import (
+    ONE_NODE,
     Coords,
     accumulated_gradient_bytes,
+    bytes_by_axis,
     chunk_params,
     flat_buffers,
     held_model_state,
     padding_bytes,
     rank_model_state,
+    rank_traffic,
     replicated_params,
 )
 

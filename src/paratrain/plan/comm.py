@@ -22,7 +22,7 @@ Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
   vocabulary-parallel cross-entropy adds 3 fp32 numbers per token (two all-reduces).
 
 Traffic is for the busiest GPU by default; `stage=` gives one pipeline stage's exactly
-(plan/rank_traffic.py builds every rank's prediction from these).
+(plan/ranks.py builds every rank's prediction from these).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ between two optimizer steps (the first step also carries set-up: the replicas' i
 parameter broadcast). The measured model state is the runtime's own record at the last
 step's end (`TrainResult.extra["model_state_bytes"]`, train/engine.py): tensor sizes for
 DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
-Predictions per rank come from plan/ranks.py and rank_traffic.py, exact for our GPT (ZeRO shards of
+Predictions per rank come from plan/ranks.py, exact for our GPT (ZeRO shards of
 ceil(n / k) per flat buffer, and that padding), and include the runtime's bookkeeping
 scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient reduce-scatter per step
 with "full", one per micro-batch with "shard"), and "full"'s transient whole gradient is a
@@ -38,8 +38,14 @@ from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec, spec_of
-from paratrain.plan.rank_traffic import AXES, bytes_by_axis, rank_traffic
-from paratrain.plan.ranks import Coords, accumulated_gradient_bytes, rank_model_state
+from paratrain.plan.ranks import (
+    AXES,
+    Coords,
+    accumulated_gradient_bytes,
+    bytes_by_axis,
+    rank_model_state,
+    rank_traffic,
+)
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")

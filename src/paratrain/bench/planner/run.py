@@ -2,8 +2,8 @@
 
 Each case trains our small GPT (4 layers, d_model 128, fp32) for a few steps through
 `paratrain.train.loop.train` in gloo processes here (cases.py; record.py says what each
-rank records) and compares, per rank, with the planner (plan/ranks.py, rank_traffic.py,
-memory.py, pipeline.py), one row per quantity (held.py, sent.py, bubbles.py):
+rank records) and compares, per rank, with the planner (plan/ranks.py, plan/memory.py,
+plan/pipeline.py), one row per quantity (held.py, sent.py, bubbles.py):
 
 - model-state bytes, itemised: exact (tensor sizes; under ZeRO the flat buffers' shards of
   ceil(n / k) and their padding, as the runtime records them in TrainResult.extra);
@@ -20,7 +20,7 @@ memory.py, pipeline.py), one row per quantity (held.py, sent.py, bubbles.py):
 
 A deterministic quantity that differs makes the command exit 1. The runtime's bookkeeping
 scalars (the (loss, tokens) pair, the gradient-norm sums, the pipeline's loss broadcast)
-are labelled terms of the prediction (plan/rank_traffic.py), not hidden in the comparison.
+are labelled terms of the prediction (plan/ranks.py), not hidden in the comparison.
 """
 
 from __future__ import annotations

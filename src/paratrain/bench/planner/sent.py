@@ -1,5 +1,5 @@
 """Rows of the bytes a rank sends per step, by group, for `plan --validate`: every step
-must equal the prediction (plan/rank_traffic.py), the runtime's bookkeeping scalars labelled."""
+must equal the prediction (plan/ranks.py), the runtime's bookkeeping scalars labelled."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 from paratrain.bench.planner.cases import Case, Row
 from paratrain.plan.layout import Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_traffic import bytes_by_axis, rank_traffic
-from paratrain.plan.ranks import Coords, flat_buffers
+from paratrain.plan.ranks import Coords, bytes_by_axis, flat_buffers, rank_traffic
 
 
 def traffic_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:

@@ -9,8 +9,7 @@ from typing import Any
 from paratrain.bench.harness.pairs import check_losses, ratio_summary
 from paratrain.config import RunConfig
 from paratrain.plan.layout import Layout
-from paratrain.plan.rank_traffic import runtime_scalars
-from paratrain.plan.ranks import Coords
+from paratrain.plan.ranks import Coords, runtime_scalars
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # relative difference of the two losses allowed at every step

@@ -5,7 +5,7 @@
 - Bytes sent per step: the ZeRO paper's (section 7), 2(k-1)S/k for stages 0-2 and
   3(k-1)S/k for stage 3, S = 4N (sharded stages pad S to k ceil(N/k) elements, as the
   planner does, plan/comm.py); and, labelled apart, the runtime's bookkeeping scalars
-  that our one step adds (plan/rank_traffic.py: runtime_scalars): the (loss, tokens) pair and,
+  that our one step adds (plan/ranks.py: runtime_scalars): the (loss, tokens) pair and,
   under ZeRO, the gradient norm's two squared sums, each a float64 all-reduce over dp.
 """
 
@@ -16,8 +16,7 @@ import math
 from paratrain.plan.comm import all_reduce_bytes
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
-from paratrain.plan.rank_traffic import runtime_scalars
-from paratrain.plan.ranks import Coords
+from paratrain.plan.ranks import Coords, runtime_scalars
 
 
 def formula_state(n_params: int, zero: int, dp: int, dtype: str = "float32") -> dict[str, int]:
