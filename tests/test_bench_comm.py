@@ -13,16 +13,8 @@ import math
 import pytest
 
 from paratrain import cli
-from paratrain.bench import comm_ranks
-from paratrain.bench.comm import (
-    DEFAULT_SIZES,
-    DEFAULT_SIZES_FLAG,
-    Sweep,
-    combine,
-    parse_size,
-    run_comm_bench,
-)
-from paratrain.bench.comm_fit import (
+from paratrain.bench.comm import calls
+from paratrain.bench.comm.fit import (
     busbw_factor,
     cost,
     expected_sent,
@@ -30,6 +22,8 @@ from paratrain.bench.comm_fit import (
     shared_fit,
     tree_vs_ring,
 )
+from paratrain.bench.comm.run import combine, run_comm_bench
+from paratrain.bench.comm.sweep import DEFAULT_SIZES, DEFAULT_SIZES_FLAG, Sweep, parse_size
 
 RESULT_KEYS = {
     "op",
@@ -132,11 +126,11 @@ def _fake_rank(sent: int) -> list[dict]:
 
 def test_a_ring_that_sends_other_bytes_fails_the_bench(monkeypatch):
     """The rank processes are replaced by canned measurements: 2 (k-1)/k * 1024 = 1024."""
-    monkeypatch.setattr(comm_ranks, "run_world", lambda sweep, world: [_fake_rank(1024)] * 2)
+    monkeypatch.setattr(calls, "run_world", lambda sweep, world: [_fake_rank(1024)] * 2)
     sweep = Sweep(ops=("all_reduce",), algos=("ring",), world_sizes=(2,), sizes=(1024,))
     result, status = run_comm_bench(sweep, out=None)
     assert status == 0 and result["results"][0]["time_s"] == 2e-3
-    monkeypatch.setattr(comm_ranks, "run_world", lambda sweep, world: [_fake_rank(1000)] * 2)
+    monkeypatch.setattr(calls, "run_world", lambda sweep, world: [_fake_rank(1000)] * 2)
     result, status = run_comm_bench(sweep, out=None)
     assert status == 1 and result["bytes_mismatches"] == 1
 

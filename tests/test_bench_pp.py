@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from paratrain.bench.pp import run_pp_bench
+from paratrain.bench.pp.run import run_pp_bench
 from paratrain.cli import main
 
 
@@ -52,13 +52,15 @@ def test_bad_flags_exit_2_before_any_rank_starts(capsys, argv, message):
 
 def test_losses_that_disagree_fail_the_bench():
     """Fabricated rows: the check is on the last rank, where both sides' losses live."""
-    from paratrain.bench.pp import summarise
+    from paratrain.bench.harness.pairs import PairRow
+    from paratrain.bench.pp.report import summarise
     from paratrain.parallel.pipeline import StepTrace
 
     def rank(losses: tuple[float, float]) -> dict:
-        rows = [(0.1, 0.1, *losses), (0.1, 0.1, *losses)]
+        rows = [PairRow(0.1, 0.1, *losses), PairRow(0.1, 0.1, *losses)]
         return {
             "rows": rows,
+            "micro_batch": 2,
             "warmup_losses": (5.5, 5.5),
             "bubbles": [0.1, 0.1],
             "peak_in_flight": 1,

@@ -2,13 +2,21 @@
 closed forms, the loss check and the flags.
 
 2 ranks, 2 timed pairs and a 2-layer GPT (d_model 32, so every flat unit divides by 2
-and there is no padding). Both sides do the same float32 arithmetic on the same batches
-and a 2-rank sum is order-free, so losses and final parameters agree to rounding (in
-practice exactly). Bytes held: ours are the planner's closed form plus the itemised
-padding (zero here), exactly; the peers hold 16N (DDP), 16N/k (FSDP2, with or without
-resharding after forward), and for DDP + ZeroRedundancyOptimizer 8N whole plus AdamW
-state for a parameter-whole partition that sums to 8N over the ranks. Bytes sent: ours
-are the ZeRO paper's 2(k-1)S/k (stages 0-2) and 3(k-1)S/k (stage 3), S = 4N, exactly.
+and there is no padding), without clipping: both sides still take the global gradient
+norm (and its bytes are counted), but do not scale by it, so they do the same float32
+arithmetic on the same batches, a 2-rank sum is order-free, and losses and final
+parameters agree to rounding (in practice exactly). With clipping, the norms differ in
+their last bits (ours sums squares in float64) and AdamW amplifies that in cancelling
+gradients; tests/test_bench_dp.py covers that path.
+
+Bytes held: ours are the planner's closed form plus the itemised padding (zero here),
+exactly; the peers hold 16N (DDP), 16N/k (FSDP2, with or without resharding after
+forward), and for DDP + ZeroRedundancyOptimizer 8N whole plus AdamW state for a
+parameter-whole partition that sums to 8N over the ranks. Bytes sent: ours
+are the ZeRO paper's 2(k-1)S/k (stages 0-2) and 3(k-1)S/k (stage 3), S = 4N, plus the
+bookkeeping scalars of our one training step (the (loss, tokens) pair and, under ZeRO,
+the gradient norm's squared sums), exactly; the peers' are their strategy's plus what
+their gradient norm sends (FSDP2's DTensor norm: one all-reduce), counted apart.
 No timing is asserted.
 """
 
@@ -19,8 +27,10 @@ import json
 import pytest
 
 from paratrain import cli
-from paratrain.bench.zero import LOSS_RTOL, formula_state, run_zero_bench
-from paratrain.bench.zero_report import check_losses
+from paratrain.bench.zero.compare import LOSS_RTOL
+from paratrain.bench.zero.formulas import formula_state
+from paratrain.bench.zero.report import check_losses
+from paratrain.bench.zero.run import run_zero_bench
 from tests.equivalence import tiny_config, tiny_data
 
 KEYS = {
@@ -32,7 +42,7 @@ KEYS = {
 
 def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
     png = tmp_path / "zero.png"
-    cfg = tiny_config(global_batch=4)
+    cfg = tiny_config(global_batch=4, grad_clip=0.0)
     result = json.loads(json.dumps(run_zero_bench(2, None, str(png), 2, cfg, tiny_data().train)))
     entries = result["stages"]
     assert [e["zero"] for e in entries] == [0, 1, 2, 3]
@@ -50,8 +60,11 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
         for b, pad in zip(held, e["padding_bytes_per_rank"], strict=True):
             assert b - pad == e["formula_bytes_per_rank"]
         s = 4 * n
-        assert e["comm_bytes_per_rank_per_step"] == (s if z < 3 else 3 * s // 2)
-        assert e["comm_bytes_per_rank_per_step"] == e["comm_formula_bytes"]
+        assert e["comm_formula_bytes"] == (s if z < 3 else 3 * s // 2)
+        # (loss, tokens), 16 bytes, all-reduced over 2 ranks; under ZeRO the norm's too
+        assert e["comm_scalar_bytes_by_rank"] == [16 if z == 0 else 32] * k
+        sent, scalars = e["comm_bytes_by_rank"], e["comm_scalar_bytes_by_rank"]
+        assert sent == [e["comm_formula_bytes"] + x for x in scalars]
         assert e["torch_comm_unsized"] == {}
     by_stage = {e["zero"]: e for e in entries}
     assert by_stage[0]["torch_model_state_bytes_per_rank"] == [16 * n] * k
@@ -61,7 +74,12 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
     assert all(kinds["params"] == kinds["grads"] == 4 * n for kinds in peer)
     assert sum(kinds["optimizer"] for kinds in peer) == 8 * n
     assert by_stage[0]["torch_comm_bytes_by_op"] == {"all_reduce": 4 * n}  # DDP's ring
-    assert by_stage[2]["torch_comm_bytes_per_rank_per_step"] == 4 * n  # gather once, RS once
+    for z in (0, 1):  # DDP's gradients are whole: its norm is local
+        assert by_stage[z]["torch_comm_norm_bytes_by_op"] == {}
+    # FSDP2: gather once, reduce-scatter once, and the DTensor norm's all-reduce
+    norm = by_stage[2]["torch_comm_norm_bytes_by_op"]
+    assert set(norm) == {"all_reduce"} and norm["all_reduce"] > 0
+    assert by_stage[2]["torch_comm_bytes_per_rank_per_step"] == 4 * n + norm["all_reduce"]
     assert result["png"] == str(png) and png.stat().st_size > 0
 
 

@@ -152,7 +152,7 @@ def test_unknown_flag_is_argparse_one_line(capsys):
 
 def test_validate_dp_and_tp_match_exactly(capsys):
     # The fast subset; `paratrain plan --validate` runs every case (docs/planner.md).
-    from paratrain.bench.validate import run_validation
+    from paratrain.bench.planner.run import run_validation
 
     assert run_validation(steps=2, cases=["dp", "tp"]) == 0
     out = capsys.readouterr().out
@@ -165,7 +165,7 @@ def test_validate_zero_stages_and_zb_h1_match_exactly(capsys):
     """ZeRO 1, 2, 3 at dp = 2 and ZB-H1 at pp = 2: model state itemised, bytes per step and
     the schedule's slots are deterministic, so every such row must be equal; the ZeRO rows
     carry the paper's volume with S the padded flat buffers."""
-    from paratrain.bench.validate import run_validation
+    from paratrain.bench.planner.run import run_validation
 
     cases = ["zero1", "zero2", "zero2-shard", "zero3", "zb-h1"]
     assert run_validation(steps=2, cases=cases) == 0

@@ -252,10 +252,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from paratrain.bench.command import plan_validation
     from paratrain.plan.command import run_plan
 
     setup_logging(0)
-    return run_plan(args)
+    return run_plan(args, validate=plan_validation(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,1 +1,27 @@
-"""Benchmarks run as commands (`paratrain bench X`), never as timed tests."""
+"""Benchmarks, run as commands (`paratrain bench NAME`), never as timed tests: one folder
+per benchmark, and the measured runs of `paratrain plan --validate`.
+
+    command.py   the flags of every bench, the dispatch from the CLI, and plan --validate's
+                 runs handed to the planner's command
+    harness/     what the benches share: rank processes, timed pairs, the two sides' steps,
+                 bytes counted on both sides
+    overhead/    our training step against a plain PyTorch loop, one process
+    comm/        native, ring and tree collectives: time, bandwidth, bytes, alpha-beta fit
+    dp/          data parallel against DistributedDataParallel; overlap; sync against async
+    tp/          tensor parallel against DTensor's parallelize_module
+    pp/          our pipeline schedules against torch.distributed.pipelining
+    zero/        ZeRO 0-3 against DDP, DDP + ZeroRedundancyOptimizer, FSDP2
+    layouts/     every 8-rank layout of our GPT: step time, bytes per group, memory
+    planner/     `plan --validate`: the planner's predictions against real runs
+
+How data flows through a bench: command.py turns the flags into the arguments of the
+folder's `run.py`, which reads the batches once and starts the ranks through the harness;
+each rank (the folder's `compare.py`) builds both sides from the same weights, runs them
+pair by pair on the same batches and returns its times, losses and bytes; `run.py` and
+`report.py` check that the two sides agree (losses within tolerance, else RuntimeError),
+summarise, log a report and return the JSON-ready result that `--json` prints.
+
+Every bench that times our training step runs the one `train_step` through the engine
+`paratrain train` would build (harness/sides.py: OurSide). The planner imports nothing
+from here: the CLI hands `plan --validate`'s runs to it.
+"""

@@ -1,4 +1,5 @@
-"""`paratrain bench NAME`: the flags of each benchmark and how it is run.
+"""`paratrain bench NAME`: the flags of each benchmark and how it is run; and the measured
+runs of `paratrain plan --validate`, which the CLI hands to the planner's command.
 
 Every bench prints a readable report; `--json` adds one JSON object as the last line of
 stdout. A bench whose two sides disagree (losses beyond tolerance) or whose ranks fail
@@ -62,13 +63,13 @@ def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
 
 
 def _comm_flags(parser: argparse.ArgumentParser) -> None:
-    from paratrain.bench import comm
+    from paratrain.bench.comm import sweep
 
-    parser.add_argument("--ops", default=",".join(comm.OPS), help="collectives, comma-separated")
+    parser.add_argument("--ops", default=",".join(sweep.OPS), help="collectives, comma-separated")
     parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
     parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
     parser.add_argument(
-        "--sizes", default=comm.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
+        "--sizes", default=sweep.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
     )
     parser.add_argument(
         "--repeats",
@@ -95,46 +96,59 @@ def run_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def plan_validation(args: argparse.Namespace) -> Callable[[], int] | None:
+    """`paratrain plan --validate`'s measured runs (bench/planner/), ready to run after the
+    plan's table; None without --validate. Case names are checked now, before any work."""
+    if not args.validate:
+        return None
+    from paratrain.bench.planner.run import run_validation, select_cases
+
+    cases = args.validate_cases.split(",") if args.validate_cases else None
+    select_cases(cases)  # a bad name fails here, in one line
+    return lambda: run_validation(cases=cases)
+
+
 def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.overhead import run_overhead_bench
+    from paratrain.bench.overhead.run import run_overhead_bench
 
     return run_overhead_bench(steps=args.steps, rounds=args.rounds), 0
 
 
 def _comm(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.comm import Sweep, run_comm_bench
+    from paratrain.bench.comm.run import run_comm_bench
+    from paratrain.bench.comm.sweep import Sweep
 
     sweep = Sweep.from_flags(args.ops, args.algos, args.world_sizes, args.sizes, args.repeats)
     return run_comm_bench(sweep, args.out or None)
 
 
 def _dp(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.dp import run_dp_bench
+    from paratrain.bench.dp.run import run_dp_bench
 
     return run_dp_bench(args.pairs, args.bucket_mb, args.async_steps), 0
 
 
 def _tp(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.tp import run_tp_bench
+    from paratrain.bench.tp.run import run_tp_bench
 
     return run_tp_bench(args.pairs, args.sequence_parallel), 0
 
 
 def _layouts(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.layouts import run_layouts_bench
+    from paratrain.bench.layouts.run import run_layouts_bench
 
     return run_layouts_bench(args.steps), 0
 
 
 def _pp(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.pp import run_pp_bench
+    from paratrain.bench.pp.run import run_pp_bench
 
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     return run_pp_bench(names, args.pairs, args.microbatches, args.out or None), 0
 
 
 def _zero(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.zero import parse_stages, run_zero_bench
+    from paratrain.bench.zero.run import parse_stages, run_zero_bench
 
     stages = parse_stages(args.stages)
     return run_zero_bench(args.pairs, stages, args.out or None, args.dp), 0

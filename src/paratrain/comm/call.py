@@ -64,6 +64,11 @@ class Handle:
         self.group, self.record, self.works, self.traffic = group, record, list(works), traffic
         self._result, self._then, self._done = result, then, False
 
+    @property
+    def seq(self) -> int:
+        """The ledger's sequence number of this call."""
+        return self.record.seq
+
     def is_completed(self) -> bool:
         return self._done or all(w is None or w.is_completed() for w in self.works)
 
@@ -83,6 +88,8 @@ class Handle:
 
 class Done:
     """The handle of a call that already finished (and was counted, if it communicated)."""
+
+    seq = None  # not a call in flight: nothing in the ledger to point at
 
     def __init__(self, result: Any) -> None:
         self._result = result

@@ -103,7 +103,7 @@ class FlatUnit:
         self.handle = comm.all_gather_flat(self.shard.param, self.group, sizes=sizes, async_op=True)
         self.tracker.add(self.nbytes)  # in flight or gathered: one unit of full parameters
         if events is not None:
-            seq = getattr(getattr(self.handle, "record", None), "seq", None)
+            seq = self.handle.seq  # None for a gather already done
             events.append(("gather", self.index, phase, seq))
 
     def wait(self) -> None:

@@ -2,12 +2,15 @@
 
 Flags override presets: `--preset 7b --preset a100-80gb-nvlink300-ib25 --gpus 64`.
 Every bad value raises ValueError naming it and what is valid; cli.main prints one line.
+`--validate`'s measured runs are the benchmarks' (bench/planner/); the CLI passes them in,
+so that the planner stays pure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from paratrain.plan.cluster import (
     CLUSTER_PRESETS,
@@ -36,7 +39,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         help=f"model or cluster preset, repeatable: {presets} "
         f"(default: {DEFAULT_MODEL}, {DEFAULT_CLUSTER})",
     )
-    m = p.add_argument_group("model (overrides the preset)")
+    _model_arguments(p.add_argument_group("model (overrides the preset)"))
+    _training_arguments(p.add_argument_group("training"))
+    _cluster_arguments(p.add_argument_group("cluster (overrides the preset)"))
+    _layout_arguments(p.add_argument_group("layout (evaluate one instead of searching)"))
+    _output_arguments(p.add_argument_group("output"))
+
+
+def _model_arguments(m: argparse._ArgumentGroup) -> None:
     m.add_argument("--params", type=float, help="parameter count N, e.g. 7e9")
     m.add_argument("--layers", type=int, help="transformer blocks")
     m.add_argument("--hidden", type=int, help="hidden size (d_model)")
@@ -47,7 +57,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help=f"tokens per sequence (default {DEFAULT_SEQ_LEN} with --params alone)",
     )
-    w = p.add_argument_group("training")
+
+
+def _training_arguments(w: argparse._ArgumentGroup) -> None:
     w.add_argument(
         "--micro-batch", type=int, default=1, help="sequences per forward, b (default 1)"
     )
@@ -84,7 +96,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         default=300e9,
         help="tokens for the total training time (default 3e11)",
     )
-    c = p.add_argument_group("cluster (overrides the preset)")
+
+
+def _cluster_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
     c.add_argument("--gpus-per-node", type=int)
     c.add_argument("--gpu-memory-gb", type=float)
@@ -94,13 +108,17 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--inter-latency-us", type=float)
     c.add_argument("--peak-flops", type=float, help="peak FLOP/s per GPU")
     c.add_argument("--utilisation", type=float, help="fraction of peak reached, 0 < u <= 1")
-    lay = p.add_argument_group("layout (evaluate one instead of searching)")
+
+
+def _layout_arguments(lay: argparse._ArgumentGroup) -> None:
     for axis in ("dp", "tp", "pp"):
         lay.add_argument(f"--{axis}", type=int, help=f"{axis} degree")
     lay.add_argument("--zero", type=int, help="ZeRO stage 0-3")
     lay.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)}")
     lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
-    out = p.add_argument_group("output")
+
+
+def _output_arguments(out: argparse._ArgumentGroup) -> None:
     out.add_argument("--json", action="store_true", help="print the plan as JSON, last line")
     out.add_argument(
         "--chart", default="runs/plan.png", help="PNG chart path (default runs/plan.png)"
@@ -206,24 +224,21 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     return plan(model, cluster, workload, layouts)
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    """Print the table (and JSON last); write the chart; with --validate, also validate."""
-    cases = args.validate_cases.split(",") if args.validate_cases else None
-    if cases is not None and not args.validate:
-        raise ValueError("--validate-cases needs --validate")
-    if args.validate:
-        from paratrain.bench.validate import select_cases
+def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None) -> int:
+    """Print the table (and JSON last); write the chart.
 
-        select_cases(cases)  # a bad name fails here, in one line, before any work
+    validate: `plan --validate`'s measured runs, which the CLI hands in (the planner imports
+    no benchmark); they run after the table, and their status is the command's.
+    """
+    if args.validate_cases and not args.validate:
+        raise ValueError("--validate-cases needs --validate")
+    if args.validate and validate is None:
+        raise ValueError("--validate needs the measured runs: run it as `paratrain plan`")
     result = plan_from_args(args)
     print(table(result), flush=True)
     if not args.no_chart:
         print(f"chart: {chart(result, args.chart)}", flush=True)
-    status = 0
-    if args.validate:
-        from paratrain.bench.validate import run_validation
-
-        status = run_validation(cases=cases)
+    status = validate() if validate is not None else 0
     if args.json:
         print(json.dumps(result.as_dict()), flush=True)
     return status

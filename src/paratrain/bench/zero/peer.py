@@ -20,10 +20,11 @@ and gradients are the local pieces of its DTensors (FSDP2 pads each parameter's 
 so a storage counts its padding); a gathered parameter FSDP2 still holds counts as
 `params`; AdamW's step counters and module buffers are `other`, outside the model state.
 
-Bytes sent are counted at the dispatcher (`PeerTraffic`): DDP's reducer, the ZeRO
-optimizer and FSDP2 all issue `c10d` ops, which are sized and put through the same ring
-and chain formulas our ledger uses for native collectives (`comm/traffic.py`). Our
-ledger itself never sees them.
+Bytes sent are counted at the dispatcher (bench/harness/peer_traffic.py): DDP's reducer,
+the ZeRO optimizer and FSDP2 issue `c10d` ops, and FSDP2's gradient norm a functional
+all-reduce (DTensor's `full_tensor`), all sized and put through the same ring and chain
+formulas our ledger uses for native collectives (`comm/traffic.py`). Our ledger itself
+never sees them.
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from paratrain.comm.traffic import native_traffic
 from paratrain.parallel.adamw import adamw, param_groups
 
 KINDS = ("params", "grads", "master", "optimizer", "padding", "other")
@@ -148,48 +147,3 @@ def state_bytes(
     for b in module.buffers():
         add("other", b)
     return totals
-
-
-# c10d op -> (traffic formula, index of the argument whose size is S, root argument)
-_C10D = {
-    "allreduce_": ("all_reduce", 0, None),
-    "broadcast_": ("broadcast", 0, 2),
-    "_allgather_base_": ("all_gather", 0, None),  # (output, input): S is the output
-    "_reduce_scatter_base_": ("reduce_scatter", 1, None),  # (output, input): the input
-}
-
-
-class PeerTraffic(TorchDispatchMode):
-    """Bytes this rank sends in the peer's collectives, seen as `c10d` ops at the dispatcher.
-
-    Each call's size goes through `native_traffic`, as our ledger does for native
-    collectives; any other c10d op is listed in `unsized` (none for these peers). All
-    the peers' collectives run on the world group of `group_size` ranks.
-    """
-
-    def __init__(self, group_size: int, rank: int) -> None:
-        super().__init__()
-        self.group_size, self.rank = group_size, rank
-        self.sent: dict[str, int] = {}
-        self.unsized: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # let DTensor desugar into plain ops first
-        out = func(*args, **(kwargs or {}))
-        if func.namespace == "c10d":
-            self._record(func._overloadpacket.__name__, args)
-        return out
-
-    def _record(self, name: str, args: tuple) -> None:
-        if name not in _C10D:
-            self.unsized[name] = self.unsized.get(name, 0) + 1
-            return
-        op, arg, root_arg = _C10D[name]
-        tensors = args[arg] if isinstance(args[arg], list | tuple) else [args[arg]]
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        root = args[root_arg] if root_arg is not None else 0
-        sent = native_traffic(op, nbytes, self.group_size, self.rank, root).sent
-        self.sent[op] = self.sent.get(op, 0) + sent

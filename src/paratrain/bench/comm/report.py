@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.bench.comm_fit import Fit, busbw_factor
+from paratrain.bench.comm.fit import Fit, busbw_factor
 
 COLORS = {"native": "black", "ring": "tab:blue", "tree": "tab:orange"}
 

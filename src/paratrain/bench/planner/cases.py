@@ -3,7 +3,7 @@
 A case is a layout (plan/layout.py) with K micro-batches of MICRO_BATCH sequences per
 replica; `small_config` turns it into the RunConfig that `paratrain.train.loop.train`
 runs in gloo processes (`run_case`), and `model_spec` / `workload_for` into the planner's
-inputs for the same run. validate.py compares the two, row by row.
+inputs for the same run. run.py compares the two, row by row.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def workload_for(cfg: RunConfig) -> Workload:
 
 def run_case(case: Case, steps: int = 3) -> list[dict[str, Any]]:
     """Train the case in layout.world gloo processes; each rank's measurements, by rank."""
-    from paratrain.bench.ranks import run_ranks
-    from paratrain.bench.validate_measure import measure_rank
+    from paratrain.bench.harness.spawn import run_ranks
+    from paratrain.bench.planner.record import measure_rank
 
     cfg = small_config(case, steps)
     return run_ranks(measure_rank, case.layout.world, cfg, timeout=TIMEOUT_S)

@@ -13,7 +13,7 @@ import logging
 import statistics
 from typing import Any
 
-from paratrain.bench.ranks import run_ranks
+from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.train.data import load_tokens

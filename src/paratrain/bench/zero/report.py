@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import Any
 
-from paratrain.bench.zero_peer import KINDS, PEERS, STATE_KINDS
+from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
+from paratrain.bench.zero.compare import DTYPE, LOSS_RTOL
+from paratrain.bench.zero.formulas import formula_comm, formula_state, scalar_bytes
+from paratrain.bench.zero.peer import KINDS, PEERS, STATE_KINDS
 
 log = logging.getLogger(__name__)
 NOTES = {
@@ -24,46 +26,22 @@ def _state(kinds: dict[str, int]) -> int:
 
 
 def check_losses(zero: int, results: list[dict]) -> float:
-    """The largest relative loss difference; raises RuntimeError above LOSS_RTOL."""
-    from paratrain.bench.zero import LOSS_RTOL
-
-    worst = 0.0
-    for rank, r in enumerate(results):
-        for step, (ours, peer) in enumerate(r["losses"]):
-            rel = abs(ours - peer) / abs(peer)
-            if rel > LOSS_RTOL:
-                raise RuntimeError(
-                    f"stage {zero}: losses differ on rank {rank} at step {step} ({ours} vs "
-                    f"{peer}, relative {rel:.1e} > {LOSS_RTOL}): runs not comparable"
-                )
-            worst = max(worst, rel)
-    return worst
+    """The largest relative loss difference over the steps; RuntimeError above LOSS_RTOL."""
+    return check_mean_losses([r["losses"] for r in results], LOSS_RTOL, f"stage {zero}: ")
 
 
-def summarize(
-    zero: int,
-    dp: int,
-    results: list[dict],
-    n_params: int,
-    formula: dict[str, int],
-    comm_formula: int,
-) -> dict[str, Any]:
+def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[str, Any]:
     """One stage's JSON entry from every rank's result; raises if the losses differ."""
-    from paratrain.bench.zero import DTYPE, LOSS_RTOL
-
     worst = check_losses(zero, results)
+    formula = formula_state(n_params, zero, dp)
     times = results[0]["times"]  # rank 0's clock; both ranks wait on the same collectives
-    ratios = sorted(o / p for o, p in times)
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
     ours_sent = [sum(r["ours_sent"].values()) for r in results]
     torch_sent = [sum(r["torch_sent"].values()) for r in results]
     return {
         "zero": zero,
         "dp": dp,
         "dtype": DTYPE,
-        "ours_step_s": statistics.median(o for o, _ in times),
-        "torch_step_s": statistics.median(p for _, p in times),
-        "ratio": statistics.median(ratios),
+        **ratio_summary([o for o, _ in times], [p for _, p in times]),
         "params": n_params,
         "model_state_bytes_per_rank": [_state(r["ours_bytes"]) for r in results],
         "formula_bytes_per_rank": formula["total"],
@@ -71,11 +49,6 @@ def summarize(
         "max_param_diff": max(r["diff"] for r in results),
         "peer": PEERS[zero],
         "note": NOTES.get(zero, ""),
-        "pairs": len(times),
-        "ratio_q1": q1,
-        "ratio_q3": q3,
-        "ratio_min": ratios[0],
-        "ratio_max": ratios[-1],
         "padding_bytes_per_rank": [r["ours_bytes"].get("padding", 0) for r in results],
         "torch_model_state_bytes_per_rank": [_state(r["torch_bytes"]) for r in results],
         "state_by_kind_per_rank": [r["ours_bytes"] for r in results],
@@ -83,11 +56,13 @@ def summarize(
         "formula_by_kind": formula,
         "comm_bytes_by_rank": ours_sent,
         "comm_bytes_by_op": results[0]["ours_sent"],
-        "comm_formula_bytes": comm_formula,
+        "comm_formula_bytes": formula_comm(n_params, zero, dp),
+        "comm_scalar_bytes_by_rank": scalar_bytes(zero, dp),
         "torch_comm_bytes_per_rank_per_step": max(torch_sent),
         "torch_comm_bytes_by_op": results[0]["torch_sent"],
-        "torch_comm_counted": "c10d ops at the dispatcher, sized with our ring formulas; "
-        "not in our ledger",
+        "torch_comm_norm_bytes_by_op": results[0]["torch_norm_sent"],
+        "torch_comm_counted": "c10d and functional collectives at the dispatcher, sized with "
+        "our ring formulas; not in our ledger",
         "torch_comm_unsized": results[0]["torch_unsized"],
         "loss_rtol": LOSS_RTOL,
         "max_loss_rel_diff": worst,
@@ -126,15 +101,14 @@ def log_summary(e: dict[str, Any]) -> None:
         e["dp"],
     )
     log.info(
-        "stage %d: bytes sent per rank per step ours %d %s (ledger; paper %d), torch %d %s "
+        "stage %d: bytes sent per rank per step ours %s %s (ledger) = paper %d + our step's "
+        "scalars %s ((loss, tokens)%s, float64); torch %d %s, of which its gradient norm %s "
         "(counted at the dispatcher, not by our ledger)",
-        z,
-        e["comm_bytes_per_rank_per_step"],
-        e["comm_bytes_by_op"],
-        e["comm_formula_bytes"],
-        e["torch_comm_bytes_per_rank_per_step"],
-        e["torch_comm_bytes_by_op"],
-    )
+        z, " / ".join(str(b) for b in e["comm_bytes_by_rank"]), e["comm_bytes_by_op"],
+        e["comm_formula_bytes"], " / ".join(str(b) for b in e["comm_scalar_bytes_by_rank"]),
+        " and the gradient-norm squares" if z else "", e["torch_comm_bytes_per_rank_per_step"],
+        e["torch_comm_bytes_by_op"], e["torch_comm_norm_bytes_by_op"],
+    )  # fmt: skip
     if e["note"]:
         log.info("stage %d: %s", z, e["note"])
 

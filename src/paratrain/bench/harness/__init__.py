@@ -1,0 +1,13 @@
+"""What the benchmarks share (and the multi-process tests, through tests/distributed.py).
+
+    spawn.py       run a function in k gloo processes from a warm forkserver: results back
+                   by rank, a failing rank's traceback, a hung rank named
+    sides.py       the two sides of a comparison: our engine and `train_step` (OurSide);
+                   the peer's plain-PyTorch step (torch_step) with torch's global-norm clip
+    pairs.py       alternating timed pairs, the ratio's median and spread, the loss check
+    bytes_sent.py  bytes per op on both sides: ours from the ledger, a peer's counted at
+                   the dispatcher and sized with our ledger's formulas
+
+A bench's rank function builds one `OurSide` and one peer step, hands both to
+`time_pairs`, and returns the rows; the parent checks the losses and summarises the times.
+"""
