@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain.comm.check import verify_same_call
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
+from paratrain.comm.same_call import verify_same_call
 from paratrain.comm.traffic import Traffic
 from paratrain.comm.wait import wait_works
 

@@ -4,6 +4,6 @@ A leaf: it imports nothing else from paratrain, so the runtime can use it; this 
 imports none of its modules, so importing the meter loads no drawing code. The pipeline
 runtime runs each forward under an `ActivationMeter` (activations.py: saved-tensor hooks
 count what autograd keeps for backward); a pipeline's simulated or recorded timeline,
-converted to `Span`s (spans.py; the conversion lives in parallel/pipeline/spans.py), is
+converted to `Span`s (spans.py; the conversion lives in parallel/pipeline/span_convert.py), is
 written as a Chrome trace (chrome_trace.py) or a Gantt PNG (gantt.py).
 """

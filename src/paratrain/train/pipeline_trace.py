@@ -20,7 +20,7 @@ from paratrain.config import RunConfig
 from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
 from paratrain.mesh import Mesh
-from paratrain.parallel.pipeline.spans import spans_from_traces
+from paratrain.parallel.pipeline.span_convert import spans_from_traces
 from paratrain.parallel.pipeline.step_trace import StepTrace
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from paratrain.parallel.pipeline.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from paratrain.parallel.pipeline.spans import spans_from_simulation, spans_from_traces
+from paratrain.parallel.pipeline.span_convert import spans_from_simulation, spans_from_traces
 from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights

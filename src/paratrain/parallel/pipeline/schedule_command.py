@@ -19,7 +19,7 @@ from paratrain.measure.gantt import write_gantt
 from paratrain.parallel.pipeline.check import Costs, Simulation, check_schedule
 from paratrain.parallel.pipeline.grid import render_grid
 from paratrain.parallel.pipeline.schedules import build_schedule
-from paratrain.parallel.pipeline.spans import spans_from_simulation
+from paratrain.parallel.pipeline.span_convert import spans_from_simulation
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
