@@ -4,7 +4,7 @@ Strategies call these functions with a `CommGroup` taken from the Mesh; the grou
 the rank's Ledger, its options (timeout, default algorithm, per-call checking) and the
 watchdog that explains a hang. A call flows: op (in_place.py: all_reduce, broadcast,
 reduce; sharded.py: all_gather, reduce_scatter; rooted.py; p2p.py: send/recv) -> algos.py
-picks native or ours (ring.py, tree.py) -> call.py records it in the ledger (check.py
+picks native or ours (ring.py, tree.py) -> call.py records it in the ledger (same_call.py
 optionally verifies that every rank makes the same call) -> wait.py waits, bounded, or
 raises CommError with the watchdog's report -> the ledger counts the bytes of traffic.py's
 formulas (native) or of what was sent (ours); report.py gathers every rank's counters.
