@@ -4,9 +4,9 @@ sync against async data parallelism under a straggler.
 Against DDP (compare.py): our engine and `train_step` against
 `DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb=<ours>)`, its
 documented fast configuration, on a copy of the same model with the same initial weights,
-the same batches, the same global-norm clipping, AdamW(foreach=True), one thread per rank
-and the same timer. Each pair runs one step of each, alternating which goes first; the
-report gives both medians, the median and spread of the pairwise ratios, and the largest
+the same batches, the global gradient norm on both sides (not clipped: sides.norm_only),
+AdamW(foreach=True), one thread per rank and the same timer. Each pair runs one step of
+each, alternating which goes first; the report gives both medians, the median and spread of the pairwise ratios, and the largest
 parameter difference at the end. The bench fails if our loss (the global mean) and the
 mean of the peer's per-rank losses differ by more than LOSS_RTOL at any step. Then the
 overlap (overlap.py) and the straggler runs (sync_vs_async.py).
@@ -14,7 +14,6 @@ overlap (overlap.py) and the straggler runs (sync_vs_async.py).
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -24,6 +23,7 @@ from paratrain.bench.dp.compare import compare_with_ddp
 from paratrain.bench.dp.overlap import run_overlap
 from paratrain.bench.dp.sync_vs_async import run_straggler
 from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
+from paratrain.bench.harness.sides import norm_only
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.train.data import BatchSampler, load_tokens
@@ -52,7 +52,7 @@ def compare_ddp(
 ) -> dict[str, Any]:
     """Ours against DDP on WORLD ranks, logged; raises RuntimeError if the losses differ."""
     torch.set_num_threads(1)
-    cfg = copy.deepcopy(cfg or RunConfig())
+    cfg = norm_only(cfg or RunConfig())
     t, p = cfg.train, cfg.parallel
     p.dp, p.bucket_mb = WORLD, bucket_mb
     peer = PEER.format(bucket_mb, t.grad_clip)

@@ -14,6 +14,7 @@ import time
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.train.async_loop import train_async
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 
@@ -26,7 +27,8 @@ def sync_vs_async(rank: int, world: int, steps: int, straggler: str, mode: str) 
     cfg.train.steps, cfg.train.warmup_steps, cfg.train.val_batches = steps, 5, 8
     cfg.train.micro_batch = 4
     start = time.perf_counter()
-    result = train(cfg, Mesh.build(dp=world), load_tokens(""))
+    run = train_async if mode == "async" else train
+    result = run(cfg, Mesh.build(dp=world), load_tokens(""))
     if rank != 0:
         return None
     elapsed = time.perf_counter() - start

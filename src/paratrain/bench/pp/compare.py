@@ -13,7 +13,6 @@ time, because a pipeline step ends when its last stage ends.
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
@@ -22,7 +21,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.bench.harness.pairs import time_pairs
-from paratrain.bench.harness.sides import OurSide
+from paratrain.bench.harness.sides import OurSide, norm_only
 from paratrain.bench.pp.peer import PEER, build_peer, peer_step
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
@@ -82,7 +81,7 @@ def compare_schedule(
 
 def pipeline_config(cfg: RunConfig, world: int, name: str, k: int, b: int) -> RunConfig:
     """`cfg` for `paratrain train --pp world --schedule name`: K micro-batches of b."""
-    cfg = copy.deepcopy(cfg)
+    cfg = norm_only(cfg)
     p, t = cfg.parallel, cfg.train
     p.pp, p.schedule, p.chunks = world, name, PEER[name][1]
     t.microbatches, t.micro_batch, t.global_batch = k, b, k * b

@@ -66,7 +66,7 @@ def log_report(s: dict[str, Any], peer_plan: str, cfg: RunConfig) -> None:
     log.info(
         "peer: torch DTensor parallelize_module on DeviceMesh('cpu', %s), loss_parallel(); "
         "the norm from get_total_norm(foreach=True) per kind, DTensor's made whole, "
-        "clip_grads_with_norm_(foreach=True); plan:\n%s",
+        "clipped by clip_grads_with_norm_(foreach=True) when the clip is above 0; plan:\n%s",
         list(range(world)),
         peer_plan,
     )

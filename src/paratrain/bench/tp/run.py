@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from paratrain.bench.harness.sides import norm_only
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.tp.compare import compare_modes
 from paratrain.bench.tp.report import log_report, summarize
@@ -66,7 +67,7 @@ def run_tp_comparisons(
     """`run_tp_bench` for each sequence-parallel mode in `modes`, in one launch of the
     ranks (importing DTensor costs each fresh rank seconds)."""
     torch.set_num_threads(1)
-    cfg = cfg or RunConfig()
+    cfg = norm_only(cfg or RunConfig())
     t = cfg.train
     for sp in modes:
         check_gpt_tensor_parallel(cfg.model, WORLD, t.seq_len, sp)

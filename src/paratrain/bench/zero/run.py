@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from paratrain.bench.harness.sides import norm_only
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.zero.compare import DTYPE, WARMUP, compare_stage
 from paratrain.bench.zero.peer import PEERS
@@ -93,7 +94,7 @@ def run_zero_bench(
     {"stages": [one entry per stage], "png": path or None}."""
     torch.set_num_threads(1)
     stages = list(STAGES) if stages is None else stages
-    cfg = cfg or RunConfig()
+    cfg = norm_only(cfg or RunConfig())
     for zero in stages:
         log.info(
             "stage %d peer: torch %s; clip_grad_norm_(foreach=True) at %g; gloo, %d ranks, "
