@@ -6,10 +6,11 @@ Against DDP (compare.py): our engine and `train_step` against
 documented fast configuration, on a copy of the same model with the same initial weights,
 the same batches, the global gradient norm on both sides (not clipped: sides.norm_only),
 AdamW(foreach=True), one thread per rank and the same timer. Each pair runs one step of
-each, alternating which goes first; the report gives both medians, the median and spread of the pairwise ratios, and the largest
-parameter difference at the end. The bench fails if our loss (the global mean) and the
-mean of the peer's per-rank losses differ by more than LOSS_RTOL at any step. Then the
-overlap (overlap.py) and the straggler runs (sync_vs_async.py).
+each, alternating which goes first; the report gives both medians, the median and spread
+of the pairwise ratios, and the largest parameter difference at the end. The bench fails
+if our loss (the global mean) and the mean of the peer's per-rank losses differ by more
+than LOSS_RTOL at any step. Then the overlap (overlap.py) and the straggler runs
+(sync_vs_async.py).
 """
 
 from __future__ import annotations
