@@ -232,14 +232,15 @@ def complete_state_dict(
 
 
 def count_memory(
-    known: list[tuple[str, torch.Tensor]],
+    known: list[tuple[str, torch.Tensor | None]],
     padding: dict[str, int],
-    module: nn.Module,
+    module: nn.Module | None,
     optimizer_states: Iterable[dict[str, Any]],
 ) -> MemoryReport:
     """Count each storage once: the wrapper's `known` buffers by category, the optimizer's
     moments, and anything else reachable from the module's parameters, gradients and
-    buffers as `other`. `padding` (bytes per category) is moved out into its own line."""
+    buffers as `other` (module None: the caller listed everything in `known`). `padding`
+    (bytes per category) is moved out into its own line."""
     seen: set[int] = set()
     totals = dict.fromkeys(("params", "grads", "master", "optimizer", "other"), 0)
 
@@ -258,10 +259,10 @@ def count_memory(
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 add("optimizer" if key in MOMENTS else "other", value)
-    for p in module.parameters():
+    for p in module.parameters() if module is not None else ():
         add("other", p.data)
         add("other", p.grad)
-    for b in module.buffers():
+    for b in module.buffers() if module is not None else ():
         add("other", b)
     for kind, nbytes in padding.items():
         totals[kind] -= nbytes

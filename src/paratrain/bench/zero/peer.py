@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from paratrain.parallel.adamw import adamw, param_groups
+from paratrain.parallel.replica import count_memory
 
 KINDS = ("params", "grads", "master", "optimizer", "padding", "other")
 STATE_KINDS = KINDS[:-1]  # model state: everything but step counters and buffers
@@ -120,30 +121,13 @@ def state_bytes(
     its buckets), so both sides of that comparison are counted by the same code.
     """
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local AdamW
-    seen: set[int] = set()
-    totals = dict.fromkeys(KINDS, 0)
-
-    def add(kind: str, t: Any) -> None:
-        t = _local(t)
-        if not isinstance(t, torch.Tensor):
-            return
-        storage = t.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in seen:
-            return
-        seen.add(storage.data_ptr())
-        totals[kind] += storage.nbytes()
-
-    for p in module.parameters():
-        add("params", p)
-    for t in _fsdp2_gathered(module):
-        add("params", t)
-    for t in grad_buffers:
-        add("grads", t)
-    for p in module.parameters():
-        add("grads", p.grad)
-    for state in inner.state.values():
-        for key, value in state.items():
-            add("optimizer" if key in ("exp_avg", "exp_avg_sq") else "other", value)
-    for b in module.buffers():
-        add("other", b)
-    return totals
+    params = list(module.parameters())
+    known = [("params", _local(p)) for p in params]
+    known += [("params", t) for t in _fsdp2_gathered(module)]
+    known += [("grads", t) for t in grad_buffers]
+    known += [("grads", _local(p.grad)) for p in params if p.grad is not None]
+    known += [("other", _local(b)) for b in module.buffers()]
+    states = [{k: _local(v) for k, v in state.items()} for state in inner.state.values()]
+    report = count_memory(known, {}, None, states).as_dict()  # counted as ours are
+    report.pop("total")
+    return report
