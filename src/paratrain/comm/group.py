@@ -72,6 +72,13 @@ class CommGroup:
     def size(self) -> int:
         return len(self.ranks)
 
+    def alone(self, name: str) -> CommGroup:
+        """This rank by itself (every collective a local no-op), counted in the same ledger:
+        for a model without tensor parallelism, a worker's own replica, the server."""
+        return CommGroup(
+            name, None, [self.global_rank], self.global_rank, self.ledger, self.options
+        )
+
     def to_global(self, rank: int) -> int:
         """The one place where a rank within the group becomes a global rank."""
         if not 0 <= rank < self.size:

@@ -11,6 +11,7 @@ are then the same code for both.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,12 +25,15 @@ from paratrain.parallel.replica import (
     GradSquares,
     StatePiece,
     adam_state,
+    all_reduce_in_place,
     complete_state_dict,
+    scale_,
+    squared_norms,
 )
 from paratrain.parallel.zero_flat import FlatShard, Piece
 
 
-class FlatShardReplica(nn.Module):
+class FlatShardReplica(nn.Module, abc.ABC):
     """Base of the sharded wrappers; subclasses set module, group, scaler and implement
     `shards`, `sharded_over` and `_after_update` (what follows an update of the shards)."""
 
@@ -38,22 +42,20 @@ class FlatShardReplica(nn.Module):
     scaler: Any
 
     @property
-    def shards(self) -> list[FlatShard]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def shards(self) -> list[FlatShard]: ...
 
     @property
-    def sharded_over(self) -> comm.CommGroup | None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def sharded_over(self) -> comm.CommGroup | None: ...
 
+    @abc.abstractmethod
     def _after_update(self) -> None:
         """Make the compute parameters follow the updated shards (gather or drop them)."""
-        raise NotImplementedError
 
     # -- gradients ------------------------------------------------------------------------
     def scale_grads_(self, factor: float) -> None:
-        grads = [s.grad for s in self.shards if s.grad.numel()]
-        if grads and factor != 1.0:
-            torch._foreach_mul_(grads, factor)
+        scale_([s.grad for s in self.shards if s.grad.numel()], factor)
 
     def _held_pieces(self) -> list[tuple[Piece, torch.Tensor]]:
         """(piece, gradient view) of every parameter piece held here, in layout order."""
@@ -66,14 +68,10 @@ class FlatShardReplica(nn.Module):
         ]
 
     def grad_squares(self) -> GradSquares:
-        """Norms per parameter piece, like torch's per-tensor norms (one fp32 norm over a
-        whole flat buffer rounds measurably worse), squared in float64."""
+        """Squared norms per parameter piece, as torch takes them per tensor."""
         held = self._held_pieces()
         names, views = [p.segment.name for p, _ in held], [v for _, v in held]
-        squares = torch.zeros(0, dtype=torch.float64)
-        if views:
-            squares = torch.stack(torch._foreach_norm(views)).double().pow(2)
-        return GradSquares(names, squares, self.sharded_over)
+        return GradSquares(names, squared_norms(views), self.sharded_over)
 
     def all_reduce_grads_(
         self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True
@@ -88,13 +86,7 @@ class FlatShardReplica(nn.Module):
     def _all_reduce_pieces(self, names: Sequence[str], group: comm.CommGroup) -> None:
         """Every rank of `group` holds the same pieces (tensor-parallel peers: the same
         local parameters in the same flat layout): sum them in place, in one call."""
-        views = [v for p, v in self._held_pieces() if p.segment.name in names]
-        flat = torch.cat(views) if views else torch.zeros(0, dtype=self._grad_dtype)
-        comm.all_reduce(flat, group, op="sum")
-        offset = 0
-        for v in views:
-            v.copy_(flat[offset : offset + v.numel()])
-            offset += v.numel()
+        all_reduce_in_place([v for p, v in self._held_pieces() if p.segment.name in names], group)
 
     def _all_reduce_whole(self, names: Sequence[str], group: comm.CommGroup) -> None:
         """The ranks of `group` keep these parameters in different layouts (tied weights

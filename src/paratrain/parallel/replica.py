@@ -175,23 +175,39 @@ def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
     return names, grads
 
 
-def whole_grad_squares(module: nn.Module) -> GradSquares:
-    """Per-parameter squared norms of whole gradients held in `p.grad`.
+def squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """(len(tensors),) float64: each tensor's squared L2 norm. Norms are taken per tensor
+    in its own dtype (one fused kernel, as torch.nn.utils.clip_grad_norm_ does; one fp32
+    norm over a whole flat buffer rounds measurably worse), then squared in float64."""
+    if not tensors:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(tensors)).double().pow(2)
 
-    Norms are taken per tensor in the gradient's dtype (one fused kernel, as
-    torch.nn.utils.clip_grad_norm_ does) and squared and summed in float64.
-    """
+
+def scale_(tensors: list[torch.Tensor], factor: float) -> None:
+    if tensors and factor != 1.0:
+        torch._foreach_mul_(tensors, factor)
+
+
+def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:
+    """Sum `tensors` over `group` in one call (flattened end to end), each in place."""
+    dtype = tensors[0].dtype if tensors else torch.float32
+    flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0, dtype=dtype)
+    comm.all_reduce(flat, group, op="sum")
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def whole_grad_squares(module: nn.Module) -> GradSquares:
+    """Per-parameter squared norms of whole gradients held in `p.grad`."""
     names, grads = whole_grads(module)
-    squares = torch.zeros(0, dtype=torch.float64)
-    if grads:
-        squares = torch.stack(torch._foreach_norm(grads)).double().pow(2)
-    return GradSquares(names, squares, None)
+    return GradSquares(names, squared_norms(grads), None)
 
 
 def scale_whole_grads_(module: nn.Module, factor: float) -> None:
-    grads = whole_grads(module)[1]
-    if grads and factor != 1.0:
-        torch._foreach_mul_(grads, factor)
+    scale_(whole_grads(module)[1], factor)
 
 
 def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
@@ -202,17 +218,10 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
     params = [named[n] for n in names if n in named and named[n].requires_grad]
     if group.size == 1 or not params:
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, group, op="sum")
-    offset = 0
-    for p, g in zip(params, grads, strict=True):
-        summed = flat[offset : offset + g.numel()].view_as(g)
+    for p in params:
         if p.grad is None:
-            p.grad = summed.clone()
-        else:
-            p.grad.copy_(summed)
-        offset += g.numel()
+            p.grad = torch.zeros_like(p)
+    all_reduce_in_place([p.grad for p in params], group)
 
 
 def complete_state_dict(

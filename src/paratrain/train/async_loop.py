@@ -12,7 +12,6 @@ import statistics
 import time
 from collections.abc import Callable
 
-from paratrain.comm import CommGroup
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw
@@ -68,8 +67,7 @@ def _serve(cfg, group, model, data, on_step) -> TrainResult:
         if on_step is not None:
             on_step(m)
     val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
-    solo = CommGroup("server", None, [group.global_rank], group.global_rank, group.ledger)
-    val_loss = evaluate(model, val, solo) if val else float("nan")
+    val_loss = evaluate(model, val, group.alone("server")) if val else float("nan")
     return TrainResult(
         model=model, metrics=metrics, val_loss=val_loss, extra={"async": async_summary(report)}
     )
@@ -121,8 +119,7 @@ def _work(cfg, mesh, group, model, data) -> None:
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
     per_update = t.global_batch // workers
     seed_rank_stream(t.seed, mesh.global_rank)
-    alone = CommGroup("worker", None, [group.global_rank], group.global_rank, group.ledger)
-    engine = FlatEngine(DataParallel(model, alone, reduce_op="sum"))
+    engine = FlatEngine(DataParallel(model, group.alone("worker"), reduce_op="sum"))
 
     def compute(batch_index: int) -> tuple[float, float]:
         start = time.perf_counter()

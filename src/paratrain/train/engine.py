@@ -102,7 +102,7 @@ class FlatEngine(Engine):
     """The whole depth of the model on this rank: one replica."""
 
     def __init__(self, replica: Replica, tp: comm.CommGroup | None = None) -> None:
-        super().__init__([replica], tp or _solo(replica.group), None)
+        super().__init__([replica], tp or replica.group.alone("tp"), None)
         self.replica = replica
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
@@ -177,8 +177,3 @@ class PipelineEngine(Engine):
 def _without(part: GradSquares, names: set[str]) -> GradSquares:
     keep = [i for i, n in enumerate(part.names) if n not in names]
     return replace(part, names=[part.names[i] for i in keep], squares=part.squares[keep])
-
-
-def _solo(group: comm.CommGroup) -> comm.CommGroup:
-    """A group of this rank alone, for a model without tensor parallelism."""
-    return comm.CommGroup("tp", None, [group.global_rank], group.global_rank, group.ledger)
