@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import multiprocessing as mp
 import os
@@ -47,6 +48,7 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
+    faulthandler.enable()  # a native crash (SIGABRT, SIGSEGV) prints where the rank was
     torch.set_num_threads(1)
     store = None
     try:
