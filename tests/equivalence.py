@@ -73,14 +73,18 @@ def reference_lr(step: int, cfg: RunConfig) -> float:
 
 
 def reference_training(
-    cfg: RunConfig, data: TokenData, tie_embeddings: bool = False
+    cfg: RunConfig, data: TokenData, tie_embeddings: bool = False, device: str = "cpu"
 ) -> tuple[RunRecord, dict]:
-    """Plain PyTorch on one process; returns the record and the initial state."""
+    """Plain PyTorch on one process; returns the record and the initial state (both on
+    the CPU). On another `device` (scripts/gpu_check.py) the weights are still drawn on the
+    CPU, as paratrain's `build_model` draws them, then moved with every batch."""
     m, t = cfg.model, cfg.train
     torch.manual_seed(t.seed)
     shape = (m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len)
-    model = GPT(GPTConfig(*shape, tie_embeddings=tie_embeddings))
+    with torch.device("cpu"):
+        model = GPT(GPTConfig(*shape, tie_embeddings=tie_embeddings))
     initial = copy.deepcopy(model.state_dict())
+    model.to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -96,7 +100,7 @@ def reference_training(
     for step in range(t.steps):
         for group in opt.param_groups:
             group["lr"] = reference_lr(step, cfg)
-        batch = sampler.global_batch_at(step)
+        batch = sampler.global_batch_at(step).to(device)
         opt.zero_grad()
         loss = model(batch[:, :-1], batch[:, 1:])
         loss.backward()
@@ -104,7 +108,8 @@ def reference_training(
         opt.step()
         losses.append(loss.item())
         norms.append(norm.item())
-    return RunRecord(losses, norms, copy.deepcopy(model.state_dict())), initial
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return RunRecord(losses, norms, state), initial
 
 
 def assert_equivalent(parallel: RunRecord, reference: RunRecord, initial: dict) -> None:

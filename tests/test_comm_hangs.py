@@ -176,3 +176,35 @@ def test_a_point_to_point_wait_names_its_peer_and_the_training_step():
     message, elapsed = run_distributed(hung_peer, 2, timeout=60)[0]
     assert message is not None and elapsed < TIMEOUT_S + 5
     assert "recv(native) with peer rank 1 call #1 float32[4] in training step 7" in message
+
+
+class _DeviceWorkThatNeverCompletes:
+    """NCCL's work as the host sees it: `wait` would return at once (it only makes the CUDA
+    stream wait), so the host must poll `is_completed` to notice a hung peer."""
+
+    def is_completed(self) -> bool:
+        return False
+
+    def wait(self, timeout=None) -> bool:
+        raise AssertionError("reached wait() before the work completed: nothing was polled")
+
+
+def test_a_hung_collective_on_an_asynchronous_backend_is_reported_within_the_timeout():
+    from paratrain.comm.group import CommGroup
+    from paratrain.comm.ledger import Ledger
+    from paratrain.comm.wait import CommError, wait_works
+
+    ledger = Ledger()
+    group = CommGroup("dp", None, [3, 5], 5, ledger, CommOptions(timeout_s=0.3))
+    group.asynchronous_to_host = True  # as an NCCL group (no GPU here to make one)
+    record = ledger.start("all_reduce", "dp", (3, 5), "native", "float32[4]")
+    start = time.perf_counter()
+    try:
+        wait_works(group, record, [_DeviceWorkThatNeverCompletes()])
+    except CommError as e:
+        message = str(e)
+    else:
+        raise AssertionError("no error")
+    assert time.perf_counter() - start < 0.3 + 2.0
+    assert message.startswith("rank 5 (rank 1 of group 'dp', ranks [3, 5]): all_reduce(native)")
+    assert "timed out after 0.3 s" in message

@@ -154,3 +154,23 @@ def test_fp16_overflows_are_left_to_the_loss_scaler_not_counted_as_faults():
     assert scaler.scale < 2.0**16
     losses = [loss for loss, s in steps if not s]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+
+def bf16_pipeline(rank, world_size, data):
+    from paratrain.train.loop import train
+
+    cfg = tiny_config(micro_batch=2, dtype="bfloat16")
+    cfg.parallel.pp, cfg.parallel.dp = world_size, 1
+    cfg.train.microbatches = cfg.train.global_batch // cfg.train.micro_batch
+    result = train(cfg, Mesh.build(pp=world_size), data)
+    return [m.loss for m in result.metrics], result.engine.runtime.dtype
+
+
+def test_a_bf16_pipeline_sends_bf16_activations_and_tracks_fp32():
+    # bf16 is the default on GPUs: stages must exchange activations in the compute dtype.
+    data = tiny_data()
+    reference, _ = reference_training(tiny_config(micro_batch=2), data)
+    for losses, dtype in run_distributed(bf16_pipeline, 2, data):
+        assert dtype == torch.bfloat16
+        for a, b in zip(losses, reference.losses, strict=True):
+            assert math.isclose(a, b, rel_tol=BF16_LOSS_RTOL), (a, b)

@@ -135,6 +135,10 @@ def setup_logging(rank: int) -> None:
     )
 
 
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f}"
+
+
 def print_summary(summary: dict[str, Any], as_json: bool) -> None:
     print(
         f"trained {summary['steps']} steps on {summary['world_size']} processes: "
@@ -143,6 +147,16 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
         f"run directory {summary['run_dir']}",
         flush=True,
     )
+    peaks = summary.get("cuda_max_allocated_bytes")
+    if peaks:  # on CUDA: what the allocator held at most, beside the model state counted
+        state = summary.get("model_state_bytes_per_rank") or [None] * len(peaks)
+        print(
+            "CUDA memory per rank (max allocated / model state): "
+            + ", ".join(
+                f"{p / 2**30:.2f} / {_gib(s)} GiB" for p, s in zip(peaks, state, strict=True)
+            ),
+            flush=True,
+        )
     if as_json:
         print(json.dumps(summary), flush=True)
 
@@ -154,7 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     setup_logging(env["rank"] if env else 0)
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
-    resolve(cfg, world)
+    resolve(cfg, world, env["local_world_size"] if env else None)
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
         from paratrain.train.checkpoint import find_resumable
 

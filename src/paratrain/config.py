@@ -31,6 +31,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 ZERO2_ACCUMULATE = ("full", "shard")
 COMM_ALGOS = ("native", "ring", "tree")
 BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
 LR_SCALINGS = ("none", "linear", "sqrt")
 
@@ -73,7 +74,12 @@ class ParallelConfig:
         False, "Split LayerNorm/dropout regions along the sequence over tp."
     )
     chunks: int = param(1, "Model chunks per pipeline stage (v); interleaved needs 2 or more.")
-    backend: str = param("auto", "torch.distributed backend: gloo, nccl, or auto (nccl on CUDA).")
+    device: str = param(
+        "auto", "Where each rank computes: cpu, cuda (cuda:LOCAL_RANK), or auto (cuda if present)."
+    )
+    backend: str = param(
+        "auto", "torch.distributed backend: gloo, nccl, or auto (nccl for cuda, else gloo)."
+    )
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
     comm_algo: str = param("native", f"Default collective algorithm: {one_of(COMM_ALGOS)}.")
     bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
@@ -111,7 +117,7 @@ class TrainConfig:
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value; 0 disables.")
     seed: int = param(1234, "Seed for model initialisation and data order.")
     dtype: str = param(
-        "auto", "Compute dtype: float32, bfloat16, or auto (bf16 on CUDA, else fp32)."
+        "auto", "Compute dtype: float32, bfloat16, or auto (bf16 on cuda, else fp32)."
     )
     loss_scale: float = param(
         2.0**16, "fp16 only: initial loss scale, halved on overflow (step skipped), then grown."
@@ -231,13 +237,20 @@ def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
     return rank, factor
 
 
-def compute_dtype(cfg: RunConfig) -> str:
-    """The dtype a run computes in: `auto` means bfloat16 on CUDA, float32 elsewhere.
+def device_type(cfg: RunConfig) -> str:
+    """ "cpu" or "cuda": `auto` means cuda when this machine has it.
 
     For configurations built in code that never went through `resolve`.
     """
-    if cfg.train.dtype == "auto":
+    if cfg.parallel.device == "auto":
         import torch  # only here: the configuration itself needs no torch
 
-        return "bfloat16" if torch.cuda.is_available() else "float32"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.parallel.device
+
+
+def compute_dtype(cfg: RunConfig) -> str:
+    """The dtype a run computes in: `auto` means bfloat16 on cuda, float32 elsewhere."""
+    if cfg.train.dtype == "auto":
+        return "bfloat16" if device_type(cfg) == "cuda" else "float32"
     return cfg.train.dtype

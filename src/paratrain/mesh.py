@@ -6,14 +6,22 @@ per pass); dp next, since its gradient all-reduce is the next heaviest traffic; 
 outermost, since stages exchange only one activation per micro-batch and tolerate slower
 links. This is Megatron-LM's default order (arXiv:2104.04473, section 3).
 
-`MeshShape` is the pure arithmetic; `Mesh` adds the rank's process groups. A Mesh is an
-ordinary object passed to whatever needs it: there is no global registry of groups.
+`MeshShape` is the pure arithmetic; `Mesh` adds the rank's device and process groups. A
+Mesh is an ordinary object passed to whatever needs it: there is no global registry of
+groups.
+
+Two kinds of group: the axes' groups ("world", "pp", "dp", "tp") carry the tensors and use
+the backend the process group was initialised with (NCCL for CUDA tensors, gloo on CPU);
+"control", over every rank, is always gloo and carries host-side traffic: small objects
+(the run directory, errors), the preemption flag, measurements, checkpoint coordination
+and the parameter server's receive-from-any, which NCCL does not have.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from paratrain.comm.group import CommGroup, CommOptions
@@ -82,7 +90,7 @@ class MeshShape:
 
 
 class Mesh:
-    """One rank's view of the grid: its coordinates and one CommGroup per axis."""
+    """One rank's view of the grid: its device, coordinates and one CommGroup per axis."""
 
     def __init__(
         self,
@@ -92,9 +100,11 @@ class Mesh:
         ledger: Ledger,
         watchdog: Watchdog | None = None,
         options: CommOptions | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.shape = shape
         self.global_rank = global_rank
+        self.device = device if device is not None else torch.device("cpu")
         self.ledger = ledger
         self.watchdog = watchdog
         self._groups = groups
@@ -109,12 +119,14 @@ class Mesh:
         tp: int = 1,
         options: CommOptions | None = None,
         ledger: Ledger | None = None,
+        device: torch.device | str = "cpu",
     ) -> Mesh:
         """Create the groups of every axis. Every rank must call this, in the same order.
 
         With torch.distributed not initialised the world must be a single rank. All groups
         share this rank's ledger, the options (timeout, default algorithm, checking) and a
-        watchdog that publishes the ledger for hang reports.
+        watchdog that publishes the ledger for hang reports. `device`: where this rank's
+        model and batches live (cuda:LOCAL_RANK with NCCL).
         """
         shape = MeshShape(dp=dp, pp=pp, tp=tp)
         ledger = ledger if ledger is not None else Ledger()
@@ -132,7 +144,15 @@ class Mesh:
         groups = {"world": CommGroup.world(**common)}
         for axis in AXES:
             groups[axis] = cls._build_axis(shape, axis, rank, common)
-        return cls(shape, rank, groups, ledger, watchdog, options)
+        groups["control"] = cls._build_control(world, rank, common)
+        return cls(shape, rank, groups, ledger, watchdog, options, torch.device(device))
+
+    @staticmethod
+    def _build_control(world: int, rank: int, common: dict) -> CommGroup:
+        """The host-side group over every rank: gloo whatever the axes' backend."""
+        ranks = list(range(world))
+        pg = dist.new_group(ranks, backend="gloo") if world > 1 else None
+        return CommGroup("control", pg, ranks, rank, **common)
 
     @staticmethod
     def _build_axis(shape: MeshShape, axis: str, rank: int, common: dict) -> CommGroup:
@@ -169,6 +189,11 @@ class Mesh:
                     own = CommGroup("pp_ends", pg, ranks, self.global_rank, **self._common)
             self._pipeline_ends.append(own)
         return self._pipeline_ends[0]
+
+    @property
+    def control(self) -> CommGroup:
+        """Every rank, over gloo: host-side traffic (CPU tensors and objects) only."""
+        return self._groups["control"]
 
     def group(self, axis: str) -> CommGroup:
         if axis not in self._groups:

@@ -14,6 +14,7 @@ from paratrain.config import (
     BACKENDS,
     COMM_ALGOS,
     COMPUTE_DTYPES,
+    DEVICES,
     DP_MODES,
     LR_SCALINGS,
     RECOMPUTE_MODES,
@@ -26,11 +27,14 @@ from paratrain.config import (
 from paratrain.models.plans import check_gpt_tensor_parallel
 
 
-def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
-    """Fill the automatic fields (dp, K, G, backend, dtype) and check everything."""
+def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> RunConfig:
+    """Fill the automatic fields (dp, K, G, device, backend, dtype) and check everything.
+
+    local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE); default --nproc.
+    """
     _check_positive(cfg)
     _check_comm(cfg)
-    _resolve_device_defaults(cfg)
+    _resolve_device_defaults(cfg, local_procs or cfg.parallel.nproc)
     _check_not_built_yet(cfg)
     _resolve_mesh(cfg, world_size)
     if cfg.parallel.straggler:
@@ -115,18 +119,33 @@ def _check_comm(cfg: RunConfig) -> None:
         raise ValueError(f"--lr-base-batch {t.lr_base_batch} must be positive")
 
 
-def _resolve_device_defaults(cfg: RunConfig) -> None:
-    cuda = torch.cuda.is_available()
-    backend = cfg.parallel.backend
-    if backend == "auto":
-        cfg.parallel.backend = "nccl" if cuda else "gloo"
-    elif backend not in BACKENDS:
-        raise ValueError(f"parallel.backend = {backend!r}; valid: auto, {', '.join(BACKENDS)}")
-    elif backend == "nccl" and not cuda:
-        raise ValueError("parallel.backend = 'nccl' needs CUDA, which this machine lacks; use gloo")
+def _resolve_device_defaults(cfg: RunConfig, local_procs: int) -> None:
+    """Device first (auto: cuda when present), then the backend and dtype it implies."""
+    p, cuda = cfg.parallel, torch.cuda.is_available()
+    if p.device == "auto":
+        p.device = "cuda" if cuda else "cpu"
+    elif p.device not in DEVICES:
+        raise ValueError(f"--device {p.device!r}; valid: auto, {', '.join(DEVICES)}")
+    elif p.device == "cuda" and not cuda:
+        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu")
+    if p.device == "cuda" and local_procs > torch.cuda.device_count():
+        raise ValueError(
+            f"{local_procs} ranks on this node with --device cuda need {local_procs} GPUs (one "
+            f"per rank); it has {torch.cuda.device_count()}"
+        )
+    wanted = "nccl" if p.device == "cuda" else "gloo"
+    if p.backend == "auto":
+        p.backend = wanted
+    elif p.backend not in BACKENDS:
+        raise ValueError(f"--backend {p.backend!r}; valid: auto, {', '.join(BACKENDS)}")
+    elif p.backend != wanted:
+        raise ValueError(
+            f"--backend {p.backend} with --device {p.device}: tensors on {p.device} travel "
+            f"over {wanted}; use --backend {wanted} or auto"
+        )
     dtype = cfg.train.dtype
     if dtype == "auto":
-        cfg.train.dtype = "bfloat16" if cuda else "float32"
+        cfg.train.dtype = "bfloat16" if p.device == "cuda" else "float32"
     elif dtype not in COMPUTE_DTYPES:
         raise ValueError(f"train.dtype = {dtype!r}; valid: auto, {', '.join(COMPUTE_DTYPES)}")
 

@@ -19,7 +19,7 @@ from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.same_call import verify_same_call
 from paratrain.comm.traffic import Traffic
-from paratrain.comm.wait import wait_works
+from paratrain.comm.wait import settle, wait_works
 
 
 def describe(*tensors: torch.Tensor | None) -> str:
@@ -31,8 +31,21 @@ def describe(*tensors: torch.Tensor | None) -> str:
     return " -> ".join([first] + [str(list(t.shape)) for t in shown[1:]])
 
 
-def begin(group: CommGroup, op: str, algo: str, shapes: str, peer: int | None = None) -> CallRecord:
-    """Record the start of a call; `peer` (a rank of the group) for point-to-point ones."""
+def begin(
+    group: CommGroup,
+    op: str,
+    algo: str,
+    shapes: str,
+    peer: int | None = None,
+    overlapped: bool = False,
+) -> CallRecord:
+    """Record the start of a call; `peer` (a rank of the group) for point-to-point ones.
+
+    overlapped: the call is left in flight behind a Handle, whose `wait` starts the clock
+    that counts; issuing it must not stall the host (it runs inside backward's hooks).
+    """
+    if not overlapped:
+        settle(group)  # NCCL: the clock starts when the device has caught up with the host
     peer_global = None if peer is None else group.ranks[peer]
     record = group.ledger.start(op, group.name, tuple(group.ranks), algo, shapes, peer_global)
     if group.options.check and group.size > 1:
@@ -74,6 +87,7 @@ class Handle:
 
     def wait(self) -> Any:
         if not self._done:
+            settle(self.group)  # NCCL: count only the waiting that compute did not hide
             issued = time.perf_counter()
             wait_works(self.group, self.record, self.works)
             if self._then is not None:

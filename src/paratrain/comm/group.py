@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
@@ -53,6 +54,9 @@ class CommGroup:
         self.ledger = ledger
         self.options = options or CommOptions()
         self.watchdog = watchdog
+        # NCCL queues its work on a CUDA stream and returns at once: waiting and timing
+        # must synchronise with the device (wait.py), and its tensors live on the GPU.
+        self.asynchronous_to_host = pg is not None and dist.get_backend(pg) == "nccl"
 
     @classmethod
     def world(
@@ -67,6 +71,14 @@ class CommGroup:
         size = dist.get_world_size()
         pg = dist.group.WORLD if size > 1 else None
         return cls(name, pg, list(range(size)), dist.get_rank(), ledger, options, watchdog)
+
+    @property
+    def device(self) -> torch.device:
+        """Where this group's backend takes tensors that no caller handed in (the per-call
+        check's): the current GPU under NCCL, the host under gloo."""
+        if self.asynchronous_to_host:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     @property
     def size(self) -> int:

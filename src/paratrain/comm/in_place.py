@@ -41,7 +41,7 @@ def all_reduce(
     if group.size == 1:
         return Done(tensor) if async_op else tensor
     algo = choose_algo(group, algo, "all_reduce")
-    record = begin(group, "all_reduce", algo, describe(tensor))
+    record = begin(group, "all_reduce", algo, describe(tensor), overlapped=algo == "native")
     flat = _flat_work(tensor)
     sizes = [b * tensor.element_size() for b in chunk_sizes(tensor.numel(), group.size)]
 

@@ -30,7 +30,7 @@ def _check_peer(group: CommGroup, peer: int, what: str) -> int:
 def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
     """Start sending `tensor` to group rank `dst`; wait() on the handle before reusing it."""
     peer = _check_peer(group, dst, "destination")
-    record = begin(group, "send", "native", describe(tensor), peer=dst)
+    record = begin(group, "send", "native", describe(tensor), peer=dst, overlapped=True)
     work = dist.isend(tensor.contiguous(), dst=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(_nbytes(tensor), 0, 1), tensor)
 
@@ -38,7 +38,7 @@ def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
 def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
     """Start receiving into `tensor` from group rank `src`; wait() returns the tensor."""
     peer = _check_peer(group, src, "source")
-    record = begin(group, "recv", "native", describe(tensor), peer=src)
+    record = begin(group, "recv", "native", describe(tensor), peer=src, overlapped=True)
     work = dist.irecv(tensor, src=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
 
@@ -69,18 +69,21 @@ def exchange(
     sends: list[tuple[torch.Tensor, int]],
     recvs: list[tuple[torch.Tensor, int]],
 ) -> Traffic:
-    """Post all sends and receives of one algorithm step at once, then wait for them.
+    """Post all sends and receives of one algorithm step as one batch, then wait for them.
 
     Posting both sides before waiting is what keeps a ring from deadlocking: every rank
-    sends right and receives left in the same step.
+    sends right and receives left in the same step. Under NCCL a send blocks its stream
+    until the peer's receive is posted, so the step's messages go in one
+    `batch_isend_irecv` (one NCCL group call); gloo posts them one by one.
     """
     # Chunk sizes are known on both sides, so both skip the same empty messages.
     sends = [(t, dst) for t, dst in sends if t.numel() > 0]
     recvs = [(t, src) for t, src in recvs if t.numel() > 0]
-    works = [dist.irecv(t, src=group.to_global(src), group=group.pg) for t, src in recvs]
-    works += [
-        dist.isend(t.contiguous(), dst=group.to_global(dst), group=group.pg) for t, dst in sends
+    ops = [dist.P2POp(dist.irecv, t, group.to_global(src), group.pg) for t, src in recvs]
+    ops += [
+        dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), group.pg) for t, dst in sends
     ]
+    works = dist.batch_isend_irecv(ops) if ops else []
     wait_works(group, record, works)
     return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
 

@@ -24,7 +24,7 @@ def reduce_scatter_(
     k, r = group.size, group.rank
     chunks = list(flat.split(sizes))  # views; sizes may be uneven
     right, left = (r + 1) % k, (r - 1) % k
-    buffer = torch.empty(max(sizes), dtype=flat.dtype)
+    buffer = flat.new_empty(max(sizes))
     traffic = Traffic(0, 0, 0)
     for step in range(k - 1):
         # Step s: pass on my partial sum of chunk r-s-1, receive the left one's of r-s-2.

@@ -39,7 +39,7 @@ def scatter(
         traffic = exchange(group, record, sends, [])
         output.copy_(chunks[src])
     else:
-        recv = torch.empty(output.numel(), dtype=output.dtype)
+        recv = output.new_empty(output.numel())
         traffic = exchange(group, record, [], [(recv, src)])
         output.copy_(recv.view_as(output))
     finish(group, record, traffic)
@@ -64,7 +64,7 @@ def gather(
         finish(group, record, traffic)
         return None
     shapes = shapes or [tensor.shape] * group.size
-    outs = [torch.empty(s, dtype=tensor.dtype) for s in shapes]
+    outs = [tensor.new_empty(s) for s in shapes]
     recvs = [(o.view(-1), r) for r, o in enumerate(outs) if r != dst]
     traffic = exchange(group, record, [], recvs)
     outs[dst].copy_(tensor)

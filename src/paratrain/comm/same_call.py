@@ -21,15 +21,17 @@ from paratrain.comm.wait import CommError, wait_works
 WIDTH = 160  # bytes per rank for "#seq signature"
 
 
-def _encode(text: str) -> torch.Tensor:
+def _encode(text: str, device: torch.device) -> torch.Tensor:
     raw = text.encode()[:WIDTH].ljust(WIDTH, b"\0")
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
 
 
 def verify_same_call(group: CommGroup, record: CallRecord) -> None:
     mine = f"#{record.seq} {record.signature}"
-    everyone = torch.empty(WIDTH * group.size, dtype=torch.uint8)
-    work = dist.all_gather_single(everyone, _encode(mine), group=group.pg, async_op=True)
+    everyone = torch.empty(WIDTH * group.size, dtype=torch.uint8, device=group.device)
+    work = dist.all_gather_single(
+        everyone, _encode(mine, group.device), group=group.pg, async_op=True
+    )
     wait_works(group, record, [work])
     traffic = native_traffic("all_gather", WIDTH * group.size, group.size, group.rank)
     group.ledger.count(group.name, "check", traffic)

@@ -39,8 +39,8 @@ def all_gather_flat(
     """
     if async_op and _can_overlap(group, algo, "all_gather", sizes, tensor.numel()):
         assert sizes is not None
-        record = begin(group, "all_gather", "native", describe(tensor))
-        out = torch.empty(sum(sizes), dtype=tensor.dtype)
+        record = begin(group, "all_gather", "native", describe(tensor), overlapped=True)
+        out = tensor.new_empty(sum(sizes))
         work = dist.all_gather_single(
             out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
         )
@@ -89,13 +89,13 @@ def _all_gather(
     record = begin(group, "all_gather", algo, describe(tensor))
     meta = Traffic(0, 0, 0)
     if sizes is None:
-        sizes, meta = _exchange_sizes(tensor.numel(), group, record)
+        sizes, meta = _exchange_sizes(tensor, group, record)
     elif len(sizes) != group.size or sizes[group.rank] != tensor.numel():
         raise ValueError(
             f"all_gather sizes {sizes} do not fit group {group.name} of {group.size} ranks "
             f"where rank {group.rank} holds {tensor.numel()} elements"
         )
-    out = torch.empty(sum(sizes), dtype=tensor.dtype)
+    out = tensor.new_empty(sum(sizes))
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     if sum(sizes) == 0:
         traffic = Traffic(0, 0, 0)
@@ -111,9 +111,10 @@ def _all_gather(
     return out, sizes
 
 
-def _exchange_sizes(numel: int, group: CommGroup, record) -> tuple[list[int], Traffic]:
-    mine = torch.tensor([numel], dtype=torch.int64)
-    everyone = torch.empty(group.size, dtype=torch.int64)
+def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[list[int], Traffic]:
+    """Every rank's element count, exchanged where the tensors live (the group's backend)."""
+    mine = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
+    everyone = torch.empty(group.size, dtype=torch.int64, device=tensor.device)
     work = dist.all_gather_single(everyone, mine, group=group.pg, async_op=True)
     wait_works(group, record, [work])
     traffic = native_traffic("all_gather", 8 * group.size, group.size, group.rank)
@@ -127,9 +128,9 @@ def _native_all_gather_padded(flat, sizes, out, group, record) -> None:
         wait_works(group, record, [work])
         return
     longest = max(sizes)
-    padded = torch.zeros(longest, dtype=flat.dtype)
+    padded = flat.new_zeros(longest)
     padded[: flat.numel()] = flat
-    gathered = torch.empty(longest * group.size, dtype=flat.dtype)
+    gathered = flat.new_empty(longest * group.size)
     work = dist.all_gather_single(gathered, padded, group=group.pg, async_op=True)
     wait_works(group, record, [work])
     for piece, (n, dest) in zip(
@@ -199,9 +200,9 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
             f"reduce_scatter sizes {sizes} must be {group.size} numbers adding up to "
             f"the tensor's {flat.numel()} elements"
         )
-    record = begin(group, "reduce_scatter", "native", describe(tensor))
+    record = begin(group, "reduce_scatter", "native", describe(tensor), overlapped=True)
     padded, longest = _pad_chunks(flat, sizes)
-    out = torch.empty(longest, dtype=flat.dtype)
+    out = flat.new_empty(longest)
     work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     traffic = native_traffic(
@@ -222,7 +223,7 @@ def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int
     longest = max(sizes)
     if len(set(sizes)) == 1:
         return flat.contiguous(), longest
-    padded = torch.zeros(longest * len(sizes), dtype=flat.dtype)
+    padded = flat.new_zeros(longest * len(sizes))
     for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
         dest[: piece.numel()] = piece
     return padded, longest
@@ -230,7 +231,7 @@ def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int
 
 def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
     padded, longest = _pad_chunks(flat, sizes)
-    out = torch.empty(longest, dtype=flat.dtype)
+    out = flat.new_empty(longest)
     work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
     wait_works(group, record, [work])
     mine = out[: sizes[group.rank]].clone()

@@ -1,6 +1,14 @@
 """Waiting on the backend's work, always bounded, and the error that explains a call that
 did not complete: this rank, the group, the op, its sequence number, then the watchdog's
-comparison of every member's ledger (watchdog.py)."""
+comparison of every member's ledger (watchdog.py).
+
+Gloo's `wait` blocks the host until the work is done or its timeout passes. NCCL's does
+not: it only makes the current CUDA stream wait, and a hung peer would surface as NCCL's
+own watchdog killing the process. On such groups the host therefore polls the work until
+it completes, within the same timeout, so a hang gets the same report as on gloo, and
+`settle` drains the device's queued compute at the points where the ledger starts its
+clock, so that the seconds it records are seconds spent in communication (docs/comm.md).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from paratrain.comm.group import CommGroup
@@ -22,14 +31,36 @@ def timeout(group: CommGroup) -> timedelta:
     return timedelta(seconds=group.options.timeout_s)
 
 
+POLL_S = 20e-6  # between polls of a device-side collective: short against any transfer
+
+
+def settle(group: CommGroup) -> None:
+    """On a group whose backend is asynchronous to the host (NCCL): wait until the compute
+    already queued on this device's current stream has run, so that a clock started now
+    measures the collective, not the work before it. A no-op elsewhere."""
+    if group.asynchronous_to_host:
+        torch.cuda.current_stream().synchronize()
+
+
 def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work | None]) -> None:
     for work in works:
         if work is None:
             continue
         try:
+            if group.asynchronous_to_host:
+                _poll(work, group.options.timeout_s)
             work.wait(timeout=timeout(group))
         except RuntimeError as e:
             raise failure(group, record, e) from e
+
+
+def _poll(work: dist.Work, timeout_s: float) -> None:
+    """Block the host until the device-side work completes, or raise after the timeout."""
+    deadline = time.perf_counter() + timeout_s
+    while not work.is_completed():
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:g} s; the work is still pending")
+        time.sleep(POLL_S)
 
 
 def failure(group: CommGroup, record: CallRecord, err: BaseException) -> CommError:

@@ -14,7 +14,7 @@ before the moment update, so the arithmetic is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -37,6 +37,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def fastest(params: Iterable[torch.Tensor]) -> dict[str, bool]:
+    """torch AdamW's fast path for these parameters: on CUDA the fused kernel (one launch
+    for all of them); elsewhere foreach, which batches the many small tensors' updates."""
+    params = list(params)
+    if params and all(p.is_cuda for p in params):
+        return {"fused": True}
+    return {"foreach": True}
+
+
 def adamw(
     model: nn.Module,
     lr: float,
@@ -44,10 +53,9 @@ def adamw(
     betas: tuple[float, float],
     eps: float = 1e-8,
 ) -> torch.optim.AdamW:
-    """torch's AdamW over the whole `model`; foreach=True is its fast path for many
-    small tensors."""
+    """torch's AdamW over the whole `model`, in its fastest implementation (`fastest`)."""
     groups = param_groups(model, weight_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **fastest(model.parameters()))
 
 
 class ShardedAdamW:
@@ -76,7 +84,7 @@ class ShardedAdamW:
         self.scaler = scaler
         params = [s.optimized for s in shards if s.optimized.numel()]
         self.inner = torch.optim.AdamW(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=0.0, foreach=True
+            params, lr=lr, betas=betas, eps=eps, weight_decay=0.0, **fastest(params)
         )
         self._decayed = [  # views of the pieces of decayed parameters
             s.optimized[p.shard_offset : p.shard_offset + p.numel]

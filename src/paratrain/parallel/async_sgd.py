@@ -12,9 +12,12 @@ with a first-order Taylor term, approximating the Hessian by lambda * g * g:
 A staleness bound drops gradients older than the bound (the worker then gets fresh
 parameters and recomputes), trading wasted work for freshness.
 
-Messages (all through paratrain.comm point-to-point on the group):
+Messages (all through paratrain.comm point-to-point):
     worker -> server: header float64 [pulled_version, batch_index, loss, tokens], grad
     server -> worker: header float64 [version, next_batch_index or -1 to stop], params
+Headers are host-side and go over `control`, a gloo group of the same ranks: the server
+receives them from whichever worker pushes first, which NCCL cannot do. Parameters and
+gradients then go over `group` (NCCL on GPUs), between the two ranks the header named.
 """
 
 from __future__ import annotations
@@ -64,6 +67,14 @@ class ServerReport:
         return counts
 
 
+def _check_same_ranks(group: comm.CommGroup, control: comm.CommGroup) -> None:
+    if control.ranks != group.ranks:
+        raise ValueError(
+            f"async SGD: the control group {control.ranks} must hold the ranks of "
+            f"{group.name} {group.ranks}, in the same order"
+        )
+
+
 def _flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -90,12 +101,13 @@ class _Server:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        group: comm.CommGroup,
+        groups: tuple[comm.CommGroup, comm.CommGroup],
         set_lr: Callable[[int], None],
         clip: Callable[[], float],
         dc_lambda: float,
     ) -> None:
-        self.model, self.optimizer, self.group = model, optimizer, group
+        self.model, self.optimizer = model, optimizer
+        self.group, self.control = groups
         self.set_lr, self.clip, self.dc_lambda = set_lr, clip, dc_lambda
         self.version = 0
         self.pulled: dict[int, torch.Tensor] = {}  # worker -> the parameters it was sent
@@ -104,8 +116,8 @@ class _Server:
 
     def reply(self, worker: int, batch: float) -> None:
         """Send the version and the next batch index; unless STOP, the parameters too."""
-        header = torch.tensor([float(self.version), batch], dtype=torch.float64)
-        comm.send(header, self.group, worker)
+        header = torch.tensor([float(self.version), batch], dtype=torch.float64, device="cpu")
+        comm.send(header, self.control, worker)
         if batch != STOP:
             self.pulled[worker] = _flat_params(self.model)
             comm.send(self.pulled[worker], self.group, worker)
@@ -130,6 +142,7 @@ def serve(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     group: comm.CommGroup,
+    control: comm.CommGroup,
     total_updates: int,
     set_lr: Callable[[int], None],
     clip: Callable[[], float],
@@ -139,18 +152,21 @@ def serve(
     """Run the parameter server on group rank 0 until `total_updates` have been applied.
 
     clip: called with the pushed gradient in `.grad`; clips it, returns its norm before.
+    control: the host-side (gloo) group of the same ranks as `group`, for the headers.
     """
-    server = _Server(model, optimizer, group, set_lr, clip, dc_lambda)
+    _check_same_ranks(group, control)
+    server = _Server(model, optimizer, (group, control), set_lr, clip, dc_lambda)
     workers = [r for r in range(group.size) if r != group.rank]
     numel = sum(p.numel() for p in model.parameters())
+    device = next(model.parameters()).device
     for next_batch, w in enumerate(workers):  # every worker starts on its own batch
         server.reply(w, float(next_batch))
     next_batch = len(workers)
     active = set(workers)
-    header = torch.empty(4, dtype=torch.float64)
+    header = torch.empty(4, dtype=torch.float64, device="cpu")  # host-side, over control
     while active:
-        w = comm.recv_any(header, group)  # whichever worker pushes first is served first
-        grad = comm.recv(torch.empty(numel), group, w)
+        w = comm.recv_any(header, control)  # whichever worker pushes first is served first
+        grad = comm.recv(torch.empty(numel, device=device), group, w)
         staleness = server.version - int(header[0])
         if len(server.report.updates) >= total_updates:
             pass  # a push in flight when the run ended: not applied, not counted
@@ -170,6 +186,7 @@ def serve(
 def work(
     model: nn.Module,
     group: comm.CommGroup,
+    control: comm.CommGroup,
     compute: Callable[[int], tuple[float, float]],
     server: int = 0,
 ) -> int:
@@ -177,12 +194,13 @@ def work(
 
     Returns the number of gradients this worker pushed.
     """
+    _check_same_ranks(group, control)
     numel = sum(p.numel() for p in model.parameters())
-    header = torch.empty(2, dtype=torch.float64)
-    params = torch.empty(numel)
+    header = torch.empty(2, dtype=torch.float64, device="cpu")  # host-side, over control
+    params = torch.empty(numel, device=next(model.parameters()).device)
     pushes = 0
     while True:
-        version, batch = comm.recv(header, group, server).tolist()
+        version, batch = comm.recv(header, control, server).tolist()
         if batch == STOP:
             return pushes
         _load_flat(model, comm.recv(params, group, server))
@@ -194,6 +212,7 @@ def work(
                 for p in model.parameters()
             ]
         )
-        comm.send(torch.tensor([version, batch, loss, tokens], dtype=torch.float64), group, server)
+        pushed = [version, batch, loss, tokens]
+        comm.send(torch.tensor(pushed, dtype=torch.float64, device="cpu"), control, server)
         comm.send(grad, group, server)
         pushes += 1

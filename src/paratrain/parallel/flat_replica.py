@@ -71,7 +71,8 @@ class FlatShardReplica(nn.Module, abc.ABC):
         """Squared norms per parameter piece, as torch takes them per tensor."""
         held = self._held_pieces()
         names, views = [p.segment.name for p, _ in held], [v for _, v in held]
-        return GradSquares(names, squared_norms(views), self.sharded_over)
+        squares = squared_norms(views, self.shards[0].grad.device)
+        return GradSquares(names, squares, self.sharded_over)
 
     def all_reduce_grads_(
         self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True
@@ -97,7 +98,7 @@ class FlatShardReplica(nn.Module, abc.ABC):
         starts, total = {}, 0
         for name in names:  # the named gradients end to end, in the order given
             starts[name], total = total, total + numel[name]
-        flat = torch.zeros(total, dtype=self._grad_dtype)
+        flat = self.shards[0].grad.new_zeros(total, dtype=self._grad_dtype)
         held = [(p, v) for p, v in self._held_pieces() if p.segment.name in starts]
         for piece, view in held:
             at = starts[piece.segment.name]

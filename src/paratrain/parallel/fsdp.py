@@ -153,7 +153,8 @@ class FullyShardedDataParallel(FlatShardReplica):
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         u = self._unit_of[id(p)]
         if u.grad_buffer is None:
-            u.grad_buffer = torch.zeros(u.layout.padded, dtype=self.precision.param_dtype)
+            dtype = self.precision.param_dtype
+            u.grad_buffer = u.shard.grad.new_zeros(u.layout.padded, dtype=dtype)
         i = next(j for j, q in enumerate(u.params) if q is p)
         seg = u.layout.segments[i]
         assert p.grad is not None
@@ -179,7 +180,7 @@ class FullyShardedDataParallel(FlatShardReplica):
     def _launch(self, u: FlatUnit) -> None:
         data, u.grad_buffer = u.grad_buffer, None
         if data is None:  # no gradient reached this unit in this backward
-            data = torch.zeros(u.layout.padded, dtype=self.precision.param_dtype)
+            data = u.shard.grad.new_zeros(u.layout.padded, dtype=self.precision.param_dtype)
         send = data.to(self.precision.reduce_dtype)
         sizes = [u.layout.shard] * self.group.size
         handle = comm.reduce_scatter(send, self.group, self.reduce_op, sizes=sizes, async_op=True)

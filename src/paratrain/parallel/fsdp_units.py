@@ -77,7 +77,7 @@ class FlatUnit:
         self.params = [p for _, p in named_params]
         self.group, self.tracker = group, tracker
         self.layout = FlatLayout(named_params, group.size)
-        values = torch.zeros(self.layout.padded, dtype=torch.float32)  # (padded,) full fp32
+        values = torch.zeros(self.layout.padded, device=self.params[0].device)  # (padded,) fp32
         for p, view in zip(self.params, self.layout.views(values), strict=True):
             view.copy_(p.detach())
         lo, hi = self.layout.shard_range(group.rank)
@@ -85,7 +85,7 @@ class FlatUnit:
         param_shard = values[lo:hi].to(dtype, copy=True)  # own storage: the rest is freed
         master = values[lo:hi] if precision.has_master else None
         self.shard: FlatShard = make_shard(self.layout, group.rank, param_shard, dtype, master)
-        self.full = torch.empty(self.layout.padded, dtype=dtype)  # (padded,) when gathered
+        self.full = param_shard.new_empty(self.layout.padded)  # (padded,) when gathered
         for p, view in zip(self.params, self.layout.views(self.full), strict=True):
             p.data = view
         self.nbytes = self.full.numel() * self.full.element_size()

@@ -82,11 +82,11 @@ class MixedPrecision:
 
     @property
     def param_bytes(self) -> int:
-        return torch.empty(0, dtype=self.param_dtype).element_size()
+        return self.param_dtype.itemsize
 
     @property
     def reduce_bytes(self) -> int:
-        return torch.empty(0, dtype=self.reduce_dtype).element_size()
+        return self.reduce_dtype.itemsize
 
 
 class DynamicLossScaler:
@@ -140,7 +140,7 @@ def scale_backward(output: object, scale: float) -> object:
 
 def found_inf(grads: list[torch.Tensor], group: comm.CommGroup) -> bool:
     """Whether any rank's gradient has an inf or nan (one small all-reduce over the group)."""
-    flag = torch.zeros(1)
+    flag = torch.zeros(1, device=grads[0].device if grads else group.device)
     for g in grads:
         if g.numel() and not bool(torch.isfinite(g).all()):
             flag.fill_(1.0)

@@ -175,12 +175,17 @@ def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
     return names, grads
 
 
-def squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+def device_of(module: nn.Module) -> torch.device:
+    """Where a module's parameters live (the first one's device: a replica has one)."""
+    return next(module.parameters()).device
+
+
+def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """(len(tensors),) float64: each tensor's squared L2 norm. Norms are taken per tensor
     in its own dtype (one fused kernel, as torch.nn.utils.clip_grad_norm_ does; one fp32
     norm over a whole flat buffer rounds measurably worse), then squared in float64."""
     if not tensors:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64, device=device)
     return torch.stack(torch._foreach_norm(tensors)).double().pow(2)
 
 
@@ -192,7 +197,10 @@ def scale_(tensors: list[torch.Tensor], factor: float) -> None:
 def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:
     """Sum `tensors` over `group` in one call (flattened end to end), each in place."""
     dtype = tensors[0].dtype if tensors else torch.float32
-    flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0, dtype=dtype)
+    if not tensors:  # still a call: the other ranks of the group may hold some
+        flat = torch.zeros(0, dtype=dtype, device=group.device)
+    else:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
     comm.all_reduce(flat, group, op="sum")
     offset = 0
     for t in tensors:
@@ -203,7 +211,7 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:
 def whole_grad_squares(module: nn.Module) -> GradSquares:
     """Per-parameter squared norms of whole gradients held in `p.grad`."""
     names, grads = whole_grads(module)
-    return GradSquares(names, squared_norms(grads), None)
+    return GradSquares(names, squared_norms(grads, device_of(module)), None)
 
 
 def scale_whole_grads_(module: nn.Module, factor: float) -> None:
@@ -283,7 +291,10 @@ def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[st
     checkpoint can be loaded into a freshly built optimizer."""
     state = optimizer.state[param]
     if not state:
-        state["step"] = torch.tensor(0.0)  # host-side counter, as torch's AdamW keeps it
+        # Where torch's AdamW keeps it: on the host, or beside the parameter when fused.
+        fused = bool(optimizer.defaults.get("fused")) or bool(optimizer.defaults.get("capturable"))
+        host = torch.device("cpu")  # host-side counter, as torch's AdamW keeps it unfused
+        state["step"] = torch.zeros((), device=param.device if fused else host)
         for key in MOMENTS:
             state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
     return state

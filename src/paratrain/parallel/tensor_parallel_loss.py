@@ -64,7 +64,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         softmax, local_t, mine, valid, count = ctx.saved_tensors
         grad_z = softmax.clone()  # (N, V/tp): d loss_i / d z_iv = softmax_iv - [v = t_i]
-        rows = torch.arange(grad_z.shape[0])
+        rows = torch.arange(grad_z.shape[0], device=grad_z.device)
         grad_z[rows, local_t] -= mine.to(grad_z.dtype)
         scale = valid.to(grad_z.dtype) * (grad / count)  # (N,): mean over valid tokens
         grad_z.mul_(scale.unsqueeze(-1))

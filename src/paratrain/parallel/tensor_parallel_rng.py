@@ -76,7 +76,7 @@ class RngTracker:
 
 
 def _cpu_state(seed: int) -> torch.Tensor:
-    gen = torch.Generator()
+    gen = torch.Generator(device="cpu")  # the CPU stream; CUDA streams are seeded apart
     gen.manual_seed(seed)
     return gen.get_state()
 

@@ -89,7 +89,7 @@ class ZeroDataParallel(FlatShardReplica):
         self.shard = make_shard(self.layout, rank, self.flat_params[lo:hi], dtype, master_from)
         self.flat_grads: torch.Tensor | None = None
         if stage <= 1:  # full gradients live in one buffer; .grad are views into it
-            self.flat_grads = torch.zeros(self.layout.padded, dtype=dtype)
+            self.flat_grads = self.flat_params.new_zeros(self.layout.padded, dtype=dtype)
             self.shard.grad = self.flat_grads[lo:hi]
         self._grad_views = self.layout.views(self.flat_grads) if self.flat_grads is not None else []
         self.buckets = flat_buckets(
@@ -113,7 +113,7 @@ class ZeroDataParallel(FlatShardReplica):
 
     def _flatten_params(self, rank: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Copy the parameters into one padded buffer and make them views of it."""
-        full = torch.zeros(self.layout.padded, dtype=torch.float32)
+        full = torch.zeros(self.layout.padded, device=self._params[0].device)  # fp32
         for p, view in zip(self._params, self.layout.views(full), strict=True):
             view.copy_(p.detach())
         dtype = self.precision.param_dtype
@@ -154,7 +154,7 @@ class ZeroDataParallel(FlatShardReplica):
                 p.grad = view
         else:
             if bucket.buffer is None:
-                bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.shard.grad.dtype)
+                bucket.buffer = self.shard.grad.new_zeros(bucket.end - bucket.start)
             assert p.grad is not None
             bucket.buffer[seg.start - bucket.start : seg.end - bucket.start].add_(p.grad.view(-1))
             p.grad = None  # the bucket holds it now: never two full copies
@@ -190,7 +190,7 @@ class ZeroDataParallel(FlatShardReplica):
             data = self.flat_grads[bucket.start : bucket.end]
         else:
             if bucket.buffer is None:  # no parameter of it got a gradient here
-                bucket.buffer = torch.zeros(bucket.end - bucket.start, dtype=self.shard.grad.dtype)
+                bucket.buffer = self.shard.grad.new_zeros(bucket.end - bucket.start)
             data, bucket.buffer = bucket.buffer, None  # in flight: the next backward
             # (accumulate="shard") starts a fresh buffer; this one dies when reduced
         send = (

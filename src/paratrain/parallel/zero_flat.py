@@ -129,7 +129,7 @@ def make_shard(
     master_from: None for fp32 training, else the (shard,) fp32 values to start the master
     weights from (taken before the weights were rounded to 16 bits).
     """
-    grad = torch.zeros(layout.shard, dtype=grad_dtype)
+    grad = param.new_zeros(layout.shard, dtype=grad_dtype)
     master = None if master_from is None else master_from.detach().float().clone()
     return FlatShard(layout, rank, param, grad, master)
 

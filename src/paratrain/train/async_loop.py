@@ -20,7 +20,7 @@ from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.replica import WholeGradients
 from paratrain.train.build import build_model, seed_rank_stream
 from paratrain.train.clip import clip_to, global_grad_norm
-from paratrain.train.data import BatchSampler, TokenData, validation_batches
+from paratrain.train.data import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.train.engine import FlatEngine
 from paratrain.train.metrics import StepMetrics, TrainResult
 from paratrain.train.optim import LrSchedule
@@ -35,15 +35,17 @@ def train_async(
     on_step: Callable[[StepMetrics], None] | None = None,
 ) -> TrainResult:
     group = mesh.group("dp")
-    model = build_model(cfg)  # same seed everywhere: workers start from the server's weights
+    # Same seed everywhere: workers start from the server's weights.
+    model = build_model(cfg, mesh.device)
     if group.rank == 0:
-        return _serve(cfg, group, model, data, on_step)
+        return _serve(cfg, (group, mesh.control), model, data, on_step)
     _work(cfg, mesh, group, model, data)
     return TrainResult(model=model, metrics=[], val_loss=float("nan"))
 
 
-def _serve(cfg, group, model, data, on_step) -> TrainResult:
-    t, workers = cfg.train, group.size - 1
+def _serve(cfg, groups, model, data, on_step) -> TrainResult:
+    (group, control), t = groups, cfg.train
+    workers = group.size - 1
     lr = LrSchedule.of(cfg)  # per step of W updates, as in synchronous training
     optimizer = adamw(model, lr.peak, t.weight_decay, (t.beta1, t.beta2))
 
@@ -60,13 +62,22 @@ def _serve(cfg, group, model, data, on_step) -> TrainResult:
 
     p = cfg.parallel
     report = serve(
-        model, optimizer, group, t.steps * workers, set_lr, clip, p.dc_lambda, p.staleness_bound
+        model,
+        optimizer,
+        group,
+        control,
+        t.steps * workers,
+        set_lr,
+        clip,
+        p.dc_lambda,
+        p.staleness_bound,
     )
     metrics = _step_metrics(report, workers, lr)
     for m in metrics:
         if on_step is not None:
             on_step(m)
-    val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+    device = next(model.parameters()).device
+    val = on_device(validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches), device)
     val_loss = evaluate(model, val, group.alone("server")) if val else float("nan")
     return TrainResult(
         model=model, metrics=metrics, val_loss=val_loss, extra={"async": async_summary(report)}
@@ -125,8 +136,9 @@ def _work(cfg, mesh, group, model, data) -> None:
         start = time.perf_counter()
         step, part = divmod(batch_index, workers)
         rows = sampler.global_batch_at(step)[part * per_update : (part + 1) * per_update]
-        loss, tokens = engine.forward_backward(list(rows.split(t.micro_batch)))
+        micro_batches = on_device(list(rows.split(t.micro_batch)), mesh.device)
+        loss, tokens = engine.forward_backward(micro_batches)
         straggle(cfg, mesh.global_rank, mesh.shape.world_size, time.perf_counter() - start)
         return loss, float(tokens)
 
-    work(model, group, compute)
+    work(model, group, mesh.control, compute)

@@ -48,10 +48,20 @@ def gpt_config(cfg: RunConfig) -> GPTConfig:
     return GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout)
 
 
-def build_model(cfg: RunConfig) -> nn.Module:
-    """The full plain model, from the run's seed: the same on every rank."""
+def build_model(cfg: RunConfig, device: torch.device | str = "cpu") -> nn.Module:
+    """The full plain model, from the run's seed: the same on every rank, then moved to
+    `device`. It is initialised on the CPU, whose random stream is the same everywhere,
+    so a run starts from the same weights on any device."""
     torch.manual_seed(cfg.train.seed)
-    return GPT(gpt_config(cfg))
+    with torch.device("cpu"):  # whatever the default device: the weights are drawn here
+        model = GPT(gpt_config(cfg))
+    return model.to(device)
+
+
+def count_params(cfg: RunConfig) -> int:
+    """The model's parameter count, from a copy on the meta device: no memory, any size."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(gpt_config(cfg)).parameters())
 
 
 # Dropout masks differ between replicas (they see different data) but not between runs:
@@ -80,7 +90,7 @@ def build_engine(
     model: the full plain model, the same on every rank (default: `build_model(cfg)`).
     """
     p, t = cfg.parallel, cfg.train
-    model = build_model(cfg) if model is None else model
+    model = build_model(cfg, mesh.device) if model is None else model.to(mesh.device)
     tracker = None
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
@@ -105,7 +115,9 @@ def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPl
     tied = find_tied_weights(model, split)
     chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=split)
     schedule = build_schedule(p.schedule, pp.size, cfg.train.microbatches, p.chunks)
-    runtime = PipelineRuntime(chunks, schedule, pp, hidden_size=cfg.model.d_model)
+    # Activations travel between stages in the compute dtype (bf16 on GPUs by default).
+    dtype = MixedPrecision.of(compute_dtype(cfg)).param_dtype
+    runtime = PipelineRuntime(chunks, schedule, pp, hidden_size=cfg.model.d_model, dtype=dtype)
     # The runtime weights each micro-batch's mean loss by 1/K: replicas average.
     dp = mesh.group("dp")
     replicas = [data_parallel(c, dp, cfg, plan, reduce_op="avg") for c in chunks]

@@ -178,12 +178,19 @@ def find_resumable(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
     return ckpt
 
 
-def _rng_state(tracker: RngTracker | None) -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "tp": tracker.state_dict() if tracker else None}
+def _rng_state(tracker: RngTracker | None, device: torch.device) -> dict[str, Any]:
+    """The random streams dropout draws from: the CPU's, the rank's GPU's (dropout on CUDA
+    tensors draws there), and tensor parallelism's named streams."""
+    state = {"torch": torch.get_rng_state(), "tp": tracker.state_dict() if tracker else None}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def _set_rng_state(state: dict[str, Any], tracker: RngTracker | None) -> None:
+def _set_rng_state(state: dict[str, Any], tracker: RngTracker | None, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
     if tracker is not None and state.get("tp"):
         tracker.load_state_dict(state["tp"])
 
@@ -199,8 +206,12 @@ def save(
     keep: int = 0,
     storage_writer: Any = None,
 ) -> Path:
-    """Write this step's checkpoint (collective over every rank); return its directory."""
-    world = mesh.group("world")
+    """Write this step's checkpoint (collective over every rank); return its directory.
+
+    Checkpointing coordinates over the control group (host-side gloo, which DCP's object
+    collectives need); each tensor is written from wherever it lives.
+    """
+    world = mesh.control
     path = checkpoint_path(run_dir, step)
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
     if mesh.global_rank == 0:
@@ -211,7 +222,7 @@ def save(
         (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     comm.barrier(world)
     entries: dict[str, Any] = dict(state.tensors)
-    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker)
+    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker, mesh.device)
     start = time.perf_counter()
     dcp.save(
         entries,
@@ -258,7 +269,7 @@ def load(
             entries,
             storage_reader=FileSystemReader(ckpt.path),
             planner=ShardedLoadPlanner(),
-            process_group=mesh.group("world").pg,
+            process_group=mesh.control.pg,
         )
     except CheckpointMismatch:
         raise
@@ -269,5 +280,5 @@ def load(
     for replica in engine.replicas:
         replica.after_load()
     if same_layout:
-        _set_rng_state(entries[rng_key], engine.rng_tracker)
+        _set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
     return meta

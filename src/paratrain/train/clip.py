@@ -37,11 +37,13 @@ def global_grad_norm(
     of tensor-parallel shards.
     """
     # (tp-split, replicated) squares of dp-sharded entries, then of whole ones
-    sharded = torch.zeros(2, dtype=torch.float64)
-    whole = torch.zeros(2, dtype=torch.float64)
+    device = parts[0].squares.device  # where the gradients are
+    sharded = torch.zeros(2, dtype=torch.float64, device=device)
+    whole = torch.zeros(2, dtype=torch.float64, device=device)
     sharded_over = None
     for part in parts:
-        split = torch.tensor([name in tp_split for name in part.names], dtype=torch.bool)
+        split = [name in tp_split for name in part.names]
+        split = torch.tensor(split, dtype=torch.bool, device=device)
         target = whole if part.sharded_over is None else sharded
         target[0] += part.squares[split].sum()
         target[1] += part.squares[~split].sum()

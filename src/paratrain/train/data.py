@@ -122,8 +122,10 @@ class BatchSampler:
 
     def _order(self, epoch: int) -> torch.Tensor:
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._epoch_order = (epoch, torch.randperm(self.num_windows, generator=g))
+            # The data order is host-side: the same on every device, drawn on the CPU.
+            g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.num_windows, generator=g, device="cpu")
+            self._epoch_order = (epoch, order)
         return self._epoch_order[1]
 
     def epoch_of(self, step: int) -> int:
@@ -156,3 +158,11 @@ def validation_batches(
         return []
     rows = [tokens[i * seq_len : i * seq_len + seq_len + 1] for i in range(n - n % batch_size)]
     return list(torch.stack(rows).long().split(batch_size))
+
+
+def on_device(batches: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The batches where the model computes. On CUDA they are pinned (page-locked) first,
+    so the copy runs asynchronously and the host goes on queueing work."""
+    if device.type != "cuda":
+        return [b.to(device) for b in batches]
+    return [b.pin_memory().to(device, non_blocking=True) for b in batches]

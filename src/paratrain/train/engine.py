@@ -131,6 +131,7 @@ class PipelineEngine(Engine):
     ) -> None:
         super().__init__(replicas, tp, runtime.group)
         self.runtime, self.dp = runtime, replicas[0].group
+        self.device = runtime.device  # the dp reduction of the loss runs where it lives
         self.tied = tied or TiedWeights()
         self.ends = ends  # the first and the last stage, if this rank is one of them
 
@@ -147,7 +148,7 @@ class PipelineEngine(Engine):
         self._sum_tied_grads()
         tokens = sum(b[:, 1:].numel() for b in micro_batches)
         # The runtime weights every micro-batch equally: full-length rows only.
-        stats = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)
+        stats = torch.tensor([loss * tokens, tokens], dtype=torch.float64, device=self.device)
         comm.all_reduce(stats, self.dp, op="sum")
         return float(stats[0] / stats[1]), int(stats[1])
 
@@ -169,7 +170,7 @@ class PipelineEngine(Engine):
         mine = batches[self.dp.rank :: self.dp.size]
         loss = self.runtime.run_forward(mine) if mine else 0.0
         tokens = sum(b[:, 1:].numel() for b in mine)
-        stats = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)
+        stats = torch.tensor([loss * tokens, tokens], dtype=torch.float64, device=self.device)
         comm.all_reduce(stats, self.dp, op="sum")
         return float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")
 

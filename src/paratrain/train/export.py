@@ -51,7 +51,7 @@ def export_safetensors(run_dir: Path, out: Path | None = None, step: int | None 
     reader = FileSystemReader(ckpt.path)
     index = reader.read_metadata().state_dict_metadata
     full = {
-        key: torch.empty(md.size, dtype=md.properties.dtype)
+        key: torch.empty(md.size, dtype=md.properties.dtype, device="cpu")  # a file, read here
         for key, md in index.items()
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }

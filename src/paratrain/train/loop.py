@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from paratrain.config import RunConfig
@@ -19,7 +20,7 @@ from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train.build import build_engine, seed_rank_stream
 from paratrain.train.checkpoint import Checkpoint
-from paratrain.train.data import BatchSampler, TokenData, validation_batches
+from paratrain.train.data import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.train.engine import Engine
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
 from paratrain.train.optim import LrSchedule, Rewarmup, peak_lr
@@ -69,7 +70,8 @@ def train(
     stopped_at = None
     for step in range(first, t.steps):
         timer.start(step)
-        micro_batches = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
+        mine = sampler.replica_microbatches(step, dp.rank, dp.size, t.micro_batch)
+        micro_batches = on_device(mine, mesh.device)
         timer.data_done()
         out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip)
         skips.record(step, out)
@@ -86,7 +88,7 @@ def train(
             checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, data.fingerprint, keep)
         if stopped_at:
             break
-    return _finish(cfg, engine, optimizer, data, metrics, first, stopped_at)
+    return _finish(cfg, engine, optimizer, data, metrics, first, stopped_at, mesh.device)
 
 
 def _due(done: int, every: int) -> bool:
@@ -101,6 +103,7 @@ def _finish(
     metrics: list[StepMetrics],
     first: int,
     stopped_at: int | None,
+    device: torch.device,
 ) -> TrainResult:
     """Evaluate (unless stopped early), leave the model whole, and report."""
     t = cfg.train
@@ -109,7 +112,9 @@ def _finish(
     extra["first_step"] = first + 1
     val_loss = float("nan")
     if stopped_at is None:
-        val = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+        val = on_device(
+            validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches), device
+        )
         val_loss = engine.evaluate(val) if val else float("nan")
     else:
         extra["stopped_at"] = stopped_at

@@ -28,7 +28,8 @@ def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple
     in every pass, so all ranks must run the same passes. Such a batch runs with its loss
     multiplied by 0 (targets clamped to a valid id, so the zero is exact, not 0 * nan).
     """
-    sums = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, tokens) on this rank
+    # (sum of token losses, tokens) on this rank, beside the losses
+    sums = torch.zeros(2, dtype=torch.float64, device=micro_batches[0].device)
     last = len(micro_batches) - 1
     for i, batch in enumerate(micro_batches):
         # Masked (padding) positions are fed token 0; their targets carry the mask.
@@ -60,7 +61,7 @@ def evaluate(
     """
     was_training = model.training
     model.eval()
-    sums = torch.zeros(2, dtype=torch.float64)  # (loss * tokens, tokens)
+    sums = torch.zeros(2, dtype=torch.float64, device=batches[0].device)  # (loss * tokens, tokens)
     rounds = -(-len(batches) // dp_group.size)  # ceil
     for i in range(rounds):
         index = dp_group.rank + i * dp_group.size

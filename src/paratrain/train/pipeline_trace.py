@@ -2,8 +2,8 @@
 
 Every stage's runtime records its own `StepTrace` (`time.perf_counter`, one clock for all
 processes of a machine). The stages of the pipeline that holds global rank 0 (dp and tp
-coordinate 0) send theirs to rank 0, one `broadcast_object` per stage over the pp group:
-S small pickles through `paratrain.comm`, no shared file system needed. Rank 0 writes
+coordinate 0) send theirs to rank 0, one `broadcast_object` per stage over the host-side
+control group: S small pickles through `paratrain.comm`, no shared file system needed. Rank 0 writes
 `trace.json` (Chrome trace: chrome://tracing, Perfetto) and `timeline.png` (Gantt chart)
 with `measure/chrome_trace.py` and `measure/gantt.py`, the same drawing `paratrain schedule`
 and `bench pp` use.
@@ -30,17 +30,14 @@ TIMELINE_FILE = "timeline.png"
 
 
 def gather_step_traces(mesh: Mesh, trace: StepTrace | None) -> list[StepTrace] | None:
-    """Collective over the pp group of rank 0's pipeline: every stage's trace, on rank 0.
-
-    Ranks of the other dp replicas and tp shards take no part (their pp groups are other
-    groups) and get None, as do all ranks but global rank 0.
-    """
-    if mesh.coord("dp") != 0 or mesh.coord("tp") != 0:
-        return None
-    pp = mesh.group("pp")
+    """Collective over every rank (the control group): the trace of every stage of rank 0's
+    pipeline, on rank 0; every other rank gets None."""
+    stages = mesh.shape.group_of("pp", 0)  # global ranks, in stage order
+    control = mesh.control
     traces = [
-        comm.broadcast_object(trace if pp.rank == src else None, pp, src) for src in range(pp.size)
-    ]  # in stage order
+        comm.broadcast_object(trace if mesh.global_rank == src else None, control, src)
+        for src in stages
+    ]
     if mesh.global_rank != 0:
         return None
     if any(t is None for t in traces):

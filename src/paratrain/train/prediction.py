@@ -186,8 +186,8 @@ class Tracker:
         """
         if self.prediction is None:
             return {}
-        mine = torch.tensor(self.measure(state), dtype=torch.float64)
-        world = self.mesh.group("world")
+        mine = torch.tensor(self.measure(state), dtype=torch.float64, device="cpu")  # host-side
+        world = self.mesh.control
         every = comm.all_gather_flat(mine, world, sizes=[mine.numel()] * world.size)
         rows = every.view(world.size, -1).tolist()
         n = len(STATE_KINDS)

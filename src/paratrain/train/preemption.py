@@ -2,8 +2,9 @@
 stops cleanly.
 
 The signal reaches the ranks at different moments (or only some of them), so the decision
-to stop is agreed once per step: a one-integer all-reduce (max) over the world group, after
-the step's own communication. Every rank then stops after the same step.
+to stop is agreed once per step: a one-integer all-reduce (max) over the control group
+(every rank, host-side gloo), after the step's own communication. Every rank then stops
+after the same step.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from paratrain import comm
 class Preemption:
     """Callable once per step, collectively: True when any rank has received SIGTERM."""
 
-    def __init__(self, world: comm.CommGroup) -> None:
-        self.world = world
+    def __init__(self, control: comm.CommGroup) -> None:
+        self.control = control
         self.requested = False
         self._previous: Any = signal.signal(signal.SIGTERM, self._on_signal)
 
@@ -28,8 +29,8 @@ class Preemption:
         self.requested = True
 
     def __call__(self) -> bool:
-        flag = torch.tensor([int(self.requested)], dtype=torch.int64)
-        comm.all_reduce(flag, self.world, op="max")
+        flag = torch.tensor([int(self.requested)], dtype=torch.int64, device="cpu")  # host-side
+        comm.all_reduce(flag, self.control, op="max")
         return bool(flag.item())
 
     def close(self) -> None:

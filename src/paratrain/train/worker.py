@@ -14,12 +14,13 @@ import torch.distributed as dist
 
 from paratrain import comm
 from paratrain.comm.group import CommOptions
-from paratrain.config import RunConfig
+from paratrain.config import RunConfig, device_type
 from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.async_loop import train_async
-from paratrain.train.build import build_model
+from paratrain.train.build import count_params
+from paratrain.train.cuda_memory import cuda_memory
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
@@ -44,10 +45,23 @@ class WorkerEnv:
     agent_store: str = ""  # HOST:PORT of the elastic agent's store, when workers share it
 
 
+# NCCL's own watchdog tears the process down when a collective outlives the process
+# group's timeout; ours (comm/wait.py) must report first, naming the rank and the call.
+NCCL_TIMEOUT_MARGIN_S = 60.0
+
+
+def rank_device(cfg: RunConfig, env: WorkerEnv) -> torch.device:
+    """cuda:LOCAL_RANK with --device cuda (one GPU per local rank), else the CPU."""
+    if device_type(cfg) == "cuda":
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
 def init_process_group(cfg: RunConfig, env: WorkerEnv) -> None:
     timeout = timedelta(seconds=cfg.parallel.comm_timeout_s)
     if cfg.parallel.backend == "nccl":
-        torch.cuda.set_device(env.local_rank)
+        torch.cuda.set_device(rank_device(cfg, env))
+        timeout += timedelta(seconds=NCCL_TIMEOUT_MARGIN_S)
     if env.use_env_rendezvous and env.agent_store and env.restart_count > 0:
         # The agent's store outlives a restart: without a prefix per attempt, a restarted
         # rank can read a dead rank's gloo address left by the previous attempt.
@@ -78,7 +92,7 @@ def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
             answer = cfg.train.out if prepared else str(rd.prepare_run_dir(cfg.train.out))
         except ValueError as e:
             answer = e
-    answer = comm.broadcast_object(answer, mesh.group("world"))
+    answer = comm.broadcast_object(answer, mesh.control)
     if isinstance(answer, ValueError):
         raise answer
     return Path(answer)
@@ -98,6 +112,7 @@ def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, A
         **({"resumed_at_step": result.extra["first_step"] - 1} if resumed else {}),
         **({"stopped_at_step": result.extra["stopped_at"]} if "stopped_at" in result.extra else {}),
         "world_size": cfg.world_size,
+        "device": cfg.parallel.device,
         "dp": cfg.parallel.dp,
         "pp": cfg.parallel.pp,
         "tp": cfg.parallel.tp,
@@ -115,8 +130,8 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     init_process_group(cfg, env)
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options)
-    preemption = Preemption(mesh.group("world"))
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options, device=rank_device(cfg, env))
+    preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
     finally:
@@ -149,7 +164,7 @@ def _resume_point(
             log.warning("restart %d: resuming from %s", restart_count, where)
         if not isinstance(answer, ValueError):  # each step is logged exactly once
             rd.truncate_metrics(run_dir, answer.step if answer else 0)
-    answer = comm.broadcast_object(answer, mesh.group("world"))
+    answer = comm.broadcast_object(answer, mesh.control)
     if isinstance(answer, ValueError):
         raise answer
     return answer
@@ -200,13 +215,13 @@ def _train_and_record(
             writer.close()
     # Collective: every rank's measurement, against the prediction.
     compared = tracker.compare(result.extra.get("model_state_bytes"))
-    traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective over pp (--trace)
+    traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective (--trace)
+    memory = cuda_memory(mesh)  # collective over the control group
     if not is_writer:
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
-    summary = summarize(result, cfg, run_dir) | compared | traced
-    with torch.device("meta"):  # the count only: no memory
-        summary["params"] = sum(p.numel() for p in build_model(cfg).parameters())
+    summary = summarize(result, cfg, run_dir) | compared | traced | memory
+    summary["params"] = count_params(cfg)
     measured = compared.get("measured", {}).get("model_state_bytes")
     summary["model_state_bytes_per_rank"] = [r["total"] for r in measured] if measured else None
     rd.write_summary(run_dir, summary)

@@ -55,7 +55,9 @@ from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 class _Step:
     """Tensors in flight during one step, keyed by (micro-batch, chunk) or message key."""
 
-    def __init__(self, micro_batches: list[torch.Tensor], train: bool) -> None:
+    def __init__(
+        self, micro_batches: list[torch.Tensor], train: bool, device: torch.device
+    ) -> None:
         self.micro_batches, self.train = micro_batches, train
         self.inbox: dict[tuple, torch.Tensor] = {}  # received (or local) inputs and grads
         self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
@@ -65,7 +67,7 @@ class _Step:
         self.posted: dict[tuple, comm.Handle] = {}
         self.next_expected: dict[int, int] = {}  # per source stage: index into its sends
         self.sends: list[comm.Handle] = []
-        self.loss_sum = torch.zeros(())
+        self.loss_sum = torch.zeros((), device=device)
 
 
 class PipelineRuntime:
@@ -94,6 +96,7 @@ class PipelineRuntime:
         check_schedule(schedule)  # proven complete and deadlock-free before it runs
         self.chunks, self.schedule, self.group = chunks, schedule, group
         self.stage, self.hidden_size, self.dtype = group.rank, hidden_size, dtype
+        self.device = next(chunks[0].parameters()).device  # where activations arrive
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
         self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
@@ -126,7 +129,7 @@ class PipelineRuntime:
 
     # -- execution ------------------------------------------------------------------
     def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
-        st = _Step(micro_batches, train)
+        st = _Step(micro_batches, train, self.device)
         rows, tokens = micro_batches[0].shape
         self._shape = (rows, tokens - 1, self.hidden_size)  # (b, T, C) of every message
         self._num_micro = len(micro_batches)
@@ -232,7 +235,7 @@ class PipelineRuntime:
             i = st.next_expected.get(a.peer, 0)
             if i >= len(order):
                 raise RuntimeError(f"stage {self.stage}: {a} is never sent by stage {a.peer}")
-            buf = torch.empty(self._shape, dtype=self.dtype)
+            buf = torch.empty(self._shape, dtype=self.dtype, device=self.device)
             st.posted[order[i]] = comm.irecv(buf, self.group, a.peer)
             st.next_expected[a.peer] = i + 1
         st.inbox[key] = st.posted.pop(key).wait()
