@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import paratrain
 from paratrain.config import RunConfig, to_toml
 from paratrain.train.data import TokenData
 from paratrain.train.metrics import StepMetrics
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -100,8 +103,14 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def write_loss_plot(run_dir: Path, metrics: list[StepMetrics], val_loss: float) -> Path:
-    import matplotlib
+def write_loss_plot(run_dir: Path, metrics: list[StepMetrics], val_loss: float) -> Path | None:
+    """loss.png; None, said in the log, where matplotlib is not installed (a GPU machine's
+    own Python may lack it: the run's other files do not need it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("%s not written: matplotlib is not installed", PLOT_FILE)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -30,8 +30,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from paratrain.comm.traffic import (
     chunk_sizes,
     native_traffic,
@@ -129,6 +127,8 @@ def fit_alpha_beta(
     fit only the largest messages, so each equation is divided by its measured time.
     alpha and beta are kept non-negative (a negative one drops out and the other is refit).
     """
+    import numpy as np  # here: the CLI imports this module to build its parser
+
     rows = [(cost(op, algo, k), n, t) for k, n, t in points]
     a = np.array([[c.steps / t, c.factor * n / t] for c, n, t in rows])
     ones = np.ones(len(rows))

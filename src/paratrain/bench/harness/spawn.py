@@ -1,8 +1,10 @@
-"""Run a function in k gloo processes on CPU: the harness of multi-process tests and benches.
+"""Run a function in k processes (gloo on CPU, or NCCL with one GPU per rank): the harness
+of multi-process tests and benches.
 
 - Ranks are forked from a forkserver that has torch and paratrain imported already, so a
   4-rank test costs about a second of start-up instead of 4 s of `import torch` per rank.
 - Rendezvous is a FileStore in a fresh temporary directory: no TCP port, no port races.
+- backend="nccl": rank r computes on cuda:r (`torch.cuda.set_device(r)` before joining).
 - Each rank runs with one thread. A rank that raises has its traceback reported; ranks still
   running after `timeout` seconds are killed and named.
 """
@@ -44,6 +46,7 @@ def _rank_main(
     args: bytes,
     results: Any,
     collective_timeout: float,
+    backend: str,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -53,8 +56,10 @@ def _rank_main(
     store = None
     try:
         store = dist.FileStore(store_path, world_size)
+        if backend == "nccl":  # NCCL's communicators bind to the current device
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             store=store,
             rank=rank,
             world_size=world_size,
@@ -96,6 +101,7 @@ def run_ranks(
     *args: Any,
     timeout: float = 120.0,
     collective_timeout: float = 60.0,
+    backend: str = "gloo",
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` in world_size processes; return each rank's result.
 
@@ -116,6 +122,7 @@ def run_ranks(
                 pickle.dumps(args),
                 results,
                 collective_timeout,
+                backend,
             ),
             daemon=True,
         )
