@@ -14,6 +14,7 @@ run that trains nothing cannot pass.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import textwrap
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from pathlib import Path
 import torch
 
 from paratrain.config import RunConfig
-from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.train.data import BatchSampler, TokenData
 
 # float32: data-parallel averaging adds the same numbers in a different order than one big
@@ -78,11 +78,13 @@ def reference_training(
     """Plain PyTorch on one process; returns the record and the initial state (both on
     the CPU). On another `device` (scripts/gpu_check.py) the weights are still drawn on the
     CPU, as paratrain's `build_model` draws them, then moved with every batch."""
-    m, t = cfg.model, cfg.train
+    from paratrain.models.registry import plain_model  # the model only: no training code
+
+    t = cfg.train
     torch.manual_seed(t.seed)
-    shape = (m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len)
+    m = dataclasses.replace(cfg.model, tie_embeddings=tie_embeddings or cfg.model.tie_embeddings)
     with torch.device("cpu"):
-        model = GPT(GPTConfig(*shape, tie_embeddings=tie_embeddings))
+        model = plain_model(m)  # GPT or Llama, by m.arch
     initial = copy.deepcopy(model.state_dict())
     model.to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]

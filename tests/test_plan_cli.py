@@ -105,7 +105,7 @@ def test_pipeline_layout_and_bubble(capsys):
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--preset", "8b"], "unknown or given twice; valid: paratrain, 1.3b"),
+        (["--preset", "8b"], "unknown or given twice; valid: paratrain, gpt-tiny, gpt2-124m"),
         (["--precision", "fp8"], "unknown precision 'fp8'; valid: mixed, fp32, bf16"),
         (["--zero", "4"], "ZeRO stage 4; valid: 0, 1, 2, 3"),
         (["--dp", "3"], "no layout with dp=3 on 8 GPUs"),

@@ -125,3 +125,37 @@ def test_async_data_parallel_is_not_predicted():
 
     tracker = Tracker(cfg, OneRank())  # type: ignore[arg-type]
     assert tracker.prediction is None and tracker.compare(None) == {}  # type: ignore[arg-type]
+
+
+def _model(arch: str, tie: bool) -> dict:
+    if arch == "gpt":
+        return {"tie_embeddings": tie}
+    llama = {"arch": "llama", "name": "llama-tiny", "n_head": 4, "n_kv_head": 2}
+    return {**llama, "ffn_hidden": 40, "tie_embeddings": tie}
+
+
+# (arch, tied, dp, pp, tp, parallel options): Llama's parts (no biases, RMSNorms, GQA,
+# SwiGLU, no positions) and tied embeddings (one parameter on one rank; a copy on each end
+# of a pipeline; a root unit of its own under ZeRO-3), every per-rank count exact.
+ARCH_CASES = [
+    ("llama", False, 3, 1, 1, {"zero": 1}),
+    ("llama", False, 2, 1, 1, {"zero": 3}),
+    ("llama", True, 2, 1, 1, {"zero": 3}),
+    ("llama", False, 1, 1, 2, {"sequence_parallel": True}),
+    ("llama", True, 1, 2, 1, {"schedule": "1f1b"}),
+    ("gpt", True, 2, 1, 1, {"zero": 3}),
+    ("gpt", True, 1, 2, 1, {"schedule": "1f1b"}),
+]
+
+
+@pytest.mark.parametrize(("arch", "tie", "dp", "pp", "tp", "options"), ARCH_CASES)
+def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, options):
+    import dataclasses
+
+    cfg = config(dp=dp, pp=pp, tp=tp, **options)
+    cfg.model = dataclasses.replace(cfg.model, **_model(arch, tie))
+    world = dp * pp * tp
+    for compared in run_distributed(train_and_compare, world, resolve(cfg, world), tiny_data()):
+        predicted, measured = compared["predicted"], compared["measured"]
+        assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+        assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]

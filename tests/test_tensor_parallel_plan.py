@@ -17,7 +17,7 @@ from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import Ledger
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
-from paratrain.models.plans import GPT_TP_PLAN, check_gpt_tensor_parallel
+from paratrain.models.plans import GPT_TP_PLAN, check_tensor_parallel
 from paratrain.parallel.tensor_parallel import (
     ColumnParallelLinear,
     apply_tensor_parallel,
@@ -80,10 +80,10 @@ def test_an_odd_split_is_refused_naming_the_sizes(kw, message):
 def test_the_config_check_names_every_size_before_workers_start():
     cfg = GPTConfig(vocab_size=257, n_head=6, d_model=96)
     with pytest.raises(ValueError, match="tp=4 must divide: 6 attention heads, vocabulary 257"):
-        check_gpt_tensor_parallel(cfg, 4)
+        check_tensor_parallel(cfg, 4)
     with pytest.raises(ValueError, match="sequence length 30"):
-        check_gpt_tensor_parallel(GPTConfig(), 4, seq_len=30, sequence_parallel=True)
-    check_gpt_tensor_parallel(GPTConfig(), 4, seq_len=32, sequence_parallel=True)
+        check_tensor_parallel(GPTConfig(), 4, seq_len=30, sequence_parallel=True)
+    check_tensor_parallel(GPTConfig(), 4, seq_len=32, sequence_parallel=True)
 
 
 @pytest.mark.parametrize(

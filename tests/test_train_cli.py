@@ -207,3 +207,24 @@ def test_trace_writes_the_last_steps_timeline_of_every_stage(tmp_path):
     assert facts["peak_in_flight"] == [2, 1]  # 1F1B: S - stage
     first, last = facts["peak_in_flight_bytes"]
     assert first > 0 and last > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2")])
+def test_the_llama_preset_trains_from_the_cli(tmp_path, layout):
+    text = tmp_path / "data.txt"
+    text.write_bytes(Path(json.__file__).read_bytes() * 4)
+    out = tmp_path / "run"
+    flags = ["--model", "llama-tiny", "--nproc", "2", *layout, "--steps", "8", "--lr", "0.01"]
+    small = ["--seq-len", "64", "--global-batch", "8", "--micro-batch", "4", "--warmup-steps", "2"]
+    proc = paratrain(
+        "train", *flags, *small, "--data", str(text), "--json", "--out", str(out), cwd=tmp_path
+    )
+    summary = last_json(proc)
+    assert summary["final_loss"] < summary["initial_loss"] - 0.5
+    assert summary["params"] == 803_968  # the preset's shape: GQA, SwiGLU, untied
+    # the planner's prediction for the Llama layout is the runtime's own count
+    predicted = [r["total"] for r in summary["predicted"]["model_state_bytes"]]
+    assert predicted == summary["model_state_bytes_per_rank"]
+    config = (out / "config.toml").read_text()
+    assert 'name = "llama-tiny"' in config and 'arch = "llama"' in config

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from paratrain.config import SECTIONS, RunConfig, apply_overrides, field_types, load_toml
+from paratrain.models.presets import preset
 from paratrain.validate import resolve
 
 log = logging.getLogger("paratrain")
 
 # Flags whose name is not simply --<field-name-with-dashes>.
-FLAG_NAMES = {("data", "path"): "--data"}
+FLAG_NAMES = {("data", "path"): "--data", ("model", "name"): "--model"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -98,13 +99,18 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                 f"--out {out!r} with --resume {resume!r}: a resumed run stays in its directory"
             )
         cfg.train.out = resume
-    if args.config:
-        apply_overrides(cfg, load_toml(args.config), f"config file {args.config}")
+    from_file = load_toml(args.config) if args.config else {}
     overrides: dict[str, dict[str, Any]] = {}
     for key, value in vars(args).items():
         if "." in key and value is not None:
             section, name = key.split(".", 1)
             overrides.setdefault(section, {})[name] = value
+    # The model preset first: its shape is the default that the file and the flags change.
+    name = overrides.get("model", {}).get("name") or from_file.get("model", {}).get("name")
+    if name and not resume:
+        apply_overrides(cfg, {"model": {**preset(name), "name": name}}, f"model preset {name}")
+    if args.config:
+        apply_overrides(cfg, from_file, f"config file {args.config}")
     apply_overrides(cfg, overrides, "command line")
     return cfg
 

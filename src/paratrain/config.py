@@ -34,6 +34,7 @@ BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
 LR_SCALINGS = ("none", "linear", "sqrt")
+ARCHS = ("gpt", "llama")  # models/gpt.py, models/llama.py
 
 
 def one_of(values: tuple[str, ...]) -> str:
@@ -48,12 +49,21 @@ def param(default: Any, help: str) -> Any:
 
 @dataclass
 class ModelConfig:
+    name: str = param(
+        "gpt-tiny", "Model preset (models/presets.py); its shape is the default of every field."
+    )
+    arch: str = param("gpt", f"Architecture: {one_of(ARCHS)}.")
     vocab_size: int = param(256, "Vocabulary size; 256 for byte-level text.")
     n_layer: int = param(4, "Number of transformer blocks.")
     n_head: int = param(4, "Attention heads per block; must divide d_model.")
+    n_kv_head: int = param(0, "llama: key/value heads (grouped-query attention); 0: n_head.")
     d_model: int = param(128, "Width of the residual stream.")
-    max_seq_len: int = param(256, "Longest sequence the position embedding covers.")
-    dropout: float = param(0.0, "Dropout probability in embeddings, attention and residuals.")
+    ffn_hidden: int = param(0, "llama: SwiGLU's inner width; 0: 8/3 d_model, rounded up to 32.")
+    max_seq_len: int = param(256, "Longest training sequence (gpt: the position table's rows).")
+    tie_embeddings: bool = param(False, "The output head shares the token embedding's matrix.")
+    rope_theta: float = param(10000.0, "llama: base of the rotary position frequencies.")
+    norm_eps: float = param(1e-5, "llama: RMSNorm's epsilon.")
+    dropout: float = param(0.0, "gpt: dropout in embeddings, attention and residuals.")
 
 
 @dataclass

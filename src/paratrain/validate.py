@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from paratrain.config import (
+    ARCHS,
     BACKENDS,
     COMM_ALGOS,
     COMPUTE_DTYPES,
@@ -24,7 +25,8 @@ from paratrain.config import (
     RunConfig,
     parse_straggler,
 )
-from paratrain.models.plans import check_gpt_tensor_parallel
+from paratrain.models.plans import check_tensor_parallel
+from paratrain.models.presets import preset
 
 
 def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> RunConfig:
@@ -263,11 +265,38 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
             "--sequence-parallel with a pipeline (--pp > 1) is not supported yet: stages "
             "exchange whole sequences; drop one of them"
         )
-    check_gpt_tensor_parallel(cfg.model, p.tp, cfg.train.seq_len, p.sequence_parallel)
+    check_tensor_parallel(cfg.model, p.tp, cfg.train.seq_len, p.sequence_parallel)
+
+
+# Fields that only one architecture reads, with the value the other must keep.
+ARCH_ONLY = {
+    "gpt": {"n_kv_head": 0, "ffn_hidden": 0, "rope_theta": 10000.0, "norm_eps": 1e-5},
+    "llama": {"dropout": 0.0},
+}
 
 
 def _check_model(cfg: RunConfig) -> None:
     m = cfg.model
+    preset(m.name)  # a known preset (its fields are the defaults the others override)
+    if m.arch not in ARCHS:
+        raise ValueError(f"model.arch = {m.arch!r}; valid: {', '.join(ARCHS)}")
+    for name, value in ARCH_ONLY[m.arch].items():
+        if getattr(m, name) != value and not (name == "n_kv_head" and m.n_kv_head == m.n_head):
+            other = next(a for a in ARCHS if a != m.arch)
+            raise ValueError(
+                f"model.{name} = {getattr(m, name)!r} applies to arch {other} only; "
+                f"this model is {m.arch} (leave it at {value!r})"
+            )
+    if m.n_kv_head < 0 or m.ffn_hidden < 0 or not (m.rope_theta > 0 and m.norm_eps > 0):
+        raise ValueError(
+            f"model.n_kv_head {m.n_kv_head} and ffn_hidden {m.ffn_hidden} must be >= 0, "
+            f"rope_theta {m.rope_theta} and norm_eps {m.norm_eps} positive"
+        )
+    if m.n_head % (m.n_kv_head or m.n_head):
+        raise ValueError(
+            f"model.n_kv_head = {m.n_kv_head} does not divide model.n_head = {m.n_head}; "
+            "each key/value head serves a whole group of query heads"
+        )
     if m.d_model % m.n_head != 0:
         raise ValueError(
             f"model.n_head = {m.n_head} does not divide model.d_model = {m.d_model}; "

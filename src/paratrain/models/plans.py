@@ -1,4 +1,4 @@
-"""How GPT is split, as data: every fact a strategy needs about the model, in one place.
+"""How each model is split, as data: every fact a strategy needs about a model, in one place.
 
 Pure data and arithmetic (no distributed code, not even torch). The strategies take these
 as arguments and never import a model: train/build.py hands `GPT_PLAN.tensor_parallel` to
@@ -17,6 +17,15 @@ there is nothing to split (the seeds' FAQ Q19 worries about statistics over a sp
 hidden dimension, which this layout never creates). Under sequence parallelism the same
 "replicated" entries run on this rank's T/tp tokens, which is also exact, since the
 statistics are per token.
+
+The Llama plan is the same layout with grouped-query attention and SwiGLU: q, k and v
+column-parallel split whole heads (n_head / tp query heads and n_kv_head / tp key/value
+heads per rank, which keeps every query head with its key/value head, since heads are
+grouped contiguously), so tp must divide n_kv_head too (Megatron-LM replicates key/value
+heads instead when it does not; refused here); the SwiGLU gate and up projections
+column-parallel behind one f (the "split_region" style), down row-parallel; RMSNorms
+replicated like LayerNorms. Rotary positions have no parameters and are computed inside
+attention, which always sees the whole sequence.
 """
 
 from __future__ import annotations
@@ -44,24 +53,47 @@ GPT_TP_PLAN: dict[str, str] = {
 }
 
 
-class _GPTShape(Protocol):  # GPTConfig, without importing torch
+LLAMA_TP_PLAN: dict[str, str] = {
+    "tok_emb": "vocab_embedding",
+    "blocks.*.attn_norm": "replicated",
+    "blocks.*.attn": "attention",
+    "blocks.*.attn.q": "colwise",
+    "blocks.*.attn.k": "colwise",
+    "blocks.*.attn.v": "colwise",
+    "blocks.*.attn.o": "rowwise",
+    "blocks.*.mlp_norm": "replicated",
+    "blocks.*.mlp": "split_region",  # f once for gate and up
+    "blocks.*.mlp.gate": "colwise",
+    "blocks.*.mlp.up": "colwise",
+    "blocks.*.mlp.down": "rowwise",
+    "norm": "replicated",
+    "head": "vocab_head",
+    "loss_fn": "vocab_loss",
+}
+
+
+class _Shape(Protocol):  # GPTConfig, LlamaConfig or config.ModelConfig, without torch
     vocab_size: int
     n_head: int
     d_model: int
 
 
-def check_gpt_tensor_parallel(
-    cfg: _GPTShape, tp: int, seq_len: int | None = None, sequence_parallel: bool = False
+def check_tensor_parallel(
+    cfg: _Shape, tp: int, seq_len: int | None = None, sequence_parallel: bool = False
 ) -> None:
-    """Raise ValueError, naming the sizes, if GPT_TP_PLAN cannot split this model over tp.
+    """Raise ValueError, naming the sizes, if the model's plan cannot split it over tp.
 
-    Heads must divide so each rank owns whole heads; the vocabulary so each rank owns an
-    equal slice of the embedding and the head; with sequence parallelism, the sequence.
-    (The hidden size then divides too: d_model = n_head * head_dim.)
+    Heads must divide so each rank owns whole heads (key/value heads too, for grouped-query
+    attention); the vocabulary so each rank owns an equal slice of the embedding and the
+    head; with sequence parallelism, the sequence. (The hidden size then divides too:
+    d_model = n_head * head_dim.)
     """
     problems = []
     if cfg.n_head % tp:
         problems.append(f"{cfg.n_head} attention heads")
+    kv = getattr(cfg, "n_kv_head", 0) or cfg.n_head
+    if kv != cfg.n_head and kv % tp:  # grouped-query attention: key/value heads split too
+        problems.append(f"{kv} key/value heads")
     if cfg.d_model % tp:
         problems.append(f"d_model {cfg.d_model}")
     if cfg.vocab_size % tp:
@@ -81,6 +113,7 @@ GPT_FSDP_UNITS: tuple[tuple[str, ...], ...] = (
     ("blocks.*",),
     ("norm", "head"),
 )
+LLAMA_FSDP_UNITS: tuple[tuple[str, ...], ...] = (("tok_emb",), ("blocks.*",), ("norm", "head"))
 
 
 @dataclass(frozen=True)
@@ -110,3 +143,14 @@ GPT_PLAN = ModelPlan(
     pipeline_last=("norm", "head"),
     recompute_units=("blocks.*",),  # each block keeps only its input (Megatron's "full")
 )
+
+LLAMA_PLAN = ModelPlan(
+    tensor_parallel=LLAMA_TP_PLAN,
+    fsdp_units=LLAMA_FSDP_UNITS,
+    pipeline_blocks="blocks",
+    pipeline_first=("tok_emb",),
+    pipeline_last=("norm", "head"),
+    recompute_units=("blocks.*",),
+)
+
+PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS

@@ -109,6 +109,10 @@ class FullyShardedDataParallel(FlatShardReplica):
         for name, modules, named_params in found:
             own = [(pn, p) for pn, p in named_params if users[id(p)] == 1]
             claimed.update(id(p) for _, p in own)
+            # A module left with none of the unit's parameters (a tied head, an embedding
+            # whose table went to the root) must not gather the unit for its passes.
+            mine = {id(p) for _, p in own}
+            modules = [m for m in modules if any(id(p) in mine for p in m.parameters())]
             if own:
                 units.append((name, modules, own))
         rest = [(n, p) for n, p in self.module.named_parameters() if id(p) not in claimed]

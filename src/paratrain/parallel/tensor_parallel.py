@@ -65,6 +65,7 @@ STYLES: dict[str, str] = {
     "vocab_head": "nn.Linear over the vocabulary -> ColumnParallelLinear: logits stay split",
     "vocab_loss": "nn.CrossEntropyLoss -> VocabParallelCrossEntropy on split logits",
     "attention": "input enters the split region once (f) for its colwise layers; heads split",
+    "split_region": "input enters the split region once (f) for its colwise layers (SwiGLU)",
     "replicated": "whole on every rank; with sequence parallelism, on this rank's tokens",
     "split": "runs on split activations: its dropout masks differ per rank",
 }
@@ -101,12 +102,12 @@ def apply_tensor_parallel(
     matches = match_plan(model, plan)
     tied = _tied_names(model)  # before the styles make new parameters of the slices
     tracker = RngTracker(seed, group.rank)
-    attention = [name for name, style in matches.items() if style == "attention"]
+    regions_ = [n for n, style in matches.items() if style in ("attention", "split_region")]
     for name, style in matches.items():
         module = model.get_submodule(name)
-        inside_attention = any(name.startswith(a + ".") for a in attention)
+        inside_region = any(name.startswith(a + ".") for a in regions_)
         try:
-            new = _apply_style(module, style, group, tracker, sequence_parallel, inside_attention)
+            new = _apply_style(module, style, group, tracker, sequence_parallel, inside_region)
         except ValueError as e:
             raise ValueError(f"tensor parallel plan: {name} ({style}): {e}") from None
         if new is not module:
@@ -176,7 +177,7 @@ def _apply_style(
     group: CommGroup,
     tracker: RngTracker,
     sp: bool,
-    inside_attention: bool,
+    inside_region: bool,
 ) -> nn.Module:
     if style in ("colwise", "colwise_gathered", "vocab_head", "rowwise"):
         full = _expect(module, nn.Linear, style)
@@ -188,7 +189,7 @@ def _apply_style(
             full,
             group,
             gather_output=style == "colwise_gathered",
-            shared_input=inside_attention,
+            shared_input=inside_region,
             sequence_parallel=sp,
         )
     if style == "vocab_embedding":
@@ -197,7 +198,7 @@ def _apply_style(
         )
     if style == "vocab_loss":
         return VocabParallelCrossEntropy.from_loss(module, group)
-    if style == "attention":
+    if style in ("attention", "split_region"):
         _make_attention_region(module, group, tracker, sp)
     elif style == "split":
         fork_during_forward(module, tracker, SPLIT)
@@ -215,10 +216,14 @@ def _expect(module: nn.Module, kind: type, style: str) -> Any:
 def _make_attention_region(
     module: nn.Module, group: CommGroup, tracker: RngTracker, sp: bool
 ) -> None:
-    """One f (or sequence all-gather) on the input for q, k and v; heads split by rank."""
+    """One f (or sequence all-gather) on the input for the colwise layers inside (q, k and
+    v; SwiGLU's gate and up); attention heads, and key/value heads, split by rank."""
     heads = getattr(module, "n_head", getattr(module, "num_heads", None))
     if heads is not None:
         shard_size(heads, group, "number of attention heads")
+    kv_heads = getattr(module, "n_kv_head", None)
+    if kv_heads is not None:
+        shard_size(kv_heads, group, "number of key/value heads")
     # Registered first, so that the random state is swapped before anything else runs
     # and restored after: attention dropout acts on this rank's heads only.
     fork_during_forward(module, tracker, SPLIT)

@@ -12,14 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from paratrain.config import ModelConfig, TrainConfig
+from paratrain.models.presets import MODEL_PRESETS as TRAIN_PRESETS
+from paratrain.models.presets import ffn_width, kv_heads, param_count, preset
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer as the planner sees it.
 
-    `n_params` is the parameter count N; when None it is counted from the shape with
-    `gpt_param_count` (our GPT: untied head, learned positions, biases, LayerNorm).
+    `n_params` is the parameter count N; when None it is counted from the shape
+    (models/presets.py `param_count`: our GPT, or our Llama with `arch` "llama").
+    `arch`, `n_kv_head`, `ffn_hidden` and `tie_embeddings` are read as config.ModelConfig
+    has them (0: n_head key/value heads; the architecture's default MLP width).
     """
 
     name: str
@@ -30,6 +34,10 @@ class ModelSpec:
     vocab_size: int | None = None
     seq_len: int | None = None  # tokens per training sequence
     max_seq_len: int | None = None  # rows of the position embedding; default seq_len
+    arch: str = "gpt"
+    n_kv_head: int = 0
+    ffn_hidden: int = 0
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_params", "n_layer", "d_model", "n_head", "vocab_size", "seq_len"):
@@ -57,35 +65,85 @@ class ModelSpec:
         """N, the parameter count."""
         if self.n_params is not None:
             return self.n_params
-        return gpt_param_count(
-            self.n_layer,  # type: ignore[arg-type]
-            self.d_model,  # type: ignore[arg-type]
-            self.vocab_size,  # type: ignore[arg-type]
-            self.max_seq_len or self.seq_len,  # type: ignore[arg-type]
-        )
+        whole = replace(self, max_seq_len=self.max_seq_len or self.seq_len)
+        return param_count(whole)  # type: ignore[arg-type]
+
+    def parts(self, tp: int) -> ModelParts:
+        """Parameters per block and at each end, split over tp or replicated (see
+        `ModelParts`), as the model's tensor-parallel plan (models/plans.py) splits them."""
+        h, v, t = self.d_model, self.vocab_size, tp
+        assert h is not None and v is not None, "parts need the model's shape"
+        if self.arch == "gpt":
+            # q k v with biases, proj, fc with bias, proj: split; LayerNorms 4h and the
+            # row-parallel biases 2h: replicated.
+            block = ModelParts.Part((12 * h * h + 7 * h) // t, 6 * h)
+            first = ModelParts.Part(v * h // t, (self.max_seq_len or self.seq_len) * h)  # type: ignore[operator]
+            last = ModelParts.Part(v * h // t, 2 * h)
+        else:  # llama: no biases; RMSNorms h each, replicated
+            d_kv = kv_heads(self) * (h // self.n_head)  # type: ignore[operator]
+            block = ModelParts.Part(
+                (2 * h * h + 2 * h * d_kv + 3 * h * ffn_width(self)) // t, 2 * h
+            )  # type: ignore[arg-type]
+            first = ModelParts.Part(v * h // t, 0)
+            last = ModelParts.Part(v * h // t, h)
+        return ModelParts(block, first, last, self.tie_embeddings)
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """A model's parameters on one tp rank, by place: per block, the first virtual stage's
+    (embeddings), the last one's (final norm and head). Each splits into `split` (this
+    rank's slice of what tensor parallelism slices) and `replicated` (whole on every tp
+    rank). With tied embeddings the head is the token table: counted once when one rank
+    holds both ends, and on each end's rank when a pipeline puts them apart (both hold a
+    copy, their gradients summed between them)."""
+
+    @dataclass(frozen=True)
+    class Part:
+        split: int
+        replicated: int
+
+        @property
+        def total(self) -> int:
+            return self.split + self.replicated
+
+    block: Part
+    first: Part
+    last: Part
+    tied: bool
+
+    def ends(self, first: bool, last: bool) -> int:
+        """Parameters of the ends a virtual stage holds (one rank's share)."""
+        n = (self.first.total if first else 0) + (self.last.total if last else 0)
+        if first and last and self.tied:
+            n -= self.last.split  # the head is the token table: one parameter
+        return n
+
+    def ends_replicated(self, first: bool, last: bool) -> int:
+        return (self.first.replicated if first else 0) + (self.last.replicated if last else 0)
 
 
 def gpt_param_count(n_layer: int, d_model: int, vocab_size: int, max_seq_len: int) -> int:
-    """Exact parameter count of `paratrain.models.gpt.GPT` (checked against the module).
-
-    Per block: LayerNorms 2 * 2d, q/k/v/proj 4 (d^2 + d), MLP fc d*4d + 4d and proj
-    4d*d + d: 12 d^2 + 13 d. Ends: token embedding V d, positions T_max d, final
-    LayerNorm 2d, head V d (no bias, not tied). For large d this is the familiar 12 L d^2.
-    """
-    d = d_model
-    return n_layer * (12 * d * d + 13 * d) + 2 * vocab_size * d + max_seq_len * d + 2 * d
+    """Exact parameter count of our GPT with an untied head (models/presets.py
+    `param_count`): per block 12 d^2 + 13 d; ends (2 V + T_max) d + 2 d."""
+    shape = ModelConfig(n_layer=n_layer, d_model=d_model, vocab_size=vocab_size)
+    return param_count(replace(shape, max_seq_len=max_seq_len))
 
 
-def spec_of(m: ModelConfig, seq_len: int) -> ModelSpec:
-    """Our GPT's shape (a [model] config) as the planner takes it, at this sequence length."""
+def spec_of(m: ModelConfig, seq_len: int, name: str = "paratrain") -> ModelSpec:
+    """A [model] config (our GPT or Llama) as the planner takes it, at this sequence length."""
     return ModelSpec(
-        "paratrain",
+        name,
         n_layer=m.n_layer,
         d_model=m.d_model,
         n_head=m.n_head,
         vocab_size=m.vocab_size,
         seq_len=seq_len,
         max_seq_len=m.max_seq_len,
+        arch=m.arch,
+        n_kv_head=m.n_kv_head,
+        ffn_hidden=m.ffn_hidden,
+        tie_embeddings=m.tie_embeddings,
     )
 
 
@@ -93,10 +151,20 @@ def _ours() -> ModelSpec:
     return spec_of(ModelConfig(), TrainConfig().seq_len)
 
 
+def _shared(name: str) -> ModelSpec:
+    """A preset of `paratrain train --model` (models/presets.py), counted from its shape,
+    at the default sequence length for the tiny ones and the longest for the others."""
+    fields = {**preset(name), "name": name}
+    m = replace(ModelConfig(), **fields)
+    seq_len = TrainConfig().seq_len if m.max_seq_len <= 256 else m.max_seq_len
+    return spec_of(m, seq_len, name)
+
+
 # Shapes: GPT-3 table 2.1 (arXiv:2005.14165) for 1.3B, 13B, 175B; LLaMA (arXiv:2302.13971)
 # for 7B; Llama 2 (arXiv:2307.09288) for 70B. N is the nominal size.
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "paratrain": _ours(),
+    **{name: _shared(name) for name in TRAIN_PRESETS},
     "1.3b": ModelSpec("1.3b", int(1.3e9), 24, 2048, 16, 50257, 2048),
     "7b": ModelSpec("7b", int(7e9), 32, 4096, 32, 32000, 2048),
     "13b": ModelSpec("13b", int(13e9), 40, 5120, 40, 50257, 2048),

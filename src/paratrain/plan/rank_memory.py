@@ -42,27 +42,21 @@ def exact(model: ModelSpec) -> bool:
 def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Parameters of each chunk on `stage` (any tp rank), in chunk order.
 
-    Our GPT (models/gpt.py) under GPT_TP_PLAN: per block LayerNorms 4h and row-parallel
-    biases 2h replicated, q k v, fc and both projections split, 12 h^2 / t + 7 h / t + 6 h;
-    the first virtual stage adds the vocabulary-split token embedding V h / t and the
-    replicated positions T_max h; the last adds the final LayerNorm 2h and the head V h / t.
-    For a model given by its count alone: N / (tp pp) on one chunk.
+    Per block and at each end, this rank's slice of what tensor parallelism splits plus
+    whatever it replicates (`ModelSpec.parts`): for our GPT per block 12 h^2 / t + 7 h / t
+    split and 6 h replicated (LayerNorms, row-parallel biases); the first virtual stage
+    adds the vocabulary-split token table V h / t and the positions T_max h, the last the
+    final LayerNorm 2h and the head V h / t. For a model given by its count alone:
+    N / (tp pp) on one chunk.
     """
     if not exact(model):
         return [local_params(model.params, layout.tp, layout.pp)]
-    h, t, v = model.d_model, layout.tp, model.vocab_size
-    s, c = layout.pp, layout.chunks
+    parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
     pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
-    block = (12 * h * h + 7 * h) // t + 6 * h  # type: ignore[operator]
-    out = []
-    for vs in stage_virtual_stages(stage, s, c):
-        n = pieces[vs] * block
-        if vs == 0:
-            n += v * h // t + (model.max_seq_len or model.seq_len) * h  # type: ignore[operator]
-        if vs == s * c - 1:
-            n += 2 * h + v * h // t  # type: ignore[operator]
-        out.append(n)
-    return out
+    return [
+        pieces[vs] * parts.block.total + parts.ends(vs == 0, vs == s * c - 1)
+        for vs in stage_virtual_stages(stage, s, c)
+    ]
 
 
 def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[int]]:
@@ -70,24 +64,36 @@ def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[
     flat buffers that ZeRO shards, each padded to a multiple of k on its own.
 
     ZeRO-1/2 (parallel/zero.py): one buffer per chunk. ZeRO-3 (parallel/fsdp.py): one per
-    FSDP unit of models/plans.py's GPT_FSDP_UNITS: the embeddings V h / t + T_max h, each
-    block, the final LayerNorm with the head 2 h + V h / t. A model given by its count
-    alone: one buffer per chunk.
+    FSDP unit of the model's plan (models/plans.py): the embeddings, each block, the final
+    norm with the head; a weight tied between the two ends forms a root unit of its own
+    (and a unit left with no parameter is none). A model given by its count alone: one
+    buffer per chunk.
     """
     chunks = chunk_params(model, layout, stage)
     if layout.zero < 3 or not exact(model):
         return [[n] for n in chunks]
-    h, t, v = model.d_model, layout.tp, model.vocab_size
-    s, c = layout.pp, layout.chunks
+    parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
     pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
-    block = (12 * h * h + 7 * h) // t + 6 * h  # type: ignore[operator]
-    embeddings = v * h // t + (model.max_seq_len or model.seq_len) * h  # type: ignore[operator]
-    head = 2 * h + v * h // t  # type: ignore[operator]
+    root = tied_root(model, layout, stage)
     out = []
     for vs in stage_virtual_stages(stage, s, c):
-        units = ([embeddings] if vs == 0 else []) + [block] * pieces[vs]
-        out.append(units + ([head] if vs == s * c - 1 else []))
+        first, last = vs == 0, vs == s * c - 1
+        ends = [parts.first.total - root if first else 0, parts.last.total - root if last else 0]
+        units = [root, ends[0], *[parts.block.total] * pieces[vs], ends[1]]
+        out.append([n for n in units if n])
     return out
+
+
+def tied_root(model: ModelSpec, layout: Layout, stage: int = 0) -> int:
+    """ZeRO-3's root unit on `stage`: the token table tied to the head when one chunk holds
+    both ends (parallel/fsdp.py gathers it once per forward and keeps it until its gradient
+    arrives, instead of gathering it again for backward); 0 when there is none."""
+    if layout.zero < 3 or not exact(model) or not model.tie_embeddings:
+        return 0
+    s, c = layout.pp, layout.chunks
+    if not any(vs == 0 and vs == s * c - 1 for vs in stage_virtual_stages(stage, s, c)):
+        return 0
+    return model.parts(layout.tp).last.split
 
 
 def held_model_state(
@@ -169,13 +175,12 @@ def accumulated_gradient_bytes(
 
 
 def replicated_params(model: ModelSpec, layout: Layout, stage: int) -> int:
-    """Parameters replicated across tp on `stage`: per block 2 LayerNorms and 2 row-parallel
-    biases (6h), the positions on the first virtual stage, the final LayerNorm on the last."""
-    h, s, c = model.d_model, layout.pp, layout.chunks
+    """Parameters replicated across tp on `stage` (`ModelSpec.parts`): for our GPT per block
+    2 LayerNorms and 2 row-parallel biases (6h), the positions on the first virtual stage,
+    the final LayerNorm on the last; for Llama the RMSNorms."""
+    parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
     pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
-    n = 0
-    for vs in stage_virtual_stages(stage, s, c):
-        n += pieces[vs] * 6 * h  # type: ignore[operator]
-        n += (model.max_seq_len or model.seq_len) * h if vs == 0 else 0  # type: ignore[operator]
-        n += 2 * h if vs == s * c - 1 else 0  # type: ignore[operator]
-    return n
+    return sum(
+        pieces[vs] * parts.block.replicated + parts.ends_replicated(vs == 0, vs == s * c - 1)
+        for vs in stage_virtual_stages(stage, s, c)
+    )

@@ -35,7 +35,12 @@ from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
-from paratrain.plan.rank_memory import chunk_params, flat_buffers, replicated_params
+from paratrain.plan.rank_memory import (
+    chunk_params,
+    flat_buffers,
+    replicated_params,
+    tied_root,
+)
 
 AXES = ("dp", "tp", "pp")
 REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
@@ -71,15 +76,20 @@ def _zero_traffic(
     default), accumulate the whole gradient over the K micro-batches and reduce-scatter once
     per step: 2 (k - 1) S / k; ZeRO-2 with accumulate "shard" reduce-scatters after every
     micro-batch: (K + 1) (k - 1) S / k. ZeRO-3 gathers each unit for forward and again for
-    backward and reduce-scatters it after every backward: 3 (k - 1) S / k per micro-batch.
+    backward and reduce-scatters it after every backward: 3 (k - 1) S / k per micro-batch,
+    except the root unit of a tied table (`tied_root`), kept gathered from forward to its
+    gradient: 2 (k - 1) S / k.
     """
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
     layout_k = Layout(dp=layout.dp, zero=layout.zero)
     sent: dict[tuple[str, str], int] = {}
+    root = tied_root(model, layout, at.stage)
     for chunk in flat_buffers(model, layout, at.stage):
-        for n in chunk:
+        for i, n in enumerate(chunk):
             buffer = ModelSpec("flat buffer", n_params=n)
             for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, microbatches):
+                if root and i == 0 and e.what == "parameters for backward":
+                    continue  # the root unit (first in its chunk) is not gathered again
                 sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + e.bytes
     return [RankTraffic("dp", op, what, nbytes) for (op, what), nbytes in sent.items()]
 

@@ -23,8 +23,9 @@ from torch import nn
 from paratrain import comm
 from paratrain.config import RunConfig, compute_dtype
 from paratrain.mesh import Mesh
-from paratrain.models.gpt import GPT, GPTConfig
-from paratrain.models.plans import GPT_PLAN, ModelPlan
+from paratrain.models import registry
+from paratrain.models.gpt import GPTConfig
+from paratrain.models.plans import PLANS, ModelPlan
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import expand_units
@@ -44,8 +45,12 @@ from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:
-    m = cfg.model
-    return GPTConfig(m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout)
+    return registry.gpt_config(cfg.model)
+
+
+def plan_of(cfg: RunConfig) -> ModelPlan:
+    """The parallel plan of the run's architecture (models/plans.py)."""
+    return PLANS[cfg.model.arch]
 
 
 def build_model(cfg: RunConfig, device: torch.device | str = "cpu") -> nn.Module:
@@ -54,14 +59,14 @@ def build_model(cfg: RunConfig, device: torch.device | str = "cpu") -> nn.Module
     so a run starts from the same weights on any device."""
     torch.manual_seed(cfg.train.seed)
     with torch.device("cpu"):  # whatever the default device: the weights are drawn here
-        model = GPT(gpt_config(cfg))
+        model = registry.plain_model(cfg.model)
     return model.to(device)
 
 
 def count_params(cfg: RunConfig) -> int:
     """The model's parameter count, from a copy on the meta device: no memory, any size."""
     with torch.device("meta"):
-        return sum(p.numel() for p in GPT(gpt_config(cfg)).parameters())
+        return sum(p.numel() for p in registry.plain_model(cfg.model).parameters())
 
 
 # Dropout masks differ between replicas (they see different data) but not between runs:
@@ -83,13 +88,15 @@ def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
 
 
 def build_engine(
-    cfg: RunConfig, mesh: Mesh, plan: ModelPlan = GPT_PLAN, model: nn.Module | None = None
+    cfg: RunConfig, mesh: Mesh, plan: ModelPlan | None = None, model: nn.Module | None = None
 ) -> Engine:
     """This rank's part of the model, made parallel in the architecture's order.
 
+    plan: the model's facts (default: the run's architecture's, `plan_of(cfg)`).
     model: the full plain model, the same on every rank (default: `build_model(cfg)`).
     """
     p, t = cfg.parallel, cfg.train
+    plan = plan if plan is not None else plan_of(cfg)
     model = build_model(cfg, mesh.device) if model is None else model.to(mesh.device)
     tracker = None
     if mesh.size("tp") > 1:
@@ -129,7 +136,7 @@ def data_parallel(
     module: nn.Module,
     group: comm.CommGroup,
     cfg: RunConfig,
-    plan: ModelPlan = GPT_PLAN,
+    plan: ModelPlan | None = None,
     reduce_op: str = "sum",
 ) -> Replica:
     """The wrapper the configuration asks for (see the module docstring).
@@ -138,6 +145,7 @@ def data_parallel(
     "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
     """
     p, dtype = cfg.parallel, compute_dtype(cfg)
+    plan = plan if plan is not None else plan_of(cfg)
     if p.zero == 0 and dtype == "float32":
         return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op)
     precision = MixedPrecision.of(dtype)

@@ -36,7 +36,7 @@ from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.tp.compare import compare_modes
 from paratrain.bench.tp.report import log_report, summarize
 from paratrain.config import RunConfig
-from paratrain.models.plans import check_gpt_tensor_parallel
+from paratrain.models.plans import check_tensor_parallel
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def run_tp_comparisons(
     cfg = norm_only(cfg or RunConfig())
     t = cfg.train
     for sp in modes:
-        check_gpt_tensor_parallel(cfg.model, WORLD, t.seq_len, sp)
+        check_tensor_parallel(cfg.model, WORLD, t.seq_len, sp)
     if cfg.model.dropout:
         raise ValueError(f"dropout {cfg.model.dropout}: the bench compares without dropout")
     if tokens is None:

@@ -1,0 +1,89 @@
+"""Named models, shared by `paratrain train --model NAME` and `paratrain plan --preset NAME`.
+
+Pure data and arithmetic (no torch): each preset is the [model] fields it sets, and
+`param_count` counts a model's parameters exactly from those fields, as the built module
+has them (tests/test_models.py builds every preset on the meta device and compares).
+
+Published shapes: GPT-2 small (Radford et al. 2019; Hugging Face `gpt2`: 124,439,808
+parameters, head tied to the token embedding); Llama 3.2 1B and Llama 3 8B and 70B (Meta's
+model cards and Hugging Face configs: 1,235,814,400, 8,030,261,248 and 70,553,706,496).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # Today's default: a 4-layer byte-level GPT of 0.9M parameters, trained in seconds.
+    "gpt-tiny": {"arch": "gpt", "vocab_size": 256, "n_layer": 4, "n_head": 4, "d_model": 128,
+                 "max_seq_len": 256},
+    "gpt2-124m": {"arch": "gpt", "vocab_size": 50257, "n_layer": 12, "n_head": 12,
+                  "d_model": 768, "max_seq_len": 1024, "tie_embeddings": True},
+    # CPU-sized: grouped-query attention (2 query heads per key/value head), SwiGLU.
+    "llama-tiny": {"arch": "llama", "vocab_size": 256, "n_layer": 4, "n_head": 4,
+                   "n_kv_head": 2, "d_model": 128, "ffn_hidden": 352, "max_seq_len": 256},
+    "llama3-1b": {"arch": "llama", "vocab_size": 128256, "n_layer": 16, "n_head": 32,
+                  "n_kv_head": 8, "d_model": 2048, "ffn_hidden": 8192, "max_seq_len": 8192,
+                  "rope_theta": 500000.0, "tie_embeddings": True},
+    "llama3-8b": {"arch": "llama", "vocab_size": 128256, "n_layer": 32, "n_head": 32,
+                  "n_kv_head": 8, "d_model": 4096, "ffn_hidden": 14336, "max_seq_len": 8192,
+                  "rope_theta": 500000.0},
+    "llama3-70b": {"arch": "llama", "vocab_size": 128256, "n_layer": 80, "n_head": 64,
+                   "n_kv_head": 8, "d_model": 8192, "ffn_hidden": 28672, "max_seq_len": 8192,
+                   "rope_theta": 500000.0},
+}  # fmt: skip
+
+PUBLISHED_PARAMS = {  # the counts of the published checkpoints, for the tests
+    "gpt2-124m": 124_439_808,
+    "llama3-1b": 1_235_814_400,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+}
+
+
+class ModelShape(Protocol):  # config.ModelConfig, as far as the counts read it
+    arch: str
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    d_model: int
+    ffn_hidden: int
+    max_seq_len: int
+    tie_embeddings: bool
+
+
+def preset(name: str) -> dict[str, Any]:
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"--model {name!r}; valid: {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[name]
+
+
+def kv_heads(m: ModelShape) -> int:
+    """Key/value heads: n_kv_head, or n_head when 0 (multi-head attention)."""
+    return m.n_kv_head or m.n_head
+
+
+def ffn_width(m: ModelShape) -> int:
+    """The MLP's inner width: GPT's 4 d; Llama's ffn_hidden, or 8/3 d rounded up to 32."""
+    if m.arch == "gpt":
+        return 4 * m.d_model
+    return m.ffn_hidden or 32 * math.ceil(8 * m.d_model / 3 / 32)
+
+
+def param_count(m: ModelShape) -> int:
+    """Exact parameter count of the model the fields describe (a tied head counts once).
+
+    gpt (models/gpt.py): per block LayerNorms 4d, q/k/v/proj 4(d^2 + d), MLP 8 d^2 + 5d;
+    ends: token and position tables (V + T_max) d, final LayerNorm 2d, head V d.
+    llama (models/llama.py): per block RMSNorms 2d, q and o 2 d^2, k and v 2 d d_kv, SwiGLU
+    3 d f, no biases; ends: token table V d, final RMSNorm d, head V d.
+    """
+    d, v = m.d_model, m.vocab_size
+    head = 0 if m.tie_embeddings else v * d
+    if m.arch == "gpt":
+        return m.n_layer * (12 * d * d + 13 * d) + v * d + m.max_seq_len * d + 2 * d + head
+    d_kv = kv_heads(m) * (d // m.n_head)
+    block = 2 * d * d + 2 * d * d_kv + 3 * d * ffn_width(m) + 2 * d
+    return m.n_layer * block + v * d + d + head

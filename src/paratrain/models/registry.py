@@ -1,0 +1,47 @@
+"""From the run's [model] fields to a plain model: one entry per architecture (data, not a
+switch). Each model's parallel plan is models/plans.py's PLANS[arch]."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from paratrain.config import ModelConfig
+from paratrain.models.gpt import GPT, GPTConfig
+from paratrain.models.llama import Llama, LlamaConfig
+from paratrain.models.presets import ffn_width, kv_heads
+
+
+def gpt_config(m: ModelConfig) -> GPTConfig:
+    return GPTConfig(
+        m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout, m.tie_embeddings
+    )
+
+
+def llama_config(m: ModelConfig) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=m.vocab_size,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_kv_head=kv_heads(m),
+        d_model=m.d_model,
+        ffn_hidden=ffn_width(m),
+        max_seq_len=m.max_seq_len,
+        rope_theta=m.rope_theta,
+        norm_eps=m.norm_eps,
+        tie_embeddings=m.tie_embeddings,
+    )
+
+
+ARCHITECTURES: dict[str, tuple[Callable[[Any], nn.Module], Callable[[ModelConfig], Any]]] = {
+    "gpt": (GPT, gpt_config),
+    "llama": (Llama, llama_config),
+}
+
+
+def plain_model(m: ModelConfig) -> nn.Module:
+    """The model the fields describe, on the current default device, from the current seed."""
+    module, config_of = ARCHITECTURES[m.arch]
+    return module(config_of(m))
