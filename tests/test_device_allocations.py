@@ -43,7 +43,7 @@ HOST_SIDE = {
         "byte counts for the report, gathered over the gloo control group",
     ("train/cuda_memory.py", "cuda_memory", "tensor"):
         "the allocator's byte counts for the summary, gathered over the gloo control group",
-    ("train/export.py", "export_safetensors", "empty"):
+    ("train/checkpoint_model.py", "read_model", "empty"):
         "tensors read from a checkpoint file into host memory, to be written to a file",
     ("train/data.py", "_bytes", "frombuffer"):
         "the token stream read from disk; batches move to the device in `on_device`",

@@ -77,10 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     from paratrain.parallel.pipeline.schedule_command import add_schedule_arguments
 
     add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
-    export = sub.add_parser("export", help="a run's checkpointed model as one safetensors file")
+    export = sub.add_parser("export", help="a run's checkpointed model, for other tools")
     export.add_argument("run_dir", help="the run directory (its checkpoints/ are read)")
     export.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
-    export.add_argument("--out", help="output file (default: RUN_DIR/model.safetensors)")
+    export.add_argument(
+        "--format",
+        choices=("safetensors", "hf"),
+        default="safetensors",
+        help="safetensors: one file of our names; hf: a Hugging Face model directory",
+    )
+    export.add_argument(
+        "--out", help="output (default: RUN_DIR/model.safetensors; required with --format hf)"
+    )
+    imp = sub.add_parser("import-hf", help="a Hugging Face model directory as a new run")
+    imp.add_argument("hf_dir", help="a save_pretrained directory: config.json + safetensors")
+    imp.add_argument("--out", required=True, help="the new run directory")
     return parser
 
 
@@ -105,10 +116,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if "." in key and value is not None:
             section, name = key.split(".", 1)
             overrides.setdefault(section, {})[name] = value
-    # The model preset first: its shape is the default that the file and the flags change.
+    # The model preset first: its shape is the default that the file and the flags change;
+    # with --init-from, the source run's model is.
     name = overrides.get("model", {}).get("name") or from_file.get("model", {}).get("name")
     if name and not resume:
         apply_overrides(cfg, {"model": {**preset(name), "name": name}}, f"model preset {name}")
+    source = overrides.get("train", {}).get("init_from") or from_file.get("train", {}).get(
+        "init_from"
+    )
+    if source and not resume:
+        base = Path(source) / "config.toml"
+        if not base.is_file():
+            raise ValueError(f"--init-from {source!r}: no {base}; give a paratrain run directory")
+        model = load_toml(str(base)).get("model", {})
+        apply_overrides(cfg, {"model": model}, f"--init-from {source}")
     if args.config:
         apply_overrides(cfg, from_file, f"config file {args.config}")
     apply_overrides(cfg, overrides, "command line")
@@ -182,6 +203,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )
+    if cfg.train.init_from and env is None:  # the source's weights fit this model
+        from paratrain.train.checkpoint_model import check_init_source
+
+        check_init_source(cfg.train.init_from, cfg.model)
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         worker_env = WorkerEnv(use_env_rendezvous=True, **env)
         summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
@@ -253,8 +278,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
-    out = export_safetensors(run_dir, Path(args.out) if args.out else None, args.step)
+    if args.format == "hf":
+        from paratrain.train.hf_io import export_hf
+
+        if not args.out:
+            raise ValueError("--format hf needs --out DIR, the new Hugging Face directory")
+        out = export_hf(run_dir, Path(args.out), args.step)
+    else:
+        out = export_safetensors(run_dir, Path(args.out) if args.out else None, args.step)
     print(f"wrote {out}", flush=True)
+    return 0
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from paratrain.train.hf_io import import_hf
+
+    hf_dir = Path(args.hf_dir)
+    if not hf_dir.is_dir():
+        raise ValueError(f"{args.hf_dir!r} is not a directory; give a save_pretrained directory")
+    run_dir = import_hf(hf_dir, args.out)
+    print(f"wrote {run_dir} (train from it: paratrain train --init-from {run_dir})", flush=True)
     return 0
 
 
@@ -293,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_schedule(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "import-hf":
+            return cmd_import_hf(args)
         raise ValueError(
-            f"unknown command {args.command!r}; valid: train, plan, bench, schedule, export"
+            f"unknown command {args.command!r}; valid: train, plan, bench, schedule, export, "
+            "import-hf"
         )
     except ValueError as e:
         print(f"paratrain {args.command}: error: {e}", file=sys.stderr)

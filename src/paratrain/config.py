@@ -35,6 +35,7 @@ DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
 LR_SCALINGS = ("none", "linear", "sqrt")
 ARCHS = ("gpt", "llama")  # models/gpt.py, models/llama.py
+GELUS = ("gelu", "gelu_tanh")
 
 
 def one_of(values: tuple[str, ...]) -> str:
@@ -64,6 +65,9 @@ class ModelConfig:
     rope_theta: float = param(10000.0, "llama: base of the rotary position frequencies.")
     norm_eps: float = param(1e-5, "llama: RMSNorm's epsilon.")
     dropout: float = param(0.0, "gpt: dropout in embeddings, attention and residuals.")
+    activation: str = param(
+        "gelu", f"gpt: the MLP's GELU, {one_of(GELUS)} (GPT-2's tanh approximation)."
+    )
 
 
 @dataclass
@@ -143,6 +147,11 @@ class TrainConfig:
     )
     keep_checkpoints: int = param(3, "Complete checkpoints kept (the newest); 0 keeps all.")
     resume: str = param("", "Continue the run in this run directory from its latest checkpoint.")
+    init_from: str = param(
+        "",
+        "Start from this run directory's latest weights (a run or an import-hf), fresh "
+        "optimizer, step 0; its [model] is the default.",
+    )
     rewarmup_steps: int = param(
         10, "Resumed on another world size: ramp the learning rate up again over N steps."
     )

@@ -17,6 +17,7 @@ from paratrain.config import (
     COMPUTE_DTYPES,
     DEVICES,
     DP_MODES,
+    GELUS,
     LR_SCALINGS,
     RECOMPUTE_MODES,
     SCHEDULES,
@@ -271,7 +272,7 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
 # Fields that only one architecture reads, with the value the other must keep.
 ARCH_ONLY = {
     "gpt": {"n_kv_head": 0, "ffn_hidden": 0, "rope_theta": 10000.0, "norm_eps": 1e-5},
-    "llama": {"dropout": 0.0},
+    "llama": {"dropout": 0.0, "activation": "gelu"},
 }
 
 
@@ -280,6 +281,8 @@ def _check_model(cfg: RunConfig) -> None:
     preset(m.name)  # a known preset (its fields are the defaults the others override)
     if m.arch not in ARCHS:
         raise ValueError(f"model.arch = {m.arch!r}; valid: {', '.join(ARCHS)}")
+    if m.activation not in GELUS:
+        raise ValueError(f"model.activation = {m.activation!r}; valid: {', '.join(GELUS)}")
     for name, value in ARCH_ONLY[m.arch].items():
         if getattr(m, name) != value and not (name == "n_kv_head" and m.n_kv_head == m.n_head):
             other = next(a for a in ARCHS if a != m.arch)

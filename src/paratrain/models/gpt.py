@@ -28,6 +28,7 @@ class GPTConfig:
     max_seq_len: int = 256
     dropout: float = 0.0
     tie_embeddings: bool = False  # the output head reuses the token embedding's matrix
+    activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's approximation)
 
 
 class CausalSelfAttention(nn.Module):
@@ -63,10 +64,11 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
         self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
 
 
 class Block(nn.Module):

@@ -57,7 +57,9 @@ def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
     sees whole (sequence parallelism gathers it first).
     """
     hd, seq = x.shape[-1], x.shape[-2]
-    inv_freq = theta ** -(torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    # Hugging Face's arithmetic, step by step, so that imported models agree to the bit.
+    exponents = torch.arange(0, hd, 2, device=x.device, dtype=torch.int64).float() / hd
+    inv_freq = 1.0 / (theta**exponents)
     angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd): pair (i, i + hd/2) shares one
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

@@ -19,7 +19,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt-tiny": {"arch": "gpt", "vocab_size": 256, "n_layer": 4, "n_head": 4, "d_model": 128,
                  "max_seq_len": 256},
     "gpt2-124m": {"arch": "gpt", "vocab_size": 50257, "n_layer": 12, "n_head": 12,
-                  "d_model": 768, "max_seq_len": 1024, "tie_embeddings": True},
+                  "d_model": 768, "max_seq_len": 1024, "tie_embeddings": True,
+                  "activation": "gelu_tanh"},
     # CPU-sized: grouped-query attention (2 query heads per key/value head), SwiGLU.
     "llama-tiny": {"arch": "llama", "vocab_size": 256, "n_layer": 4, "n_head": 4,
                    "n_kv_head": 2, "d_model": 128, "ffn_hidden": 352, "max_seq_len": 256},
@@ -33,6 +34,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                    "n_kv_head": 8, "d_model": 8192, "ffn_hidden": 28672, "max_seq_len": 8192,
                    "rope_theta": 500000.0},
 }  # fmt: skip
+
+CUSTOM = "custom"  # no preset: every [model] field as given (an imported model's)
 
 PUBLISHED_PARAMS = {  # the counts of the published checkpoints, for the tests
     "gpt2-124m": 124_439_808,
@@ -55,8 +58,11 @@ class ModelShape(Protocol):  # config.ModelConfig, as far as the counts read it
 
 
 def preset(name: str) -> dict[str, Any]:
+    """The preset's [model] fields; none for CUSTOM."""
+    if name == CUSTOM:
+        return {}
     if name not in MODEL_PRESETS:
-        raise ValueError(f"--model {name!r}; valid: {', '.join(MODEL_PRESETS)}")
+        raise ValueError(f"--model {name!r}; valid: {', '.join([*MODEL_PRESETS, CUSTOM])}")
     return MODEL_PRESETS[name]
 
 

@@ -16,7 +16,14 @@ from paratrain.models.presets import ffn_width, kv_heads
 
 def gpt_config(m: ModelConfig) -> GPTConfig:
     return GPTConfig(
-        m.vocab_size, m.n_layer, m.n_head, m.d_model, m.max_seq_len, m.dropout, m.tie_embeddings
+        m.vocab_size,
+        m.n_layer,
+        m.n_head,
+        m.d_model,
+        m.max_seq_len,
+        m.dropout,
+        m.tie_embeddings,
+        m.activation,
     )
 
 

@@ -16,6 +16,7 @@ Which data-parallel wrapper a configuration gets:
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -41,6 +42,8 @@ from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.replica import Replica
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.train import checkpoint
+from paratrain.train.checkpoint_model import load_weights, read_model
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 
 
@@ -53,13 +56,22 @@ def plan_of(cfg: RunConfig) -> ModelPlan:
     return PLANS[cfg.model.arch]
 
 
-def build_model(cfg: RunConfig, device: torch.device | str = "cpu") -> nn.Module:
+def build_model(
+    cfg: RunConfig, device: torch.device | str = "cpu", initial: bool = True
+) -> nn.Module:
     """The full plain model, from the run's seed: the same on every rank, then moved to
     `device`. It is initialised on the CPU, whose random stream is the same everywhere,
-    so a run starts from the same weights on any device."""
+    so a run starts from the same weights on any device. With --init-from (and `initial`:
+    not when a checkpoint will overwrite them), the weights are the source run's latest."""
     torch.manual_seed(cfg.train.seed)
     with torch.device("cpu"):  # whatever the default device: the weights are drawn here
         model = registry.plain_model(cfg.model)
+    source = cfg.train.init_from
+    if source and initial:
+        ckpt = checkpoint.latest_checkpoint(Path(source))
+        if ckpt is None:
+            raise ValueError(f"--init-from {source!r}: no complete checkpoint")
+        load_weights(model, read_model(ckpt.path), f"--init-from {source}")
     return model.to(device)
 
 

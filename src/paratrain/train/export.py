@@ -9,20 +9,16 @@ exported (fp32; the master copy under mixed precision), not the optimizer.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
-import torch
-import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from paratrain.config import ModelConfig, RunConfig
 from paratrain.train import checkpoint
 from paratrain.train.build import build_model
+from paratrain.train.checkpoint_model import read_model
 
 EXPORT_FILE = "model.safetensors"
 META_KEY = "paratrain"
@@ -47,19 +43,8 @@ def export_safetensors(run_dir: Path, out: Path | None = None, step: int | None 
     out = out or run_dir / EXPORT_FILE
     if out.exists():
         raise ValueError(f"--out {out} already exists; give a new file name")
-    checkpoint.check_files(ckpt.path)
-    reader = FileSystemReader(ckpt.path)
-    index = reader.read_metadata().state_dict_metadata
-    full = {
-        key: torch.empty(md.size, dtype=md.properties.dtype, device="cpu")  # a file, read here
-        for key, md in index.items()
-        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():  # "no process group: loading in one process", as meant
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(full, storage_reader=reader, no_dist=True)
+    tensors = {name: t.contiguous() for name, t in read_model(ckpt.path).items()}
     meta = checkpoint.read_meta(ckpt.path)
-    tensors = {key.removeprefix("model."): t.contiguous() for key, t in full.items()}
     header = {META_KEY: json.dumps({"model": meta["model"], "step": meta["step"]})}
     tmp = out.with_name(out.name + ".tmp")
     save_file(tensors, str(tmp), metadata=header)

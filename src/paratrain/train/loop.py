@@ -18,7 +18,7 @@ from torch import nn
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
-from paratrain.train.build import build_engine, seed_rank_stream
+from paratrain.train.build import build_engine, build_model, seed_rank_stream
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.data import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.train.engine import Engine
@@ -55,7 +55,8 @@ def train(
             "asynchronous runs go through train/async_loop.py: train_async"
         )
     t = cfg.train
-    engine = build_engine(cfg, mesh)
+    # --init-from's weights, unless a checkpoint is about to replace them
+    engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=resume is None))
     seed_rank_stream(t.seed, mesh.global_rank)
     optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
     first, rewarm = 0, Rewarmup()
