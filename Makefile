@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: setup
-	$(VENV)/bin/paratrain train
+	out=runs/demo-$$(date +%Y%m%d-%H%M%S) && $(VENV)/bin/paratrain train --out $$out && \
+	$(VENV)/bin/paratrain sample $$out --prompt "def " --max-new-tokens 300
 
 test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10

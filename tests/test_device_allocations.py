@@ -49,6 +49,16 @@ HOST_SIDE = {
         "the token stream read from disk; batches move to the device in `on_device`",
     ("train/data.py", "load_tokens", "frombuffer"):
         "the token stream read from disk; batches move to the device in `on_device`",
+    ("train/data.py", "_encoded", "tensor"):
+        "the token stream encoded with a tokenizer; batches move to the device in `on_device`",
+    ("train/prepare.py", "ShardedTokens.__getitem__", "from_numpy"):
+        "windows read from memory-mapped shards; batches move to the device in `on_device`",
+    ("train/inspect_run.py", "sample", "Generator"):
+        "sample runs the model in one process on the host: its draws come from a CPU stream",
+    ("train/inspect_run.py", "sample", "tensor"):
+        "the prompt's ids, for the model sample runs on the host",
+    ("train/inspect_run.py", "evaluate_file", "full"):
+        "eval's windows, for the model it runs on the host",
     ("train/data.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",
     ("train/data.py", "BatchSampler._order", "randperm"):

@@ -174,3 +174,42 @@ def test_a_run_starts_from_an_imports_weights_on_any_mesh(tmp_path):
         assert abs(mine[0] - expected) < 1e-5 * expected
     cfg.train.init_from = ""  # the same run from the seed's weights: another loss
     assert abs(run_distributed(train_from, 2, cfg, tiny_data())[0][0] - expected) > 1e-3
+
+
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_greedy_decoding_with_and_without_the_kv_cache_matches_transformers(tmp_path, make):
+    from paratrain.models.generate import generate
+
+    hf_dir = make(tmp_path)
+    _import(hf_dir, tmp_path / "run")
+    ours = _our_model(tmp_path / "run")
+    prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(3))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float64)
+    hf_model.generation_config.eos_token_id = None  # no stop token: 12 new tokens, as ours
+    expected = hf_model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),  # every prompt token is real, id 0 too
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    cached = generate(ours, prompt, 12)
+    uncached = generate(ours, prompt, 12, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached, expected)
+
+
+def test_the_cache_gives_the_logits_of_the_whole_prefix(tmp_path):
+    from paratrain.models.kv_cache import KVCache
+
+    for make in (_gpt2, _llama):
+        hf_dir = make(tmp_path / make.__name__)
+        _import(hf_dir, tmp_path / make.__name__ / "run")
+        model = _our_model(tmp_path / make.__name__ / "run")
+        ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            whole = model(ids)
+            cache = KVCache(len(model.blocks))
+            pieces = [model(ids[:, :5], cache=cache), model(ids[:, 5:9], cache=cache)]
+            pieces += [model(ids[:, i : i + 1], cache=cache) for i in range(9, 12)]
+        assert (torch.cat(pieces, dim=1) - whole).abs().max().item() < TOL

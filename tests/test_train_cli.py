@@ -6,6 +6,7 @@ These start real processes (about 5-15 s each), so they use a small model and fe
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -228,3 +229,53 @@ def test_the_llama_preset_trains_from_the_cli(tmp_path, layout):
     assert predicted == summary["model_state_bytes_per_rank"]
     config = (out / "config.toml").read_text()
     assert 'name = "llama-tiny"' in config and 'arch = "llama"' in config
+
+
+@pytest.mark.e2e
+def test_tensorboard_event_files_hold_every_steps_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    flags = ["--nproc", "2", "--steps", "5", "--tensorboard", "--json", "--out", str(out)]
+    summary = last_json(paratrain("train", *SMALL, *flags, cwd=tmp_path))
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s", "comm_s", "compute_s"):
+        logged = events.Scalars(f"train/{name}")
+        assert [e.step for e in logged] == [r["step"] for r in rows]
+        for event, row in zip(logged, rows, strict=True):
+            assert abs(event.value - row[name]) <= 1e-6 * max(1.0, abs(row[name]))  # float32
+    (val,) = events.Scalars("val/loss")
+    assert val.step == 5 and abs(val.value - summary["val_loss"]) < 1e-5
+
+
+@pytest.mark.e2e
+def test_tokenizer_prepare_train_sample_eval_from_the_cli(tmp_path):
+    corpus = Path(json.__file__).parent
+    tok, data, out = tmp_path / "tok.json", tmp_path / "data", tmp_path / "run"
+    paratrain(
+        "tokenizer",
+        "train",
+        "--data",
+        str(corpus),
+        "--vocab-size",
+        "300",
+        "--out",
+        str(tok),
+        cwd=tmp_path,
+    )
+    paratrain(
+        "prepare", "--data", str(corpus), "--tokenizer", str(tok), "--out", str(data), cwd=tmp_path
+    )
+    flags = ["--data", str(data), "--nproc", "2", "--tp", "2", "--steps", "6", "--json"]
+    small = ["--seq-len", "64", "--global-batch", "8", "--micro-batch", "4", "--n-layer", "2"]
+    summary = last_json(paratrain("train", *flags, *small, "--out", str(out), cwd=tmp_path))
+    assert summary["final_loss"] < summary["initial_loss"]
+    assert "vocab_size = 384" in (out / "config.toml").read_text()  # 300 padded for tp
+    text = paratrain(
+        "sample", str(out), "--prompt", "import ", "--max-new-tokens", "20", cwd=tmp_path
+    )
+    assert text.stdout.startswith("import ")
+    result = last_json(paratrain("eval", str(out), "--data", str(data), "--json", cwd=tmp_path))
+    assert result["tokens"] > 0 and abs(result["perplexity"] - math.exp(result["loss"])) < 1e-6

@@ -89,6 +89,30 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--out", help="output (default: RUN_DIR/model.safetensors; required with --format hf)"
     )
+    tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True)
+    tok_train = tok_sub.add_parser("train", help="a byte-level BPE on text files")
+    tok_train.add_argument("--data", required=True, help="text file, JSON-lines or a folder")
+    tok_train.add_argument("--vocab-size", type=int, required=True, help="ids, EOT included")
+    tok_train.add_argument("--out", required=True, help="the tokenizer.json to write")
+    prep = sub.add_parser("prepare", help="tokenize text into memory-mapped token shards")
+    prep.add_argument("--data", required=True, help="text file, JSON-lines or a folder")
+    prep.add_argument("--tokenizer", required=True, help="a tokenizer.json with <|endoftext|>")
+    prep.add_argument("--out", required=True, help="the data directory (resumed if interrupted)")
+    prep.add_argument("--val-fraction", type=float, default=0.05, help="documents held out")
+    prep.add_argument("--workers", type=int, default=0, help="processes; 0: one per core")
+    smp = sub.add_parser("sample", help="what a run's model writes after a prompt")
+    smp.add_argument("run_dir", help="the run directory (its latest checkpoint is read)")
+    smp.add_argument("--prompt", required=True, help="the text to continue")
+    smp.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    smp.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax)")
+    smp.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest; 0: all")
+    smp.add_argument("--seed", type=int, default=0, help="seed of the draws")
+    ev = sub.add_parser("eval", help="a run's loss and perplexity on a data file")
+    ev.add_argument("run_dir", help="the run directory (its latest checkpoint is read)")
+    ev.add_argument("--data", required=True, help="text file, folder of text, or .bin of ids")
+    ev.add_argument("--seq-len", type=int, help="window length (default: the run's seq_len)")
+    ev.add_argument("--json", action="store_true", help="print a JSON object as last line")
     imp = sub.add_parser("import-hf", help="a Hugging Face model directory as a new run")
     imp.add_argument("hf_dir", help="a save_pretrained directory: config.json + safetensors")
     imp.add_argument("--out", required=True, help="the new run directory")
@@ -133,7 +157,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.config:
         apply_overrides(cfg, from_file, f"config file {args.config}")
     apply_overrides(cfg, overrides, "command line")
+    if "vocab_size" not in {**from_file.get("model", {}), **overrides.get("model", {})}:
+        _vocabulary_for_the_data(cfg)
     return cfg
+
+
+def _vocabulary_for_the_data(cfg: RunConfig) -> None:
+    """With a tokenizer (--tokenizer or a prepared directory's), a vocabulary that covers it,
+    padded for tensor parallelism, unless one was given (then checked against the data)."""
+    from paratrain.train.data import check_source
+    from paratrain.train.tokenizer import padded_vocab
+
+    vocab = check_source(cfg)
+    if vocab is not None and cfg.model.vocab_size < vocab:
+        cfg.model.vocab_size = padded_vocab(vocab)
 
 
 def torchrun_env() -> dict[str, Any] | None:
@@ -203,6 +240,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )
+    if env is None:  # prepared shards whole, the tokenizer readable, before any worker
+        from paratrain.train.data import check_source
+
+        check_source(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model
         from paratrain.train.checkpoint_model import check_init_source
 
@@ -290,6 +331,67 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise ValueError(f"{text!r} is not a directory; give a paratrain run directory")
+    return path
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from paratrain.train.inspect_run import sample
+
+    text = sample(
+        _run_dir(args.run_dir),
+        args.prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.seed,
+    )
+    print(text, flush=True)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from paratrain.train.inspect_run import evaluate_file
+
+    result = evaluate_file(_run_dir(args.run_dir), args.data, args.seq_len)
+    print(
+        f"loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} over "
+        f"{result['tokens']:,} tokens",
+        flush=True,
+    )
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from paratrain.train.tokenizer import train_tokenizer
+
+    vocab = train_tokenizer(Path(args.data), args.vocab_size, Path(args.out))
+    print(f"wrote {args.out}: byte-level BPE of {vocab:,} ids", flush=True)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from paratrain.train.prepare import prepare
+
+    if args.workers < 0:
+        raise ValueError(f"--workers {args.workers}: 0 (one per core) or more")
+    meta = prepare(
+        Path(args.data), Path(args.tokenizer), Path(args.out), args.val_fraction, args.workers
+    )
+    n, d = meta["tokens"], meta["documents"]
+    print(
+        f"wrote {args.out}: {n['train']:,} train tokens ({d['train']:,} documents), "
+        f"{n['val']:,} held out ({d['val']:,}), {meta['dtype']}",
+        flush=True,
+    )
+    return 0
+
+
 def cmd_import_hf(args: argparse.Namespace) -> int:
     from paratrain.train.hf_io import import_hf
 
@@ -338,9 +440,17 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_export(args)
         if args.command == "import-hf":
             return cmd_import_hf(args)
+        if args.command == "sample":
+            return cmd_sample(args)
+        if args.command == "tokenizer":
+            return cmd_tokenizer(args)
+        if args.command == "prepare":
+            return cmd_prepare(args)
+        if args.command == "eval":
+            return cmd_eval(args)
         raise ValueError(
             f"unknown command {args.command!r}; valid: train, plan, bench, schedule, export, "
-            "import-hf"
+            "import-hf, sample, eval, tokenizer, prepare"
         )
     except ValueError as e:
         print(f"paratrain {args.command}: error: {e}", file=sys.stderr)

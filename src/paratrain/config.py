@@ -147,6 +147,9 @@ class TrainConfig:
     )
     keep_checkpoints: int = param(3, "Complete checkpoints kept (the newest); 0 keeps all.")
     resume: str = param("", "Continue the run in this run directory from its latest checkpoint.")
+    tensorboard: bool = param(
+        False, "Also write the per-step metrics as TensorBoard event files in RUN_DIR/tensorboard."
+    )
     init_from: str = param(
         "",
         "Start from this run directory's latest weights (a run or an import-hf), fresh "
@@ -162,7 +165,10 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    path: str = param("", "Text file, folder of text files or .bin of uint16 ids; default stdlib.")
+    path: str = param(
+        "", "Text file, folder, .bin of uint16 ids, or a prepared directory; default stdlib."
+    )
+    tokenizer: str = param("", "A tokenizer.json for text data (default: bytes).")
     val_fraction: float = param(0.05, "Fraction of files (or of tokens) held out for validation.")
 
 

@@ -316,7 +316,13 @@ def _check_data(cfg: RunConfig) -> None:
     path = cfg.data.path
     if path and not Path(path).exists():
         raise ValueError(f"--data {path!r} does not exist; give a text file, a folder or a .bin")
-    if (not path or not path.endswith(".bin")) and cfg.model.vocab_size < 256:
+    if cfg.data.tokenizer and path.endswith(".bin"):
+        raise ValueError(
+            f"--tokenizer with --data {path!r}: a .bin holds token ids already; leave one out"
+        )
+    ids = (path and path.endswith(".bin")) or cfg.data.tokenizer
+    ids = ids or (path and (Path(path) / "meta.json").is_file())  # a prepared directory
+    if not ids and cfg.model.vocab_size < 256:
         raise ValueError(
             f"model.vocab_size = {cfg.model.vocab_size} is too small for byte-level text; "
             "use at least 256"

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.models.kv_cache import KVCache, LayerCache, attend
+
 IGNORE_INDEX = -100  # target id that is masked out of the loss (padding)
 
 
@@ -41,7 +43,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # The head count is read from q's output, not the config, so that a layer whose
         # q/k/v keep only some heads (tensor parallel) still splits them correctly. Not
@@ -55,7 +57,11 @@ class CausalSelfAttention(nn.Module):
 
         q, k, v = heads(q), heads(k), heads(v)
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        past = 0
+        if cache is not None:  # incremental decoding: attend over the cached positions too
+            past = cache.length
+            k, v = cache.extend(k, v)
+        y = attend(q, k, v, past, dropout_p=p)
         y = y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim)  # (B, T, C_local)
         return self.proj(y)
 
@@ -80,8 +86,11 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        # The cache only when decoding: wrappers that see the attention's inputs (DTensor's
+        # PrepareModuleInput) expect the one tensor of training.
+        h = self.ln1(x)
+        x = x + self.drop(self.attn(h) if cache is None else self.attn(h, cache))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -116,17 +125,24 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V), or the mean cross-entropy if targets given.
 
         On a pipeline stage without embeddings x is hidden states (B, T, C); on one
-        without a head the hidden states are returned.
+        without a head the hidden states are returned. With a `cache` (decoding), x is
+        the positions after the cached ones, whose keys and values are reused and extended.
         """
+        past = cache.length if cache is not None else 0
         if self.tok_emb is not None and self.pos_emb is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            positions = torch.arange(past, past + x.shape[1], device=x.device)
             x = self.drop(self.tok_emb(x) + self.pos_emb(positions))  # (B, T, C)
-        for block in self.blocks.values():
-            x = block(x)
+        for i, block in enumerate(self.blocks.values()):
+            x = block(x) if cache is None else block(x, cache.layers[i])
         if self.norm is None or self.head is None:
             return x
         logits = self.head(self.norm(x))  # (B, T, V)

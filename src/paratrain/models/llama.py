@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.models.kv_cache import KVCache, LayerCache, attend
 
 
 @dataclass(frozen=True)
@@ -49,18 +50,20 @@ class LlamaConfig:
         return self.d_model // self.n_head
 
 
-def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+def rotary(x: torch.Tensor, theta: float, start: int = 0) -> torch.Tensor:
     """Rotate (B, heads, T, hd) by each position's angles, Hugging Face's half layout.
 
-    The angles are computed here in float32 from the positions 0..T-1 (no table to move
-    between devices or to checkpoint); T is the whole sequence, which attention always
-    sees whole (sequence parallelism gathers it first).
+    The angles are computed here in float32 from the positions start..start+T-1 (no table
+    to move between devices or to checkpoint); in training T is the whole sequence, which
+    attention always sees whole (sequence parallelism gathers it first); in decoding the
+    new positions follow the cached ones.
     """
     hd, seq = x.shape[-1], x.shape[-2]
     # Hugging Face's arithmetic, step by step, so that imported models agree to the bit.
     exponents = torch.arange(0, hd, 2, device=x.device, dtype=torch.int64).float() / hd
     inv_freq = 1.0 / (theta**exponents)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    positions = torch.arange(start, start + seq, device=x.device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd): pair (i, i + hd/2) shares one
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x.chunk(2, dim=-1)
@@ -78,9 +81,10 @@ class GroupedQueryAttention(nn.Module):
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         hd = self.head_dim
+        past = cache.length if cache is not None else 0
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, h * hd) -> (B, h, T, hd)
             return t.view(batch, seq, -1, hd).transpose(1, 2)
@@ -88,11 +92,13 @@ class GroupedQueryAttention(nn.Module):
         # Head counts from the outputs: under tensor parallelism each rank holds n_head/tp
         # query heads and n_kv_head/tp key/value heads, the same groups as unsplit.
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        q, k = rotary(q, self.theta), rotary(k, self.theta)
+        q, k = rotary(q, self.theta, past), rotary(k, self.theta, past)
+        if cache is not None:  # decoding: the cached positions' keys and values, extended
+            k, v = cache.extend(k, v)
         group = q.shape[1] // k.shape[1]
         if group > 1:  # query head i reads key/value head i // group
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
+        y = attend(q, k, v, past)  # (B, h, T, hd)
         return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -117,8 +123,9 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        h = self.attn_norm(x)  # the cache only when decoding, as in gpt.py's Block
+        x = x + (self.attn(h) if cache is None else self.attn(h, cache))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -141,14 +148,19 @@ class Llama(nn.Module):
             std = 0.02 / math.sqrt(2 * cfg.n_layer) if residual else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V), or the mean cross-entropy if targets given;
         on a pipeline stage without embeddings x is hidden states, and one without a head
-        returns them."""
+        returns them. With a `cache` (decoding), x is the positions after the cached ones."""
         if self.tok_emb is not None:
             x = self.tok_emb(x)  # (B, T, C)
-        for block in self.blocks.values():
-            x = block(x)
+        for i, block in enumerate(self.blocks.values()):
+            x = block(x) if cache is None else block(x, cache.layers[i])
         if self.norm is None or self.head is None:
             return x
         logits = self.head(self.norm(x))  # (B, T, V)

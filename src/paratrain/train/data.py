@@ -10,11 +10,16 @@ and data-parallel replica r takes rows [r * K * b, (r + 1) * K * b) of it.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from paratrain.train.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_meta
+from paratrain.train.tokenizer import documents, eot_id, load_tokenizer
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".c", ".h", ".json", ".toml", ".cfg", ".html"}
 
@@ -77,8 +82,14 @@ def load_default(val_fraction: float = 0.05) -> TokenData:
     return _files_to_tokens(root, files, val_fraction, f"stdlib {root}")
 
 
-def load_tokens(path: str, val_fraction: float = 0.05) -> TokenData:
-    """Load the embedded default (empty path), a text file, a folder or a .bin of uint16."""
+def load_tokens(path: str, val_fraction: float = 0.05, tokenizer: str = "") -> TokenData:
+    """Load the embedded default (empty path), a text file, a folder or a .bin of uint16 ids
+    (bytes, or `tokenizer`'s ids for text), or a `paratrain prepare` directory (memory
+    maps: its own split and tokenizer)."""
+    if is_prepared(path):
+        return _prepared(Path(path))
+    if tokenizer:
+        return _encoded(Path(path) if path else stdlib_root(), Path(tokenizer), val_fraction)
     if not path:
         return load_default(val_fraction)
     p = Path(path)
@@ -99,6 +110,33 @@ def load_tokens(path: str, val_fraction: float = 0.05) -> TokenData:
         vocab = int(ids.max()) + 1 if len(ids) else 0
         return _split_stream(ids, vocab, fingerprint, f"token file {p}", val_fraction)
     return _split_stream(_bytes(raw), 256, fingerprint, f"text file {p}", val_fraction)
+
+
+def _prepared(path: Path) -> TokenData:
+    meta = read_meta(path)
+    splits = {
+        s: ShardedTokens([path / shard[s]["file"] for shard in meta["shards"]], meta["dtype"])
+        for s in ("train", "val")
+    }
+    n = meta["tokens"]
+    desc = f"prepared {path}: {n['train']:,} train / {n['val']:,} val tokens (memory-mapped)"
+    fingerprint = hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()
+    return TokenData(splits["train"], splits["val"], meta["vocab_size"], fingerprint, desc)  # type: ignore[arg-type]
+
+
+def _encoded(path: Path, tokenizer_file: Path, val_fraction: float) -> TokenData:
+    """Text encoded with a tokenizer.json in memory, `<|endoftext|>` after each document
+    (for corpora larger than memory: `paratrain prepare`)."""
+    tokenizer = load_tokenizer(tokenizer_file)
+    eot = eot_id(tokenizer)
+    ids: list[int] = []
+    h = hashlib.sha256(tokenizer_file.read_bytes())
+    for text in documents(path):
+        h.update(text.encode())
+        ids += tokenizer.encode(text).ids + ([eot] if eot is not None else [])
+    stream = torch.tensor(ids, dtype=torch.int32, device="cpu")  # host-side data
+    vocab = tokenizer.get_vocab_size()
+    return _split_stream(stream, vocab, h.hexdigest(), f"{path} ({tokenizer_file})", val_fraction)
 
 
 class BatchSampler:
@@ -166,3 +204,38 @@ def on_device(batches: list[torch.Tensor], device: torch.device) -> list[torch.T
     if device.type != "cuda":
         return [b.to(device) for b in batches]
     return [b.pin_memory().to(device, non_blocking=True) for b in batches]
+
+
+def data_tokenizer(cfg: Any) -> Path | None:
+    """The tokenizer.json a run's data is encoded with: --tokenizer's, or a prepared
+    directory's own copy; None for bytes and .bin ids."""
+    if is_prepared(cfg.data.path):
+        return Path(cfg.data.path) / TOKENIZER_COPY
+    return Path(cfg.data.tokenizer) if cfg.data.tokenizer else None
+
+
+def keep_tokenizer(cfg: Any, run_dir: Path) -> None:
+    """Copy the data's tokenizer into RUN_DIR/tokenizer/, where sample and eval read it."""
+    source = data_tokenizer(cfg)
+    if source is not None:
+        (run_dir / "tokenizer").mkdir(exist_ok=True)
+        shutil.copy2(source, run_dir / "tokenizer" / "tokenizer.json")
+
+
+def check_source(cfg: Any) -> int | None:
+    """Before any worker starts: the prepared shards are whole and of --tokenizer's (if
+    given), the tokenizer file loads; returns the tokenizer's vocabulary (None: bytes)."""
+    path, tokenizer = cfg.data.path, cfg.data.tokenizer
+    if is_prepared(path):
+        meta = read_meta(Path(path))  # every shard's size against the index
+        if tokenizer:
+            digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()
+            if digest != meta["tokenizer_sha256"]:
+                raise ValueError(
+                    f"--tokenizer {tokenizer!r} is not the one {path!r} was prepared with; "
+                    "leave --tokenizer out (the data set has its own)"
+                )
+        return int(meta["vocab_size"])
+    if tokenizer:
+        return int(load_tokenizer(Path(tokenizer)).get_vocab_size())
+    return None

@@ -21,13 +21,14 @@ from paratrain.train import run_dir as rd
 from paratrain.train.async_loop import train_async
 from paratrain.train.build import count_params
 from paratrain.train.cuda_memory import cuda_memory
-from paratrain.train.data import load_tokens
+from paratrain.train.data import keep_tokenizer, load_tokens
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.pipeline_trace import record_trace
 from paratrain.train.prediction import Tracker
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
+from paratrain.train.tensorboard import TensorBoardWriter
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def _train_and_record(
     stop: Preemption | None = None,
 ) -> dict[str, Any] | None:
     run_dir = _share_run_dir(cfg, mesh, run_dir_prepared)
-    data = load_tokens(cfg.data.path, cfg.data.val_fraction)
+    data = load_tokens(cfg.data.path, cfg.data.val_fraction, cfg.data.tokenizer)
     if data.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"the data has token ids up to {data.vocab_size - 1} but model.vocab_size = "
@@ -189,10 +190,12 @@ def _train_and_record(
         cfg.train.out = str(run_dir)
         rd.write_config(run_dir, cfg)
         rd.write_provenance(run_dir, cfg, data, cfg.world_size)
+        keep_tokenizer(cfg, run_dir)  # sample and eval decode with it
         log.info("data: %s", data.description)
         log.info("run directory: %s", run_dir)
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
+    board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
     progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
 
     tracker = Tracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
@@ -201,6 +204,8 @@ def _train_and_record(
         tracker.step_done()  # first: the step's traffic ends here
         if writer is not None:
             writer.write(m)
+        if board is not None:
+            board.write(m)
         progress.update(m)
 
     try:
@@ -208,11 +213,15 @@ def _train_and_record(
             result = train_async(cfg, mesh, data, on_step)
         else:
             result = train(cfg, mesh, data, on_step, run_dir=run_dir, resume=resume, stop=stop)
+        if board is not None:
+            board.validation(result.val_loss)
     finally:
         tracker.close()
         progress.close()
         if writer is not None:
             writer.close()
+        if board is not None:
+            board.close()
     # Collective: every rank's measurement, against the prediction.
     compared = tracker.compare(result.extra.get("model_state_bytes"))
     traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective (--trace)

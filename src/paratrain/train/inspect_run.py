@@ -1,0 +1,146 @@
+"""A trained run, looked at in one process: `paratrain sample` (what the model writes) and
+`paratrain eval` (its loss and perplexity on a data file).
+
+The model is the run's latest checkpoint, whole (any mesh saved it: checkpoints hold
+global tensors), in float32 on this process's device. Text goes through the run's
+tokenizer: RUN_DIR/tokenizer/tokenizer.json when the run has one (an import's), read with
+Hugging Face's `tokenizers`; otherwise bytes, the default data's encoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.config import RunConfig, from_toml_text
+from paratrain.models.generate import generate
+from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.train import checkpoint
+from paratrain.train.build import build_model
+from paratrain.train.checkpoint_model import load_weights, read_model
+from paratrain.train.data import load_tokens
+from paratrain.train.prepare import is_prepared
+
+TOKENIZER = Path("tokenizer") / "tokenizer.json"
+
+
+def load_run(run_dir: Path) -> tuple[RunConfig, nn.Module]:
+    """The run's configuration and its latest checkpoint's model, whole, in eval mode."""
+    config = run_dir / "config.toml"
+    if not config.is_file():
+        raise ValueError(f"{run_dir}: no config.toml; give a paratrain run directory")
+    cfg = from_toml_text(config.read_text())
+    cfg.train = dataclasses.replace(cfg.train, init_from="")  # the run's own weights below
+    ckpt = checkpoint.latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir}: no complete checkpoint (in {checkpoint.CHECKPOINTS}/)")
+    model = build_model(cfg)
+    load_weights(model, read_model(ckpt.path), str(ckpt.path))
+    return cfg, model.eval()
+
+
+class Tokenizer:
+    """The run's text <-> ids: its tokenizer.json, or bytes."""
+
+    def __init__(self, run_dir: Path, vocab_size: int) -> None:
+        self.file = run_dir / TOKENIZER
+        self.hf: Any = None
+        if self.file.is_file():
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self.hf = HFTokenizer.from_file(str(self.file))
+        elif vocab_size < 256:
+            raise ValueError(f"{run_dir}: no {TOKENIZER} and a vocabulary below 256 bytes")
+
+    @property
+    def vocab(self) -> int:
+        """Ids the tokenizer can decode: the model's rows beyond them are padding."""
+        return self.hf.get_vocab_size() if self.hf else 256
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids if self.hf else list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        if self.hf:
+            return self.hf.decode(ids)
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
+
+def sample(
+    run_dir: Path,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    seed: int = 0,
+) -> str:
+    """The prompt and what the run's model writes after it (KV cache)."""
+    if max_new_tokens < 1 or not temperature >= 0 or top_k < 0:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens} must be positive, --temperature {temperature} "
+            f"and --top-k {top_k} at least 0"
+        )
+    cfg, model = load_run(run_dir)
+    tokenizer = Tokenizer(run_dir, cfg.model.vocab_size)
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("--prompt is empty; give at least one character")
+    room = cfg.model.max_seq_len - len(ids)
+    if cfg.model.arch == "gpt" and max_new_tokens > room:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens}: the prompt takes {len(ids)} of the model's "
+            f"{cfg.model.max_seq_len} positions; at most {max(room, 0)} remain"
+        )
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    prompt_ids = torch.tensor([ids], dtype=torch.long, device="cpu")
+    out = generate(
+        model, prompt_ids, max_new_tokens, temperature, top_k, generator, vocab=tokenizer.vocab
+    )
+    return tokenizer.decode(out[0].tolist())
+
+
+@torch.no_grad()
+def evaluate_file(
+    run_dir: Path, data: str, seq_len: int | None = None, batch: int = 8
+) -> dict[str, float]:
+    """Mean next-token loss over a data file, in consecutive windows of seq_len + 1 tokens
+    that overlap by one (each window's last token is the next one's first input), so that
+    every token but the first is predicted exactly once. Text is encoded with the run's
+    tokenizer; of a prepared directory, the held-out split is evaluated."""
+    cfg, model = load_run(run_dir)
+    n = seq_len or cfg.train.seq_len
+    if n < 1 or (cfg.model.arch == "gpt" and n > cfg.model.max_seq_len):
+        raise ValueError(f"--seq-len {n}: between 1 and the model's {cfg.model.max_seq_len}")
+    if is_prepared(data):  # a prepared directory: its held-out documents
+        tokens = load_tokens(data).val[:]
+    else:  # all of the text (in the run's tokenizer) or ids: no split held out here
+        tokenizer = run_dir / TOKENIZER
+        text = tokenizer.is_file() and not data.endswith(".bin")  # a .bin holds ids already
+        loaded = load_tokens(data, 0.0, str(tokenizer) if text else "")
+        tokens = torch.cat([loaded.train, loaded.val]).long()
+    if tokens.numel() < 2:
+        raise ValueError(f"--data {data!r}: fewer than 2 tokens")
+    if int(tokens.max()) >= cfg.model.vocab_size:
+        raise ValueError(
+            f"--data {data!r} has token ids up to {int(tokens.max())}; the model's "
+            f"vocabulary is {cfg.model.vocab_size}"
+        )
+    windows = []
+    for start in range(0, tokens.numel() - 1, n):
+        piece = tokens[start : start + n + 1]
+        padded = torch.full((n + 1,), IGNORE_INDEX, dtype=torch.long, device="cpu")
+        padded[: piece.numel()] = piece  # the last window may be short: its tail is masked
+        windows.append(padded)
+    total, count = 0.0, 0
+    for rows in torch.stack(windows).split(batch):
+        targets = rows[:, 1:]
+        valid = int((targets != IGNORE_INDEX).sum())
+        total += float(model(rows[:, :-1].clamp(min=0), targets)) * valid
+        count += valid
+    loss = total / count
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": count}
