@@ -105,6 +105,11 @@ BAD_INPUTS = [
     (["--dtype", "float16", "--pp", "2"], "--dtype float16 with --pp 2 --dp-mode sync: fp16"),
     (["--dtype", "float8"], "train.dtype = 'float8'; valid: auto, float32"),
     (["--backend", "mpi"], "--backend 'mpi'; valid: auto, gloo, nccl"),
+    (["--lr", "nan"], "train.lr = nan must be a finite number"),
+    (["--lr", "inf"], "train.lr = inf must be a finite number"),
+    (["--grad-clip=-inf"], "train.grad_clip = -inf must be a finite number"),
+    (["--dropout", "nan"], "model.dropout = nan must be a finite number"),
+    (["--comm-timeout-s", "nan"], "parallel.comm_timeout_s = nan must be a finite number"),
     (["--model", "gpt5"], "--model 'gpt5'; valid: gpt-tiny, gpt2-124m, llama-tiny"),
     (["--n-kv-head", "2"], "model.n_kv_head = 2 applies to arch llama only; this model is gpt"),
     (["--model", "llama-tiny", "--dropout", "0.1"], "model.dropout = 0.1 applies to arch gpt"),
@@ -176,3 +181,49 @@ def test_console_script_exits_2_without_traceback():
         "paratrain train: error: dp * pp * tp = 3 * 1 * 1 = 3 but the world size is 4; "
         "choose degrees whose product is 4"
     )
+
+
+def _data_cases(tmp_path):
+    import numpy as np
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"abc")
+    big_ids = tmp_path / "ids.bin"
+    np.array([1, 2, 300, 5] * 1000, dtype=np.uint16).tofile(big_ids)
+    short = tmp_path / "short.txt"
+    short.write_text("x" * 100)
+    no_text = tmp_path / "images"
+    no_text.mkdir()
+    (no_text / "a.png").write_bytes(b"\x89PNG")
+    return [
+        (empty, f"--data '{empty}' is empty"),
+        (odd, f"--data '{odd}' has 3 bytes, not a whole number of uint16 ids"),
+        (big_ids, "has token ids up to 300, the model's vocabulary is 256; use --vocab-size 301"),
+        (short, "fewer than one sequence of seq_len + 1 = 129"),
+        (no_text, "holds no text files"),
+    ]
+
+
+def test_bad_data_is_refused_before_any_worker_and_leaves_nothing(tmp_path, capsys):
+    for data, message in _data_cases(tmp_path):
+        out = tmp_path / f"run-{data.name}"
+        code, err = run_cli(capsys, "train", "--data", str(data), "--out", str(out))
+        assert code == 2, (data, err)
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()  # no run directory for a failed start
+
+
+def test_dry_run_prints_the_run_and_starts_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--dry-run", "--nproc", "4", "--pp", "2", "--tp", "2", "--out", str(out)]
+    assert main([*argv, "--global-batch", "16", "--micro-batch", "4"]) == 0
+    printed = capsys.readouterr().out
+    for section in ("# resolved configuration", "# mesh: dp=1 pp=2 tp=2", "# data: ", "# plan"):
+        assert section in printed
+    assert "rank 3: pp 1, dp 0, tp 1: blocks 2-3; model state" in printed
+    assert not out.exists()
+    # the same checks as a real start: the same refusal, the same line
+    code, err = run_cli(capsys, "train", "--dry-run", "--lr", "nan")
+    assert code == 2 and "train.lr = nan must be a finite number" in err

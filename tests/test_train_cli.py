@@ -279,3 +279,35 @@ def test_tokenizer_prepare_train_sample_eval_from_the_cli(tmp_path):
     assert text.stdout.startswith("import ")
     result = last_json(paratrain("eval", str(out), "--data", str(data), "--json", cwd=tmp_path))
     assert result["tokens"] > 0 and abs(result["perplexity"] - math.exp(result["loss"])) < 1e-6
+
+
+@pytest.mark.e2e
+def test_a_start_that_fails_in_the_workers_exits_2_and_leaves_no_run_directory(tmp_path):
+    from tests.test_hf import _llama
+
+    source = tmp_path / "imported"
+    subprocess.run(
+        [sys.executable, "-m", "paratrain", "import-hf", str(_llama(tmp_path, False, 256))]
+        + ["--out", str(source)],
+        check=True,
+        capture_output=True,
+    )
+    # Claim a third block that the weights do not have: only loading them can tell.
+    for path in (source / "config.toml", *source.glob("checkpoints/*/paratrain.json")):
+        text = path.read_text()
+        path.write_text(
+            text.replace("n_layer = 2", "n_layer = 3").replace('"n_layer": 2', '"n_layer": 3')
+        )
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", "--init-from", str(source), "--nproc", "2"]
+        + ["--steps", "1", "--seq-len", "32", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no weights for blocks.2" in proc.stderr
+    assert "its error is printed above" in proc.stderr and "Traceback" not in proc.stderr
+    assert "the new run directory" in proc.stderr and not out.exists()

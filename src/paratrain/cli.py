@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train the GPT (default: 2 CPU workers, stdlib data)")
     train.add_argument("--config", help="TOML file with [model] [parallel] [train] [data]")
     train.add_argument("--json", action="store_true", help="print a JSON summary as last line")
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run every check, print the configuration, mesh, data and plan; start nothing",
+    )
     train.add_argument("--launched-worker", action="store_true", help=argparse.SUPPRESS)
     add_config_flags(train)
     plan = sub.add_parser("plan", help="predict memory, communication, bubbles and step time")
@@ -165,10 +170,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def _vocabulary_for_the_data(cfg: RunConfig) -> None:
     """With a tokenizer (--tokenizer or a prepared directory's), a vocabulary that covers it,
     padded for tensor parallelism, unless one was given (then checked against the data)."""
-    from paratrain.train.data import check_source
+    from paratrain.train.data_checks import tokenizer_vocab
     from paratrain.train.tokenizer import padded_vocab
 
-    vocab = check_source(cfg)
+    vocab = tokenizer_vocab(cfg)
     if vocab is not None and cfg.model.vocab_size < vocab:
         cfg.model.vocab_size = padded_vocab(vocab)
 
@@ -240,14 +245,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )
-    if env is None:  # prepared shards whole, the tokenizer readable, before any worker
-        from paratrain.train.data import check_source
+    data = ""
+    if env is None:  # the data, whole and sufficient, before any worker starts
+        from paratrain.train.data_checks import check_data
 
-        check_source(cfg)
+        data = check_data(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model
         from paratrain.train.checkpoint_model import check_init_source
 
         check_init_source(cfg.train.init_from, cfg.model)
+    if args.dry_run:
+        from paratrain.train.dry_run import dry_run_lines
+
+        if env is not None:
+            raise ValueError("--dry-run starts no worker: run it without torchrun")
+        print("\n".join(dry_run_lines(cfg, data)), flush=True)
+        return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         worker_env = WorkerEnv(use_env_rendezvous=True, **env)
         summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
@@ -277,15 +290,21 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
         run_dir = rd.prepare_run_dir(cfg.train.out)
     cfg.train.out = str(run_dir)
     config_path = rd.write_config(run_dir, cfg)
+    fresh = not cfg.train.resume
     if cfg.parallel.nproc == 1:  # the same worker code, in this process
         env = WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False)
-        summary = run_worker(cfg, env, run_dir_prepared=True)
+        try:
+            summary = run_worker(cfg, env, run_dir_prepared=True)
+        except BaseException:
+            discard_failed_start(run_dir, fresh)
+            raise
     else:
         try:
             launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
         except WorkersFailed as e:
-            log.error("paratrain: %s; run directory %s", e, run_dir)
-            return 1
+            where = discard_failed_start(run_dir, fresh)
+            log.error("paratrain: %s; %s", e, where)
+            return 2 if e.exitcode == 2 else 1  # a user error stays one
         except SignalException as e:  # the launcher was told to stop; workers saved
             return report_stopped(run_dir, f"signal {e.sigval.name}")
         summary = rd.read_summary(run_dir)
@@ -294,6 +313,20 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
         return report_stopped(run_dir, "SIGTERM")
     print_summary(summary, as_json)
     return 0
+
+
+def discard_failed_start(run_dir: Path, fresh: bool) -> str:
+    """A run that failed before saving anything leaves no directory behind (it held only
+    what this start wrote), so that nothing mistakes it for a run; one with a checkpoint
+    stays, to be resumed. Returns what became of it, for the error line."""
+    import shutil
+
+    from paratrain.train.checkpoint import latest_checkpoint
+
+    if fresh and latest_checkpoint(run_dir) is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return f"nothing was saved: the new run directory {run_dir} was removed"
+    return f"run directory {run_dir}"
 
 
 STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job

@@ -18,7 +18,12 @@ WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared t
 
 
 class WorkersFailed(RuntimeError):
-    """A worker exited with an error; its own traceback went to the terminal."""
+    """A worker exited with an error; its own error line (exit status 2: a user error) or
+    traceback went to the terminal."""
+
+    def __init__(self, message: str, exitcode: int = 1) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
 
 
 def launch_local(
@@ -42,7 +47,10 @@ def launch_local(
         elastic_launch(config, entrypoint=sys.executable)(*args, *(extra_args or []))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        # Exit status 2 is a user error: the worker printed one line, no traceback.
+        printed = "its error is" if failure.exitcode == 2 else "its traceback is"
         raise WorkersFailed(
             f"worker rank {rank} failed with exit code {failure.exitcode} "
-            f"(its traceback is printed above)"
+            f"({printed} printed above)",
+            failure.exitcode,
         ) from None

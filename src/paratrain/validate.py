@@ -6,6 +6,8 @@ valid; the CLI prints it and exits with status 2.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ from paratrain.config import (
     LR_SCALINGS,
     RECOMPUTE_MODES,
     SCHEDULES,
+    SECTIONS,
     ZERO2_ACCUMULATE,
     ZERO_STAGES,
     RunConfig,
@@ -35,6 +38,7 @@ def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> 
 
     local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE); default --nproc.
     """
+    _check_finite(cfg)
     _check_positive(cfg)
     _check_comm(cfg)
     _resolve_device_defaults(cfg, local_procs or cfg.parallel.nproc)
@@ -49,6 +53,17 @@ def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> 
     _check_zero(cfg)
     _check_data(cfg)
     return cfg
+
+
+def _check_finite(cfg: RunConfig) -> None:
+    """Every number is a number: NaN compares false with everything, so it would pass the
+    range checks below (and infinities the upper bounds)."""
+    for section in SECTIONS:
+        values = getattr(cfg, section)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{section}.{f.name} = {value} must be a finite number")
 
 
 def _check_positive(cfg: RunConfig) -> None:
@@ -71,7 +86,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "train.loss_scale": cfg.train.loss_scale,
     }
     for name, value in checks.items():
-        if value <= 0:
+        if not value > 0:  # written so that NaN fails
             raise ValueError(f"{name} = {value} must be positive")
     non_negative = {
         "parallel.dp": cfg.parallel.dp,
@@ -87,7 +102,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "parallel.max_restarts": cfg.parallel.max_restarts,
     }
     for name, value in non_negative.items():
-        if value < 0:
+        if not value >= 0:
             raise ValueError(f"{name} = {value} must be zero or positive")
     for name, value in {
         "model.dropout": cfg.model.dropout,
@@ -105,11 +120,11 @@ def _check_comm(cfg: RunConfig) -> None:
     p, t = cfg.parallel, cfg.train
     if p.comm_algo not in COMM_ALGOS:
         raise ValueError(f"--comm-algo {p.comm_algo!r}; valid: {', '.join(COMM_ALGOS)}")
-    if p.bucket_mb < 0:
+    if not p.bucket_mb >= 0:
         raise ValueError(f"--bucket-mb {p.bucket_mb} must be zero (one bucket) or positive")
     if p.dp_mode not in DP_MODES:
         raise ValueError(f"--dp-mode {p.dp_mode!r}; valid: {', '.join(DP_MODES)}")
-    if p.dc_lambda < 0 or p.staleness_bound < 0:
+    if not (p.dc_lambda >= 0 and p.staleness_bound >= 0):
         raise ValueError(
             f"--dc-lambda {p.dc_lambda} and --staleness-bound {p.staleness_bound} must be >= 0"
         )

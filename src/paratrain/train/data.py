@@ -37,7 +37,7 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _is_val_file(relative: str, val_fraction: float) -> bool:
+def is_val_file(relative: str, val_fraction: float) -> bool:
     # Hash of the path, not its position, so that the split of a file never changes when
     # other files are added or removed.
     digest = hashlib.sha256(relative.encode()).digest()
@@ -51,7 +51,7 @@ def _files_to_tokens(root: Path, files: list[Path], val_fraction: float, what: s
         rel = f.relative_to(root).as_posix()
         data = f.read_bytes()
         h.update(rel.encode() + b"\0" + data)
-        parts[_is_val_file(rel, val_fraction)].append(data)
+        parts[is_val_file(rel, val_fraction)].append(data)
     if not parts[True] or not parts[False]:
         # Too few files for a split by file: hold out the tail of the concatenation.
         joined = b"".join(parts[True] + parts[False])
@@ -220,22 +220,3 @@ def keep_tokenizer(cfg: Any, run_dir: Path) -> None:
     if source is not None:
         (run_dir / "tokenizer").mkdir(exist_ok=True)
         shutil.copy2(source, run_dir / "tokenizer" / "tokenizer.json")
-
-
-def check_source(cfg: Any) -> int | None:
-    """Before any worker starts: the prepared shards are whole and of --tokenizer's (if
-    given), the tokenizer file loads; returns the tokenizer's vocabulary (None: bytes)."""
-    path, tokenizer = cfg.data.path, cfg.data.tokenizer
-    if is_prepared(path):
-        meta = read_meta(Path(path))  # every shard's size against the index
-        if tokenizer:
-            digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()
-            if digest != meta["tokenizer_sha256"]:
-                raise ValueError(
-                    f"--tokenizer {tokenizer!r} is not the one {path!r} was prepared with; "
-                    "leave --tokenizer out (the data set has its own)"
-                )
-        return int(meta["vocab_size"])
-    if tokenizer:
-        return int(load_tokenizer(Path(tokenizer)).get_vocab_size())
-    return None

@@ -1,0 +1,38 @@
+"""`paratrain train --dry-run`: every check a real start runs (the CLI has run them when
+this is called), then what the run would be, and no worker started.
+
+Printed: the resolved configuration (as config.toml would hold it), the mesh (each rank's
+coordinates, its pipeline stage's blocks, and the planner's model state and bytes per step
+for it), the data (what was checked), and the planner's summary for rank 0.
+"""
+
+from __future__ import annotations
+
+from paratrain.config import RunConfig, to_toml
+from paratrain.mesh import AXES, MeshShape
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.train.prediction import MB, describe, predict
+
+
+def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
+    p = cfg.parallel
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp)
+    pred = None if p.dp_mode == "async" else predict(cfg)
+    layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)
+    lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
+    for rank in range(shape.world_size):
+        c = shape.coords(rank)
+        where = ", ".join(f"{a} {c[a]}" for a in AXES)
+        chunks = stage_virtual_stages(c["pp"], p.pp, p.chunks)
+        first = [sum(layers[:vs]) for vs in chunks]
+        blocks = "; ".join(
+            f"blocks {a}-{a + layers[vs] - 1}" for a, vs in zip(first, chunks, strict=True)
+        )
+        line = f"rank {rank}: {where}: {blocks}"
+        if pred is not None:
+            state, sent = pred.model_state[rank]["total"], sum(pred.bytes_per_step[rank].values())
+            line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
+        lines.append(line)
+    lines += ["", f"# data: {data}"]
+    lines += ["", "# plan"] + (describe(pred) if pred is not None else ["async: not predicted"])
+    return lines
