@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 demo: setup
 	out=runs/demo-$$(date +%Y%m%d-%H%M%S) && $(VENV)/bin/paratrain train --out $$out && \
-	$(VENV)/bin/paratrain sample $$out --prompt "def " --max-new-tokens 300
+	$(VENV)/bin/paratrain sample $$out --prompt "def " --max-new-tokens 200
 
 test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10

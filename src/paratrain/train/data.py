@@ -19,9 +19,7 @@ from typing import Any
 import torch
 
 from paratrain.train.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_meta
-from paratrain.train.tokenizer import documents, eot_id, load_tokenizer
-
-TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".c", ".h", ".json", ".toml", ".cfg", ".html"}
+from paratrain.train.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from paratrain.train.tokenizer import EOT, eot_id, load_tokenizer
+from paratrain.train.tokenizer import EOT, eot_id, load_tokenizer, text_files
 
 META = "meta.json"
 TOKENIZER_COPY = "tokenizer.json"
@@ -39,7 +39,10 @@ SPLITS = ("train", "val")
 
 def _inputs(path: Path) -> list[Path]:
     if path.is_dir():
-        return sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("."))
+        files = text_files(path)
+        if not files:
+            raise ValueError(f"--data {str(path)!r} holds no text or JSON-lines files")
+        return files
     if not path.is_file():
         raise ValueError(f"--data {str(path)!r} does not exist; give a text or JSON-lines file")
     return [path]

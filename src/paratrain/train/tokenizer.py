@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 EOT = "<|endoftext|>"
+# What a folder's text is: these files (and .jsonl documents); anything else is skipped.
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".c", ".h", ".json", ".toml", ".cfg", ".html"}
 PAD_MULTIPLE = 128  # vocabulary rows: a multiple that every tp up to 128 divides
 
 
@@ -29,7 +31,7 @@ def padded_vocab(vocab: int) -> int:
 def documents(path: Path) -> Iterator[str]:
     """The documents of a text file, a JSON-lines file (each line's `text`), or a folder of
     them (sorted, recursively): what the tokenizer trains on and `prepare` encodes."""
-    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    files = text_files(path) if path.is_dir() else [path]
     for f in files:
         if f.suffix == ".jsonl":
             for n, line in enumerate(f.read_text().splitlines(), start=1):
@@ -37,6 +39,12 @@ def documents(path: Path) -> Iterator[str]:
                     yield _text_of(json.loads(line), f, n)
         else:
             yield f.read_text(errors="replace")
+
+
+def text_files(folder: Path) -> list[Path]:
+    """A folder's text files (TEXT_SUFFIXES) and JSON-lines files, sorted, recursively."""
+    wanted = TEXT_SUFFIXES | {".jsonl"}
+    return sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in wanted)
 
 
 def _text_of(row: Any, f: Path, n: int) -> str:
