@@ -170,6 +170,28 @@ def test_bad_checkpoints_and_data_are_refused_with_one_line_and_nothing_changes(
 
 
 @pytest.mark.e2e
+def test_a_checkpoint_only_the_workers_find_damaged_is_reported_once(tmp_path, uninterrupted):
+    import shutil
+
+    run = tmp_path / "scrambled"
+    shutil.copytree(uninterrupted, run)
+    for shard in ck.latest_checkpoint(run).path.glob("*.distcp"):  # sizes kept: passes the
+        data = bytearray(shard.read_bytes())  # launcher's checks, fails in DCP's reads
+        data[::7] = b"\xab" * len(data[::7])
+        shard.write_bytes(bytes(data))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, out, err = finish(start("--resume", str(run), "--steps", str(STEPS + 2), cwd=tmp_path))
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if "error" in line]
+    assert code == 2 and len(errors) == 2, err  # the worker's line, then the launcher's
+    assert "could not be loaded" in errors[0] and "it is damaged" in errors[0]
+    rank = errors[0].split("(rank ")[1].split(")")[0]
+    assert f"worker rank {rank} failed with exit code 2 (its error is printed above)" in errors[1]
+    assert "Traceback" not in err and "[rank" not in err and "SIGTERM" not in err, err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.e2e
 def test_a_dead_worker_without_restarts_brings_the_run_down_with_its_rank_named(tmp_path):
     out = tmp_path / "dies"
     proc = start(*RUN, *SLOW, "--out", str(out), cwd=tmp_path)

@@ -225,17 +225,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("\n".join(dry_run_lines(cfg, data)), flush=True)
         return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
+        from paratrain.train.failure import report_failure
+
         worker_env = WorkerEnv(use_env_rendezvous=True, **env)
-        summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
-        if summary is not None and not args.launched_worker:
-            print_summary(summary, args.json)
-        # Everything is written and the process group destroyed. Leave without running
-        # C++ static destructors: gloo and store threads torn down in the wrong order have
-        # aborted a finished worker now and then ("terminate called without an active
-        # exception"), which the launcher would report as a failed run.
+        status = 0
+        try:
+            summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
+            if summary is not None and not args.launched_worker:
+                print_summary(summary, args.json)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's errors derive from BaseException
+            status = report_failure(e, env["rank"], env["restart_count"])  # printed once
+        # Leave without running C++ static destructors: gloo and store threads torn down
+        # in the wrong order have aborted a finished worker now and then ("terminate called
+        # without an active exception"), which the launcher would report as a failure.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
     return launch_and_report(cfg, args.json)
 
 
@@ -244,29 +251,28 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
 
     from paratrain.launch import WorkersFailed, launch_local
     from paratrain.train import run_dir as rd
+    from paratrain.train.failed_start import before_start, undo_failed_start
     from paratrain.train.worker import WorkerEnv, run_worker
 
-    if cfg.train.resume:
-        run_dir = Path(cfg.train.resume)
+    fresh = not cfg.train.resume
+    run_dir = rd.prepare_run_dir(cfg.train.out) if fresh else Path(cfg.train.resume)
+    before = before_start(run_dir, fresh)
+    if not fresh:
         rd.keep_previous_config(run_dir)
-    else:
-        run_dir = rd.prepare_run_dir(cfg.train.out)
     cfg.train.out = str(run_dir)
     config_path = rd.write_config(run_dir, cfg)
-    fresh = not cfg.train.resume
     if cfg.parallel.nproc == 1:  # the same worker code, in this process
         env = WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False)
         try:
             summary = run_worker(cfg, env, run_dir_prepared=True)
         except BaseException:
-            discard_failed_start(run_dir, fresh)
+            undo_failed_start(before)
             raise
     else:
         try:
             launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
         except WorkersFailed as e:
-            where = discard_failed_start(run_dir, fresh)
-            log.error("paratrain: %s; %s", e, where)
+            log.error("paratrain: %s; %s", e, undo_failed_start(before))
             return 2 if e.exitcode == 2 else 1  # a user error stays one
         except SignalException as e:  # the launcher was told to stop; workers saved
             return report_stopped(run_dir, f"signal {e.sigval.name}")
@@ -276,20 +282,6 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
         return report_stopped(run_dir, "SIGTERM")
     print_summary(summary, as_json)
     return 0
-
-
-def discard_failed_start(run_dir: Path, fresh: bool) -> str:
-    """A run that failed before saving anything leaves no directory behind (it held only
-    what this start wrote), so that nothing mistakes it for a run; one with a checkpoint
-    stays, to be resumed. Returns what became of it, for the error line."""
-    import shutil
-
-    from paratrain.train.checkpoint import latest_checkpoint
-
-    if fresh and latest_checkpoint(run_dir) is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return f"nothing was saved: the new run directory {run_dir} was removed"
-    return f"run directory {run_dir}"
 
 
 STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job

@@ -7,11 +7,13 @@ localhost with port 0, so the store picks a free port itself (torchrun --standal
 
 from __future__ import annotations
 
+import logging
 import sys
 import uuid
 from pathlib import Path
+from signal import SIGTERM
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared the run dir
@@ -43,14 +45,38 @@ def launch_local(
         start_method="spawn",
     )
     args = ["-m", "paratrain", "train", "--config", str(config_path), WORKER_FLAG]
+    # The agent's own lines ("Sending process ... SIGTERM", "failed (exitcode: 1) ...")
+    # repeat what `failure_line` says.
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args, *(extra_args or []))
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        # Exit status 2 is a user error: the worker printed one line, no traceback.
-        printed = "its error is" if failure.exitcode == 2 else "its traceback is"
-        raise WorkersFailed(
-            f"worker rank {rank} failed with exit code {failure.exitcode} "
-            f"({printed} printed above)",
-            failure.exitcode,
-        ) from None
+        rank, failure = root_failure(e.failures)
+        raise WorkersFailed(failure_line(rank, failure), failure.exitcode) from None
+    finally:
+        agent_log.setLevel(level)
+
+
+def root_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """The failure to name: a worker killed from outside (it could say nothing), else the
+    one that printed its error (it alone writes an error file, train/failure.py), else
+    the first observed."""
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode != SIGTERM]
+    spoke = [r for r, f in failures.items() if Path(f.error_file).is_file()]
+    observed = sorted(failures, key=lambda r: (failures[r].timestamp, r))
+    rank = (killed or spoke or observed)[0]
+    return rank, failures[rank]
+
+
+def failure_line(rank: int, failure: ProcessFailure) -> str:
+    """What the launcher says; it never announces output the worker did not print."""
+    head = f"worker rank {rank} failed with exit code {failure.exitcode}"
+    if failure.exitcode < 0:
+        return f"{head} (killed by {failure.signal_name()}; it printed nothing)"
+    if not Path(failure.error_file).is_file():
+        return f"{head} (it reported no error)"
+    # Exit status 2 is a user error: the worker printed one line, no traceback.
+    printed = "its error is" if failure.exitcode == 2 else "its traceback is"
+    return f"{head} ({printed} printed above)"

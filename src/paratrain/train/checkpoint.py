@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
 from paratrain import comm
 from paratrain.config import RunConfig
@@ -248,6 +249,18 @@ def prune(run_dir: Path, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _first_failure(e: BaseException) -> str:
+    """One line for what went wrong: DCP gathers every rank's exception into one."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (cause, _) = min(e.failures.items())
+        e = cause
+        where = f"rank {rank}: "
+    else:
+        where = ""
+    text = (str(e).strip() or "no message").splitlines()[0].split(". ")[0]  # first sentence
+    return f"{where}{type(e).__name__}: {text}"
+
+
 def load(
     ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig
 ) -> dict[str, Any]:
@@ -273,9 +286,11 @@ def load(
         )
     except CheckpointMismatch:
         raise
-    except Exception as e:  # DCP wraps every rank's failure; keep the first line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"checkpoint {ckpt.path} could not be loaded: {first}") from None
+    except (Exception, CheckpointException) as e:  # DCP's derives from BaseException
+        raise ValueError(
+            f"checkpoint {ckpt.path} could not be loaded ({_first_failure(e)}); it is damaged: "
+            "remove it to resume from an older one"
+        ) from None
     state.set_adam_step(int(meta["adam_step"]))
     for replica in engine.replicas:
         replica.after_load()

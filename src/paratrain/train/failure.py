@@ -1,0 +1,60 @@
+"""A worker's error, printed once: by the first rank that fails.
+
+When one rank fails, the others fail soon after (their collectives lose a peer, or they
+meet the same bad checkpoint), and each would print its own copy. The ranks race for one
+counter in the rendezvous store; the winner prints its error, records it in the elastic
+launcher's error file (so the launcher names this rank), and the rest stay silent.
+
+User errors (ValueError, running out of memory) are one line and exit status 2; anything
+else is an internal error: the failing rank's traceback and exit status 1.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from paratrain.comm.watchdog import default_store
+
+USER_ERROR, INTERNAL_ERROR = 2, 1
+
+
+def describe(exc: BaseException, rank: int) -> tuple[int, str]:
+    """(exit status, what to print) for an exception that ended this rank's training."""
+    if isinstance(exc, ValueError):
+        return USER_ERROR, f"paratrain train: error (rank {rank}): {exc}"
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        return USER_ERROR, (
+            f"paratrain train: error (rank {rank}): out of memory ({first}); "
+            "`paratrain train --dry-run` shows the predicted memory per rank"
+        )
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    return INTERNAL_ERROR, f"paratrain train: internal error on rank {rank}:\n{trace}"
+
+
+def first_to_fail(key: str) -> bool:
+    """True for the first rank to ask (per `key`); True as well when there is no store to
+    ask (no process group yet, or its server gone): better printed twice than never."""
+    store = default_store()
+    if store is None:
+        return True
+    try:
+        return store.add(key, 1) == 1
+    except Exception:  # the store's server died with its rank
+        return True
+
+
+def report_failure(exc: BaseException, rank: int, restart_count: int = 0) -> int:
+    """Print `exc` if this rank failed first; return the exit status either way."""
+    status, text = describe(exc, rank)
+    if first_to_fail(f"paratrain/failed/attempt_{restart_count}"):
+        print(text, file=sys.stderr, flush=True)
+        try:
+            ErrorHandler().record_exception(exc)  # read by the launcher: which rank spoke
+        except OSError:
+            pass  # no error file to write (started without the elastic launcher)
+    return status
