@@ -31,6 +31,9 @@ WORD_FLAGS = ["--schedule", "--dtype", "--device", "--backend", "--comm-algo",
               "--zero2-accumulate", "--dp-mode", "--lr-scaling", "--recompute", "--model",
               "--arch", "--activation", "--straggler"]  # fmt: skip
 
+COMMAND_LINES, TRAINED = 300, 25  # examples per run of each property (docs/reliability.md)
+MAX_FLAGS = 6
+
 
 def _render(value: object) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
@@ -50,12 +53,12 @@ FLAGS = st.lists(
         st.tuples(st.sampled_from(NUMERIC_FLAGS), NUMBERS.map(_render)),
         st.tuples(st.sampled_from(WORD_FLAGS), WORDS),
     ),
-    max_size=6,
+    max_size=MAX_FLAGS,
 )
 
 
 @settings(
-    max_examples=300,
+    max_examples=COMMAND_LINES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -80,7 +83,7 @@ RUN_FLAGS = ["--lr", "--dropout", "--grad-clip", "--warmup-steps", "--beta1", "-
 
 
 @settings(
-    max_examples=25,
+    max_examples=TRAINED,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
