@@ -177,7 +177,7 @@ def estimate(
     est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     tokens = est.global_batch * (model.seq_len or 0)
-    flops = ptime.training_flops(model.params, tokens, workload.recompute)
+    flops = ptime.model_training_flops(model, tokens, workload.recompute)
     compute_s = ptime.compute_time(flops, layout.world, cluster)
     bubble_s = pipeline.bubble_time(compute_s, layout.pp, k, layout.chunks, layout.schedule)
     est.time = ptime.step_time(compute_s, bubble_s, est.comm, cluster, workload.overlap)

@@ -25,7 +25,10 @@ Activations per transformer layer and micro-batch (Korthikanti et al., arXiv:220
 section 4, 16-bit activations): s b h (34 + 5 a s / h) bytes; with tensor parallelism of
 degree t and no sequence parallelism s b h (10 + 24 / t + 5 a s / (h t)); selective
 recomputation drops the attention-score terms 5 a s / (h t); full recomputation keeps only
-each layer's input, 2 s b h. The output layer adds 4 s b v / t (fp32 logits).
+each layer's input, 2 s b h. The output layer adds 4 s b v / t (fp32 logits). That is the
+GPT's count; our GPT saves 0.6-0.7 of it (no score matrix, no dropout masks: docs/planner.md).
+A Llama block is counted from what models/llama.py really saves, derived with Korthikanti's
+method for its own layers (`llama_layer_activation_bytes`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from paratrain.models.presets import ffn_width
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 
@@ -122,6 +126,71 @@ def layer_activation_bytes(
     return s * b * h * per_sbh
 
 
+def llama_layer_activation_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    tp: int,
+    recompute: str,
+    sequence_parallel: bool = False,
+    element_bytes: int = 2,
+) -> float:
+    """Activation bytes one Llama block (models/llama.py) keeps for one micro-batch.
+
+    Korthikanti et al.'s method (arXiv:2205.05198, section 4: list what each op saves for
+    backward), our derivation for the block as it runs. Per token, in elements of e =
+    `element_bytes` unless fp32 is said; f = ffn_hidden, d = h / a, r = t under sequence
+    parallelism, else 1:
+
+      attn_norm, mlp_norm (fused rms_norm): input, rms      2h / r, and 2 / r fp32
+      q, k, v Linears: their input, the norm's output       h (one storage for three)
+      rotary, x * cos + rotate(x) * sin: the tables, not x  (per sequence, below)
+      repeat_interleave of k and v to all a heads           nothing
+      SDPA: q, the repeated k and v, its output; o: a view
+            of that output; logsumexp per head              4h / t, and a / t fp32
+      residual adds                                         nothing
+      gate, up Linears: their input, the norm's output      h (one storage for two)
+      silu(g): g; silu(g) * u: both factors; down: the
+            product p; so g, u, silu(g), p                  4f / t
+
+    and per sequence the rotary cos and sin of q and of k, 4 s d, whole on every rank. So
+    bytes = s b [e (2h/r + 2h + (4h + 4f)/t) + 4 (2/r + a/t)] + 4 e s d.
+    No s^2 term: SDPA saves no score matrix (its kernel recomputes the scores in backward),
+    so selective recomputation has nothing to drop here; no dropout. GQA does not shrink k
+    and v: attention repeats them to all heads before SDPA, which keeps the copies (SDPA's
+    enable_gqa would keep 2 (h - d_kv) / t per token less). Tensor parallelism splits heads
+    and f (models/plans.py); the norms' outputs stay whole even under sequence parallelism,
+    because our column-parallel layers keep the all-gathered input where Megatron keeps the
+    local part and gathers it again in backward. Full recomputation keeps each block's
+    input, e h / r per token. The norms are torch's fused kernel (`_fused_rms_norm`, CUDA);
+    on CPU rms_norm is composite and also keeps the normalised input, 2h / r in fp32.
+    tests/test_plan_llama.py measures the block at tp 1 and 2, with and without sequence
+    parallelism, and finds exactly this plus that CPU term.
+    """
+    s, b, t, e = model.seq_len, micro_batch, tp, element_bytes
+    h, a = model.d_model, model.n_head
+    assert s is not None and h is not None and a is not None, "activations need the shape"
+    r = t if sequence_parallel else 1
+    if recompute == "full":
+        return e * s * b * h / r
+    per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model)) / t)  # type: ignore[arg-type]
+    per_token += 4 * (2 / r + a / t)  # fp32 statistics
+    rotary = e * 4 * s * (h // a)
+    return s * b * per_token + rotary
+
+
+def block_activation_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
+    """One layer's activation bytes in the workload's precision: the GPT's 16-bit count
+    scaled by the element size, a Llama's counted at it."""
+    p, b, recompute = workload.precision, workload.micro_batch, workload.recompute
+    if model.arch == "llama":
+        return llama_layer_activation_bytes(
+            model, b, tp, recompute, element_bytes=p.activation_bytes
+        )
+    h, a = model.d_model, model.n_head
+    per_layer = layer_activation_bytes(model.seq_len, b, h, a, tp, recompute)  # type: ignore[arg-type]
+    return per_layer * p.activation_bytes / 2
+
+
 def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:
     """(micro-batch, chunk) forward graphs that `stage` holds at its peak.
 
@@ -174,8 +243,7 @@ def stage_activation_bytes(
     if not model.has_shape:
         return None
     s, b, t = model.seq_len, workload.micro_batch, layout.tp
-    per_layer = layer_activation_bytes(s, b, model.d_model, model.n_head, t, workload.recompute)
-    per_layer *= workload.precision.activation_bytes / 2
+    per_layer = block_activation_bytes(model, workload, t)
     stage_layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
     held = in_flight_microbatches(layout, microbatches, stage) * stage_layers * per_layer
     if stage == layout.pp - 1:
@@ -190,8 +258,8 @@ def activation_bytes(
 ) -> float | None:
     """Peak activation bytes on the busiest GPU, or None when the model has no shape.
 
-    The first stage holds the most micro-batches; the last holds the logits. Scaled from
-    16-bit by the precision's activation element size.
+    The first stage holds the most micro-batches; the last holds the logits. In the
+    precision's activation element size (block_activation_bytes).
     """
     first = stage_activation_bytes(model, workload, layout, microbatches, 0)
     if first is None or layout.pp == 1:
