@@ -57,7 +57,7 @@ HOST_SIDE = {
         "sample runs the model in one process on the host: its draws come from a CPU stream",
     ("train/inspect_run.py", "sample", "tensor"):
         "the prompt's ids, for the model sample runs on the host",
-    ("train/inspect_run.py", "evaluate_file", "full"):
+    ("train/inspect_run.py", "eval_windows", "full"):
         "eval's windows, for the model it runs on the host",
     ("train/data.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",

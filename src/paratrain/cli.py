@@ -141,24 +141,6 @@ def _vocabulary_for_the_data(cfg: RunConfig) -> None:
         cfg.model.vocab_size = padded_vocab(vocab)
 
 
-def torchrun_env() -> dict[str, Any] | None:
-    """Rank facts when started by torchrun / elastic launch, else None."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return None
-    return {
-        "rank": int(os.environ["RANK"]),
-        "world_size": int(os.environ["WORLD_SIZE"]),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        "agent_store": (
-            f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '0')}"
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            else ""
-        ),
-    }
-
-
 def setup_logging(rank: int) -> None:
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
@@ -194,6 +176,7 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from paratrain.launch import torchrun_env
     from paratrain.train.worker import WorkerEnv, run_worker
 
     env = torchrun_env()
@@ -334,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "schedule":
             return cmd_schedule(args)
+        if args.command == "eval":  # launches workers, as train does
+            from paratrain.eval_command import eval_command
+
+            return eval_command(args)
         if args.command in RUN_TOOLS:
             return run_tool(args)
         raise ValueError(

@@ -8,15 +8,35 @@ localhost with port 0, so the store picks a free port itself (torchrun --standal
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
 from pathlib import Path
-from signal import SIGTERM
+from signal import SIGKILL, SIGTERM
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared the run dir
+
+
+def torchrun_env() -> dict[str, Any] | None:
+    """Rank facts when started by torchrun / elastic launch, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return {
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "agent_store": (
+            f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '0')}"
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            else ""
+        ),
+    }
 
 
 class WorkersFailed(RuntimeError):
@@ -31,8 +51,15 @@ class WorkersFailed(RuntimeError):
 def launch_local(
     nproc: int, config_path: Path, extra_args: list[str] | None = None, max_restarts: int = 0
 ) -> None:
-    """Run N workers; after a failure restart them all, up to max_restarts times (each
-    restarted worker sees TORCHELASTIC_RESTART_COUNT and resumes from the last checkpoint)."""
+    """Run N training workers; after a failure restart them all, up to max_restarts times
+    (each restarted worker sees TORCHELASTIC_RESTART_COUNT and resumes from the last
+    checkpoint)."""
+    argv = ["train", "--config", str(config_path), WORKER_FLAG, *(extra_args or [])]
+    launch_workers(nproc, argv, max_restarts)
+
+
+def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
+    """Run `python -m paratrain ARGV` in N local workers with torchrun's environment."""
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -44,14 +71,13 @@ def launch_local(
         monitor_interval=0.1,
         start_method="spawn",
     )
-    args = ["-m", "paratrain", "train", "--config", str(config_path), WORKER_FLAG]
     # The agent's own lines ("Sending process ... SIGTERM", "failed (exitcode: 1) ...")
     # repeat what `failure_line` says.
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*args, *(extra_args or []))
+        elastic_launch(config, entrypoint=sys.executable)("-m", "paratrain", *argv)
     except ChildFailedError as e:
         rank, failure = root_failure(e.failures)
         raise WorkersFailed(failure_line(rank, failure), failure.exitcode) from None
@@ -73,6 +99,8 @@ def root_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailu
 def failure_line(rank: int, failure: ProcessFailure) -> str:
     """What the launcher says; it never announces output the worker did not print."""
     head = f"worker rank {rank} failed with exit code {failure.exitcode}"
+    if failure.exitcode == -SIGKILL:  # what the kernel's out-of-memory killer sends
+        return f"{head} (killed by SIGKILL, maybe for lack of memory; it printed nothing)"
     if failure.exitcode < 0:
         return f"{head} (killed by {failure.signal_name()}; it printed nothing)"
     if not Path(failure.error_file).is_file():

@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint import FileSystemWriter
 
 from paratrain import comm
 from paratrain.config import RunConfig
@@ -44,7 +43,6 @@ from paratrain.mesh import Mesh
 from paratrain.parallel.tensor_parallel_rng import RngTracker
 from paratrain.train.checkpoint_planner import (
     CheckpointMismatch,
-    ShardedLoadPlanner,
     ShardedSavePlanner,
 )
 from paratrain.train.checkpoint_state import rank_state
@@ -55,6 +53,7 @@ CHECKPOINTS = "checkpoints"
 META_FILE = "paratrain.json"
 COMMIT_FILE = ".metadata"  # DCP's, renamed into place after every shard is written
 PREFIX = "step_"
+RESUMED = ("global_batch", "seq_len")  # what a resumed run keeps, beside the model
 
 
 @dataclass(frozen=True)
@@ -152,13 +151,16 @@ def check_files(path: Path) -> None:
             raise ValueError(f"checkpoint {path} is damaged: {name} {what}")
 
 
-def check_compatible(meta: dict[str, Any], cfg: RunConfig, path: Path) -> None:
-    """The checkpoint must be of this model, trained with this global batch on this data."""
+def check_compatible(
+    meta: dict[str, Any], cfg: RunConfig, path: Path, train: tuple[str, ...] = RESUMED
+) -> None:
+    """The checkpoint must be of this model, and (to resume) trained with this global batch
+    and sequence length."""
     problems = []
     for key, value in asdict(cfg.model).items():
         if key in meta["model"] and meta["model"][key] != value:
             problems.append(f"model.{key} = {value} but the checkpoint has {meta['model'][key]}")
-    for key in ("global_batch", "seq_len"):
+    for key in train:
         saved, now = meta["train"].get(key), getattr(cfg.train, key)
         if saved is not None and saved != now:
             problems.append(f"train.{key} = {now} but the checkpoint has {saved}")
@@ -188,7 +190,7 @@ def _rng_state(tracker: RngTracker | None, device: torch.device) -> dict[str, An
     return state
 
 
-def _set_rng_state(state: dict[str, Any], tracker: RngTracker | None, device: torch.device) -> None:
+def set_rng_state(state: dict[str, Any], tracker: RngTracker | None, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and state.get("cuda") is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -247,53 +249,3 @@ def prune(run_dir: Path, keep: int) -> None:
     for path, step in _all(run_dir):
         if (step not in kept) if is_complete(path) else (step < done[-1].step):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _first_failure(e: BaseException) -> str:
-    """One line for what went wrong: DCP gathers every rank's exception into one."""
-    if isinstance(e, CheckpointException) and e.failures:
-        rank, (cause, _) = min(e.failures.items())
-        e = cause
-        where = f"rank {rank}: "
-    else:
-        where = ""
-    text = (str(e).strip() or "no message").splitlines()[0].split(". ")[0]  # first sentence
-    return f"{where}{type(e).__name__}: {text}"
-
-
-def load(
-    ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig
-) -> dict[str, Any]:
-    """Load `ckpt` into this rank's model and optimizer (collective); return its meta.
-
-    Random states are restored only on the layout that saved them.
-    """
-    meta = read_meta(ckpt.path)
-    check_compatible(meta, cfg, ckpt.path)
-    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
-    entries: dict[str, Any] = dict(state.tensors)
-    same_layout = meta["layout"] == layout_of(cfg, mesh)
-    same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
-    rng_key = f"rng.rank{mesh.global_rank}"
-    if same_layout:
-        entries[rng_key] = None  # replaced by the loaded object
-    try:
-        dcp.load(
-            entries,
-            storage_reader=FileSystemReader(ckpt.path),
-            planner=ShardedLoadPlanner(),
-            process_group=mesh.control.pg,
-        )
-    except CheckpointMismatch:
-        raise
-    except (Exception, CheckpointException) as e:  # DCP's derives from BaseException
-        raise ValueError(
-            f"checkpoint {ckpt.path} could not be loaded ({_first_failure(e)}); it is damaged: "
-            "remove it to resume from an older one"
-        ) from None
-    state.set_adam_step(int(meta["adam_step"]))
-    for replica in engine.replicas:
-        replica.after_load()
-    if same_layout:
-        _set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
-    return meta

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.replica import GradSquares, Replica
 from paratrain.parallel.tensor_parallel_rng import RngTracker
@@ -167,12 +168,30 @@ class PipelineEngine(Engine):
         return parts
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
+        """Mean loss over the scored tokens. The runtime weights its micro-batches equally,
+        so only full batches of one shape run together; a padded one runs alone."""
         mine = batches[self.dp.rank :: self.dp.size]
-        loss = self.runtime.run_forward(mine) if mine else 0.0
-        tokens = sum(b[:, 1:].numel() for b in mine)
-        stats = torch.tensor([loss * tokens, tokens], dtype=torch.float64, device=self.device)
+        stats = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for group in _equally_weighted(mine):
+            tokens = sum(int((b[:, 1:] != IGNORE_INDEX).sum()) for b in group)
+            stats[0] += self.runtime.run_forward(group) * tokens
+            stats[1] += tokens
         comm.all_reduce(stats, self.dp, op="sum")
         return float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")
+
+
+def _equally_weighted(batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Runs of full batches of one shape, and each padded batch on its own."""
+    groups: list[list[torch.Tensor]] = []
+    joinable = False  # the last group is full batches
+    for b in batches:
+        full = not bool((b == IGNORE_INDEX).any())
+        if full and joinable and groups[-1][0].shape == b.shape:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+        joinable = full
+    return groups
 
 
 def _without(part: GradSquares, names: set[str]) -> GradSquares:

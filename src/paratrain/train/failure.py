@@ -22,18 +22,18 @@ from paratrain.comm.watchdog import default_store
 USER_ERROR, INTERNAL_ERROR = 2, 1
 
 
-def describe(exc: BaseException, rank: int) -> tuple[int, str]:
-    """(exit status, what to print) for an exception that ended this rank's training."""
+def describe(exc: BaseException, rank: int, command: str = "train") -> tuple[int, str]:
+    """(exit status, what to print) for an exception that ended this rank's work."""
     if isinstance(exc, ValueError):
-        return USER_ERROR, f"paratrain train: error (rank {rank}): {exc}"
+        return USER_ERROR, f"paratrain {command}: error (rank {rank}): {exc}"
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
         return USER_ERROR, (
-            f"paratrain train: error (rank {rank}): out of memory ({first}); "
+            f"paratrain {command}: error (rank {rank}): out of memory ({first}); "
             "`paratrain train --dry-run` shows the predicted memory per rank"
         )
     trace = "".join(traceback.format_exception(exc)).rstrip()
-    return INTERNAL_ERROR, f"paratrain train: internal error on rank {rank}:\n{trace}"
+    return INTERNAL_ERROR, f"paratrain {command}: internal error on rank {rank}:\n{trace}"
 
 
 def first_to_fail(key: str) -> bool:
@@ -48,9 +48,11 @@ def first_to_fail(key: str) -> bool:
         return True
 
 
-def report_failure(exc: BaseException, rank: int, restart_count: int = 0) -> int:
+def report_failure(
+    exc: BaseException, rank: int, restart_count: int = 0, command: str = "train"
+) -> int:
     """Print `exc` if this rank failed first; return the exit status either way."""
-    status, text = describe(exc, rank)
+    status, text = describe(exc, rank, command)
     if first_to_fail(f"paratrain/failed/attempt_{restart_count}"):
         print(text, file=sys.stderr, flush=True)
         try:

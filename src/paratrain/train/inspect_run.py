@@ -29,16 +29,23 @@ from paratrain.train.prepare import is_prepared
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
 
 
-def load_run(run_dir: Path) -> tuple[RunConfig, nn.Module]:
-    """The run's configuration and its latest checkpoint's model, whole, in eval mode."""
+def load_config(run_dir: Path) -> RunConfig:
+    """The run's configuration, when it has a checkpoint to read weights from."""
     config = run_dir / "config.toml"
     if not config.is_file():
         raise ValueError(f"{run_dir}: no config.toml; give a paratrain run directory")
-    cfg = from_toml_text(config.read_text())
-    cfg.train = dataclasses.replace(cfg.train, init_from="")  # the run's own weights below
-    ckpt = checkpoint.latest_checkpoint(run_dir)
-    if ckpt is None:
+    if checkpoint.latest_checkpoint(run_dir) is None:
         raise ValueError(f"{run_dir}: no complete checkpoint (in {checkpoint.CHECKPOINTS}/)")
+    cfg = from_toml_text(config.read_text())
+    cfg.train = dataclasses.replace(cfg.train, init_from="")  # the run's own weights
+    return cfg
+
+
+def load_run(run_dir: Path) -> tuple[RunConfig, nn.Module]:
+    """The run's configuration and its latest checkpoint's model, whole, in eval mode."""
+    cfg = load_config(run_dir)
+    ckpt = checkpoint.latest_checkpoint(run_dir)
+    assert ckpt is not None  # load_config checked
     model = build_model(cfg)
     load_weights(model, read_model(ckpt.path), str(ckpt.path))
     return cfg, model.eval()
@@ -104,18 +111,9 @@ def sample(
     return tokenizer.decode(out[0].tolist())
 
 
-@torch.no_grad()
-def evaluate_file(
-    run_dir: Path, data: str, seq_len: int | None = None, batch: int = 8
-) -> dict[str, float]:
-    """Mean next-token loss over a data file, in consecutive windows of seq_len + 1 tokens
-    that overlap by one (each window's last token is the next one's first input), so that
-    every token but the first is predicted exactly once. Text is encoded with the run's
-    tokenizer; of a prepared directory, the held-out split is evaluated."""
-    cfg, model = load_run(run_dir)
-    n = seq_len or cfg.train.seq_len
-    if n < 1 or (cfg.model.arch == "gpt" and n > cfg.model.max_seq_len):
-        raise ValueError(f"--seq-len {n}: between 1 and the model's {cfg.model.max_seq_len}")
+def eval_tokens(cfg: RunConfig, run_dir: Path, data: str) -> torch.Tensor:
+    """The ids `eval` scores: all of a text file (in the run's tokenizer) or a .bin, or a
+    prepared directory's held-out split."""
     if is_prepared(data):  # a prepared directory: its held-out documents
         tokens = load_tokens(data).val[:]
     else:  # all of the text (in the run's tokenizer) or ids: no split held out here
@@ -130,17 +128,45 @@ def evaluate_file(
             f"--data {data!r} has token ids up to {int(tokens.max())}; the model's "
             f"vocabulary is {cfg.model.vocab_size}"
         )
+    return tokens
+
+
+def eval_seq_len(cfg: RunConfig, seq_len: int | None) -> int:
+    n = seq_len or cfg.train.seq_len
+    if n < 1 or (cfg.model.arch == "gpt" and n > cfg.model.max_seq_len):
+        raise ValueError(f"--seq-len {n}: between 1 and the model's {cfg.model.max_seq_len}")
+    return n
+
+
+def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """(W, n + 1) windows that overlap by one (each window's last token is the next one's
+    first input), so that every token but the first is predicted exactly once; the last
+    window's tail is padding (IGNORE_INDEX), masked out of the loss."""
     windows = []
     for start in range(0, tokens.numel() - 1, n):
         piece = tokens[start : start + n + 1]
         padded = torch.full((n + 1,), IGNORE_INDEX, dtype=torch.long, device="cpu")
-        padded[: piece.numel()] = piece  # the last window may be short: its tail is masked
+        padded[: piece.numel()] = piece
         windows.append(padded)
+    return torch.stack(windows)
+
+
+@torch.no_grad()
+def evaluate_file(
+    run_dir: Path, data: str, seq_len: int | None = None, batch: int = 8
+) -> dict[str, float]:
+    """Mean next-token loss over a data file in one process (train/eval_mesh.py: on a
+    mesh), over eval_windows of seq_len + 1 tokens."""
+    cfg, model = load_run(run_dir)
+    n = eval_seq_len(cfg, seq_len)
     total, count = 0.0, 0
-    for rows in torch.stack(windows).split(batch):
+    for rows in eval_windows(eval_tokens(cfg, run_dir, data), n).split(batch):
         targets = rows[:, 1:]
         valid = int((targets != IGNORE_INDEX).sum())
         total += float(model(rows[:, :-1].clamp(min=0), targets)) * valid
         count += valid
-    loss = total / count
-    return {"loss": loss, "perplexity": math.exp(loss), "tokens": count}
+    return scores(total / count, count)
+
+
+def scores(loss: float, tokens: int) -> dict[str, float]:
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}

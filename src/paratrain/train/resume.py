@@ -8,7 +8,7 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.train import checkpoint
+from paratrain.train import checkpoint, checkpoint_load
 from paratrain.train.build import seed_rank_stream
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.optim import Rewarmup
@@ -21,7 +21,7 @@ def restore(
 ) -> tuple[int, Rewarmup]:
     """Load `ckpt` into the engine and optimizer (collective); return the first step to run
     and the re-warmup of the learning rate."""
-    saved = checkpoint.load(ckpt, engine, optimizer, mesh, cfg)
+    saved = checkpoint_load.load(ckpt, engine, optimizer, mesh, cfg)
     first = int(saved["step"])
     if saved["layout"] != checkpoint.layout_of(cfg, mesh):  # other ranks, other work
         seed_rank_stream(cfg.train.seed, mesh.global_rank, first)

@@ -1,15 +1,15 @@
 """The commands around training that read or write runs and data, not train them:
 `export`, `import-hf`, `sample`, `eval`, `tokenizer train`, `prepare`. cli.py adds their
-parsers and hands them their arguments; each loads its module only when it runs."""
+parsers and hands them their arguments (eval's go to paratrain/eval_command.py, which
+launches workers as train does); each loads its module only when it runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-RUN_TOOLS = ("export", "import-hf", "sample", "eval", "tokenizer", "prepare")
+RUN_TOOLS = ("export", "import-hf", "sample", "tokenizer", "prepare")  # eval: in cli.py
 
 
 def add_run_tool_parsers(sub: Any) -> None:
@@ -50,6 +50,11 @@ def add_run_tool_parsers(sub: Any) -> None:
     ev.add_argument("--data", required=True, help="text file, folder of text, or .bin of ids")
     ev.add_argument("--seq-len", type=int, help="window length (default: the run's seq_len)")
     ev.add_argument("--json", action="store_true", help="print a JSON object as last line")
+    ev.add_argument("--nproc", type=int, default=1, help="worker processes (a mesh if > 1)")
+    ev.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    ev.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    ev.add_argument("--zero", type=int, default=0, help="ZeRO stage (3: sharded parameters)")
+    ev.add_argument("--device", default="auto", help="cpu, cuda or auto")
     imp = sub.add_parser("import-hf", help="a Hugging Face model directory as a new run")
     imp.add_argument("hf_dir", help="a save_pretrained directory: config.json + safetensors")
     imp.add_argument("--out", required=True, help="the new run directory")
@@ -60,7 +65,6 @@ def run_tool(args: argparse.Namespace) -> int:
         "export": cmd_export,
         "import-hf": cmd_import_hf,
         "sample": cmd_sample,
-        "eval": cmd_eval,
         "tokenizer": cmd_tokenizer,
         "prepare": cmd_prepare,
     }
@@ -104,20 +108,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
         args.seed,
     )
     print(text, flush=True)
-    return 0
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from paratrain.train.inspect_run import evaluate_file
-
-    result = evaluate_file(_run_dir(args.run_dir), args.data, args.seq_len)
-    print(
-        f"loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} over "
-        f"{result['tokens']:,} tokens",
-        flush=True,
-    )
-    if args.json:
-        print(json.dumps(result), flush=True)
     return 0
 
 

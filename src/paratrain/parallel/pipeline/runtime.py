@@ -165,7 +165,7 @@ class PipelineRuntime:
         vs, last = self._vs(a), sch.num_virtual_stages - 1
         batch = st.micro_batches[a.microbatch]
         if vs == 0:
-            x = batch[:, :-1]  # (b, T) token ids
+            x = batch[:, :-1].clamp(min=0)  # (b, T) ids; padding (-100) reads id 0, unscored
         else:
             x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
             x.requires_grad_(st.train)

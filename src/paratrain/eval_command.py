@@ -1,0 +1,112 @@
+"""`paratrain eval RUN --data D [--nproc N --tp T --pp P --zero Z --device D]`.
+
+With the default layout it scores in this process (train/inspect_run.py); otherwise the
+layout is checked as `train` checks one, the data before any worker starts, and N
+workers are launched (or this is one of them, under torchrun), each evaluating its part
+(train/eval_mesh.py). Only one process prints the scores.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from paratrain.config import RunConfig
+from paratrain.train.inspect_run import eval_seq_len, eval_tokens, load_config
+from paratrain.validate import resolve
+
+log = logging.getLogger(__name__)
+
+LAYOUT_FLAGS = ("nproc", "tp", "pp", "zero", "device")
+DEFAULT_LAYOUT = {"nproc": 1, "tp": 1, "pp": 1, "zero": 0, "device": "auto"}
+
+
+def mesh_config(run_dir: Path, layout: dict[str, Any]) -> RunConfig:
+    """The run's model on the layout given (checked as `train` checks one); one
+    micro-batch of the run's size per pipeline stage per pass."""
+    cfg = copy.deepcopy(load_config(run_dir))
+    p, t = cfg.parallel, cfg.train
+    for name in LAYOUT_FLAGS:
+        setattr(p, name, layout[name])
+    p.dp, p.backend, p.chunks, p.schedule, p.dp_mode = 0, "auto", 1, "1f1b", "sync"
+    p.straggler, p.max_restarts, p.sequence_parallel = "", 0, p.sequence_parallel and p.tp > 1
+    t.init_from, t.resume = "", ""
+    dp = p.nproc // max(1, p.tp * p.pp)
+    t.global_batch, t.microbatches = t.micro_batch * dp * p.pp, 0
+    return resolve(cfg, p.nproc)
+
+
+def eval_command(args: Any) -> int:
+    """`paratrain eval`: in this process (--nproc 1), or in N workers started here, or as
+    one of them (torchrun's environment). Prints the scores from one process only."""
+    from paratrain.launch import torchrun_env
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
+    layout = {name: getattr(args, name) for name in LAYOUT_FLAGS}
+    env = torchrun_env()
+    if env is not None:
+        return _as_worker(args, run_dir, layout, env)
+    if layout == DEFAULT_LAYOUT:
+        from paratrain.train.inspect_run import evaluate_file
+
+        print_scores(evaluate_file(run_dir, args.data, args.seq_len), args.json)
+        return 0
+    cfg = mesh_config(run_dir, layout)
+    eval_seq_len(cfg, args.seq_len)  # before launch: the window and the data fit the model
+    eval_tokens(cfg, run_dir, args.data)
+    return _launch(args, run_dir, layout)
+
+
+def _launch(args: Any, run_dir: Path, layout: dict[str, Any]) -> int:
+    from paratrain.launch import WorkersFailed, launch_workers
+
+    argv = ["eval", str(run_dir), "--data", args.data]
+    argv += ["--seq-len", str(args.seq_len)] if args.seq_len else []
+    argv += ["--json"] if args.json else []
+    for name, value in layout.items():
+        argv += [f"--{name}", str(value)]
+    try:
+        launch_workers(layout["nproc"], argv)
+    except WorkersFailed as e:
+        log.error("paratrain eval: %s", e)
+        return 2 if e.exitcode == 2 else 1
+    return 0
+
+
+def _as_worker(args: Any, run_dir: Path, layout: dict[str, Any], env: dict[str, Any]) -> int:
+    from paratrain.train.eval_mesh import evaluate_on_mesh
+    from paratrain.train.failure import report_failure
+    from paratrain.train.worker import WorkerEnv
+
+    status = 0
+    try:
+        cfg = mesh_config(run_dir, layout | {"nproc": env["world_size"]})
+        result = evaluate_on_mesh(
+            cfg, WorkerEnv(use_env_rendezvous=True, **env), run_dir, args.data, args.seq_len
+        )
+        if result is not None:
+            print_scores(result, args.json)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's errors derive from BaseException
+        status = report_failure(e, env["rank"], env["restart_count"], "eval")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # as a training worker leaves: no C++ static destructors
+
+
+def print_scores(result: dict[str, float], as_json: bool) -> None:
+    print(
+        f"loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} over "
+        f"{result['tokens']:,} tokens",
+        flush=True,
+    )
+    if as_json:
+        print(json.dumps(result), flush=True)

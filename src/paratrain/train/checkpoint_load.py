@@ -1,0 +1,90 @@
+"""Reading a sharded checkpoint into this rank's part of the model (collective).
+
+`load` restores everything a resumed run needs: the model, AdamW's moments and step, and
+(on the layout that saved them) the random states. `load_weights` reads only the model,
+for evaluation on any layout. Each rank reads only its own boxes (train/checkpoint_state.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.train.checkpoint import (
+    Checkpoint,
+    check_compatible,
+    layout_of,
+    read_meta,
+    set_rng_state,
+)
+from paratrain.train.checkpoint_planner import CheckpointMismatch, ShardedLoadPlanner
+from paratrain.train.checkpoint_state import rank_state
+
+
+def load(
+    ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig
+) -> dict[str, Any]:
+    """Load `ckpt` into this rank's model and optimizer; return its meta.
+
+    Random states are restored only on the layout that saved them.
+    """
+    meta = read_meta(ckpt.path)
+    check_compatible(meta, cfg, ckpt.path)
+    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
+    entries: dict[str, Any] = dict(state.tensors)
+    same_layout = meta["layout"] == layout_of(cfg, mesh)
+    same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
+    rng_key = f"rng.rank{mesh.global_rank}"
+    if same_layout:
+        entries[rng_key] = None  # replaced by the loaded object
+    _read(entries, ckpt, mesh)
+    state.set_adam_step(int(meta["adam_step"]))
+    for replica in engine.replicas:
+        replica.after_load()
+    if same_layout:
+        set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
+    return meta
+
+
+def load_weights(ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig) -> None:
+    """Load only the model's values (fp32 masters where they exist) of `ckpt`, on any
+    layout, global batch or sequence length; the optimizer only names the pieces."""
+    check_compatible(read_meta(ckpt.path), cfg, ckpt.path, train=())
+    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
+    _read({k: v for k, v in state.tensors.items() if k.startswith("model.")}, ckpt, mesh)
+    for replica in engine.replicas:
+        replica.after_load()
+
+
+def _read(entries: dict[str, Any], ckpt: Checkpoint, mesh: Mesh) -> None:
+    try:
+        dcp.load(
+            entries,
+            storage_reader=FileSystemReader(ckpt.path),
+            planner=ShardedLoadPlanner(),
+            process_group=mesh.control.pg,
+        )
+    except CheckpointMismatch:
+        raise
+    except (Exception, CheckpointException) as e:  # DCP's derives from BaseException
+        raise ValueError(
+            f"checkpoint {ckpt.path} could not be loaded ({_first_failure(e)}); it is damaged: "
+            "remove it to resume from an older one"
+        ) from None
+
+
+def _first_failure(e: BaseException) -> str:
+    """One line for what went wrong: DCP gathers every rank's exception into one."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (cause, _) = min(e.failures.items())
+        e = cause
+        where = f"rank {rank}: "
+    else:
+        where = ""
+    text = (str(e).strip() or "no message").splitlines()[0].split(". ")[0]  # first sentence
+    return f"{where}{type(e).__name__}: {text}"

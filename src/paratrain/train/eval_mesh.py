@@ -1,0 +1,60 @@
+"""A run's loss on a mesh (`paratrain eval RUN --nproc N [--tp T --pp P --zero Z]`,
+started by paratrain/eval_command.py).
+
+For a model too large for one process: each rank builds its part of the model as training
+would on this layout (any layout: checkpoints hold global tensors), loads its part of the
+latest checkpoint through DCP, and the engine's `evaluate` scores the same windows as the
+one-process `eval` (train/inspect_run.py: eval_windows), replica r taking windows
+r, r + dp, ...; the loss is the mean over every scored token, so the answer does not
+depend on the layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paratrain.comm.group import CommOptions
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.train import checkpoint
+from paratrain.train.build import build_engine, build_model
+from paratrain.train.checkpoint_load import load_weights
+from paratrain.train.data import on_device
+from paratrain.train.inspect_run import (
+    eval_seq_len,
+    eval_tokens,
+    eval_windows,
+    scores,
+)
+from paratrain.train.optim import peak_lr
+from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
+
+
+@torch.no_grad()
+def evaluate_on_mesh(
+    cfg: RunConfig, env: WorkerEnv, run_dir: Path, data: str, seq_len: int | None
+) -> dict[str, float] | None:
+    """This rank's part of the evaluation (collective); rank 0 returns the scores."""
+    init_process_group(cfg, env)
+    p = cfg.parallel
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options, device=rank_device(cfg, env))
+    try:
+        engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=False))
+        t = cfg.train
+        optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
+        ckpt = checkpoint.latest_checkpoint(run_dir)
+        assert ckpt is not None  # checked before launch
+        load_weights(ckpt, engine, optimizer, mesh, cfg)
+        windows = eval_windows(eval_tokens(cfg, run_dir, data), eval_seq_len(cfg, seq_len))
+        batches = on_device(list(windows.split(t.micro_batch)), mesh.device)
+        loss = engine.evaluate(batches)
+    finally:
+        mesh.close()
+    dist.destroy_process_group()
+    if mesh.global_rank != 0:
+        return None
+    return scores(loss, int((windows[:, 1:] >= 0).sum()))
