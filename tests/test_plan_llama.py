@@ -181,3 +181,13 @@ def test_gpt_block_measured_against_korthikanti_unchanged():
     korthikanti = 2 * memory.layer_activation_bytes(s, b, h, a, 1, "none")  # fp32: twice
     assert (round(meter.total / sbh, 1), round(korthikanti / sbh, 1)) == (16.1, 27.0)
     assert meter.total / korthikanti == pytest.approx(0.595, abs=1e-3)
+
+
+def test_the_planner_refuses_tp_that_splits_kv_heads_as_the_runtime_does():
+    from paratrain.plan.estimate import shape_problems
+
+    model = model_preset("llama3-8b")  # 32 heads, 8 key/value heads
+    cluster = cluster_preset("seeds-80gb-nvlink300-ib50-1e14")
+    assert shape_problems(model, cluster, Layout(dp=1, tp=8, pp=1)) == []
+    problems = shape_problems(model, cluster, Layout(dp=1, tp=16, pp=1))
+    assert "tp 16 does not divide 8 key/value heads" in problems

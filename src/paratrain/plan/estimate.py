@@ -141,6 +141,8 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
     if model.has_shape:
         if model.n_head % layout.tp:  # type: ignore[operator]
             problems.append(f"tp {layout.tp} does not divide {model.n_head} heads")
+        elif model.n_kv_head and model.n_kv_head % layout.tp:  # as models/plans.py refuses
+            problems.append(f"tp {layout.tp} does not divide {model.n_kv_head} key/value heads")
         if model.n_layer % (layout.pp * layout.chunks):  # type: ignore[operator]
             problems.append(
                 f"{model.n_layer} layers do not split into pp {layout.pp} x chunks {layout.chunks}"
