@@ -6,13 +6,15 @@ no traceback, before any worker starts (these tests would hang or take seconds o
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from paratrain.cli import build_parser, config_from_args, main
-from paratrain.config import RunConfig, apply_overrides, from_toml_text, to_toml
+from paratrain.config import EFFECTS, SECTIONS, RunConfig
+from paratrain.config_toml import apply_overrides, from_toml_text, to_toml
 from paratrain.validate import resolve
 
 
@@ -227,3 +229,96 @@ def test_dry_run_prints_the_run_and_starts_nothing(tmp_path, capsys):
     # the same checks as a real start: the same refusal, the same line
     code, err = run_cli(capsys, "train", "--dry-run", "--lr", "nan")
     assert code == 2 and "train.lr = nan must be a finite number" in err
+
+
+# Each conditional field of config.EFFECTS: (its flag and a value other than the default,
+# a configuration where it has no effect, one where it has).
+LLAMA = ["--model", "llama-tiny"]
+ASYNC = ["--dp-mode", "async"]
+INEFFECTIVE = {
+    "model.n_kv_head": (["--n-kv-head", "1"], [], LLAMA),
+    "model.ffn_hidden": (["--ffn-hidden", "96"], [], LLAMA),
+    "model.rope_theta": (["--rope-theta", "500000"], [], LLAMA),
+    "model.norm_eps": (["--norm-eps", "1e-6"], [], LLAMA),
+    "model.dropout": (["--dropout", "0.1"], LLAMA, []),
+    "model.activation": (["--activation", "gelu_tanh"], LLAMA, []),
+    "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
+    "parallel.zero2_accumulate": (
+        ["--zero2-accumulate", "shard"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]
+    ),
+    "parallel.schedule": (["--schedule", "gpipe"], [], ["--pp", "2"]),
+    "parallel.chunks": (["--chunks", "2"], [], ["--pp", "2", "--schedule", "interleaved"]),
+    "parallel.sequence_parallel": (["--sequence-parallel"], [], ["--tp", "2"]),
+    "parallel.comm_timeout_s": (["--comm-timeout-s", "60"], ["--nproc", "1"], []),
+    "parallel.comm_algo": (["--comm-algo", "ring"], ["--nproc", "1"], []),
+    "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
+    "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
+    "parallel.staleness_bound": (["--staleness-bound", "2"], [], ASYNC),
+    "parallel.dc_mode": (["--dc-mode", "adaptive"], ASYNC, [*ASYNC, "--dc-lambda", "0.5"]),
+    "parallel.dc_decay": (["--dc-decay", "0.5"], [*ASYNC, "--dc-lambda", "0.5"],
+                          [*ASYNC, "--dc-lambda", "0.5", "--dc-mode", "adaptive"]),
+    "parallel.max_restarts": (["--max-restarts", "1"], ["--nproc", "1"], []),
+    "train.lr_base_batch": (["--lr-base-batch", "32"], [], ["--lr-scaling", "linear"]),
+    "train.loss_scale": (["--loss-scale", "1024"], [], ["--dtype", "float16"]),
+    "train.trace": (["--trace"], [], ["--pp", "2"]),
+    "train.recompute": (["--recompute", "full"], ASYNC, []),
+    "train.checkpoint_every": (["--checkpoint-every", "5"], ASYNC, []),
+    "train.keep_checkpoints": (["--keep-checkpoints", "1"], ASYNC, []),
+    "train.max_skipped_steps": (["--max-skipped-steps", "5"], ASYNC, []),
+    "train.rewarmup_steps": (["--rewarmup-steps", "5"], [], ["--max-restarts", "1"]),
+}  # fmt: skip
+NEEDS_FILES = {  # tested below with files of their own
+    "train.resume": "a run directory",
+    "data.val_fraction": "a prepared directory",
+}
+
+
+def test_every_field_says_when_it_has_an_effect():
+    fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert set(EFFECTS) == fields  # a new field must say when it matters
+    conditional = {key for key, effect in EFFECTS.items() if effect is not None}
+    assert conditional == set(INEFFECTIVE) | set(NEEDS_FILES)
+
+
+def _dry_run(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(["train", "--dry-run", *argv])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("key", sorted(INEFFECTIVE))
+def test_a_flag_without_effect_is_refused_and_with_its_setting_accepted(key, capsys):
+    flag, off, on = INEFFECTIVE[key]
+    code, err = _dry_run([*off, *flag], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert flag[0] in err or key.split(".")[1] in err, err  # names the flag
+    code, err = _dry_run([*on, *flag], capsys)
+    assert code == 0, err
+
+
+def test_a_default_given_explicitly_is_never_refused(capsys):
+    assert (
+        _dry_run(["--prefetch", "1", "--loss-scale", "65536", "--schedule", "1f1b"], capsys)[0] == 0
+    )
+
+
+def test_a_config_file_key_without_effect_is_refused_naming_the_file(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text("[parallel]\nprefetch = 4\n")
+    code, err = _dry_run(["--config", str(path)], capsys)
+    assert code == 2
+    assert err.endswith(f"parallel.prefetch = 4 in {path} has no effect here: it needs --zero 3")
+
+
+def test_resume_and_a_prepared_directorys_split_are_refused_where_they_do_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(RunConfig()))
+    code, err = _dry_run(["--resume", str(run), "--dp-mode", "async"], capsys)
+    assert code == 2 and "--resume" in err and "needs --dp-mode sync" in err, err
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text("{}")
+    assert EFFECTS["data.val_fraction"].applies(RunConfig())
+    cfg = RunConfig()
+    cfg.data.path = str(prepared)
+    assert not EFFECTS["data.val_fraction"].applies(cfg)

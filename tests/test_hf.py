@@ -25,7 +25,8 @@ import torch
 import transformers
 
 from paratrain.cli import main
-from paratrain.config import RunConfig, from_toml_text
+from paratrain.config import RunConfig
+from paratrain.config_toml import from_toml_text
 from paratrain.train import checkpoint
 from paratrain.train.build import build_model
 from paratrain.train.checkpoint_model import load_weights, read_model

@@ -15,10 +15,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from paratrain.config import SECTIONS, RunConfig, apply_overrides, field_types, load_toml
+from paratrain.config import SECTIONS, RunConfig
+from paratrain.config_toml import apply_overrides, field_types, load_toml
 from paratrain.models.presets import preset
 from paratrain.train.run_tools import RUN_TOOLS, add_run_tool_parsers, run_tool
-from paratrain.validate import resolve
+from paratrain.validate import check_effective, resolve
 
 log = logging.getLogger("paratrain")
 
@@ -130,6 +131,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
+def explicit_fields(args: argparse.Namespace) -> dict[str, str]:
+    """'section.name' -> how the user gave it: a flag, or a key of --config's file (a
+    resumed run's own config.toml is not the user's choice now, so it is not listed)."""
+    given: dict[str, str] = {}
+    if args.config:
+        for section, entries in load_toml(args.config).items():
+            for name in entries if isinstance(entries, dict) else ():
+                given[f"{section}.{name}"] = f"in {args.config}"
+    for key, value in vars(args).items():
+        if "." in key and value is not None:
+            given[key] = flag_for(*key.split(".", 1))
+    return given
+
+
 def _vocabulary_for_the_data(cfg: RunConfig) -> None:
     """With a tokenizer (--tokenizer or a prepared directory's), a vocabulary that covers it,
     padded for tensor parallelism, unless one was given (then checked against the data)."""
@@ -184,6 +199,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
     resolve(cfg, world, env["local_world_size"] if env else None)
+    if not args.launched_worker:  # our launcher's workers read the config it wrote
+        check_effective(cfg, explicit_fields(args))
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
         from paratrain.train.checkpoint import find_resumable
 

@@ -1,25 +1,18 @@
-"""Run configuration: dataclasses with a help text per field, TOML files and CLI overrides.
+"""Run configuration: dataclasses with a help text per field, and when each field matters.
 
 Precedence is CLI flag > TOML file > default. For example, with `run.toml` holding
 `[train]\nsteps = 50` the command `paratrain train --config run.toml --steps 80` runs 80
 steps, and without `--steps` it runs 50. Every check that can fail on user input lives
-in `validate`, which the CLI calls before any worker starts.
+in `validate`, which the CLI calls before any worker starts; reading and writing TOML is
+config_toml.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
-import tomli_w
 
 # The valid values of the string (and stage) fields, defined once: validate.py checks them,
 # and the modules that implement each option take their lists from here.
@@ -33,6 +26,7 @@ COMM_ALGOS = ("native", "ring", "tree")
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
+DC_MODES = ("constant", "adaptive")  # DC-ASGD-c and DC-ASGD-a (parallel/async_sgd.py)
 LR_SCALINGS = ("none", "linear", "sqrt")
 ARCHS = ("gpt", "llama")  # models/gpt.py, models/llama.py
 GELUS = ("gelu", "gelu_tanh")
@@ -99,6 +93,12 @@ class ParallelConfig:
     bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
     dp_mode: str = param("sync", "Data parallel: sync (all-reduce) or async (parameter server).")
     dc_lambda: float = param(0.0, "Async: DC-ASGD delay compensation strength (0 = off).")
+    dc_mode: str = param(
+        "constant",
+        f"Async DC-ASGD's lambda: {one_of(DC_MODES)} (DC-ASGD-a: per coordinate, --dc-lambda"
+        " / sqrt of a moving average of g*g).",
+    )
+    dc_decay: float = param(0.95, "Async, --dc-mode adaptive: decay m of that average, in [0, 1).")
     staleness_bound: int = param(0, "Async: drop gradients staler than this (0 = no bound).")
     straggler: str = param("", "Make one rank slower, RANK:FACTOR (e.g. 1:3 = 3x its compute).")
     max_restarts: int = param(
@@ -196,58 +196,6 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def _check_type(where: str, value: Any, expected: type) -> Any:
-    # TOML integers are accepted where a float is expected; bool is not an int here.
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-        raise ValueError(
-            f"{where} = {value!r} has type {type(value).__name__}; expected {expected.__name__}"
-        )
-    return value
-
-
-def field_types(section: type) -> dict[str, type]:
-    hints = {"int": int, "float": float, "str": str, "bool": bool}
-    return {f.name: hints[str(f.type)] for f in fields(section)}
-
-
-def apply_overrides(cfg: RunConfig, values: dict[str, dict[str, Any]], origin: str) -> None:
-    """Set `values[section][key]` on cfg, refusing unknown sections, keys and wrong types."""
-    for section, entries in values.items():
-        if section not in SECTIONS:
-            raise ValueError(f"{origin}: unknown section [{section}]; valid: {', '.join(SECTIONS)}")
-        if not isinstance(entries, dict):
-            raise ValueError(f"{origin}: {section} must be a table like [{section}]")
-        types = field_types(SECTIONS[section])
-        target = getattr(cfg, section)
-        for key, value in entries.items():
-            if key not in types:
-                valid = ", ".join(types)
-                raise ValueError(f"{origin}: unknown key {section}.{key}; valid keys: {valid}")
-            setattr(target, key, _check_type(f"{origin}: {section}.{key}", value, types[key]))
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"config file {str(p)!r} does not exist")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"config file {str(p)!r} is not valid TOML: {e}") from None
-
-
-def to_toml(cfg: RunConfig) -> str:
-    return tomli_w.dumps(dataclasses.asdict(cfg))
-
-
-def from_toml_text(text: str) -> RunConfig:
-    cfg = RunConfig()
-    apply_overrides(cfg, tomllib.loads(text), "config")
-    return cfg
-
-
 def parse_straggler(text: str, world_size: int) -> tuple[int, float]:
     """'RANK:FACTOR' -> (rank, factor): that rank's steps take FACTOR times its compute."""
     try:
@@ -279,3 +227,85 @@ def compute_dtype(cfg: RunConfig) -> str:
     if cfg.train.dtype == "auto":
         return "bfloat16" if device_type(cfg) == "cuda" else "float32"
     return cfg.train.dtype
+
+
+@dataclass(frozen=True)
+class Effect:
+    """When a field changes what a run does, on the resolved configuration."""
+
+    applies: Callable[[RunConfig], bool]
+    needs: str  # the setting it needs, in flags
+
+
+def _world(cfg: RunConfig) -> int:
+    return cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp
+
+
+_SYNC = Effect(lambda c: c.parallel.dp_mode == "sync", "--dp-mode sync")
+_ASYNC = Effect(lambda c: c.parallel.dp_mode == "async", "--dp-mode async")
+_LLAMA = Effect(lambda c: c.model.arch == "llama", "a Llama model (--arch llama)")
+_GPT = Effect(lambda c: c.model.arch == "gpt", "a GPT model (--arch gpt)")
+_PIPELINE = Effect(lambda c: c.parallel.pp > 1, "a pipeline (--pp 2 or more)")
+_COLLECTIVES = Effect(lambda c: _world(c) > 1, "more than one process")
+
+# Every field of RunConfig: None when it always matters, else when it does. A field given
+# explicitly (flag or TOML) with a value other than its default, in a configuration where
+# it has no effect, is refused before any worker starts (validate.check_effective).
+# tests/test_config.py walks every field against this table.
+EFFECTS: dict[str, Effect | None] = {
+    **{f"model.{n}": None for n in ("name", "arch", "vocab_size", "n_layer", "n_head",
+                                    "d_model", "max_seq_len", "tie_embeddings")},
+    **{f"model.{n}": _LLAMA for n in ("n_kv_head", "ffn_hidden", "rope_theta", "norm_eps")},
+    "model.dropout": _GPT,
+    "model.activation": _GPT,
+    **{f"parallel.{n}": None for n in ("nproc", "dp", "pp", "tp", "zero", "device", "backend",
+                                       "dp_mode", "straggler")},
+    "parallel.prefetch": Effect(lambda c: c.parallel.zero == 3, "--zero 3"),
+    "parallel.zero2_accumulate": Effect(
+        lambda c: c.parallel.zero == 2 and c.train.microbatches > 1,
+        "--zero 2 with more than one micro-batch per step",
+    ),
+    "parallel.schedule": _PIPELINE,
+    "parallel.chunks": _PIPELINE,
+    "parallel.sequence_parallel": Effect(lambda c: c.parallel.tp > 1, "--tp 2 or more"),
+    "parallel.comm_timeout_s": _COLLECTIVES,
+    "parallel.comm_algo": _COLLECTIVES,
+    "parallel.bucket_mb": Effect(
+        lambda c: c.parallel.dp_mode == "sync" and c.parallel.zero != 3 and c.parallel.dp > 1,
+        "data parallelism (dp 2 or more) without ZeRO-3 (its units are its buckets)",
+    ),
+    "parallel.dc_lambda": _ASYNC,
+    "parallel.staleness_bound": _ASYNC,
+    "parallel.dc_mode": Effect(
+        lambda c: c.parallel.dp_mode == "async" and c.parallel.dc_lambda > 0,
+        "--dp-mode async with --dc-lambda above 0",
+    ),
+    "parallel.dc_decay": Effect(
+        lambda c: c.parallel.dp_mode == "async" and c.parallel.dc_lambda > 0
+        and c.parallel.dc_mode == "adaptive",
+        "--dp-mode async, --dc-lambda above 0 and --dc-mode adaptive",
+    ),
+    "parallel.max_restarts": Effect(lambda c: c.parallel.nproc > 1, "--nproc 2 or more"),
+    **{f"train.{n}": None for n in ("steps", "seq_len", "global_batch", "micro_batch",
+                                    "microbatches", "lr", "lr_scaling", "min_lr_ratio",
+                                    "warmup_steps", "weight_decay", "beta1", "beta2",
+                                    "grad_clip", "seed", "dtype", "val_batches", "log_every",
+                                    "out", "tensorboard", "init_from")},
+    "train.lr_base_batch": Effect(
+        lambda c: c.train.lr_scaling != "none", "--lr-scaling linear or sqrt"
+    ),
+    "train.loss_scale": Effect(lambda c: compute_dtype(c) == "float16", "--dtype float16"),
+    "train.trace": _PIPELINE,
+    **{f"train.{n}": _SYNC for n in ("recompute", "checkpoint_every", "keep_checkpoints",
+                                     "resume", "max_skipped_steps")},
+    "train.rewarmup_steps": Effect(
+        lambda c: bool(c.train.resume) or c.parallel.max_restarts > 0,
+        "--resume or --max-restarts (a changed world size re-warms the rate)",
+    ),
+    "data.path": None,
+    "data.tokenizer": None,
+    "data.val_fraction": Effect(
+        lambda c: not (c.data.path and (Path(c.data.path) / "meta.json").is_file()),
+        "text or a .bin (a prepared directory has its own held-out split)",
+    ),
+}  # fmt: skip

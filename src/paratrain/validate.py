@@ -17,8 +17,10 @@ from paratrain.config import (
     BACKENDS,
     COMM_ALGOS,
     COMPUTE_DTYPES,
+    DC_MODES,
     DEVICES,
     DP_MODES,
+    EFFECTS,
     GELUS,
     LR_SCALINGS,
     RECOMPUTE_MODES,
@@ -128,6 +130,10 @@ def _check_comm(cfg: RunConfig) -> None:
         raise ValueError(
             f"--dc-lambda {p.dc_lambda} and --staleness-bound {p.staleness_bound} must be >= 0"
         )
+    if p.dc_mode not in DC_MODES:
+        raise ValueError(f"--dc-mode {p.dc_mode!r}; valid: {', '.join(DC_MODES)}")
+    if not 0.0 <= p.dc_decay < 1.0:  # written so that NaN fails
+        raise ValueError(f"--dc-decay {p.dc_decay} must be in [0, 1)")
     if t.lr_scaling not in LR_SCALINGS:
         raise ValueError(f"--lr-scaling {t.lr_scaling!r}; valid: {', '.join(LR_SCALINGS)}")
     if t.recompute not in RECOMPUTE_MODES:
@@ -342,3 +348,25 @@ def _check_data(cfg: RunConfig) -> None:
             f"model.vocab_size = {cfg.model.vocab_size} is too small for byte-level text; "
             "use at least 256"
         )
+
+
+def check_effective(cfg: RunConfig, given: dict[str, str]) -> None:
+    """Refuse a field given explicitly (`given`: 'section.name' -> its flag, or "in FILE") with a
+    value other than its default where it has no effect (config.EFFECTS says when)."""
+    for key, how in given.items():
+        effect = EFFECTS[key]
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if effect is None or effect.applies(cfg) or value == _default(section, name):
+            continue
+        if not how.startswith("--"):
+            given_as = f"{key} = {value!r} {how}"
+        elif isinstance(value, bool):
+            given_as = how if value else f"--no-{how[2:]}"
+        else:
+            given_as = f"{how} {value}"
+        raise ValueError(f"{given_as} has no effect here: it needs {effect.needs}")
+
+
+def _default(section: str, name: str) -> object:
+    return getattr(SECTIONS[section](), name)

@@ -8,7 +8,8 @@ for it), the data (what was checked), and the planner's summary for rank 0.
 
 from __future__ import annotations
 
-from paratrain.config import RunConfig, to_toml
+from paratrain.config import RunConfig
+from paratrain.config_toml import to_toml
 from paratrain.mesh import AXES, MeshShape
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.train.prediction import MB, describe, predict

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.config import RunConfig, from_toml_text
+from paratrain.config import RunConfig
+from paratrain.config_toml import from_toml_text
 from paratrain.models.generate import generate
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.train import checkpoint

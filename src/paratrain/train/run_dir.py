@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 import paratrain
-from paratrain.config import RunConfig, to_toml
+from paratrain.config import RunConfig
+from paratrain.config_toml import to_toml
 from paratrain.train.data import TokenData
 from paratrain.train.metrics import StepMetrics
 
