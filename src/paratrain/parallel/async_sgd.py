@@ -9,6 +9,10 @@ batch. A gradient computed on parameters that are `s` updates old has staleness 
 Delay compensation (DC-ASGD, Zheng et al. 2017, arXiv:1609.08326) corrects a stale gradient
 with a first-order Taylor term, approximating the Hessian by lambda * g * g:
     g_corrected = g + lambda * g * g * (w_now - w_pulled)
+DC-ASGD-c keeps lambda constant; DC-ASGD-a divides it, per coordinate, by the root of a
+moving average of g * g, so that one lambda0 suits coordinates whose gradients differ in
+scale by orders of magnitude (the authors' implementation: microsoft/Delayed-Compensation-
+Asynchronous-Stochastic-Gradient-Descent-for-Multiverso, dcasgda_updater.h).
 A staleness bound drops gradients older than the bound (the worker then gets fresh
 parameters and recomputes), trading wasted work for freshness.
 
@@ -30,17 +34,67 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.config import DC_MODES
 
 STOP = -1.0
+DC_MEAN_SQUARE_EPS = 1e-7  # inside the root, as in the authors' updater (module docstring)
 
 
 def dc_asgd_correct(
-    grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor, lam: float
+    grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor, lam: float | torch.Tensor
 ) -> torch.Tensor:
-    """g + lambda * g * g * (w_now - w_pulled); lambda = 0 leaves g unchanged."""
-    if lam == 0.0:
+    """g + lambda * g * g * (w_now - w_pulled); lambda = 0 leaves g unchanged.
+
+    lam: a number (DC-ASGD-c) or one value per coordinate (DC-ASGD-a's lambda_t).
+    """
+    if not isinstance(lam, torch.Tensor) and lam == 0.0:
         return grad
     return grad + lam * grad * grad * (w_now - w_pulled)
+
+
+def dc_mean_square(mean_square: torch.Tensor, grad: torch.Tensor, decay: float) -> torch.Tensor:
+    """MeanSquare(t) = m * MeanSquare(t-1) + (1 - m) * g * g (arXiv:1609.08326, DC-ASGD-a)."""
+    return decay * mean_square + (1.0 - decay) * grad * grad
+
+
+def dc_adaptive_lambda(mean_square: torch.Tensor, lam0: float) -> torch.Tensor:
+    """lambda_t = lambda0 / sqrt(MeanSquare(t)) per coordinate (arXiv:1609.08326, DC-ASGD-a).
+
+    No bias correction of the zero start, as in the paper and the authors' updater: the
+    first ~1 / (1 - m) updates get a larger lambda_t.
+    """
+    return lam0 / torch.sqrt(mean_square + DC_MEAN_SQUARE_EPS)
+
+
+@dataclass
+class DelayCompensation:
+    """DC-ASGD as the server applies it: constant lambda, or DC-ASGD-a's lambda_t with the
+    mean square of every applied gradient (one average for the server, as MeanSquare(t) is
+    indexed by the server's update t; the authors' updater keeps one per worker). Adaptive
+    costs the server one more flat copy of the parameters."""
+
+    lam: float = 0.0
+    mode: str = "constant"  # or "adaptive" (config.DC_MODES)
+    decay: float = 0.95  # m of the mean square, adaptive only
+    mean_square: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in DC_MODES:
+            raise ValueError(f"DC-ASGD mode {self.mode!r}; valid: {', '.join(DC_MODES)}")
+
+    def __call__(
+        self, grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor
+    ) -> torch.Tensor:
+        if self.lam == 0.0:
+            return grad
+        if self.mode == "constant":
+            return dc_asgd_correct(grad, w_now, w_pulled, self.lam)
+        if self.mean_square is None:
+            self.mean_square = torch.zeros_like(grad)
+        # This gradient enters the average before its own lambda_t, as in the updater.
+        self.mean_square = dc_mean_square(self.mean_square, grad, self.decay)
+        lam_t = dc_adaptive_lambda(self.mean_square, self.lam)
+        return dc_asgd_correct(grad, w_now, w_pulled, lam_t)
 
 
 @dataclass(frozen=True)
@@ -59,6 +113,7 @@ class Update:
 class ServerReport:
     updates: list[Update] = field(default_factory=list)
     dropped: int = 0  # gradients refused by the staleness bound
+    compensation: str = "none"  # DC-ASGD as applied: "none", "constant" or "adaptive"
 
     def pushes_by_worker(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -104,14 +159,14 @@ class _Server:
         groups: tuple[comm.CommGroup, comm.CommGroup],
         set_lr: Callable[[int], None],
         clip: Callable[[], float],
-        dc_lambda: float,
+        compensate: DelayCompensation,
     ) -> None:
         self.model, self.optimizer = model, optimizer
         self.group, self.control = groups
-        self.set_lr, self.clip, self.dc_lambda = set_lr, clip, dc_lambda
+        self.set_lr, self.clip, self.compensate = set_lr, clip, compensate
         self.version = 0
         self.pulled: dict[int, torch.Tensor] = {}  # worker -> the parameters it was sent
-        self.report = ServerReport()
+        self.report = ServerReport(compensation=compensate.mode if compensate.lam else "none")
         self.start = time.perf_counter()
 
     def reply(self, worker: int, batch: float) -> None:
@@ -127,7 +182,7 @@ class _Server:
         _, batch, loss, tokens = header
         index = len(self.report.updates)
         self.set_lr(index)
-        grad = dc_asgd_correct(grad, _flat_params(self.model), self.pulled[worker], self.dc_lambda)
+        grad = self.compensate(grad, _flat_params(self.model), self.pulled[worker])
         _set_grads(self.model, grad)
         norm = self.clip()
         self.optimizer.step()
@@ -148,14 +203,19 @@ def serve(
     clip: Callable[[], float],
     dc_lambda: float = 0.0,
     staleness_bound: int = 0,
+    dc_mode: str = "constant",
+    dc_decay: float = 0.95,
 ) -> ServerReport:
     """Run the parameter server on group rank 0 until `total_updates` have been applied.
 
     clip: called with the pushed gradient in `.grad`; clips it, returns its norm before.
     control: the host-side (gloo) group of the same ranks as `group`, for the headers.
+    dc_lambda, dc_mode, dc_decay: DC-ASGD's lambda (lambda0 when adaptive), constant or
+    adaptive, and the adaptive mean square's decay m.
     """
     _check_same_ranks(group, control)
-    server = _Server(model, optimizer, (group, control), set_lr, clip, dc_lambda)
+    compensate = DelayCompensation(dc_lambda, dc_mode, dc_decay)
+    server = _Server(model, optimizer, (group, control), set_lr, clip, compensate)
     workers = [r for r in range(group.size) if r != group.rank]
     numel = sum(p.numel() for p in model.parameters())
     device = next(model.parameters()).device

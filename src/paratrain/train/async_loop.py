@@ -71,6 +71,8 @@ def _serve(cfg, groups, model, data, on_step) -> TrainResult:
         clip,
         p.dc_lambda,
         p.staleness_bound,
+        dc_mode=p.dc_mode,
+        dc_decay=p.dc_decay,
     )
     metrics = _step_metrics(report, workers, lr)
     for m in metrics:
@@ -92,6 +94,7 @@ def async_summary(report: ServerReport) -> dict:
     return {
         "updates": len(report.updates),
         "dropped": report.dropped,
+        "compensation": report.compensation,
         "pushes_by_worker": report.pushes_by_worker(),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness_max": max(staleness, default=0),
