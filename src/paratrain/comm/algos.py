@@ -27,3 +27,15 @@ def choose_algo(group: CommGroup, algo: str | None, op: str) -> str:
             return "native"
         raise ValueError(f"{op} has no {chosen!r} algorithm; valid: {', '.join(valid)}")
     return chosen
+
+OTHER_OPS = ("gather", "scatter", "send/recv")  # the backend's own, whatever the default
+
+
+def algorithms_line(default: str) -> str:
+    """Which ops run which algorithm under a run-wide default: said at start, since an op
+    without the default's algorithm falls back to the backend's."""
+    ours = [op for op, algos in OUR_ALGOS.items() if default in algos]
+    native = [op for op, algos in OUR_ALGOS.items() if default not in algos] + list(OTHER_OPS)
+    if default == "native":
+        return "collectives: every op native (the backend's own)"
+    return f"collectives: {default} for {', '.join(ours)}; native for {', '.join(native)}"

@@ -8,6 +8,7 @@ for it), the data (what was checked), and the planner's summary for rank 0.
 
 from __future__ import annotations
 
+from paratrain.comm.algos import algorithms_line
 from paratrain.config import RunConfig
 from paratrain.config_toml import to_toml
 from paratrain.mesh import AXES, MeshShape
@@ -34,6 +35,6 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
             state, sent = pred.model_state[rank]["total"], sum(pred.bytes_per_step[rank].values())
             line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
         lines.append(line)
-    lines += ["", f"# data: {data}"]
+    lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]
     lines += ["", "# plan"] + (describe(pred) if pred is not None else ["async: not predicted"])
     return lines

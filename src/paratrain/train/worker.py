@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain import comm
+from paratrain.comm.algos import algorithms_line
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
 from paratrain.mesh import Mesh
@@ -192,6 +193,8 @@ def _train_and_record(
         rd.write_provenance(run_dir, cfg, data, cfg.world_size)
         keep_tokenizer(cfg, run_dir)  # sample and eval decode with it
         log.info("data: %s", data.description)
+        if cfg.parallel.comm_algo != "native":
+            log.info("%s", algorithms_line(cfg.parallel.comm_algo))
         log.info("run directory: %s", run_dir)
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
