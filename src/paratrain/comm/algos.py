@@ -28,6 +28,7 @@ def choose_algo(group: CommGroup, algo: str | None, op: str) -> str:
         raise ValueError(f"{op} has no {chosen!r} algorithm; valid: {', '.join(valid)}")
     return chosen
 
+
 OTHER_OPS = ("gather", "scatter", "send/recv")  # the backend's own, whatever the default
 
 
