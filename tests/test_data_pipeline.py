@@ -1,9 +1,12 @@
 """Tokenizers and prepared token shards: a BPE trained here, `paratrain prepare` run,
-interrupted and run again, shards read through memory maps in constant memory, and bad
-shards refused before any worker starts."""
+interrupted and run again, small files grouped into jobs and a large JSON-lines file cut
+into several, each giving the token streams of encoding one document at a time, shards
+read through memory maps in constant memory, and bad shards refused before any worker
+starts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -19,7 +22,13 @@ from paratrain.cli import main
 from paratrain.models.generate import next_token
 from paratrain.train.data import BatchSampler, load_tokens
 from paratrain.train.prepare import ShardedTokens, prepare
-from paratrain.train.tokenizer import EOT, load_tokenizer, padded_vocab, train_tokenizer
+from paratrain.train.tokenizer import (
+    EOT,
+    load_tokenizer,
+    padded_vocab,
+    text_files,
+    train_tokenizer,
+)
 
 CORPUS = Path(json.__file__).parent  # the json package's sources: a few files of real text
 
@@ -31,16 +40,40 @@ def tokenizer(tmp_path_factory) -> Path:
     return out
 
 
-def _corpus(tmp: Path, files: int, copies: int = 1) -> Path:
-    """A folder of text files and one JSON-lines file of documents."""
+def _corpus(tmp: Path, files: int, copies: int = 1, rows: int = 15) -> Path:
+    """A folder of text files and one JSON-lines file of `rows` documents."""
     root = tmp / "corpus"
     root.mkdir()
     texts = [f.read_text() for f in sorted(CORPUS.glob("*.py"))]
     for i in range(files):
         (root / f"doc{i:03d}.txt").write_text(texts[i % len(texts)] * copies + f"\n# {i}\n")
-    rows = [{"text": t[:500] + f" {i}"} for i, t in enumerate(texts * 3)]
-    (root / "more.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = [json.dumps({"text": texts[i % len(texts)][:500] + f" {i}"}) for i in range(rows)]
+    (root / "more.jsonl").write_text("".join(line + "\n" for line in lines))
     return root
+
+
+def _expected_streams(data: Path, tokenizer: Path, val_fraction: float) -> dict[str, list[int]]:
+    """The train and val streams by the rule, one document encoded at a time: the sorted
+    files, a text file one document, a JSON-lines line one unless blank, document n of a
+    file held out when sha256 of "file:n" says so."""
+    tok = load_tokenizer(tokenizer)
+    root, files = (data, text_files(data)) if data.is_dir() else (data.parent, [data])
+    streams: dict[str, list[int]] = {"train": [], "val": []}
+    for f in files:
+        if f.suffix == ".jsonl":
+            docs = [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+        else:
+            docs = [f.read_text(errors="replace")]
+        for n, text in enumerate(docs):
+            digest = hashlib.sha256(f"{f.relative_to(root).as_posix()}:{n}".encode()).digest()
+            held_out = int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
+            streams["val" if held_out else "train"] += tok.encode(text).ids + [tok.token_to_id(EOT)]
+    return streams
+
+
+def _streams(out: Path) -> dict[str, list[int]]:
+    data = load_tokens(str(out))
+    return {"train": data.train[:].tolist(), "val": data.val[:].tolist()}
 
 
 def test_a_trained_tokenizer_round_trips_any_text(tokenizer):
@@ -62,14 +95,58 @@ def test_prepare_writes_documents_with_end_of_text_and_a_held_out_split(tmp_path
     assert int(train[-1]) == eot  # every document ends with it
 
 
+def test_many_small_files_make_fewer_shards_with_the_streams_of_one_document_at_a_time(
+    tmp_path, tokenizer
+):
+    corpus = _corpus(tmp_path, 40)
+    meta = prepare(corpus, tokenizer, tmp_path / "data", 0.2, 1, False, job_bytes=50_000)
+    assert 1 < len(meta["shards"]) < 41  # 41 files, a few jobs
+    assert len(list((tmp_path / "data").glob("shard_*.json"))) == len(meta["shards"])
+    expected = _expected_streams(corpus, tokenizer, 0.2)
+    assert expected["val"] and _streams(tmp_path / "data") == expected
+    one_job = prepare(corpus, tokenizer, tmp_path / "one", 0.2, 1, progress=False)
+    assert len(one_job["shards"]) == 1 and _streams(tmp_path / "one") == expected
+
+
+def test_a_large_json_lines_file_is_cut_into_jobs_that_encode_like_the_whole_file(
+    tmp_path, tokenizer
+):
+    texts = [f.read_text() for f in sorted(CORPUS.glob("*.py"))]
+    lines = [json.dumps({"text": texts[i % 5][: 50 + 37 * i % 900] + f" {i}"}) for i in range(300)]
+    lines[40:40] = ["", "   "]  # blank: not documents, yet lines (the n of the split key)
+    lines[200] = json.dumps({"text": "long " * 3000})  # one line over a job's bytes
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(line + "\n" for line in lines))
+    meta = prepare(big, tokenizer, tmp_path / "cut", 0.2, 2, False, job_bytes=8192)
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "cut").glob("shard_*"))]
+    ranges = [tuple(piece[1:]) for r in records for piece in r["inputs"]]
+    assert len(meta["shards"]) > 4 and ranges[0][0] == 0 and ranges[-1][1] == big.stat().st_size
+    raw = big.read_bytes()
+    for (_, end), (start, _) in zip(ranges[:-1], ranges[1:], strict=True):  # at line starts
+        assert end == start and raw[start - 1 : start] == b"\n"
+    expected = _expected_streams(big, tokenizer, 0.2)
+    assert expected["val"] and _streams(tmp_path / "cut") == expected
+    whole = prepare(big, tokenizer, tmp_path / "whole", 0.2, 1, progress=False)
+    assert len(whole["shards"]) == 1 and _streams(tmp_path / "whole") == expected
+    assert (whole["documents"], whole["tokens"]) == (meta["documents"], meta["tokens"])
+
+
+PREPARE = """import sys
+from pathlib import Path
+from paratrain.train.prepare import prepare
+data, tok, out = map(Path, sys.argv[1:4])
+prepare(data, tok, out, 0.1, 1, progress=False, job_bytes=int(sys.argv[4]))
+"""
+
+
 def test_an_interrupted_prepare_run_again_writes_the_same_shards(tmp_path, tokenizer):
-    corpus = _corpus(tmp_path, 120, copies=4)
+    corpus = _corpus(tmp_path, 120, copies=4, rows=1000)  # ~40 kB a file, a 520 kB .jsonl
+    job_bytes = 100_000  # ~2 text files a job, ~5 jobs for the .jsonl
     whole = tmp_path / "whole"
-    prepare(corpus, tokenizer, whole, 0.1, 1, progress=False)
+    meta = prepare(corpus, tokenizer, whole, 0.1, 1, progress=False, job_bytes=job_bytes)
+    assert len(meta["shards"]) < 121
     cut = tmp_path / "cut"
-    cmd = [sys.executable, "-m", "paratrain", "prepare", "--data", str(corpus)]
-    cmd += ["--tokenizer", str(tokenizer), "--out", str(cut), "--workers", "1"]
-    cmd += ["--val-fraction", "0.1"]
+    cmd = [sys.executable, "-c", PREPARE, str(corpus), str(tokenizer), str(cut), str(job_bytes)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while len(list(cut.glob("shard_*.json"))) < 3 and time.monotonic() < deadline:
@@ -78,8 +155,8 @@ def test_an_interrupted_prepare_run_again_writes_the_same_shards(tmp_path, token
     proc.wait()
     assert not (cut / "meta.json").exists(), "it finished before the kill: nothing was tested"
     finished = {p: p.stat().st_mtime_ns for p in cut.glob("shard_*.json")}
-    assert 3 <= len(finished) < 121
-    prepare(corpus, tokenizer, cut, 0.1, 2, progress=False)  # again, now with 2 workers
+    assert 3 <= len(finished) < len(meta["shards"])
+    prepare(corpus, tokenizer, cut, 0.1, 2, False, job_bytes)  # again, now with 2 workers
     assert {p: p.stat().st_mtime_ns for p in finished} == finished  # not redone
     names = sorted(p.name for p in whole.iterdir())
     assert names == sorted(p.name for p in cut.iterdir())
@@ -88,7 +165,7 @@ def test_an_interrupted_prepare_run_again_writes_the_same_shards(tmp_path, token
 
 
 def test_shards_read_like_the_whole_stream_in_the_same_order(tmp_path, tokenizer):
-    prepare(_corpus(tmp_path, 8), tokenizer, tmp_path / "data", 0.1, 1, progress=False)
+    prepare(_corpus(tmp_path, 8), tokenizer, tmp_path / "data", 0.1, 1, False, job_bytes=20_000)
     sharded = load_tokens(str(tmp_path / "data")).train
     assert isinstance(sharded, ShardedTokens) and len(sharded.maps) > 1
     whole = sharded[:]
@@ -155,11 +232,11 @@ def test_a_truncated_shard_or_another_tokenizer_is_refused_before_any_worker(
     args = ["train", "--data", str(tmp_path / "data"), "--nproc", "1", "--steps", "1"]
     assert main([*args, "--tokenizer", str(other), "--out", str(tmp_path / "r1")]) == 2
     assert "is not the one" in capsys.readouterr().err
-    shard = tmp_path / "data" / "train_00001.bin"
+    shard = tmp_path / "data" / "train_00000.bin"  # the one job of these 5 small files
     shard.write_bytes(shard.read_bytes()[:-3])
     assert main([*args, "--out", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err
-    assert "train_00001.bin" in err and len(err.strip().splitlines()) == 1
+    assert "train_00000.bin" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 

@@ -3,16 +3,23 @@ maps, so a corpus larger than memory trains in constant memory.
 
     paratrain prepare --data corpus/ --tokenizer tokenizer.json --out data/corpus
 
-Input: a text file, a JSON-lines file (each line's `text`), or a folder of them. Each input
-file is one job, run in parallel worker processes; its documents are encoded with the
-tokenizer, `<|endoftext|>` after each, and go to the held-out split when the hash of
-(file, line) says so (a document's split never depends on the others). A job writes
-`train_NNNNN.bin` and `val_NNNNN.bin` (uint16 ids when the vocabulary fits, else uint32)
-and then its `shard_NNNNN.json`: documents, tokens and each document's length. A job whose
-record is there and whose files have the recorded sizes is done; an interrupted run, run
-again, does only the rest and writes the same bytes as an uninterrupted one. `meta.json`
-(the tokenizer's hash, the vocabulary, the dtype, every shard's counts) is written last:
-a directory without it is not a data set.
+Input: a text file, a JSON-lines file (each line's `text`), or a folder of them. The
+sorted inputs are cut into pieces, a whole file each, except that a JSON-lines file over
+JOB_BYTES is cut at line starts into runs of lines of at least JOB_BYTES; consecutive
+pieces are then grouped into jobs of at most JOB_BYTES (a larger piece is a job of its
+own). So the jobs depend only on the sorted listing, the file sizes and where a large
+file's lines start, never on the worker count or on timing. Worker processes, each with
+the tokenizer loaded once, run the jobs. A job encodes its documents, `<|endoftext|>`
+after each, and sends one to the held-out split when the hash of (file, n) says so, n
+counting the documents from the start of the file, whichever piece holds it (a
+document's split never depends on the others or on the cuts). Job k writes
+`train_k.bin` and `val_k.bin` (k as five digits; uint16 ids when the vocabulary fits,
+else uint32) and then its record `shard_k.json`: the pieces it read, documents, tokens
+and each document's length. The shards, read in order, hold the documents in the sorted
+inputs' order. A job whose record names its pieces and whose files have the recorded
+sizes is done; an interrupted run, run again, does only the rest and writes the same
+bytes as an uninterrupted one. `meta.json` (the tokenizer's hash, the vocabulary, the
+dtype, every shard's counts) is written last: a directory without it is not a data set.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import multiprocessing
 import os
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +43,10 @@ from paratrain.train.tokenizer import EOT, eot_id, load_tokenizer, text_files
 META = "meta.json"
 TOKENIZER_COPY = "tokenizer.json"
 SPLITS = ("train", "val")
+# Input bytes per job: a few seconds of encoding, beside which a job's own costs (a round
+# trip to a worker, three files) vanish; a few hundred MB still make dozens of jobs for
+# the workers to share, and an interrupted run loses at most one job per worker.
+JOB_BYTES = 8 << 20
 
 
 def _inputs(path: Path) -> list[Path]:
@@ -53,28 +65,94 @@ def _held_out(key: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
 
 
-def _documents(f: Path) -> list[str]:
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [start, end) of one input file: all of it, or a run of whole lines."""
+
+    source: str  # the input file
+    key: str  # its path relative to --data: its documents' split is hashed from it
+    start: int
+    end: int
+    first_doc: int = 0  # documents before `start` (a document's n counts from the file's start)
+    first_line: int = 1  # the line at `start`, for error messages
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _pieces(f: Path, key: str, job_bytes: int) -> list[Piece]:
+    size = f.stat().st_size
+    if f.suffix != ".jsonl" or size <= job_bytes:
+        return [Piece(str(f), key, 0, size)]
+    pieces, start, first_doc, first_line = [], 0, 0, 1
+    at, docs, lines = 0, 0, 0
+    with f.open("rb") as rows:
+        for row in rows:  # lines end at b"\n" only, as _documents reads them
+            if at - start >= job_bytes:
+                pieces.append(Piece(str(f), key, start, at, first_doc, first_line))
+                start, first_doc, first_line = at, docs, lines + 1
+            at, docs, lines = at + len(row), docs + bool(row.strip()), lines + 1
+    return [*pieces, Piece(str(f), key, start, at, first_doc, first_line)]
+
+
+def _group(pieces: list[Piece], job_bytes: int) -> list[tuple[Piece, ...]]:
+    """Consecutive pieces, in order, up to job_bytes a job (a larger piece alone)."""
+    jobs: list[tuple[Piece, ...]] = []
+    current: list[Piece] = []
+    held = 0  # current's bytes
+    for p in pieces:
+        if current and held + p.size > job_bytes:
+            jobs.append(tuple(current))
+            current, held = [], 0
+        current.append(p)
+        held += p.size
+    return [*jobs, tuple(current)] if current else jobs
+
+
+def _documents(p: Piece) -> Iterator[tuple[str, str]]:
+    """(split key, text) of each document of a piece: a text file is one document, a
+    JSON-lines line one unless blank."""
+    f = Path(p.source)
     if f.suffix != ".jsonl":
-        return [f.read_text(errors="replace")]
-    docs = []
-    for n, line in enumerate(f.read_text().splitlines(), start=1):
-        if line.strip():
-            row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{f}:{n}: a JSON-lines document needs a string field 'text'")
-            docs.append(row["text"])
-    return docs
+        yield f"{p.key}:0", f.read_text(errors="replace")
+        return
+    with f.open("rb") as rows:
+        rows.seek(p.start)
+        data = rows.read(p.end - p.start)
+    n = p.first_doc
+    for number, row in enumerate(data.split(b"\n"), start=p.first_line):
+        if row.strip():
+            yield f"{p.key}:{n}", _text(row, f, number)
+            n += 1
+
+
+def _text(row: bytes, f: Path, number: int) -> str:
+    try:
+        doc = json.loads(row.decode())
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise ValueError(f"{f}:{number}: not a line of JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+        raise ValueError(f"{f}:{number}: a JSON-lines document needs a string field 'text'")
+    return doc["text"]
 
 
 @dataclass(frozen=True)
 class Job:
     index: int
-    source: str  # the input file
-    key: str  # its path relative to --data: the documents' split is hashed from it
+    pieces: tuple[Piece, ...]
     out: str
-    tokenizer: str
     dtype: str
     val_fraction: float
+
+    @property
+    def inputs(self) -> list[list[Any]]:
+        """What the job reads, as its record lists it."""
+        return [[p.key, p.start, p.end] for p in self.pieces]
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.pieces)
 
 
 def _record(job: Job) -> Path:
@@ -87,25 +165,25 @@ def _done(job: Job) -> bool:
         return False
     counts = json.loads(record.read_text())
     itemsize = np.dtype(job.dtype).itemsize
-    return all(
+    return counts.get("inputs") == job.inputs and all(
         (Path(job.out) / counts[s]["file"]).is_file()
         and (Path(job.out) / counts[s]["file"]).stat().st_size == counts[s]["tokens"] * itemsize
         for s in SPLITS
     )
 
 
-def run_job(job: Job) -> dict[str, Any]:
-    """Encode one input file into its train and val shards, then record them."""
-    tokenizer = load_tokenizer(Path(job.tokenizer))
+def run_job(job: Job, tokenizer: Any) -> dict[str, Any]:
+    """Encode one job's documents into its train and val shards, then record them."""
     eot = eot_id(tokenizer)
     ids: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     lengths: dict[str, list[int]] = {s: [] for s in SPLITS}
-    for n, text in enumerate(_documents(Path(job.source))):
-        split = "val" if _held_out(f"{job.key}:{n}", job.val_fraction) else "train"
-        doc = tokenizer.encode(text).ids + [eot]
-        ids[split].append(np.asarray(doc, dtype=job.dtype))
-        lengths[split].append(len(doc))
-    counts = {}
+    # One document a call: encode_batch spent the same CPU per token here (4 MB of the
+    # standard library), and its threads would only compete with the other workers.
+    for key, text in (doc for p in job.pieces for doc in _documents(p)):
+        split = "val" if _held_out(key, job.val_fraction) else "train"
+        ids[split].append(np.asarray(tokenizer.encode(text).ids + [eot], dtype=job.dtype))
+        lengths[split].append(len(ids[split][-1]))
+    counts: dict[str, Any] = {"inputs": job.inputs}
     for s in SPLITS:
         name = f"{s}_{job.index:05d}.bin"
         tmp = Path(job.out) / (name + ".tmp")
@@ -127,11 +205,14 @@ def prepare(
     val_fraction: float = 0.05,
     workers: int = 0,
     progress: bool = True,
+    job_bytes: int = JOB_BYTES,
 ) -> dict[str, Any]:
     """Tokenize `data` into shards in `out` (resuming a run interrupted there); return
     meta.json's contents."""
     if not 0 <= val_fraction < 1:  # written so that NaN fails
         raise ValueError(f"--val-fraction {val_fraction}: at least 0 and below 1")
+    if job_bytes < 1:
+        raise ValueError(f"job_bytes {job_bytes}: at least 1")
     tokenizer = load_tokenizer(tokenizer_file)
     if eot_id(tokenizer) is None:
         raise ValueError(f"--tokenizer {str(tokenizer_file)!r} has no {EOT} token")
@@ -142,25 +223,21 @@ def prepare(
     out.mkdir(parents=True, exist_ok=True)
     started = out / "prepare.json"  # what an interrupted run was doing: it must not change
     settings = {"data": str(data.resolve()), "tokenizer_sha256": digest, "val": val_fraction}
+    settings["job_bytes"] = job_bytes  # the jobs' boundaries follow from it
     if started.is_file() and json.loads(started.read_text()) != settings:
         raise ValueError(f"--out {out} holds an interrupted prepare of other inputs")
     started.write_text(json.dumps(settings) + "\n")
     dtype = "uint16" if vocab <= 2**16 else "uint32"
     root = data if data.is_dir() else data.parent
+    pieces = [
+        p for f in _inputs(data) for p in _pieces(f, f.relative_to(root).as_posix(), job_bytes)
+    ]
     jobs = [
-        Job(
-            i,
-            str(f),
-            f.relative_to(root).as_posix(),
-            str(out),
-            str(tokenizer_file),
-            dtype,
-            val_fraction,
-        )  # fmt: skip
-        for i, f in enumerate(_inputs(data))
+        Job(i, group, str(out), dtype, val_fraction)
+        for i, group in enumerate(_group(pieces, job_bytes))
     ]
     todo = [j for j in jobs if not _done(j)]
-    _run(todo, workers or min(len(todo), os.cpu_count() or 1), progress)
+    _run(todo, workers or min(len(todo), os.cpu_count() or 1), tokenizer_file, progress)
     shards = [json.loads(_record(j).read_text()) for j in jobs]
     meta = {
         "tokenizer_sha256": digest,
@@ -180,22 +257,40 @@ def prepare(
     return meta
 
 
-def _run(jobs: list[Job], workers: int, progress: bool) -> None:
+# A worker process's tokenizer: set once by _start_worker, before its first job, so that
+# the file is read once per worker and not once per job.
+_WORKER: dict[str, Any] = {}
+
+
+def _start_worker(tokenizer_file: str) -> None:
+    _WORKER["tokenizer"] = load_tokenizer(Path(tokenizer_file))
+
+
+def _run_in_worker(job: Job) -> None:
+    run_job(job, _WORKER["tokenizer"])
+
+
+def _run(jobs: list[Job], workers: int, tokenizer_file: Path, progress: bool) -> None:
     if not jobs:
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=len(jobs), unit="file", disable=not progress, desc="prepare")
+    total = sum(j.size for j in jobs)
+    bar = tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="prepare")
     if workers <= 1:
+        tokenizer = load_tokenizer(tokenizer_file)
         for job in jobs:
-            run_job(job)
-            bar.update()
+            run_job(job, tokenizer)
+            bar.update(job.size)
     else:  # spawned, not forked: the tokenizer library's threads do not survive a fork
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for done in as_completed([pool.submit(run_job, job) for job in jobs]):
+        with ProcessPoolExecutor(
+            workers, context, initializer=_start_worker, initargs=(str(tokenizer_file),)
+        ) as pool:
+            running = {pool.submit(_run_in_worker, job): job for job in jobs}
+            for done in as_completed(running):
                 done.result()
-                bar.update()
+                bar.update(running[done].size)
     bar.close()
 
 
