@@ -244,7 +244,7 @@ INEFFECTIVE = {
     "model.activation": (["--activation", "gelu_tanh"], LLAMA, []),
     "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
     "parallel.zero2_accumulate": (
-        ["--zero2-accumulate", "shard"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]
+        ["--zero2-accumulate", "full"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]
     ),
     "parallel.schedule": (["--schedule", "gpipe"], [], ["--pp", "2"]),
     "parallel.chunks": (["--chunks", "2"], [], ["--pp", "2", "--schedule", "interleaved"]),
@@ -261,14 +261,12 @@ INEFFECTIVE = {
     "train.lr_base_batch": (["--lr-base-batch", "32"], [], ["--lr-scaling", "linear"]),
     "train.loss_scale": (["--loss-scale", "1024"], [], ["--dtype", "float16"]),
     "train.trace": (["--trace"], [], ["--pp", "2"]),
-    "train.recompute": (["--recompute", "full"], ASYNC, []),
-    "train.checkpoint_every": (["--checkpoint-every", "5"], ASYNC, []),
-    "train.keep_checkpoints": (["--keep-checkpoints", "1"], ASYNC, []),
     "train.max_skipped_steps": (["--max-skipped-steps", "5"], ASYNC, []),
-    "train.rewarmup_steps": (["--rewarmup-steps", "5"], [], ["--max-restarts", "1"]),
+    "train.rewarmup_steps": (
+        ["--rewarmup-steps", "5"], [*ASYNC, "--max-restarts", "1"], ["--max-restarts", "1"]
+    ),
 }  # fmt: skip
 NEEDS_FILES = {  # tested below with files of their own
-    "train.resume": "a run directory",
     "data.val_fraction": "a prepared directory",
 }
 
@@ -299,6 +297,7 @@ def test_a_default_given_explicitly_is_never_refused(capsys):
     assert (
         _dry_run(["--prefetch", "1", "--loss-scale", "65536", "--schedule", "1f1b"], capsys)[0] == 0
     )
+    assert _dry_run(["--zero2-accumulate", "shard"], capsys)[0] == 0  # ZeRO-2's default
 
 
 def test_a_config_file_key_without_effect_is_refused_naming_the_file(tmp_path, capsys):
@@ -309,12 +308,20 @@ def test_a_config_file_key_without_effect_is_refused_naming_the_file(tmp_path, c
     assert err.endswith(f"parallel.prefetch = 4 in {path} has no effect here: it needs --zero 3")
 
 
-def test_resume_and_a_prepared_directorys_split_are_refused_where_they_do_nothing(tmp_path, capsys):
+def test_checkpoints_resume_and_recompute_are_accepted_in_async(tmp_path, capsys):
+    """They work in both modes now (tests/test_async_checkpoint.py): --resume of a run
+    without checkpoints is refused for that, not for the mode."""
+    flags = ["--recompute", "full", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
+    code, err = _dry_run([*ASYNC, *flags], capsys)
+    assert code == 0, err
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(to_toml(RunConfig()))
-    code, err = _dry_run(["--resume", str(run), "--dp-mode", "async"], capsys)
-    assert code == 2 and "--resume" in err and "needs --dp-mode sync" in err, err
+    code, err = _dry_run(["--resume", str(run), *ASYNC], capsys)
+    assert code == 2 and err.endswith("no complete checkpoint in its checkpoints/"), err
+
+
+def test_a_prepared_directorys_split_is_refused_where_it_does_nothing(tmp_path):
     prepared = tmp_path / "prepared"
     prepared.mkdir()
     (prepared / "meta.json").write_text("{}")

@@ -20,7 +20,8 @@ from torch import nn
 
 from paratrain.comm.watchdog import default_store
 from paratrain.mesh import Mesh
-from paratrain.parallel.async_sgd import DelayCompensation, dc_asgd_correct, serve, work
+from paratrain.parallel.async_sgd import serve, work
+from paratrain.parallel.dc_asgd import DelayCompensation, dc_asgd_correct
 from tests.distributed import run_distributed
 
 F64 = torch.float64

@@ -27,14 +27,14 @@ FACTORIES = {
 HOST_SIDE = {
     ("comm/same_call.py", "_encode", "frombuffer"):
         "the call's signature as bytes; moved to the group's device on the next line",
-    ("parallel/async_sgd.py", "_Server.reply", "tensor"):
+    ("parallel/async_sgd.py", "ParameterServer.reply", "tensor"):
         "header (version, next batch): host-side control message over the gloo group",
-    ("parallel/async_sgd.py", "serve", "empty"):
-        "header buffer of a receive-from-any, which only the gloo control group offers",
+    ("parallel/async_sgd.py", "_Inbox.expect", "empty"):
+        "header buffer of a worker's next push, over the gloo control group",
     ("parallel/async_sgd.py", "work", "empty"):
         "header buffer from the server, over the gloo control group",
     ("parallel/async_sgd.py", "work", "tensor"):
-        "header (version, batch, loss, tokens) to the server, over the gloo control group",
+        "header (version, batch, loss, tokens, stop) to the server, over the gloo control group",
     ("parallel/tensor_parallel_rng.py", "_cpu_state", "Generator"):
         "the CPU random stream's state; CUDA streams are seeded on their device",
     ("train/preemption.py", "Preemption.__call__", "tensor"):

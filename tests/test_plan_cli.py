@@ -43,6 +43,42 @@ def test_json_is_the_last_line_with_the_seeds_numbers(capsys, tmp_path):
     assert data["recommended"]["zero"] == 1
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert "tp1.pp1.dp8.z1" in out  # the table
+    assert "ZeRO-2 assumes" not in out  # the assumption line is for ZeRO-2 layouts only
+
+
+def test_zero2_layout_answers_2n_plus_14n_over_k_by_default(capsys):
+    """Issue 17: `plan --params 7e9 --gpus 8 --dp 8 --zero 2` (G = 512, so K = 64) answers
+    ZeRO-2's model state as the seeds and the ZeRO paper count it, 2N + 14N/k = 14 + 12.25
+    = 26.25 GB, charging accumulate shard (the runtime's default) and saying so in one
+    line; `--zero2-accumulate full` keeps the old answer, 26.25 + the whole gradient 14."""
+    base = ["--params", "7e9", "--gpus", "8", "--dp", "8", "--zero", "2", "--no-chart"]
+    answers = {}
+    for extra in ([], ["--zero2-accumulate", "full"]):
+        code, out, _ = run(capsys, *base, *extra, "--json")
+        assert code == 0
+        (entry,) = json.loads(out.strip().splitlines()[-1])["layouts"]
+        (line,) = [x for x in out.splitlines() if x.startswith("ZeRO-2 assumes")]
+        (row,) = [x for x in out.splitlines() if x.startswith("* tp1.pp1.dp8.z2")]
+        answers[entry["zero2_accumulate"]] = entry, line, row
+    entry, line, row = answers["shard"]
+    assert entry["microbatches"] == 64
+    assert entry["model_state_bytes_per_gpu"] == {
+        "params": 14_000_000_000,
+        "grads": 1_750_000_000,
+        "grad_accumulation": 0,
+        "optimizer": 7_000_000_000,
+        "master": 3_500_000_000,
+        "total": 26_250_000_000,
+    }
+    assert entry["comm_bytes_per_gpu"] == 64 * 12.25e9 + 12.25e9  # K reduce-scatters
+    assert "after every micro-batch (--zero2-accumulate shard" in line and "2N + 14N/k" in line
+    assert row.split()[9] == "26.25"  # the total column ("*", layout, K, ..., act, total)
+    entry, line, row = answers["full"]
+    state = entry["model_state_bytes_per_gpu"]
+    assert (state["grad_accumulation"], state["total"]) == (14_000_000_000, 40_250_000_000)
+    assert entry["comm_bytes_per_gpu"] == 24_500_000_000
+    assert "(--zero2-accumulate full)" in line and "plus 2N (g-acc)" in line
+    assert row.split()[9] == "40.25"
 
 
 def test_zero2_accumulate_flag_charges_one_option_and_shows_the_other(capsys):
@@ -167,20 +203,20 @@ def test_validate_zero_stages_and_zb_h1_match_exactly(capsys):
     carry the paper's volume with S the padded flat buffers."""
     from paratrain.bench.planner.run import run_validation
 
-    cases = ["zero1", "zero2", "zero2-shard", "zero3", "zb-h1"]
+    cases = ["zero1", "zero2-full", "zero2-shard", "zero3", "zb-h1"]
     assert run_validation(steps=2, cases=cases) == 0
     out = capsys.readouterr().out
     assert " NO " not in out and "exact quantities agree" in out
     rows = {tuple(line.split()[:3]): line for line in out.splitlines() if line[:1] != " "}
-    for zero in ("zero1", "zero2", "zero2-shard", "zero3"):
+    for zero in ("zero1", "zero2-full", "zero2-shard", "zero3"):
         for kind in ("params", "grads", "optimizer", "master"):
             assert rows[(zero, "0,1", kind)].split()[6] == "yes"  # the ok column
-    assert "= 2 (k-1) S / k, one sync per step" in rows[("zero2", "0,1", "dp")]
+    assert "= 2 (k-1) S / k, one sync per step" in rows[("zero2-full", "0,1", "dp")]
     # accumulate shard, K = 2: one more reduce-scatter of (k-1)S/k = 1,783,296 bytes
     assert " 5,349,920 " in rows[("zero2-shard", "0,1", "dp")]
     assert "= (K + 1) (k-1) S / k" in rows[("zero2-shard", "0,1", "dp")]
     assert "= K 3 (k-1) S / k" in rows[("zero3", "0,1", "dp")]
-    assert " 1,783,296 " in rows[("zero2", "0,1", "grads")]  # a shard: N / 2 x 4 bytes
+    assert " 1,783,296 " in rows[("zero2-full", "0,1", "grads")]  # a shard: N / 2 x 4 bytes
     assert "1F1B idles 3 (S-1) = 3" in rows[("zb-h1", "all", "idle")]
 
 

@@ -20,7 +20,8 @@ from paratrain.plan.layout import PRECISIONS, Layout, Workload, microbatches_for
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, gpt_param_count, model_preset
 from paratrain.plan.report import zero2_note
 
-MIXED = Workload()  # mixed-precision Adam, 16 bytes per parameter
+MIXED = Workload()  # mixed-precision Adam, 16 bytes per parameter; ZeRO-2 accumulates shard
+FULL = Workload(zero2_accumulate="full")  # ZeRO-2 holding the whole gradient over K
 SEEDS = cluster_preset("seeds-80gb-nvlink300-ib50-1e14")
 
 
@@ -121,8 +122,7 @@ def test_zero_traffic_follows_the_zero_paper_not_the_seeds():
 
 def test_zero3_and_zero2_shard_traffic_grows_with_accumulation():
     model = ModelSpec("1b", n_params=10**9)
-    shard = Workload(zero2_accumulate="shard")
-    cases = ((0, MIXED, False), (1, MIXED, False), (2, MIXED, False), (2, shard, True))
+    cases = ((0, MIXED, False), (1, MIXED, False), (2, FULL, False), (2, MIXED, True))
     for zero, w, grows in (*cases, (3, MIXED, True)):
         one = sum(e.bytes for e in comm.dp_traffic(model, w, Layout(dp=4, zero=zero), SEEDS, 1))
         many = sum(e.bytes for e in comm.dp_traffic(model, w, Layout(dp=4, zero=zero), SEEDS, 8))
@@ -137,7 +137,7 @@ def test_zero2_accumulation_both_options_7b_on_8_gpus_k8():
       peak (26.25 at the step boundary, the seeds' figure), traffic 12.25 + 12.25 = 24.5 GB;
     shard: 26.25 GB, traffic 8 x 12.25 + 12.25 = 110.25 GB, of it 98 GB gradients."""
     model, lay, k = model_preset("7b"), Layout(dp=8, zero=2), 8
-    full, shard = MIXED, Workload(zero2_accumulate="shard")
+    full, shard = FULL, MIXED
     s_full = memory.model_state_bytes(model.params, full, lay, k)
     s_shard = memory.model_state_bytes(model.params, shard, lay, k)
     assert (s_full.grads, s_full.grad_accumulation) == (1.75e9, 14e9)
@@ -212,7 +212,12 @@ def test_activations_korthikanti_counts():
     s, b, h, a = 2048, 1, 4096, 32
     none = memory.layer_activation_bytes(s, b, h, a, 1, "none")
     assert none == s * b * h * (34 + 5 * a * s / h)
-    assert memory.layer_activation_bytes(s, b, h, a, 1, "selective") == s * b * h * 34
+    # Selective as the runtime runs it (parallel/recompute.py), not Korthikanti's 34:
+    # per token 11h 16-bit elements and a logsumexp per head (docs/planner.md).
+    selective = memory.layer_activation_bytes(s, b, h, a, 1, "selective")
+    assert selective == s * b * (2 * 11 * h + 4 * a)
+    tp8 = memory.layer_activation_bytes(s, b, h, a, 8, "selective", sequence_parallel=True)
+    assert tp8 == s * b * (2 * (h / 8 + 2 * h + h) + 4 * a / 8)
     assert memory.layer_activation_bytes(s, b, h, a, 8, "full") == 2 * s * b * h
     tp8 = memory.layer_activation_bytes(s, b, h, a, 8, "none")
     assert tp8 == s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8))
@@ -324,18 +329,17 @@ def test_property_zero_traffic_uses_the_padded_buffer():
         # ZeRO-1 and ZeRO-2 accumulating the whole gradient: one reduce-scatter and one
         # all-gather; ZeRO-2 accumulating into the shard (DeepSpeed): the reduce-scatter
         # after every micro-batch; ZeRO-3: three per micro-batch
-        shard_w = Workload(zero2_accumulate="shard")
         for zero, w, calls in (
             (1, MIXED, 2),
-            (2, MIXED, 2),
-            (2, shard_w, m + 1),
+            (2, FULL, 2),
+            (2, MIXED, m + 1),
             (3, MIXED, 3 * m),
         ):
             lay = Layout(dp=k, zero=zero)
             sent = sum(e.bytes for e in comm.dp_traffic(model, w, lay, SEEDS, m))
             assert sent == calls * (k - 1) * shard * 2  # 2 bytes per element, mixed
             state = memory.model_state_bytes(n, w, lay, m)
-            whole = zero == 2 and w is MIXED and m > 1  # the transient whole gradient
+            whole = zero == 2 and w is FULL and m > 1  # the transient whole gradient
             assert state.grad_accumulation == (2 * n if whole else 0)
             assert state.step_boundary == memory.model_state_bytes(n, w, lay).total
 

@@ -116,8 +116,10 @@ def test_llama_formula_recompute_modes_and_precision():
     m = model_preset("llama3-8b")
     s, h = m.seq_len, m.d_model
     none = memory.llama_layer_activation_bytes(m, 1, 8, "none")
-    # Fused attention keeps no scores: selective recomputation has nothing to drop.
-    assert memory.llama_layer_activation_bytes(m, 1, 8, "selective") == none
+    # Selective (parallel/recompute.py): s b [2 (h + 2h + (2h + 2 d_kv + 2f) / 8) + 4 a / 8]
+    selective = memory.llama_layer_activation_bytes(m, 1, 8, "selective")
+    assert selective == 8192 * (2 * (3 * 4096 + (2 * 4096 + 2 * 1024 + 2 * 14336) / 8) + 16)
+    assert selective == 281_149_440
     assert memory.llama_layer_activation_bytes(m, 1, 8, "full") == 2 * s * h
     assert memory.llama_layer_activation_bytes(m, 1, 8, "full", True) == 2 * s * h / 8
     # s b [2 (2h + 2h + (4h + 4f) / 8) + 4 (2 + a / 8)] + 2 * 4 s d, h = 4096, f = 14336

@@ -32,6 +32,7 @@ from paratrain.plan.rank_traffic import ONE_NODE, Coords, bytes_by_axis, rank_tr
 
 OURS = ModelSpec("ours", n_layer=8, d_model=64, n_head=4, vocab_size=256, seq_len=32)
 FP32 = Workload(micro_batch=2, global_batch=16, precision=PRECISIONS["fp32"])
+FP32_FULL = replace(FP32, zero2_accumulate="full")  # FP32's ZeRO-2 accumulates shard
 PIPELINES = [
     Layout(pp=s, schedule=name, chunks=v)
     for s, (name, v) in itertools.product((2, 4), (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)))
@@ -117,6 +118,13 @@ def test_full_recompute_and_sequence_parallel_terms():
     assert noisy - base == 4 * 8 * 2 * size  # with dropout, the MLP's as well
     sp = bytes_by_axis(rank_traffic(OURS, none, lay, 4, Coords(), sequence_parallel=True))["tp"]
     assert sp - base == 4 * replicated_params(OURS, lay, 0)  # one fp32 all-reduce at tp = 2
+    # Selective repeats what full repeats; with sequence parallelism both also repeat the
+    # all-gathers before q, k, v and the MLP: 1.5 all-reduces' bytes per block
+    # (tests/test_recompute.py compares every rank's ledger with these counts).
+    selective = replace(full, recompute="selective")
+    assert bytes_by_axis(rank_traffic(OURS, selective, lay, 4, Coords()))["tp"] == quiet
+    sp_full = rank_traffic(OURS, selective, lay, 4, Coords(), sequence_parallel=True)
+    assert bytes_by_axis(sp_full)["tp"] - sp == 4 * 8 * 3 * size // 2
 
 
 @pytest.mark.parametrize("n_layer", [2, 3])
@@ -167,18 +175,17 @@ def test_zero_state_padding_and_traffic_per_flat_buffer(zero):
         assert recorded.total == held.total  # the same bytes, the padding under params
         assert recorded.params - held.params == sum(want.values()) - want["params"]
         kk = rng.randint(1, 8)
-        terms = rank_traffic(OURS, FP32, lay, kk, Coords(stage=stage))
+        terms = rank_traffic(OURS, FP32_FULL, lay, kk, Coords(stage=stage))
         planned = bytes_by_axis(terms, bookkeeping=False)["dp"]
         syncs = kk if zero == 3 else 1
         assert planned * k == syncs * (3 if zero == 3 else 2) * (k - 1) * 4 * padded
-        if zero == 2:  # accumulate shard: K reduce-scatters, then the one all-gather
-            shard_w = replace(FP32, zero2_accumulate="shard")
-            terms = rank_traffic(OURS, shard_w, lay, kk, Coords(stage=stage))
+        if zero == 2:  # accumulate shard (default): K reduce-scatters, then the all-gather
+            terms = rank_traffic(OURS, FP32, lay, kk, Coords(stage=stage))
             planned = bytes_by_axis(terms, bookkeeping=False)["dp"]
             assert planned * k == (kk + 1) * (k - 1) * 4 * padded
             whole = 4 * padded if kk > 1 else 0  # "full" holds the buckets, padded buffers
-            assert accumulated_gradient_bytes(OURS, FP32, lay, kk, stage) == whole
-            assert accumulated_gradient_bytes(OURS, shard_w, lay, kk, stage) == 0
+            assert accumulated_gradient_bytes(OURS, FP32_FULL, lay, kk, stage) == whole
+            assert accumulated_gradient_bytes(OURS, FP32, lay, kk, stage) == 0
 
 
 def test_zero2_accumulation_options_per_rank_by_hand():
@@ -191,7 +198,7 @@ def test_zero2_accumulation_options_per_rank_by_hand():
     - shard: 4 reduce-scatters and one all-gather, 5 x 1,159,512 = 5,797,560; nothing held.
     The step-boundary state is the same: a gradient shard of 144,939 x 4 = 579,756."""
     lay = Layout(dp=3, zero=2)
-    full, shard = FP32, replace(FP32, zero2_accumulate="shard")
+    full, shard = FP32_FULL, FP32
     assert OURS.params == 434_816
 
     def dp_terms(w: Workload) -> dict[str, int]:

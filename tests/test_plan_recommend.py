@@ -141,4 +141,4 @@ def test_json_entries_carry_the_issue_keys():
         }
         zero2_k = entry["zero"] == 2 and (entry["microbatches"] or 0) > 1
         assert (entry["zero2_alternative"] is not None) == zero2_k
-        assert entry["zero2_accumulate"] == ("full" if entry["zero"] == 2 else None)
+        assert entry["zero2_accumulate"] == ("shard" if entry["zero"] == 2 else None)

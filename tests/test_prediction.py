@@ -63,8 +63,9 @@ def test_summary_predicted_and_measured_bytes_agree_dp2():
 def test_zero_model_state_and_bytes_agree_with_padding_dp3(zero, dtype):
     """ZeRO over 3 ranks: shards of ceil(n/3), the whole buffers padded to 3 ceil(n/3)
     (ZeRO-3: each FSDP unit on its own), all padding under params as the runtime records
-    it; bytes 2(k-1)S/k per step (ZeRO-1/2, fp32 gradient reduction even in bf16) and
-    3(k-1)S/k per micro-batch (ZeRO-3), S padded."""
+    it; bytes 2(k-1)S/k per step (ZeRO-1, fp32 gradient reduction even in bf16), (K+1)
+    (k-1)S/k (ZeRO-2, its default reduce-scatter per micro-batch) and 3(k-1)S/k per
+    micro-batch (ZeRO-3), S padded."""
     cfg = config(dp=3, zero=zero)
     cfg.train.dtype = dtype
     model, workload, layout, _ = planner_inputs(cfg)
@@ -83,13 +84,15 @@ def test_zero_model_state_and_bytes_agree_with_padding_dp3(zero, dtype):
     assert state["master"] == (4 * shard if dtype == "bfloat16" else 0)
 
 
-def test_zero2_accumulate_shard_is_predicted_exactly_dp3():
-    """`--zero 2 --zero2-accumulate shard`: the runtime reduce-scatters after each of the
-    K = 2 micro-batches, so each rank sends one more (k-1)S/k than with "full": S padded to
-    3 x 14,294 fp32 elements, (k-1)S/k = 2 x 14,294 x 4 = 114,352 bytes. The step-boundary
-    state is the same for both options; "full"'s transient whole gradient is a note."""
-    cfg = config(dp=3, zero=2, zero2_accumulate="shard")
-    full = predict(config(dp=3, zero=2))
+def test_zero2_default_accumulates_into_the_shard_predicted_exactly_dp3():
+    """`--zero 2` with K = 2 micro-batches and no --zero2-accumulate: the runtime
+    reduce-scatters after each micro-batch (the default, "shard"), so each rank sends one
+    more (k-1)S/k than with `--zero2-accumulate full`: S padded to 3 x 14,294 fp32
+    elements, (k-1)S/k = 2 x 14,294 x 4 = 114,352 bytes. The step-boundary state is the
+    same for both options; "full"'s transient whole gradient is a note."""
+    cfg = config(dp=3, zero=2)
+    assert cfg.parallel.zero2_accumulate == "shard"
+    full = predict(config(dp=3, zero=2, zero2_accumulate="full"))
     assert "accumulate full" in full.notes[-1] and "0.17 MB" in full.notes[-1]  # 42,882 x 4
     per_rank = run_distributed(train_and_compare, 3, cfg, tiny_data())
     for compared in per_rank:

@@ -203,3 +203,54 @@ def test_a_dead_worker_without_restarts_brings_the_run_down_with_its_rank_named(
     assert time.monotonic() - started < 60  # the other rank did not wait for a timeout
     assert 3 <= ck.latest_checkpoint(out).step < STEPS  # the last complete one is intact
     ck.check_files(ck.latest_checkpoint(out).path)
+
+
+# Asynchronous training with one worker (the server and rank 1): deterministic, so a
+# stopped or restarted run must end with the uninterrupted run's losses, bitwise.
+ASYNC = ["--dp-mode", "async", "--nproc", "2"]
+ASYNC_SLOW = ["--straggler", "1:10"]
+
+
+@pytest.fixture(scope="module")
+def async_uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reliability") / "async-uninterrupted"
+    code, _, err = finish(start(*RUN, *ASYNC, "--out", str(out), cwd=out.parent))
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.e2e
+def test_async_a_killed_worker_is_restarted_and_the_server_resumes_from_its_checkpoint(
+    tmp_path, async_uninterrupted
+):
+    out = tmp_path / "async-killed"
+    proc = start(*RUN, *ASYNC, *ASYNC_SLOW, "--max-restarts", "1", "--out", str(out), cwd=tmp_path)
+    wait_for_step(out, 5, proc)  # past the checkpoint of step 3
+    os.kill(worker_pid(out, 1), signal.SIGKILL)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert "restart 1: resuming from step" in err
+    assert steps_logged(out) == list(range(1, STEPS + 1))  # each step exactly once
+    assert losses(out) == losses(async_uninterrupted)
+
+
+@pytest.mark.e2e
+def test_async_sigterm_checkpoints_and_stops_then_resume_continues_exactly(
+    tmp_path, async_uninterrupted
+):
+    out = tmp_path / "async-preempted"
+    proc = start(*RUN, *ASYNC, *ASYNC_SLOW, "--out", str(out), cwd=tmp_path)
+    wait_for_step(out, 4, proc)
+    proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
+    code, _, err = finish(proc)
+    assert code == 143, err
+    assert "stopped by" in err and f"--resume {out}" in err
+    stopped = ck.latest_checkpoint(out).step
+    assert 4 <= stopped < STEPS and steps_logged(out) == list(range(1, stopped + 1))
+    as_sync = refused("--resume", str(out), "--dp-mode", "sync", cwd=tmp_path)
+    assert "parallel.dp_mode = sync but the checkpoint has async" in as_sync
+    code, _, err = finish(start("--resume", str(out), cwd=tmp_path))
+    assert code == 0, err
+    assert f"resuming at step {stopped} of {STEPS}" in err
+    assert steps_logged(out) == list(range(1, STEPS + 1))
+    assert losses(out) == losses(async_uninterrupted)

@@ -1,15 +1,21 @@
 """Measured model-state bytes and bytes sent per step, against the closed forms.
 
-Memory: each rank's `memory_report` counts every storage reachable from the model, the
-wrapper and the optimizer once, at the step boundary; params, grads, master and optimizer
+Memory, as the runtime reports it (what `paratrain train --json` prints): kind by kind and
+padding apart, which the allocator cannot tell apart (tests/test_zero_allocator.py proves
+the totals by what the allocator holds). Each rank's `memory_report` counts every storage
+reachable from the model, the wrapper and the optimizer once, at the step boundary;
+params, grads, master and optimizer
 must equal `plan.memory.model_state_bytes` to the byte (float32: 16N, 8N + 8N/k,
 4N + 12N/k, 16N/k; mixed: 16N, 4N + 12N/k, 2N + 14N/k, 16N/k), with AdamW's step counters
-reported as `other` and extra padding as `padding`.
+reported as `other` and extra padding as `padding`. Between the micro-batches of a step,
+ZeRO-2 holds only its gradient shard by default, and the whole gradient besides with
+accumulate "full" (the planner's `grad_accumulation`).
 
 Traffic: the ledger's bytes sent per optimizer step against the ZeRO paper's analysis
 (arXiv:1910.02054, section 7): reduce-scatter of gradients (k-1)S/k plus all-gather of
 parameters (k-1)S/k for stages 1 and 2 (DDP's 2(k-1)S/k, not half of it as the seeds
 say), and for stage 3 two gathers and a reduce-scatter, 3(k-1)S/k, per micro-batch.
+ZeRO-2's default reduce-scatters after each of the K micro-batches: K (k-1)S/k.
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def test_model_state_bytes_equal_the_planner_and_traffic_the_zero_paper(world_si
         for micro in (per_replica, per_replica // 2)
         if dtype == "float32" or micro == per_replica  # bf16 is slow: no accumulation
     ]
-    cases.append((2, "float32", per_replica // 2, {"accumulate": "shard"}, "native"))
+    cases.append((2, "float32", per_replica // 2, {"accumulate": "full"}, "native"))
     if k == 2:  # the same counts when every collective runs our ring algorithm
         cases += [(s, "float32", 2, {}, "ring") for s in (1, 2)]
         cases.append((3, "float32", 2, {"prefetch": 2}, "ring"))
@@ -116,7 +122,9 @@ def check_traffic(label, sent, stage, opts, n, k, micro_batches, dtype) -> None:
     if stage == 0:
         big = {"all_reduce": 2 * (k - 1) * grads // k}
     elif stage in (1, 2):
-        rounds = micro_batches if opts.get("accumulate") == "shard" else 1
+        # ZeRO-2 reduce-scatters every micro-batch unless it accumulates the whole gradient
+        per_micro_batch = stage == 2 and opts.get("accumulate", "shard") == "shard"
+        rounds = micro_batches if per_micro_batch else 1
         big = {"reduce_scatter": rounds * (k - 1) * grads // k, "all_gather": (k - 1) * params // k}
     else:
         big = {
@@ -129,6 +137,49 @@ def check_traffic(label, sent, stage, opts, n, k, micro_batches, dtype) -> None:
         if op != "all_reduce":
             assert sent[op] == value, (label, op, sent, big)
     assert set(sent) == {"all_reduce", *big}, (label, sent)
+
+
+def held_between_micro_batches(rank, world_size, data):
+    """ZeRO-2, K = 2: what the wrapper holds once micro-batch 1's backward has returned
+    (before micro-batch 2 runs), and after the step's sync; default accumulation, then
+    "full". bucket_mb 0.05: several buckets, so some are reduced during the backward."""
+    dp = Mesh.build(dp=world_size).group("dp")
+    cfg = tiny_config(micro_batch=2)
+    t = cfg.train
+    first, second = BatchSampler(
+        data.train, t.seq_len, t.global_batch, t.seed
+    ).replica_microbatches(0, dp.rank, dp.size, 2)
+    out = []
+    for opts in ({}, {"accumulate": "full"}):
+        model = wrap(build_model(cfg), dp, 2, bucket_mb=0.05, **opts)
+        with model.no_sync():
+            model(first[:, :-1], first[:, 1:]).backward()
+        between = model.memory_report().as_dict()
+        model(second[:, :-1], second[:, 1:]).backward()
+        model.finish_gradient_sync()
+        out.append((between, model.memory_report().as_dict(), count_parameters(model.module)))
+    return out
+
+
+def test_zero2_default_holds_only_the_shard_between_micro_batches():
+    """Issue 17: by default ZeRO-2 reduce-scatters each micro-batch's gradient into the
+    shard before that backward returns, so while accumulating it holds N/k gradients
+    (fp32: 4N/k bytes), the planner's ZeRO-2 row; with accumulate "full" the buckets also
+    hold the whole gradient, 4N, the planner's `grad_accumulation`. Measured by the
+    wrapper's memory report (every storage reachable from it, once), on each rank, against
+    the planner's numbers for the default workload and for full."""
+    k, micro_batches = 2, 2
+    workloads = {
+        "default": Workload(precision=PRECISIONS["fp32"]),
+        "full": Workload(precision=PRECISIONS["fp32"], zero2_accumulate="full"),
+    }
+    for rank_results in run_distributed(held_between_micro_batches, k, tiny_data(), timeout=120):
+        for option, (between, after, n) in zip(workloads, rank_results, strict=True):
+            planned = model_state_bytes(n, workloads[option], Layout(dp=k, zero=2), micro_batches)
+            whole = 4 * n if option == "full" else 0
+            assert after["grads"] == planned.grads == 4 * n // k, (option, after)
+            assert between["grads"] == 4 * n // k + whole, (option, between)
+            assert between["grads"] == planned.grads + planned.grad_accumulation, option
 
 
 class Odd(nn.Module):

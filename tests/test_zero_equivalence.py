@@ -60,14 +60,15 @@ def run_cases(rank, world_size, cases, data):
 
 
 def _cases(world_size: int) -> list:
-    """Stages 1-3, each without accumulation (K = 1) and with it (K = 2)."""
+    """Stages 1-3, each without accumulation (K = 1) and with it (K = 2); ZeRO-2 with K = 2
+    in both accumulations (the default reduce-scatters into the shard; "full")."""
     cases = []
     for stage in (1, 2, 3):
         for k_micro in (1, 2):
             micro = 8 // (world_size * k_micro)
             options = {"bucket_mb": 0.01} if stage < 3 else {"prefetch": 1}
             cases.append((tiny_config(micro_batch=micro), stage, options))
-    cases.append((tiny_config(micro_batch=8 // (world_size * 2)), 2, {"accumulate": "shard"}))
+    cases.append((tiny_config(micro_batch=8 // (world_size * 2)), 2, {"accumulate": "full"}))
     return cases
 
 

@@ -16,24 +16,24 @@ from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import check_layouts, tiny_config, tiny_data
 
-# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation[, sequence parallel
-# [, recompute]]])
+# (dp, pp, tp, zero, schedule, micro_batch[, ZeRO-2 accumulation (None: the default,
+# shard)[, sequence parallel[, recompute]]])
 LAYOUTS = {
     2: [
         (2, 1, 1, 1, "1f1b", 2),
-        (2, 1, 1, 2, "1f1b", 2),
-        (2, 1, 1, 2, "1f1b", 1, "shard"),  # K = 4 reduce-scatters into the shard
+        (2, 1, 1, 2, "1f1b", 2, "full"),  # K = 2 accumulated whole, one reduce-scatter
+        (2, 1, 1, 2, "1f1b", 1),  # the default: K = 4 reduce-scatters into the shard
         (2, 1, 1, 3, "1f1b", 2),
     ],
     4: [
         (4, 1, 1, 3, "1f1b", 1),
-        (2, 1, 2, 2, "1f1b", 2),
+        (2, 1, 2, 2, "1f1b", 2, "full"),
         (2, 2, 1, 2, "1f1b", 1, "shard"),
         # Sequence parallelism's partial LayerNorm gradients summed in the ZeRO shards.
-        (2, 1, 2, 1, "1f1b", 2, "full", True),
+        (2, 1, 2, 1, "1f1b", 2, None, True),
         (2, 1, 2, 2, "1f1b", 1, "shard", True),
-        (2, 1, 2, 3, "1f1b", 2, "full", True),
-        (4, 1, 1, 3, "1f1b", 1, "full", False, "full"),  # FSDP with recomputed blocks
+        (2, 1, 2, 3, "1f1b", 2, None, True),
+        (4, 1, 1, 3, "1f1b", 1, None, False, "full"),  # FSDP with recomputed blocks
     ],
     8: [(2, 2, 2, 1, "1f1b", 2), (2, 2, 2, 2, "1f1b", 2)],
 }
@@ -48,7 +48,7 @@ def layout_config(
     zero,
     schedule,
     micro_batch,
-    accumulate="full",
+    accumulate=None,
     sp=False,
     recompute="none",
     dtype="float32",
@@ -57,7 +57,8 @@ def layout_config(
     cfg.model.n_layer = 4
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.schedule = world, dp, pp, tp, zero, schedule
-    p.zero2_accumulate, p.sequence_parallel = accumulate, sp
+    p.zero2_accumulate = accumulate or p.zero2_accumulate
+    p.sequence_parallel = sp
     cfg.train.microbatches = 0
     return resolve(cfg, world)
 

@@ -19,7 +19,7 @@ from typing import Any
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # in code only
-RECOMPUTE_MODES = ("none", "full")
+RECOMPUTE_MODES = ("none", "selective", "full")  # parallel/recompute.py
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO2_ACCUMULATE = ("full", "shard")
 COMM_ALGOS = ("native", "ring", "tree")
@@ -73,9 +73,10 @@ class ParallelConfig:
     zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group (3 = FSDP).")
     prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.")
     zero2_accumulate: str = param(
-        "full",
-        "ZeRO-2 with K micro-batches: full (whole gradient until the last, one reduce-scatter)"
-        " or shard (reduce-scatter every micro-batch into the shard: 1/k memory, K x traffic).",
+        "shard",
+        "ZeRO-2 with K micro-batches: shard (reduce-scatter every micro-batch into the shard,"
+        " as DeepSpeed: 1/k gradient memory, K x gradient traffic) or full (whole gradient"
+        " until the last micro-batch, one reduce-scatter: at its peak no saving over ZeRO-1).",
     )
     schedule: str = param("1f1b", f"Pipeline schedule: {one_of(SCHEDULES)}.")
     sequence_parallel: bool = param(
@@ -290,17 +291,21 @@ EFFECTS: dict[str, Effect | None] = {
                                     "microbatches", "lr", "lr_scaling", "min_lr_ratio",
                                     "warmup_steps", "weight_decay", "beta1", "beta2",
                                     "grad_clip", "seed", "dtype", "val_batches", "log_every",
-                                    "out", "tensorboard", "init_from")},
+                                    "out", "tensorboard", "init_from", "recompute",
+                                    "checkpoint_every", "keep_checkpoints", "resume")},
     "train.lr_base_batch": Effect(
         lambda c: c.train.lr_scaling != "none", "--lr-scaling linear or sqrt"
     ),
     "train.loss_scale": Effect(lambda c: compute_dtype(c) == "float16", "--dtype float16"),
     "train.trace": _PIPELINE,
-    **{f"train.{n}": _SYNC for n in ("recompute", "checkpoint_every", "keep_checkpoints",
-                                     "resume", "max_skipped_steps")},
+    # The parameter server applies every pushed gradient: no step is skipped (yet).
+    "train.max_skipped_steps": _SYNC,
+    # An asynchronous run resumes with as many workers: its world size never changes.
     "train.rewarmup_steps": Effect(
-        lambda c: bool(c.train.resume) or c.parallel.max_restarts > 0,
-        "--resume or --max-restarts (a changed world size re-warms the rate)",
+        lambda c: c.parallel.dp_mode == "sync"
+        and (bool(c.train.resume) or c.parallel.max_restarts > 0),
+        "--dp-mode sync with --resume or --max-restarts (a changed world size re-warms "
+        "the rate)",
     ),
     "data.path": None,
     "data.tokenizer": None,

@@ -28,6 +28,7 @@ def all_gather_flat(
     algo: str | None = None,
     sizes: list[int] | None = None,
     async_op: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | Handle:
     """Concatenate every rank's flattened tensor, in rank order, into one 1-D tensor.
 
@@ -35,12 +36,13 @@ def all_gather_flat(
     exchanged first (one small extra all-gather, counted). Sizes may differ between ranks.
     async_op returns a Handle whose wait() gives the result; it stays in flight only on the
     native path with equal, known sizes (what FSDP's prefetch needs); otherwise the call
-    completes before it returns.
+    completes before it returns. `out` (contiguous, 1-D, of the total size; `tensor` may be
+    its own rank's piece) receives the result instead of a new tensor: no second copy.
     """
     if async_op and _can_overlap(group, algo, "all_gather", sizes, tensor.numel()):
         assert sizes is not None
         record = begin(group, "all_gather", "native", describe(tensor), overlapped=True)
-        out = tensor.new_empty(sum(sizes))
+        out = tensor.new_empty(sum(sizes)) if out is None else out
         work = dist.all_gather_single(
             out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
         )
@@ -49,7 +51,7 @@ def all_gather_flat(
             "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
         )
         return Handle(group, record, [work], traffic, result=out)
-    result = _all_gather(tensor, group, algo, sizes)[0]
+    result = _all_gather(tensor, group, algo, sizes, out)[0]
     return Done(result) if async_op else result
 
 
@@ -81,10 +83,16 @@ def all_gather(
 
 
 def _all_gather(
-    tensor: torch.Tensor, group: CommGroup, algo: str | None, sizes: list[int] | None
+    tensor: torch.Tensor,
+    group: CommGroup,
+    algo: str | None,
+    sizes: list[int] | None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
     if group.size == 1:
-        return tensor.reshape(-1).clone(), [tensor.numel()]
+        if out is None:
+            return tensor.reshape(-1).clone(), [tensor.numel()]
+        return out.copy_(tensor.reshape(-1)), [tensor.numel()]
     algo = choose_algo(group, algo, "all_gather")
     record = begin(group, "all_gather", algo, describe(tensor))
     meta = Traffic(0, 0, 0)
@@ -95,7 +103,10 @@ def _all_gather(
             f"all_gather sizes {sizes} do not fit group {group.name} of {group.size} ranks "
             f"where rank {group.rank} holds {tensor.numel()} elements"
         )
-    out = tensor.new_empty(sum(sizes))
+    if out is None:
+        out = tensor.new_empty(sum(sizes))
+    elif out.numel() != sum(sizes) or not out.is_contiguous():
+        raise ValueError(f"all_gather into {tuple(out.shape)}: needs {sum(sizes)} contiguous")
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     if sum(sizes) == 0:
         traffic = Traffic(0, 0, 0)

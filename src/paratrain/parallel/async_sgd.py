@@ -6,26 +6,25 @@ gradient as it arrives and answers that worker alone with fresh parameters and i
 batch. A gradient computed on parameters that are `s` updates old has staleness `s`
 (seeds, 9.2: Hogwild!/parameter-server asynchronous SGD, Dean et al. 2012).
 
-Delay compensation (DC-ASGD, Zheng et al. 2017, arXiv:1609.08326) corrects a stale gradient
-with a first-order Taylor term, approximating the Hessian by lambda * g * g:
-    g_corrected = g + lambda * g * g * (w_now - w_pulled)
-DC-ASGD-c keeps lambda constant; DC-ASGD-a divides it, per coordinate, by the root of a
-moving average of g * g, so that one lambda0 suits coordinates whose gradients differ in
-scale by orders of magnitude (the authors' implementation: microsoft/Delayed-Compensation-
-Asynchronous-Stochastic-Gradient-Descent-for-Multiverso, dcasgda_updater.h).
+Delay compensation (DC-ASGD) corrects a stale gradient on the server (dc_asgd.py).
 A staleness bound drops gradients older than the bound (the worker then gets fresh
 parameters and recomputes), trading wasted work for freshness.
 
 Messages (all through paratrain.comm point-to-point):
-    worker -> server: header float64 [pulled_version, batch_index, loss, tokens], grad
+    worker -> server: header float64 [pulled_version, batch_index, loss, tokens, stop], grad
     server -> worker: header float64 [version, next_batch_index or -1 to stop], params
+`stop` is 1 when the worker has been asked to stop (SIGTERM): the workers are never in
+lockstep, so nothing is agreed collectively; the server alone decides, and answers each
+worker's next push with -1 (train/async_loop.py stops at a step boundary).
 Headers are host-side and go over `control`, a gloo group of the same ranks: the server
-receives them from whichever worker pushes first, which NCCL cannot do. Parameters and
-gradients then go over `group` (NCCL on GPUs), between the two ranks the header named.
+takes them from whichever worker pushes first (`_Inbox`), which NCCL cannot do. Parameters
+and gradients then go over `group` (NCCL on GPUs), between the two ranks the header named.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,67 +33,42 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.config import DC_MODES
+from paratrain.parallel.dc_asgd import DelayCompensation
 
 STOP = -1.0
-DC_MEAN_SQUARE_EPS = 1e-7  # inside the root, as in the authors' updater (module docstring)
-
-
-def dc_asgd_correct(
-    grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor, lam: float | torch.Tensor
-) -> torch.Tensor:
-    """g + lambda * g * g * (w_now - w_pulled); lambda = 0 leaves g unchanged.
-
-    lam: a number (DC-ASGD-c) or one value per coordinate (DC-ASGD-a's lambda_t).
-    """
-    if not isinstance(lam, torch.Tensor) and lam == 0.0:
-        return grad
-    return grad + lam * grad * grad * (w_now - w_pulled)
-
-
-def dc_mean_square(mean_square: torch.Tensor, grad: torch.Tensor, decay: float) -> torch.Tensor:
-    """MeanSquare(t) = m * MeanSquare(t-1) + (1 - m) * g * g (arXiv:1609.08326, DC-ASGD-a)."""
-    return decay * mean_square + (1.0 - decay) * grad * grad
-
-
-def dc_adaptive_lambda(mean_square: torch.Tensor, lam0: float) -> torch.Tensor:
-    """lambda_t = lambda0 / sqrt(MeanSquare(t)) per coordinate (arXiv:1609.08326, DC-ASGD-a).
-
-    No bias correction of the zero start, as in the paper and the authors' updater: the
-    first ~1 / (1 - m) updates get a larger lambda_t.
-    """
-    return lam0 / torch.sqrt(mean_square + DC_MEAN_SQUARE_EPS)
 
 
 @dataclass
-class DelayCompensation:
-    """DC-ASGD as the server applies it: constant lambda, or DC-ASGD-a's lambda_t with the
-    mean square of every applied gradient (one average for the server, as MeanSquare(t) is
-    indexed by the server's update t; the authors' updater keeps one per worker). Adaptive
-    costs the server one more flat copy of the parameters."""
+class ServerState:
+    """Where the server stands: what a checkpoint keeps beside the model and the optimizer.
 
-    lam: float = 0.0
-    mode: str = "constant"  # or "adaptive" (config.DC_MODES)
-    decay: float = 0.95  # m of the mean square, adaptive only
-    mean_square: torch.Tensor | None = None
+    Batch indices are handed out in order (next_batch), one at a time per worker; with no
+    staleness bound every index below next_batch has been applied exactly once or is
+    assigned to a worker right now. A resumed server hands each worker its assigned batch
+    again, so no batch is applied twice or skipped (a worker's in-flight gradient is lost
+    with the process; its batch is redone).
 
-    def __post_init__(self) -> None:
-        if self.mode not in DC_MODES:
-            raise ValueError(f"DC-ASGD mode {self.mode!r}; valid: {', '.join(DC_MODES)}")
+    version: updates applied so far (also the 0-based index of the next one).
+    next_batch: the lowest batch index never handed out.
+    assigned: worker (group rank) -> the batch it computes now or next, handed out and not
+        yet applied.
+    dc_mean_square: DC-ASGD-a's mean square of the applied gradients (None: none yet).
+    """
 
-    def __call__(
-        self, grad: torch.Tensor, w_now: torch.Tensor, w_pulled: torch.Tensor
-    ) -> torch.Tensor:
-        if self.lam == 0.0:
-            return grad
-        if self.mode == "constant":
-            return dc_asgd_correct(grad, w_now, w_pulled, self.lam)
-        if self.mean_square is None:
-            self.mean_square = torch.zeros_like(grad)
-        # This gradient enters the average before its own lambda_t, as in the updater.
-        self.mean_square = dc_mean_square(self.mean_square, grad, self.decay)
-        lam_t = dc_adaptive_lambda(self.mean_square, self.lam)
-        return dc_asgd_correct(grad, w_now, w_pulled, lam_t)
+    version: int
+    next_batch: int
+    assigned: dict[int, int]
+    dc_mean_square: torch.Tensor | None = None
+
+    @classmethod
+    def fresh(cls, workers: list[int]) -> ServerState:
+        """Before the first update: worker i of the list computes batch i."""
+        return cls(0, len(workers), {w: i for i, w in enumerate(workers)})
+
+    def hand_out(self, worker: int) -> int:
+        self.assigned[worker] = self.next_batch
+        self.next_batch += 1
+        return self.assigned[worker]
 
 
 @dataclass(frozen=True)
@@ -148,9 +122,49 @@ def _set_grads(model: nn.Module, flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
-class _Server:
-    """What the server keeps between messages: the version, what each worker last pulled,
-    and the report of every update."""
+class _Inbox:
+    """The workers' push headers, taken in the order they arrive.
+
+    Gloo's receive from any rank would do, but when a worker dies it waits out its whole
+    timeout, while a receive from one rank fails as soon as that rank's connection closes.
+    So one receive is posted per worker and waited on by a (daemon) thread of its own,
+    which queues the header as it arrives; a dead worker's failure reaches the server at
+    once, so that the launcher restarts the run (or brings it down) without a timeout.
+    """
+
+    def __init__(self, control: comm.CommGroup, workers: list[int]) -> None:
+        self.control = control
+        self.arrived: queue.Queue = queue.Queue()  # (worker, header or None, error or None)
+        for w in workers:
+            self.expect(w)
+
+    def expect(self, worker: int) -> None:
+        """Post the receive of `worker`'s next header."""
+        header = torch.empty(5, dtype=torch.float64, device="cpu")  # host-side, over control
+        handle = comm.irecv(header, self.control, worker)
+        waiter = threading.Thread(
+            target=self._wait, args=(worker, handle), name="paratrain-inbox", daemon=True
+        )
+        waiter.start()
+
+    def _wait(self, worker: int, handle: comm.Handle) -> None:
+        try:
+            self.arrived.put((worker, handle.wait().tolist(), None))
+        except Exception as e:  # the server's thread raises it
+            self.arrived.put((worker, None, e))
+
+    def next(self) -> tuple[int, list[float]]:
+        """The worker whose header came first, and that header; a worker's failure raises."""
+        worker, header, error = self.arrived.get()
+        if error is not None:
+            raise error
+        return worker, header
+
+
+class ParameterServer:
+    """What the server keeps between messages: its state (version, batches), what each
+    worker last pulled, the report of every update since it started, and whether a worker
+    has asked to stop."""
 
     def __init__(
         self,
@@ -160,18 +174,22 @@ class _Server:
         set_lr: Callable[[int], None],
         clip: Callable[[], float],
         compensate: DelayCompensation,
+        state: ServerState,
     ) -> None:
         self.model, self.optimizer = model, optimizer
         self.group, self.control = groups
         self.set_lr, self.clip, self.compensate = set_lr, clip, compensate
-        self.version = 0
+        self.state = state
+        compensate.mean_square = state.dc_mean_square
         self.pulled: dict[int, torch.Tensor] = {}  # worker -> the parameters it was sent
         self.report = ServerReport(compensation=compensate.mode if compensate.lam else "none")
+        self.stop_asked = False  # a worker's push said it was asked to stop
         self.start = time.perf_counter()
 
     def reply(self, worker: int, batch: float) -> None:
         """Send the version and the next batch index; unless STOP, the parameters too."""
-        header = torch.tensor([float(self.version), batch], dtype=torch.float64, device="cpu")
+        version = float(self.state.version)
+        header = torch.tensor([version, batch], dtype=torch.float64, device="cpu")
         comm.send(header, self.control, worker)
         if batch != STOP:
             self.pulled[worker] = _flat_params(self.model)
@@ -179,14 +197,15 @@ class _Server:
 
     def apply(self, worker: int, grad: torch.Tensor, header: list[float], staleness: int) -> None:
         """Correct the pushed gradient for its delay, clip it and take one optimizer step."""
-        _, batch, loss, tokens = header
-        index = len(self.report.updates)
+        _, batch, loss, tokens, _ = header
+        index = self.state.version
         self.set_lr(index)
         grad = self.compensate(grad, _flat_params(self.model), self.pulled[worker])
+        self.state.dc_mean_square = self.compensate.mean_square
         _set_grads(self.model, grad)
         norm = self.clip()
         self.optimizer.step()
-        self.version += 1
+        self.state.version += 1
         elapsed = time.perf_counter() - self.start
         self.report.updates.append(
             Update(index, worker, staleness, int(batch), norm, loss, tokens, elapsed)
@@ -205,41 +224,55 @@ def serve(
     staleness_bound: int = 0,
     dc_mode: str = "constant",
     dc_decay: float = 0.95,
+    start: ServerState | None = None,
+    after_update: Callable[[ParameterServer], bool] | None = None,
 ) -> ServerReport:
-    """Run the parameter server on group rank 0 until `total_updates` have been applied.
+    """Run the parameter server on group rank 0 until `total_updates` have been applied
+    (counted from the first update ever: `start.version` are done), or `after_update` says
+    stop.
 
     clip: called with the pushed gradient in `.grad`; clips it, returns its norm before.
     control: the host-side (gloo) group of the same ranks as `group`, for the headers.
     dc_lambda, dc_mode, dc_decay: DC-ASGD's lambda (lambda0 when adaptive), constant or
     adaptive, and the adaptive mean square's decay m.
+    start: where a resumed server stands (default: a fresh start).
+    after_update: called after every applied update, once the pushing worker's next batch
+        is assigned (so `server.state` is whole: a checkpoint may be taken here); True
+        stops the run: every later push is answered with STOP, not applied.
     """
     _check_same_ranks(group, control)
-    compensate = DelayCompensation(dc_lambda, dc_mode, dc_decay)
-    server = _Server(model, optimizer, (group, control), set_lr, clip, compensate)
     workers = [r for r in range(group.size) if r != group.rank]
+    state = start if start is not None else ServerState.fresh(workers)
+    compensate = DelayCompensation(dc_lambda, dc_mode, dc_decay)
+    server = ParameterServer(model, optimizer, (group, control), set_lr, clip, compensate, state)
     numel = sum(p.numel() for p in model.parameters())
     device = next(model.parameters()).device
-    for next_batch, w in enumerate(workers):  # every worker starts on its own batch
-        server.reply(w, float(next_batch))
-    next_batch = len(workers)
-    active = set(workers)
-    header = torch.empty(4, dtype=torch.float64, device="cpu")  # host-side, over control
+    done = state.version >= total_updates
+    for w in workers:  # every worker starts on its own batch (a resumed one: its assigned)
+        server.reply(w, STOP if done else float(state.assigned[w]))
+    active = set() if done else set(workers)
+    inbox = _Inbox(control, sorted(active))
     while active:
-        w = comm.recv_any(header, control)  # whichever worker pushes first is served first
+        w, pushed = inbox.next()  # whichever worker pushes first is served first
         grad = comm.recv(torch.empty(numel, device=device), group, w)
-        staleness = server.version - int(header[0])
-        if len(server.report.updates) >= total_updates:
+        server.stop_asked = server.stop_asked or pushed[4] != 0.0
+        staleness = state.version - int(pushed[0])
+        if done:
             pass  # a push in flight when the run ended: not applied, not counted
         elif staleness_bound and staleness > staleness_bound:
             server.report.dropped += 1
+            state.hand_out(w)  # the dropped batch is not redone
         else:
-            server.apply(w, grad, header.tolist(), staleness)
-        if len(server.report.updates) >= total_updates:
+            server.apply(w, grad, pushed, staleness)
+            state.hand_out(w)
+            stop = after_update(server) if after_update is not None else False
+            done = stop or state.version >= total_updates
+        if done:
             server.reply(w, STOP)
             active.discard(w)
             continue
-        server.reply(w, float(next_batch))
-        next_batch += 1
+        server.reply(w, float(state.assigned[w]))
+        inbox.expect(w)
     return server.report
 
 
@@ -249,9 +282,12 @@ def work(
     control: comm.CommGroup,
     compute: Callable[[int], tuple[float, float]],
     server: int = 0,
+    stop: Callable[[], bool] | None = None,
 ) -> int:
     """Run a worker: pull, `compute(batch)` (fills .grad, returns (loss, tokens)), push.
 
+    stop: asked before each push, on this rank alone (a SIGTERM flag); True tells the
+        server, which decides when the run stops. The worker runs until it gets STOP.
     Returns the number of gradients this worker pushed.
     """
     _check_same_ranks(group, control)
@@ -272,7 +308,7 @@ def work(
                 for p in model.parameters()
             ]
         )
-        pushed = [version, batch, loss, tokens]
+        pushed = [version, batch, loss, tokens, float(stop is not None and stop())]
         comm.send(torch.tensor(pushed, dtype=torch.float64, device="cpu"), control, server)
         comm.send(grad, group, server)
         pushes += 1

@@ -33,15 +33,14 @@ from paratrain import comm
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.buckets import Bucket, build_buckets
 from paratrain.parallel.replica import (
-    MOMENTS,
     GradSquares,
     MemoryReport,
     StatePiece,
-    adam_state,
     all_reduce_whole_grads_,
     complete_state_dict,
     count_memory,
     scale_whole_grads_,
+    whole_checkpoint_pieces,
     whole_grad_squares,
 )
 
@@ -200,13 +199,7 @@ class DataParallel(nn.Module):
     def checkpoint_pieces(
         self, optimizer: torch.optim.Optimizer
     ) -> tuple[list[StatePiece], list[torch.Tensor]]:
-        pieces, counters = [], []
-        for name, p in self.module.named_parameters():
-            state = adam_state(optimizer, p)
-            counters.append(state["step"])
-            tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}
-            pieces.append(StatePiece(name, p.shape, 0, p.numel(), tensors))
-        return pieces, counters
+        return whole_checkpoint_pieces(self.module, optimizer)
 
     def after_load(self) -> None:
         """Every rank loaded the whole values: nothing else holds a copy."""

@@ -18,10 +18,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from paratrain import comm
 from paratrain.parallel.mixed_precision import MixedPrecision
 from paratrain.parallel.zero_flat import FlatLayout, FlatShard, make_shard
+
+# The profiler range around each allocation of a unit's full parameters: with it,
+# measure/allocator.py's `peak(scope=GATHER_SCOPE)` is the gathered memory FSDP holds.
+GATHER_SCOPE = "fsdp.gather"
 
 
 def expand_units(model: nn.Module, spec: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -100,7 +105,12 @@ class FlatUnit:
         if self.gathered or self.handle is not None:
             return
         sizes = [self.layout.shard] * self.group.size
-        self.handle = comm.all_gather_flat(self.shard.param, self.group, sizes=sizes, async_op=True)
+        with record_function(GATHER_SCOPE):
+            self.full.untyped_storage().resize_(self.nbytes)
+        # Received straight into the unit's storage: no receive buffer, no second copy.
+        self.handle = comm.all_gather_flat(
+            self.shard.param, self.group, sizes=sizes, async_op=True, out=self.full
+        )
         self.tracker.add(self.nbytes)  # in flight or gathered: one unit of full parameters
         if events is not None:
             seq = self.handle.seq  # None for a gather already done
@@ -113,12 +123,7 @@ class FlatUnit:
         self.gather()
         out = self.handle.wait()  # (padded,)
         self.handle = None
-        # The receive buffer becomes the full parameters: counted once, as one unit (the
-        # copy between them is a momentary second copy of this unit, not tracked).
-        self.full.untyped_storage().resize_(self.nbytes)
-        with torch.no_grad():
-            self.full.copy_(out)
-        del out
+        assert out.data_ptr() == self.full.data_ptr()
         self.gathered = True
 
     def free(self) -> None:

@@ -1,9 +1,29 @@
-"""Activation recomputation per block (Chen et al. 2016, arXiv:1604.06174).
+"""Activation recomputation per block (Chen et al. 2016, arXiv:1604.06174), two modes.
 
-A recomputed block keeps only its input for backward; everything it computed inside is
-dropped after forward and computed again when backward reaches it. Memory per block falls
-to one (B, T, C) tensor, at the cost of one more forward of the block per step (Megatron's
-"full" recomputation, Korthikanti et al. 2022, arXiv:2205.05198, section 5).
+full: a recomputed block keeps only its input for backward; everything it computed inside
+is dropped after forward and computed again when backward reaches it. Memory per block
+falls to one (B, T, C) tensor, at the cost of one more forward of the block per step
+(Megatron's "full" recomputation, Korthikanti et al. 2022, arXiv:2205.05198, section 5).
+
+selective: an op-level policy through PyTorch's selective activation checkpointing
+(`checkpoint(..., context_fn=...)` with `create_selective_checkpoint_contexts(policy)`).
+The block keeps the outputs of its matrix multiplies (aten mm and addmm: every Linear)
+and of fused attention (SDPA's kernel: its output and logsumexp), and recomputes the rest
+in backward: norms, activations, rotary, residual adds, copies, and the tensor-parallel
+collectives between them. So no matrix multiply runs twice; what runs twice is pointwise
+(plan/time.py counts it). This is not Korthikanti et al.'s "selective" (recompute the
+attention core to drop its s^2 scores and dropout masks): a fused kernel keeps no scores,
+so that variant saves nothing here, while norms and activations hold a large share of
+a block's activations (plan/memory.py counts what stays). Three rules keep it exact:
+- bmm is not kept. It is no Linear here, but SDPA's math fallback (attention dropout on
+  the CPU, or masks) computing q k^T and scores x v: keeping those would keep the s^2
+  scores. They are recomputed, which is Korthikanti's attention-core recomputation.
+- A fused attention that draws dropout is recomputed: skipping a random op in the
+  recomputation would shift the random stream that the later dropout masks come from.
+- Collectives are recomputed: they run in place on buffers, which a cache cannot
+  replay. With tensor parallelism selective repeats the collectives that full repeats.
+The op-level policy cannot see that backward never reads the block's last matmul output
+(it only feeds the residual add): that one is kept as well (plan/memory.py counts it).
 
 Applied from outside, like every strategy: the block's own forward is wrapped on the
 instance, so parameter names and the state dict do not change.
@@ -14,24 +34,113 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from paratrain.config import RECOMPUTE_MODES
 
+aten = torch.ops.aten
+MATMULS = frozenset({aten.mm.default, aten.addmm.default})  # a Linear, at any batch shape
+FUSED_ATTENTION = frozenset(
+    {
+        aten._scaled_dot_product_flash_attention.default,  # CUDA
+        aten._scaled_dot_product_efficient_attention.default,  # CUDA
+        aten._scaled_dot_product_cudnn_attention.default,  # CUDA
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+)
 
-def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
+
+def _dropout_p(op: Any, args: tuple, kwargs: dict) -> float:
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "dropout_p":
+            return kwargs.get("dropout_p", args[i] if i < len(args) else arg.default_value)
+    return 0.0
+
+
+def keeps(op: Any, *args: Any, **kwargs: Any) -> bool:
+    """The selective policy, per aten op: True for the ops whose outputs are kept."""
+    if op in MATMULS:
+        return True
+    return op in FUSED_ATTENTION and _dropout_p(op, args, kwargs) == 0
+
+
+class _Show(torch.autograd.Function):
+    """Identity on a block's output that saves the tensors the policy kept, so that
+    saved-tensor hooks count them (measure/activations.py's meter: the pipeline's
+    in-flight bytes, `plan --validate`): the checkpoint's cache holds them outside
+    autograd's hooks. The same storages: no memory is added."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, *kept: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*kept)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (grad, *[None] * len(ctx.saved_tensors))
+
+
+class _Replayable:
+    """The recomputation's context, re-armed for every backward through the region.
+
+    torch's cache hands each kept tensor out once ("only allowed to backward once"), but
+    ZB-H1 goes through a block twice: dL/dx with the graph retained, then dL/dW
+    (parallel/pipeline/runtime.py), as full recomputation allows. The first recomputation
+    notes the cache's entries and every later one puts them back. The tensors stay held
+    until the graph is freed, where torch would release them during the recomputation.
+    """
+
+    def __init__(self, cached: Any) -> None:
+        self.cached = cached  # torch's _CachedTorchDispatchMode; `storage` is its cache
+        self.entries: dict[Any, dict] | None = None
+
+    def __enter__(self) -> Any:
+        storage = self.cached.storage
+        if self.entries is None:
+            self.entries = {op: dict(calls) for op, calls in storage.items()}
+        else:
+            storage.update({op: dict(calls) for op, calls in self.entries.items()})
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.cached.__exit__(*exc)
+
+
+def _recomputed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         # Non-reentrant checkpointing: works with inputs that need no grad and restores the
         # RNG state, so dropout masks in the recomputation equal the first pass's.
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if mode == "full":
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        kept: list[torch.Tensor] = []
 
-    run.recomputed = True  # type: ignore[attr-defined]
+        def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> CheckpointPolicy:
+            if keeps(op, *a, **kw):
+                kept.extend(t for t in tree_leaves(ctx.op_output) if isinstance(t, torch.Tensor))
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        def contexts() -> tuple[Any, Any]:
+            caching, cached = create_selective_checkpoint_contexts(policy)
+            return caching, _Replayable(cached)
+
+        y = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        return _Show.apply(y, *(t.detach() for t in kept)) if kept else y
+
+    run.recomputed = mode  # type: ignore[attr-defined]
     return run
 
 
 def apply_recomputation(blocks: nn.ModuleDict | list[nn.Module], mode: str = "full") -> int:
-    """Recompute each block's activations in backward; return how many blocks changed."""
+    """Recompute each block's activations in backward, all of them ("full") or all but
+    the matmul and fused-attention outputs ("selective"); return how many blocks changed."""
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute mode {mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
     if mode == "none":
@@ -39,5 +148,5 @@ def apply_recomputation(blocks: nn.ModuleDict | list[nn.Module], mode: str = "fu
     modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
     for block in modules:
         if not getattr(block.forward, "recomputed", False):
-            block.forward = _recomputed(block.forward)
+            block.forward = _recomputed(block.forward, mode)
     return len(modules)

@@ -151,9 +151,9 @@ class Replica(Protocol):
 
 
 class WholeGradients:
-    """The gradient half of the protocol for a module whose gradients are whole in `p.grad`:
-    what DataParallel does with its replica's, and what the parameter server needs to
-    clip the gradients a worker pushed."""
+    """The gradient and checkpoint parts of the protocol for a module held whole, its
+    gradients in `p.grad`: what DataParallel does with its replica's, and what the
+    parameter server needs to clip the gradients a worker pushed and to checkpoint."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -163,6 +163,14 @@ class WholeGradients:
 
     def scale_grads_(self, factor: float) -> None:
         scale_whole_grads_(self.module, factor)
+
+    def checkpoint_pieces(
+        self, optimizer: torch.optim.Optimizer
+    ) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        return whole_checkpoint_pieces(self.module, optimizer)
+
+    def after_load(self) -> None:
+        """The whole values were loaded: nothing else holds a copy."""
 
 
 def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
@@ -230,6 +238,20 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     all_reduce_in_place([p.grad for p in params], group)
+
+
+def whole_checkpoint_pieces(
+    module: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[list[StatePiece], list[torch.Tensor]]:
+    """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW: each
+    parameter is one piece, [0, numel), with its moments; and AdamW's step counters."""
+    pieces, counters = [], []
+    for name, p in module.named_parameters():
+        state = adam_state(optimizer, p)
+        counters.append(state["step"])
+        tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}
+        pieces.append(StatePiece(name, p.shape, 0, p.numel(), tensors))
+    return pieces, counters
 
 
 def complete_state_dict(

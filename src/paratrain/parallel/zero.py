@@ -12,10 +12,11 @@ of model state that data parallelism keeps. Here, over the dp group of k ranks:
   the backward hook that fills it until its reduce-scatter completes; then only this
   rank's part is kept, added into the gradient shard. Same traffic as stage 1.
 
-With K micro-batches, stage 2 either holds the full gradients across micro-batches and
-reduce-scatters once (accumulate="full", default: memory of the full gradient until the
-last backward, traffic 2(k-1)S/k) or reduce-scatters after every micro-batch into the
-shard (accumulate="shard": gradient memory S/k, gradient traffic K(k-1)S/k).
+With K micro-batches, stage 2 either reduce-scatters after every micro-batch into the
+shard (accumulate="shard", the default, as DeepSpeed's ZeRO-2: gradient memory S/k plus
+the buckets in flight, gradient traffic K(k-1)S/k) or holds the full gradients across
+micro-batches and reduce-scatters once (accumulate="full": memory of the full gradient
+until the last backward, so its peak exceeds stage 1's by the shard; traffic 2(k-1)S/k).
 
 The flat buffer lists parameters in reverse order of registration, so buckets (contiguous
 ranges of it) fill one after another during backward, as in the DDP wrapper; a bucket's
@@ -57,7 +58,8 @@ class ZeroDataParallel(FlatShardReplica):
     """ZeRO stage 0, 1 or 2 of `module` over `group` (see the module docstring).
 
     reduce_op: "sum" for losses already normalised by the global token count (the training
-    loop's way), "avg" for per-replica mean losses (DDP's way).
+    loop's way), "avg" for per-replica mean losses (DDP's way). accumulate: stage 2 with
+    K micro-batches, "shard" (reduce-scatter each one) or "full" (module docstring).
     """
 
     def __init__(
@@ -68,7 +70,7 @@ class ZeroDataParallel(FlatShardReplica):
         precision: MixedPrecision | None = None,
         bucket_mb: float = 25.0,
         reduce_op: str = "sum",
-        accumulate: str = "full",
+        accumulate: str = "shard",
     ) -> None:
         super().__init__()
         if stage not in (0, 1, 2):
@@ -172,7 +174,16 @@ class ZeroDataParallel(FlatShardReplica):
     def _flush(self) -> None:
         self._flush_queued = False
         self._launch_ready(force=True)
+        # Wait for this backward's reduce-scatters before it returns, as DeepSpeed's ZeRO-2
+        # does at the end of each backward: their whole buckets die here, so between
+        # micro-batches (the next forward's activations) only the shard is held. Left to
+        # the next backward's hooks, they would sit beside those activations.
+        self._drain()
         self._reset_round()
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._complete(*self._pending.pop(0))
 
     def _launch_ready(self, force: bool = False) -> None:
         """Launch complete buckets strictly in index order (the same calls on every rank)."""
@@ -228,8 +239,7 @@ class ZeroDataParallel(FlatShardReplica):
         """Launch what is left (parameters without a gradient contribute zeros), wait."""
         if not self._per_micro_batch:  # else every backward already flushed its round
             self._launch_ready(force=True)
-        while self._pending:
-            self._complete(*self._pending.pop(0))
+        self._drain()
         self._reset_round()
         self._touched.clear()
         if self.stage >= 1:  # only the shard's gradient is reduced: hide the rest
@@ -261,9 +271,10 @@ class ZeroDataParallel(FlatShardReplica):
 
     @torch.no_grad()
     def _gather_params(self) -> None:
-        """Every rank updated its shard: all-gather them into the full parameters."""
+        """Every rank updated its shard: all-gather them into the full parameters, in
+        place (the shard is this rank's piece of them): no full-size receive buffer."""
         sizes = [self.layout.shard] * self.group.size
-        self.flat_params.copy_(comm.all_gather_flat(self.shard.param, self.group, sizes=sizes))
+        comm.all_gather_flat(self.shard.param, self.group, sizes=sizes, out=self.flat_params)
 
     # -- state -----------------------------------------------------------------------------
     def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:

@@ -11,14 +11,16 @@ Where the seeds are loose this follows the primary papers (docs/seed-notes.md):
   (ZeRO, arXiv:1910.02054, section 7). S is the flat buffer padded to a multiple of k, so
   (k - 1) S / k = (k - 1) ceil(n / k) elements exactly. ZeRO-3 keeps no whole gradient,
   so it reduce-scatters after every micro-batch. ZeRO-2 with K micro-batches follows
-  `Workload.zero2_accumulate`: "full" (the runtime's default) holds the whole gradient
-  until the last micro-batch and reduce-scatters once, 2 (k - 1) S / k per step, paid in
-  memory (memory.py's `grad_accumulation`); "shard" (DeepSpeed's ZeRO-2) reduce-scatters
-  after every micro-batch into the shard: K (k - 1) S / k + (k - 1) S / k.
+  `Workload.zero2_accumulate`: "shard" (the default, the runtime's and DeepSpeed's)
+  reduce-scatters after every micro-batch into the shard: K (k - 1) S / k + (k - 1) S / k;
+  "full" holds the whole gradient until the last micro-batch and reduce-scatters once,
+  2 (k - 1) S / k per step, paid in memory (memory.py's `grad_accumulation`).
 - Megatron tensor parallelism (arXiv:1909.08053, section 3) does not all-gather between
   the column- and row-parallel layers: per layer one all-reduce of the b s h activation
   after attention and one after the MLP in forward, two more in backward (and two more
-  with full recomputation, which reruns the forward: arXiv:2205.05198, section 5). The
+  with full recomputation, which reruns the forward: arXiv:2205.05198, section 5; our
+  selective recomputation reruns them too, since it recomputes the collectives between
+  the kept matmuls: parallel/recompute.py). The
   vocabulary-parallel cross-entropy adds 3 fp32 numbers per token (two all-reduces).
 
 Traffic is for the busiest GPU by default; `stage=` gives one pipeline stage's exactly
@@ -141,7 +143,7 @@ def tp_traffic(
 ) -> list[CommEntry]:
     """Megatron all-reduces over the tp group on pipeline stage `stage` (default the first).
 
-    Per block 2 in forward and 2 in backward (6 with full recomputation); the
+    Per block 2 in forward and 2 in backward (6 with full or selective recomputation); the
     vocabulary-parallel embedding's output in forward on the stage holding the embedding,
     the head's input gradient in backward on the stage holding the head. That stage also
     runs the vocabulary-parallel cross-entropy: per token a max, then the sum of exp and
@@ -155,7 +157,7 @@ def tp_traffic(
     pieces = virtual_stage_layers(model.n_layer, s, v)  # type: ignore[arg-type]
     layers = sum(pieces[vs] for vs in mine)
     has_head = s * v - 1 in mine
-    per_layer = 6 if workload.recompute == "full" else 4
+    per_layer = 4 if workload.recompute == "none" else 6  # selective too: module docstring
     ends = (0 in mine) + has_head
     calls = microbatches * (layers * per_layer + ends)
     size = activation_message_bytes(model, workload)

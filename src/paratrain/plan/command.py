@@ -83,12 +83,13 @@ def _training_arguments(w: argparse._ArgumentGroup) -> None:
     )
     w.add_argument(
         "--zero2-accumulate",
-        default="full",
+        default="shard",
         choices=ZERO2_ACCUMULATE,
-        help="ZeRO-2 with K > 1 micro-batches, which option the search charges: full (the "
-        "runtime's default: whole gradient held until the last micro-batch, one "
-        "reduce-scatter) or shard (reduce-scatter every micro-batch: gradient memory 1/k, "
-        "K x gradient traffic); the table shows the other beside it (default full)",
+        help="ZeRO-2 with K > 1 micro-batches, which option the search charges: shard (the "
+        "runtime's default, DeepSpeed's: reduce-scatter every micro-batch, model state "
+        "2N + 14N/k with mixed Adam, K x gradient traffic) or full (whole gradient held "
+        "until the last micro-batch, one reduce-scatter); the table shows the other beside "
+        "it (default shard)",
     )
     w.add_argument(
         "--train-tokens",
@@ -134,7 +135,7 @@ def _output_arguments(out: argparse._ArgumentGroup) -> None:
         default="",
         metavar="NAMES",
         help="with --validate, only these comma-separated cases: dp, tp, gpipe, 1f1b, "
-        "interleaved, 3d, zero1, zero2, zero2-shard, zero3, ... (default: all)",
+        "interleaved, 3d, zero1, zero2-full, zero2-shard, zero3, ... (default: all)",
     )
 
 

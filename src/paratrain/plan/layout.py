@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
 
-# The planner also models selective recomputation (attention only, Korthikanti et al.,
-# arXiv:2205.05198), which the runtime does not implement: a planner-only extension.
-RECOMPUTE = (*RECOMPUTE_MODES, "selective")
+# The runtime's modes, counted as the runtime runs them ("selective" is its op-level policy,
+# parallel/recompute.py, not Korthikanti et al.'s attention-core variant).
+RECOMPUTE = RECOMPUTE_MODES
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,11 @@ class Workload:
     overlap: float = 0.0  # fraction of data-parallel traffic hidden behind backward
     bucket_bytes: int = 25 * 2**20  # gradient bucket (PyTorch DDP's 25 MiB default)
     train_tokens: float = 300e9  # for the total training time (GPT-3 trained on 300B)
-    # ZeRO-2 with K > 1 micro-batches: "full" holds the whole gradient until the last one
-    # and reduce-scatters once (the runtime's default); "shard" reduce-scatters after every
-    # micro-batch into the shard (DeepSpeed's ZeRO-2). See comm.py and memory.py.
-    zero2_accumulate: str = "full"
+    # ZeRO-2 with K > 1 micro-batches: "shard" reduce-scatters after every micro-batch into
+    # the shard (the runtime's default, DeepSpeed's ZeRO-2: model state 2N + 14N/k with
+    # mixed Adam); "full" holds the whole gradient until the last one and reduce-scatters
+    # once. See comm.py and memory.py.
+    zero2_accumulate: str = "shard"
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:

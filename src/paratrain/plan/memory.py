@@ -13,20 +13,25 @@ N among tp * pp GPUs; ZeRO then shards over the dp group of k GPUs:
 
 A sharded flat buffer is padded to a multiple of k, so a shard is ceil(n / k) elements.
 
-ZeRO-2 with K > 1 micro-batches and accumulate "full" (the runtime's default) also holds
-the whole gradient, n x grad bytes, from the first micro-batch's backward until the one
+ZeRO-2 with accumulate "shard" (the default, the runtime's and DeepSpeed's) reduce-scatters
+gradients into the shard after every micro-batch (K-fold traffic, comm.py), so its model
+state is the table's row, 2N + 14N/k with mixed-precision Adam (the seeds, ZeRO's
+figure 1). With K > 1 micro-batches and accumulate "full" it also holds the whole
+gradient, n x grad bytes, from the first micro-batch's backward until the one
 reduce-scatter after the last (parallel/zero.py): `grad_accumulation`, a transient item
 counted in the total (it is alive at the peak, during the last backward) but not at the
 step boundary. Beside the ceil(n / k) shard it makes the peak exceed ZeRO-1's by that
-shard. With accumulate "shard" gradients are reduce-scattered into the shard after every
-micro-batch (K-fold traffic, comm.py), and the item is 0, as it is for K = 1.
+shard. With "shard", and for K = 1, the item is 0.
 
 Activations per transformer layer and micro-batch (Korthikanti et al., arXiv:2205.05198,
 section 4, 16-bit activations): s b h (34 + 5 a s / h) bytes; with tensor parallelism of
-degree t and no sequence parallelism s b h (10 + 24 / t + 5 a s / (h t)); selective
-recomputation drops the attention-score terms 5 a s / (h t); full recomputation keeps only
-each layer's input, 2 s b h. The output layer adds 4 s b v / t (fp32 logits). That is the
-GPT's count; our GPT saves 0.6-0.7 of it (no score matrix, no dropout masks: docs/planner.md).
+degree t and no sequence parallelism s b h (10 + 24 / t + 5 a s / (h t)); full
+recomputation keeps only each layer's input, 2 s b h. The output layer adds 4 s b v / t
+(fp32 logits). That is the GPT's count; our GPT saves 0.6-0.7 of it (no score matrix, no
+dropout masks: docs/planner.md). Selective recomputation is counted as our runtime runs it
+(parallel/recompute.py: matmul and fused-attention outputs kept, the rest recomputed),
+not as Korthikanti's attention-core variant (drop the 5 a s / (h t) scores), which saves
+nothing when a fused kernel keeps no scores: `layer_activation_bytes`.
 A Llama block is counted from what models/llama.py really saves, derived with Korthikanti's
 method for its own layers (`llama_layer_activation_bytes`).
 """
@@ -36,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paratrain.models.presets import ffn_width
+from paratrain.models.presets import ffn_width, kv_heads
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 
@@ -114,16 +119,46 @@ def redundant_bytes(n_params: int, workload: Workload, layout: Layout) -> int:
 
 
 def layer_activation_bytes(
-    seq_len: int, micro_batch: int, d_model: int, n_head: int, tp: int, recompute: str
+    seq_len: int,
+    micro_batch: int,
+    d_model: int,
+    n_head: int,
+    tp: int,
+    recompute: str,
+    sequence_parallel: bool = False,
+    element_bytes: int = 2,
 ) -> float:
-    """Activation bytes one transformer layer keeps for one micro-batch (16-bit elements)."""
-    s, b, h, a, t = seq_len, micro_batch, d_model, n_head, tp
+    """Activation bytes one GPT layer keeps for one micro-batch, elements of e =
+    `element_bytes` (16-bit by default).
+
+    none: Korthikanti's count (module docstring), scaled from 16 bits to e; it ignores
+    sequence parallelism. full: each layer's input, e h / r per token, r = t under
+    sequence parallelism, else 1. selective: what our runtime's op-level policy keeps
+    (parallel/recompute.py), per token, t = tp:
+
+      block input (the checkpoint's)                             h / r
+      q, k, v Linears' outputs (column-parallel)                 3h / t
+      SDPA's output; its logsumexp per head                      h / t, and a / t fp32
+      attention proj's output (row-parallel: the partial sum,
+            whole, before the all-reduce or reduce-scatter)      h
+      fc's output                                                4h / t
+      MLP proj's output (partial sum; backward never reads it)   h
+
+    so bytes = s b [e (h/r + 2h + 8h/t) + 4 a / t]. Recomputed: both LayerNorms, gelu,
+    the residual adds, the reshape of the heads, the collectives. With attention dropout
+    the fused kernel is recomputed (h/t and the logsumexp less); the planner has no
+    dropout. CUDA's efficient-attention kernel pads the logsumexp to 32 positions.
+    tests/test_recompute.py measures the block against this, at tp 1 and 2, with and
+    without sequence parallelism.
+    """
+    s, b, h, a, t, e = seq_len, micro_batch, d_model, n_head, tp, element_bytes
+    r = t if sequence_parallel else 1
     if recompute == "full":
-        return 2 * s * b * h
-    per_sbh = 10 + 24 / t
-    if recompute == "none":
-        per_sbh += 5 * a * s / (h * t)
-    return s * b * h * per_sbh
+        return e * s * b * h / r
+    if recompute == "selective":
+        return s * b * (e * (h / r + 2 * h + 8 * h / t) + 4 * a / t)
+    per_sbh = 10 + 24 / t + 5 * a * s / (h * t)
+    return s * b * h * per_sbh * e / 2
 
 
 def llama_layer_activation_bytes(
@@ -155,16 +190,31 @@ def llama_layer_activation_bytes(
     and per sequence the rotary cos and sin of q and of k, 4 s d, whole on every rank. So
     bytes = s b [e (2h/r + 2h + (4h + 4f)/t) + 4 (2/r + a/t)] + 4 e s d.
     No s^2 term: SDPA saves no score matrix (its kernel recomputes the scores in backward),
-    so selective recomputation has nothing to drop here; no dropout. GQA does not shrink k
-    and v: attention repeats them to all heads before SDPA, which keeps the copies (SDPA's
-    enable_gqa would keep 2 (h - d_kv) / t per token less). Tensor parallelism splits heads
-    and f (models/plans.py); the norms' outputs stay whole even under sequence parallelism,
-    because our column-parallel layers keep the all-gathered input where Megatron keeps the
-    local part and gathers it again in backward. Full recomputation keeps each block's
-    input, e h / r per token. The norms are torch's fused kernel (`_fused_rms_norm`, CUDA);
-    on CPU rms_norm is composite and also keeps the normalised input, 2h / r in fp32.
+    so Korthikanti's selective recomputation would have nothing to drop; no dropout. GQA
+    does not shrink k and v: attention repeats them to all heads before SDPA, which keeps
+    the copies (SDPA's enable_gqa would keep 2 (h - d_kv) / t per token less). Tensor
+    parallelism splits heads and f (models/plans.py); the norms' outputs stay whole even
+    under sequence parallelism, because our column-parallel layers keep the all-gathered
+    input where Megatron keeps the local part and gathers it again in backward. Full
+    recomputation keeps each block's input, e h / r per token. The norms are torch's fused
+    kernel (`_fused_rms_norm`, CUDA); on CPU rms_norm is composite and also keeps the
+    normalised input, 2h / r in fp32.
     tests/test_plan_llama.py measures the block at tp 1 and 2, with and without sequence
     parallelism, and finds exactly this plus that CPU term.
+
+    Selective recomputation (parallel/recompute.py: keep matmul and fused-attention
+    outputs) keeps, per token, d_kv = n_kv_head d:
+
+      block input (the checkpoint's)                             h / r
+      q's output; k's and v's, before the repeat to all heads    h / t; 2 d_kv / t
+      SDPA's output; its logsumexp per head                      h / t; a / t fp32
+      o's output (row-parallel: the partial sum, whole)          h
+      gate's and up's outputs                                    2f / t
+      down's output (partial sum; backward never reads it)       h
+
+    so bytes = s b [e (h/r + 2h + (2h + 2 d_kv + 2f)/t) + 4 a / t]. Recomputed: the norms
+    (and their rms), rotary and its tables, the repeat of k and v, silu and the product,
+    the residual adds, the collectives. tests/test_recompute.py measures it, exactly.
     """
     s, b, t, e = model.seq_len, micro_batch, tp, element_bytes
     h, a = model.d_model, model.n_head
@@ -172,6 +222,10 @@ def llama_layer_activation_bytes(
     r = t if sequence_parallel else 1
     if recompute == "full":
         return e * s * b * h / r
+    if recompute == "selective":
+        d_kv = kv_heads(model) * (h // a)  # type: ignore[arg-type]
+        kept = h / r + 2 * h + (2 * h + 2 * d_kv + 2 * ffn_width(model)) / t  # type: ignore[arg-type]
+        return s * b * (e * kept + 4 * a / t)
     per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model)) / t)  # type: ignore[arg-type]
     per_token += 4 * (2 / r + a / t)  # fp32 statistics
     rotary = e * 4 * s * (h // a)
@@ -179,16 +233,15 @@ def llama_layer_activation_bytes(
 
 
 def block_activation_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
-    """One layer's activation bytes in the workload's precision: the GPT's 16-bit count
-    scaled by the element size, a Llama's counted at it."""
+    """One layer's activation bytes in the workload's precision (element size)."""
     p, b, recompute = workload.precision, workload.micro_batch, workload.recompute
     if model.arch == "llama":
         return llama_layer_activation_bytes(
             model, b, tp, recompute, element_bytes=p.activation_bytes
         )
     h, a = model.d_model, model.n_head
-    per_layer = layer_activation_bytes(model.seq_len, b, h, a, tp, recompute)  # type: ignore[arg-type]
-    return per_layer * p.activation_bytes / 2
+    e = p.activation_bytes
+    return layer_activation_bytes(model.seq_len, b, h, a, tp, recompute, element_bytes=e)  # type: ignore[arg-type]
 
 
 def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:

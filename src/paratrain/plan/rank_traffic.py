@@ -20,7 +20,11 @@ Two tensor-parallel terms depend on how this runtime works, so they are counted 
 - full recomputation (PyTorch's non-reentrant checkpoint) stops recomputing a block once
   the last tensor its backward needs is back. With dropout 0 the MLP's closing all-reduce
   feeds nothing that is saved, so only the attention's is repeated: 1 all-reduce per block
-  per micro-batch, not Megatron's 2 (comm.py counts those 2 for the plan);
+  per micro-batch, not Megatron's 2 (comm.py counts those 2 for the plan). Selective
+  recomputation (parallel/recompute.py) recomputes the collectives between the kept
+  matmuls and stops at the same tensor, so it repeats the same all-reduces. With sequence
+  parallelism the attention's all-reduce is a reduce-scatter and both all-gathers before
+  it and the MLP are repeated too: 1.5 all-reduces' bytes per block (2 with dropout);
 - sequence parallelism leaves the gradients of the replicated parameters (LayerNorms, the
   row-parallel biases, the position embedding) partial: one all-reduce of them per step
   (parallel/tensor_parallel_state.py).
@@ -142,7 +146,7 @@ def _tp_terms(
     sequence_parallel: bool,
     dropout: float,
 ) -> list[RankTraffic]:
-    plain = replace(workload, recompute="none") if workload.recompute == "full" else workload
+    plain = replace(workload, recompute="none")
     out = [
         RankTraffic("tp", e.op, e.what, e.bytes)
         for e in comm.tp_traffic(model, plain, layout, ONE_NODE, microbatches, at.stage)
@@ -150,13 +154,15 @@ def _tp_terms(
     if layout.tp == 1:
         return out
     t, size = layout.tp, comm.activation_message_bytes(model, workload)
-    if workload.recompute == "full":
+    if workload.recompute != "none":  # full and selective repeat the same collectives
         layers = sum(
             virtual_stage_layers(model.n_layer, layout.pp, layout.chunks)[vs]  # type: ignore[arg-type]
             for vs in stage_virtual_stages(at.stage, layout.pp, layout.chunks)
         )
-        repeated = 1 if dropout == 0 else 2  # see the module docstring
-        sent = microbatches * layers * repeated * comm.all_reduce_bytes(size, t)
+        # Half all-reduces (an all-gather or a reduce-scatter) repeated per block: module
+        # docstring; with sequence parallelism the all-gathers before q, k, v and the MLP too.
+        halves = 4 if dropout else (3 if sequence_parallel else 2)
+        sent = microbatches * layers * halves * comm.reduce_scatter_bytes(size, t)
         out.append(RankTraffic("tp", "all_reduce", "recomputed forward", sent))
     if sequence_parallel:
         n = replicated_params(model, layout, at.stage)

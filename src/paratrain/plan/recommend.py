@@ -4,8 +4,9 @@ The rule (seeds, section 9.2.5 "三套接口的选择判据" and the 9.2.4 one-l
 3D layout of seeds' FAQ Q20 and Megatron-LM, arXiv:2104.04473, section 3.3):
   1. the model states and activations fit as plain DP: use DP;
   2. slightly over: ZeRO-1, else ZeRO-2 (same traffic as DP, less memory; with K > 1
-     micro-batches only with Workload.zero2_accumulate "shard", at K-fold gradient
-     traffic, since "full" holds the whole gradient beside the shard: memory.py);
+     micro-batches that holds for Workload.zero2_accumulate "shard", the default, at
+     K-fold gradient traffic, while "full" holds the whole gradient beside the shard, at
+     its peak more than ZeRO-1: memory.py);
   3. far over: ZeRO-3 / FSDP;
   4. still over: tensor parallel, only within a node;
   5. then pipeline stages across nodes.

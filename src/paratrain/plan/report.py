@@ -6,6 +6,7 @@ from pathlib import Path
 
 from paratrain.plan.cluster import GB
 from paratrain.plan.estimate import Estimate
+from paratrain.plan.layout import Workload
 from paratrain.plan.recommend import SYNC_VS_ASYNC, Plan
 
 MAX_REJECTED_ROWS = 20
@@ -58,6 +59,24 @@ def zero2_note(e: Estimate) -> str | None:
     )
 
 
+def zero2_assumption(w: Workload) -> str:
+    """One line: which ZeRO-2 accumulation the table charges, and its model state in N."""
+    p = w.precision
+    sharded = w.state_bytes_per_param - p.param_bytes  # 14 for mixed-precision Adam
+    state = f"{p.param_bytes}N + {sharded}N/k bytes of model state ({p.name} {w.optimizer})"
+    if w.zero2_accumulate == "shard":
+        return (
+            "ZeRO-2 assumes gradients reduce-scattered into the 1/k shard after every "
+            f"micro-batch (--zero2-accumulate shard, as DeepSpeed): {state}, K x the gradient "
+            "traffic; --zero2-accumulate full would hold the whole gradient instead"
+        )
+    return (
+        "ZeRO-2 assumes the whole gradient held until the last micro-batch, one reduce-scatter "
+        f"(--zero2-accumulate full): {state} plus {p.grad_bytes}N (g-acc) while accumulating "
+        "K > 1 micro-batches; --zero2-accumulate shard (the default) does not hold it"
+    )
+
+
 def table(plan: Plan) -> str:
     """Fitting layouts (recommended marked *), then rejected ones with their reasons."""
     m, c, w = plan.model, plan.cluster, plan.workload
@@ -70,8 +89,9 @@ def table(plan: Plan) -> str:
         f"{c.gpu_memory_bytes / GB:.0f} GB each, intra {c.intra_bw / GB:.0f} GB/s, "
         f"inter {c.inter_bw / GB:.0f} GB/s, {c.effective_flops:.3g} FLOP/s effective",
         "GB per GPU (1e9 bytes); g-acc = the whole gradient ZeRO-2 holds while accumulating "
-        f"(--zero2-accumulate {w.zero2_accumulate}); comm = GB sent per GPU per step; days "
-        f"to train {w.train_tokens:.3g} tokens",
+        "with --zero2-accumulate full; comm = GB sent per GPU per step; days to train "
+        f"{w.train_tokens:.3g} tokens",
+        *([zero2_assumption(w)] if any(e.layout.zero == 2 for e in plan.estimates) else []),
         "",
         HEADER,
     ]

@@ -9,7 +9,9 @@
   forward, 8 N (arXiv:2104.04473, section 5.1). Seeds, example 9.2.2: 6 * 7e9 * 1024 *
   1024 tokens = 4.4e16 FLOPs, 440 s at 1e14 FLOP/s. The GPT keeps that count, so the
   seeds' figures reproduce; a Llama is counted as it runs (`llama_flops_per_token`:
-  its matrices, the attention scores, and what our recomputation repeats).
+  its matrices, the attention scores, and what our recomputation repeats). Selective
+  recomputation (parallel/recompute.py) repeats no matrix multiply and no fused attention,
+  only pointwise ops and norms: 6 N, as without recomputation (`training_flops`).
 - A step is compute, plus the pipeline bubble, plus the communication not hidden behind
   compute: tensor- and pipeline-parallel traffic sits on the critical path; a fraction
   `overlap` of data-parallel traffic may hide behind the backward pass.
@@ -37,7 +39,17 @@ def entry_time(entry: CommEntry, cluster: ClusterSpec) -> float:
 
 
 def training_flops(n_params: int, tokens: float, recompute: str = "none") -> float:
-    """6 N T, or 8 N T when every layer's forward is recomputed."""
+    """6 N T, or 8 N T when every layer's forward is recomputed.
+
+    Selective recomputation counts 6 N T: it keeps every matmul's and the fused attention's
+    output and repeats, per token and layer, only the pointwise ops and norms between
+    them: for our GPT 7h + 4 output elements (two LayerNorms with their mean and rstd,
+    gelu's 4h, one residual add; the block's last add is not repeated), for our Llama about
+    20h at f = 2h, d_kv = h/2 (norms, rotary, the repeat of k and v, silu and its product,
+    one add). At about 10 FLOPs an element that is about 70h against the GPT layer's
+    72 h^2 matmul FLOPs per token: 1/h of the step, not counted. tests/test_recompute.py
+    measures both: no extra matmul or attention FLOPs, and the GPT's 7h + 4.
+    """
     return (8 if recompute == "full" else 6) * n_params * tokens
 
 
@@ -55,8 +67,8 @@ def llama_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
     the full s x s block as they count it, causal mask or not. Full recomputation reruns
     each block's forward up to its last saved tensor: PyTorch's non-reentrant checkpoint
     stops once down's input is saved again, before down's product, so it adds
-    L (2 (P - hf) + 4 s h). tests/test_plan_llama.py counts the model's matmuls and finds
-    exactly this.
+    L (2 (P - hf) + 4 s h). Selective recomputation adds no matmul (`training_flops`).
+    tests/test_plan_llama.py counts the model's matmuls and finds exactly this.
     """
     h, s, n_layer = model.d_model, model.seq_len, model.n_layer
     assert h and s and n_layer and model.n_head and model.vocab_size, "FLOPs need the shape"

@@ -9,7 +9,8 @@ are on.
 
 Which data-parallel wrapper a configuration gets:
 - float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
-- --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone);
+- --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone;
+  stage 2 reduce-scatters every micro-batch into its shard unless --zero2-accumulate full);
 - --zero 3: FullyShardedDataParallel over the model's FSDP units.
 """
 
@@ -95,6 +96,17 @@ def seed_rank_stream(seed: int, global_rank: int, step: int = 0) -> None:
     torch.manual_seed(seed + RANK_STRIDE * (global_rank + 1) + STEP_STRIDE * step)
 
 
+def recompute_blocks(model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = None) -> None:
+    """--recompute: wrap each of the plan's recompute units (a block) for activation
+    recomputation in the run's mode (parallel/recompute.py). After tensor parallelism,
+    before data parallelism wraps the model; the asynchronous workers call it too."""
+    if cfg.train.recompute == "none":
+        return
+    plan = plan if plan is not None else plan_of(cfg)
+    units = expand_units(model, [plan.recompute_units])
+    apply_recomputation([model.get_submodule(n) for [n] in units], cfg.train.recompute)
+
+
 def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
     return PipelinePlan(plan.pipeline_blocks, plan.pipeline_first, plan.pipeline_last)
 
@@ -116,9 +128,7 @@ def build_engine(
         sp = p.sequence_parallel
         apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
-    if t.recompute != "none":  # inside each block, so after tensor parallelism
-        units = expand_units(model, [plan.recompute_units])
-        apply_recomputation([model.get_submodule(n) for [n] in units], t.recompute)
+    recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
     if mesh.size("pp") == 1:
         dp = data_parallel(model, mesh.group("dp"), cfg, plan)
         engine: Engine = FlatEngine(dp, mesh.group("tp"))

@@ -29,11 +29,13 @@ import logging
 import pickle
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -100,13 +102,15 @@ def layout_of(cfg: RunConfig, mesh: Mesh) -> dict[str, int]:
     }
 
 
-def _meta(
+def run_meta(
     cfg: RunConfig, mesh: Mesh, step: int, adam_step: int, fingerprint: str
 ) -> dict[str, Any]:
+    """paratrain.json's fields (an asynchronous run's checkpoint adds its server's state)."""
     t = cfg.train
     return {
         "step": step,
         "adam_step": adam_step,
+        "dp_mode": cfg.parallel.dp_mode,
         "layout": layout_of(cfg, mesh),
         "chunks": cfg.parallel.chunks,
         "model": asdict(cfg.model),
@@ -154,8 +158,8 @@ def check_files(path: Path) -> None:
 def check_compatible(
     meta: dict[str, Any], cfg: RunConfig, path: Path, train: tuple[str, ...] = RESUMED
 ) -> None:
-    """The checkpoint must be of this model, and (to resume) trained with this global batch
-    and sequence length."""
+    """The checkpoint must be of this model, and (to resume: `train` not empty) trained
+    with this global batch and sequence length, in the same --dp-mode."""
     problems = []
     for key, value in asdict(cfg.model).items():
         if key in meta["model"] and meta["model"][key] != value:
@@ -164,10 +168,34 @@ def check_compatible(
         saved, now = meta["train"].get(key), getattr(cfg.train, key)
         if saved is not None and saved != now:
             problems.append(f"train.{key} = {now} but the checkpoint has {saved}")
+    if train:
+        problems += _mode_problems(meta, cfg)
     if problems:
         raise CheckpointMismatch(
             f"checkpoint {path} does not match this run: " + "; ".join(problems)
         )
+
+
+def _mode_problems(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """A run resumes in the mode that saved it: the model state is the same, but a
+    synchronous step is one update of G sequences and an asynchronous one W updates of
+    G / W, and only the parameter server's checkpoint says which batches were in flight.
+    An asynchronous run resumes with as many workers: a batch index means (step, part)
+    for its number of workers (train/async_loop.py)."""
+    saved, now = meta.get("dp_mode", "sync"), cfg.parallel.dp_mode  # before: sync only
+    if saved != now:
+        return [
+            f"parallel.dp_mode = {now} but the checkpoint has {saved} (a run resumes in the "
+            f"mode that saved it; --init-from starts a {now} run from its weights)"
+        ]
+    if now == "async" and meta["layout"]["dp"] != cfg.parallel.dp:
+        workers, saved = cfg.parallel.dp - 1, meta["layout"]["dp"] - 1
+        return [
+            f"parallel.dp = {cfg.parallel.dp} ({workers} worker(s) beside the server) but "
+            f"the asynchronous checkpoint has {saved} worker(s); resume on "
+            f"{meta['layout']['world_size']} processes"
+        ]
+    return []
 
 
 def find_resumable(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
@@ -218,25 +246,45 @@ def save(
     path = checkpoint_path(run_dir, step)
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
     if mesh.global_rank == 0:
-        if path.exists():  # a save of this step that never finished
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
-        meta = _meta(cfg, mesh, step, state.adam_step(), fingerprint)
-        (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        start_dir(path, run_meta(cfg, mesh, step, state.adam_step(), fingerprint))
     comm.barrier(world)
     entries: dict[str, Any] = dict(state.tensors)
     entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker, mesh.device)
     start = time.perf_counter()
-    dcp.save(
-        entries,
-        storage_writer=storage_writer or FileSystemWriter(path, thread_count=1),
-        planner=ShardedSavePlanner(),
-        process_group=world.pg,
-    )
+    write_entries(path, entries, world.pg, storage_writer)
     if mesh.global_rank == 0:
         log.info("checkpoint step %d: %s (%.2f s)", step, path, time.perf_counter() - start)
         prune(run_dir, keep)
     return path
+
+
+def start_dir(path: Path, meta: dict[str, Any]) -> None:
+    """A fresh directory for a save, holding paratrain.json (written first; the shards and
+    DCP's .metadata, the commit point, follow)."""
+    if path.exists():  # a save of this step that never finished
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def write_entries(
+    path: Path,
+    entries: dict[str, Any],
+    group: dist.ProcessGroup | None,
+    storage_writer: Any = None,
+) -> None:
+    """DCP's save of `entries` into `path`: collective over `group`, or by this process
+    alone when None (the parameter server, which holds all of the state)."""
+    with warnings.catch_warnings():
+        if group is None:  # "saving in one process": as meant
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.save(
+            entries,
+            storage_writer=storage_writer or FileSystemWriter(path, thread_count=1),
+            planner=ShardedSavePlanner(),
+            process_group=group,
+            no_dist=group is None,
+        )
 
 
 def prune(run_dir: Path, keep: int) -> None:

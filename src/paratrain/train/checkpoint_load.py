@@ -7,8 +7,10 @@ for evaluation on any layout. Each rank reads only its own boxes (train/checkpoi
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
@@ -42,7 +44,7 @@ def load(
     rng_key = f"rng.rank{mesh.global_rank}"
     if same_layout:
         entries[rng_key] = None  # replaced by the loaded object
-    _read(entries, ckpt, mesh)
+    read_entries(entries, ckpt, mesh.control.pg)
     state.set_adam_step(int(meta["adam_step"]))
     for replica in engine.replicas:
         replica.after_load()
@@ -56,19 +58,28 @@ def load_weights(ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg:
     layout, global batch or sequence length; the optimizer only names the pieces."""
     check_compatible(read_meta(ckpt.path), cfg, ckpt.path, train=())
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
-    _read({k: v for k, v in state.tensors.items() if k.startswith("model.")}, ckpt, mesh)
+    models = {k: v for k, v in state.tensors.items() if k.startswith("model.")}
+    read_entries(models, ckpt, mesh.control.pg)
     for replica in engine.replicas:
         replica.after_load()
 
 
-def _read(entries: dict[str, Any], ckpt: Checkpoint, mesh: Mesh) -> None:
+def read_entries(
+    entries: dict[str, Any], ckpt: Checkpoint, group: dist.ProcessGroup | None
+) -> None:
+    """Fill `entries` (`Sharded` boxes, tensors, objects) from `ckpt`; collective over
+    `group`, or in this process alone when None (the parameter server reads by itself)."""
     try:
-        dcp.load(
-            entries,
-            storage_reader=FileSystemReader(ckpt.path),
-            planner=ShardedLoadPlanner(),
-            process_group=mesh.control.pg,
-        )
+        with warnings.catch_warnings():
+            if group is None:  # "loading in one process": as meant
+                warnings.simplefilter("ignore", UserWarning)
+            dcp.load(
+                entries,
+                storage_reader=FileSystemReader(ckpt.path),
+                planner=ShardedLoadPlanner(),
+                process_group=group,
+                no_dist=group is None,
+            )
     except CheckpointMismatch:
         raise
     except (Exception, CheckpointException) as e:  # DCP's derives from BaseException

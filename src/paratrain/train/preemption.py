@@ -4,7 +4,8 @@ stops cleanly.
 The signal reaches the ranks at different moments (or only some of them), so the decision
 to stop is agreed once per step: a one-integer all-reduce (max) over the control group
 (every rank, host-side gloo), after the step's own communication. Every rank then stops
-after the same step.
+after the same step. Asynchronous runs have no common step: they ask `signalled` (this
+rank's flag, no communication) and let the parameter server decide (train/async_loop.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+    def signalled(self) -> bool:
+        """Whether this rank has received SIGTERM; local, not collective."""
+        return self.requested
 
     def __call__(self) -> bool:
         flag = torch.tensor([int(self.requested)], dtype=torch.int64, device="cpu")  # host-side

@@ -213,7 +213,8 @@ def _train_and_record(
 
     try:
         if cfg.parallel.dp_mode == "async":
-            result = train_async(cfg, mesh, data, on_step)
+            signalled = stop.signalled if stop is not None else None  # no collective
+            result = train_async(cfg, mesh, data, on_step, run_dir, resume, signalled)
         else:
             result = train(cfg, mesh, data, on_step, run_dir=run_dir, resume=resume, stop=stop)
         if board is not None:

@@ -41,7 +41,7 @@ class Case:
     name: str
     layout: Layout
     microbatches: int
-    zero2_accumulate: str = "full"  # parallel.zero2_accumulate, for ZeRO-2
+    zero2_accumulate: str = "shard"  # parallel.zero2_accumulate (its default), for ZeRO-2
 
 
 CASES = {
@@ -54,13 +54,15 @@ CASES = {
         Case("interleaved", Layout(pp=2, schedule="interleaved", chunks=2), 4),
         Case("3d", Layout(dp=2, pp=2, tp=2, schedule="1f1b"), 4),
         Case("zero1", Layout(dp=2, zero=1), 2),
-        Case("zero2", Layout(dp=2, zero=2), 2),
+        Case("zero2-full", Layout(dp=2, zero=2), 2, "full"),
         Case("zero2-shard", Layout(dp=2, zero=2), 2, "shard"),
         Case("zero3", Layout(dp=2, zero=3), 2),
         Case("zero3-dp3", Layout(dp=3, zero=3), 2),
         Case("zero3-tp", Layout(dp=2, tp=2, zero=3), 2),
         Case("zero1-pp", Layout(dp=2, pp=2, zero=1, schedule="1f1b"), 4),
-        Case("zero2-pp", Layout(dp=2, pp=2, zero=2, schedule="interleaved", chunks=2), 4),
+        Case(
+            "zero2-full-pp", Layout(dp=2, pp=2, zero=2, schedule="interleaved", chunks=2), 4, "full"
+        ),
         Case("zero2-shard-pp", Layout(dp=2, pp=2, zero=2, schedule="1f1b"), 4, "shard"),
         Case("zb-h1", Layout(pp=2, schedule="zb-h1"), 4),
     )
@@ -95,7 +97,7 @@ def workload_for(cfg: RunConfig) -> Workload:
         precision=PRECISIONS["fp32"],
         recompute=cfg.train.recompute,
         bucket_bytes=2**62,
-        zero2_accumulate=getattr(cfg.parallel, "zero2_accumulate", "full"),
+        zero2_accumulate=cfg.parallel.zero2_accumulate,
     )
 
 
