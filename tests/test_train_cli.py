@@ -112,6 +112,8 @@ def test_same_seed_gives_bitwise_the_same_losses(tmp_path, nproc):
         )
         runs.append(losses(out))
     assert runs[0] == runs[1]  # bitwise: compared as floats parsed from the same JSON text
+    if nproc == 2:
+        return  # that another seed changes the losses is shown once, in one process
     other = tmp_path / "other-seed"
     paratrain(
         "train",
