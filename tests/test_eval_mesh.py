@@ -51,9 +51,7 @@ def _eval(run_dir: Path, data: Path, *layout: str) -> dict:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(
-    "layout", [["--pp", "2"], ["--zero", "3"]], ids=["pp2", "dp2-zero3"]
-)
+@pytest.mark.parametrize("layout", [["--pp", "2"], ["--zero", "3"]], ids=["pp2", "dp2-zero3"])
 def test_eval_on_a_mesh_equals_one_process(run, one_process, layout):
     run_dir, data = run
     one = one_process
