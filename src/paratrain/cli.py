@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -225,24 +224,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("\n".join(dry_run_lines(cfg, data)), flush=True)
         return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
-        from paratrain.train.failure import report_failure
+        from paratrain.train.failure import run_then_exit
 
-        worker_env = WorkerEnv(use_env_rendezvous=True, **env)
-        status = 0
-        try:
+        def work() -> None:
+            worker_env = WorkerEnv(use_env_rendezvous=True, **env)
             summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
             if summary is not None and not args.launched_worker:
                 print_summary(summary, args.json)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DCP's errors derive from BaseException
-            status = report_failure(e, env["rank"], env["restart_count"])  # printed once
-        # Leave without running C++ static destructors: gloo and store threads torn down
-        # in the wrong order have aborted a finished worker now and then ("terminate called
-        # without an active exception"), which the launcher would report as a failure.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+
+        run_then_exit(work, env, "train")
     return launch_and_report(cfg, args.json)
 
 

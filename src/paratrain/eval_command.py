@@ -11,8 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,24 +80,17 @@ def _launch(args: Any, run_dir: Path, layout: dict[str, Any]) -> int:
 
 def _as_worker(args: Any, run_dir: Path, layout: dict[str, Any], env: dict[str, Any]) -> int:
     from paratrain.train.eval_mesh import evaluate_on_mesh
-    from paratrain.train.failure import report_failure
+    from paratrain.train.failure import run_then_exit
     from paratrain.train.worker import WorkerEnv
 
-    status = 0
-    try:
+    def work() -> None:
         cfg = mesh_config(run_dir, layout | {"nproc": env["world_size"]})
-        result = evaluate_on_mesh(
-            cfg, WorkerEnv(use_env_rendezvous=True, **env), run_dir, args.data, args.seq_len
-        )
+        worker_env = WorkerEnv(use_env_rendezvous=True, **env)
+        result = evaluate_on_mesh(cfg, worker_env, run_dir, args.data, args.seq_len)
         if result is not None:
             print_scores(result, args.json)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # DCP's errors derive from BaseException
-        status = report_failure(e, env["rank"], env["restart_count"], "eval")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # as a training worker leaves: no C++ static destructors
+
+    run_then_exit(work, env, "eval")
 
 
 def print_scores(result: dict[str, float], as_json: bool) -> None:

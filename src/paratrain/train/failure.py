@@ -11,8 +11,11 @@ else is an internal error: the failing rank's traceback and exit status 1.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
@@ -60,3 +63,20 @@ def report_failure(
         except OSError:
             pass  # no error file to write (started without the elastic launcher)
     return status
+
+
+def run_then_exit(work: Callable[[], None], env: dict[str, Any], command: str) -> NoReturn:
+    """A launched worker's whole life: `work()`, its error printed once if it fails, then
+    exit without running C++ static destructors (gloo and store threads torn down in the
+    wrong order have aborted a finished worker now and then: "terminate called without an
+    active exception", which the launcher would report as a failure)."""
+    status = 0
+    try:
+        work()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's errors derive from BaseException
+        status = report_failure(e, env["rank"], env["restart_count"], command)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
