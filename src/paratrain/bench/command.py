@@ -37,6 +37,12 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         default=False,
         help="both sides sequence parallel (ours; DTensor SequenceParallel)",
     )
+    overlap = benches.add_parser("overlap", help="communication hidden behind compute, by time")
+    _pairs(overlap, 4)
+    overlap.add_argument(
+        "--mechanisms", default="dp-buckets,zero2,fsdp-prefetch", help="comma-separated"
+    )
+    overlap.add_argument("--algos", default="native,ring", help="comma-separated")
     layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
     layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
     pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
@@ -134,6 +140,13 @@ def _tp(args: argparse.Namespace) -> tuple[Any, int]:
     return run_tp_bench(args.pairs, args.sequence_parallel), 0
 
 
+def _overlap(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.overlap.run import run_overlap_bench
+
+    split = lambda flag: [n.strip() for n in flag.split(",") if n.strip()]  # noqa: E731
+    return run_overlap_bench(args.pairs, split(args.mechanisms), split(args.algos))
+
+
 def _layouts(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.layouts.run import run_layouts_bench
 
@@ -159,6 +172,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "comm": _comm,
     "dp": _dp,
     "tp": _tp,
+    "overlap": _overlap,
     "layouts": _layouts,
     "pp": _pp,
     "zero": _zero,

@@ -3,7 +3,9 @@
 Every op in this package goes through `begin` and then either `finish` (blocking calls) or
 a `Handle` (asynchronous ones). Waiting is bounded by the group's timeout (wait.py); a call
 that does not complete raises CommError naming this rank, the group, the op and its
-sequence number, followed by the watchdog's comparison of all ranks' ledgers.
+sequence number, followed by the watchdog's comparison of all ranks' ledgers. Our own
+algorithms run on the group's communication thread (`run_ours`, progress.py), so that
+they stay in flight behind a Handle as native collectives do.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch.distributed as dist
 
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
+from paratrain.comm.progress import ThreadWork
 from paratrain.comm.same_call import verify_same_call
 from paratrain.comm.traffic import Traffic
-from paratrain.comm.wait import settle, wait_works
+from paratrain.comm.wait import hold_until, link_ready_at, settle, wait_works
 
 
 def describe(*tensors: torch.Tensor | None) -> str:
@@ -54,6 +57,8 @@ def begin(
 
 
 def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
+    if record.algo == "native":  # ours hold each step where it is sent (p2p.exchange)
+        hold_until(group, link_ready_at(group, record.start, traffic.messages))
     group.ledger.finish(
         record, traffic.sent, traffic.recv, traffic.messages, time.perf_counter() - record.start
     )
@@ -62,20 +67,24 @@ def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
 class Handle:
     """A call in flight. `wait()` blocks (bounded by the timeout), counts it, returns its result.
 
-    Our own algorithms run to completion when issued, so their handles are already done.
+    `traffic` None: the call is one of ours on the communication thread, whose single work
+    says what was sent once it is done.
     """
 
     def __init__(
         self,
         group: CommGroup,
         record: CallRecord,
-        works: Sequence[dist.Work | None],
-        traffic: Traffic,
+        works: Sequence[dist.Work | ThreadWork | None],
+        traffic: Traffic | None,
         result: Any = None,
         then: Callable[[], Any] | None = None,
     ) -> None:
         self.group, self.record, self.works, self.traffic = group, record, list(works), traffic
         self._result, self._then, self._done = result, then, False
+        self._ready = 0.0  # when the simulated link lets a native call end (wait.py)
+        if traffic is not None and record.algo == "native":
+            self._ready = link_ready_at(group, record.start, traffic.messages)
 
     @property
     def seq(self) -> int:
@@ -90,11 +99,13 @@ class Handle:
             settle(self.group)  # NCCL: count only the waiting that compute did not hide
             issued = time.perf_counter()
             wait_works(self.group, self.record, self.works)
+            traffic = self.traffic or self.works[0].traffic
+            hold_until(self.group, self._ready)
             if self._then is not None:
                 self._result = self._then()
             waited = time.perf_counter() - issued
             self.group.ledger.finish(
-                self.record, self.traffic.sent, self.traffic.recv, self.traffic.messages, waited
+                self.record, traffic.sent, traffic.recv, traffic.messages, waited
             )
             self._done = True
         return self._result
@@ -113,3 +124,24 @@ class Done:
 
     def wait(self) -> Any:
         return self._result
+
+
+def issued(handle: Handle, async_op: bool) -> Any:
+    """What an op returns: its handle, in flight; or its result once done, when the caller
+    did not ask for async or the group's options switch overlap off."""
+    if async_op and handle.group.options.overlap:
+        return handle
+    result = handle.wait()
+    return Done(result) if async_op else result
+
+
+def run_ours(
+    group: CommGroup,
+    record: CallRecord,
+    call: Callable[[], Traffic],
+    async_op: bool,
+    then: Callable[[], Any] | None = None,
+) -> Any:
+    """Run one of our algorithms (`call` returns what it sent) on the group's thread."""
+    handle = Handle(group, record, [group.progress.submit(call)], None, then=then)
+    return issued(handle, async_op)

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
+from paratrain.comm.progress import Progress
 from paratrain.config import COMM_ALGOS
 
 if TYPE_CHECKING:
@@ -20,12 +21,21 @@ class CommOptions:
     timeout_s: float = 300.0  # a collective not completed by then fails with a report
     algo: str = "native"  # default algorithm where a call does not choose one
     check: bool = False  # verify before each call that all ranks issue the same op/shapes
+    # False: every asynchronous collective completes before it returns. The baseline that
+    # the overlap measurements compare with (tests/test_overlap.py, `bench overlap`).
+    overlap: bool = True
+    # Each message step takes at least this long: a slower network simulated on one
+    # machine, so that communication is long enough to time and, as on a real link, costs
+    # waiting rather than CPU. For measurements only; 0 in training.
+    link_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algo not in COMM_ALGOS:
             raise ValueError(f"comm algo {self.algo!r}; valid: {', '.join(COMM_ALGOS)}")
         if self.timeout_s <= 0:
             raise ValueError(f"comm timeout {self.timeout_s} s must be positive")
+        if self.link_latency_s < 0:
+            raise ValueError(f"link latency {self.link_latency_s} s must be >= 0")
 
 
 class CommGroup:
@@ -57,6 +67,16 @@ class CommGroup:
         # NCCL queues its work on a CUDA stream and returns at once: waiting and timing
         # must synchronise with the device (wait.py), and its tensors live on the GPU.
         self.asynchronous_to_host = pg is not None and dist.get_backend(pg) == "nccl"
+        self._progress: Progress | None = None
+        self.link_free_at = 0.0  # the simulated slower network's queue (wait.py)
+
+    @property
+    def progress(self) -> Progress:
+        """The thread that runs this group's calls of our algorithms (progress.py), started
+        on first use: groups that only use native collectives never have one."""
+        if self._progress is None:
+            self._progress = Progress(self.name, self.device)
+        return self._progress
 
     @classmethod
     def world(

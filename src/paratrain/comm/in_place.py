@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from paratrain.comm import ring, tree
 from paratrain.comm.algos import choose_algo
-from paratrain.comm.call import Done, Handle, begin, describe, finish
+from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
 from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
 from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
@@ -41,7 +41,7 @@ def all_reduce(
     if group.size == 1:
         return Done(tensor) if async_op else tensor
     algo = choose_algo(group, algo, "all_reduce")
-    record = begin(group, "all_reduce", algo, describe(tensor), overlapped=algo == "native")
+    record = begin(group, "all_reduce", algo, describe(tensor), overlapped=True)
     flat = _flat_work(tensor)
     sizes = [b * tensor.element_size() for b in chunk_sizes(tensor.numel(), group.size)]
 
@@ -53,24 +53,16 @@ def all_reduce(
         return tensor
 
     if tensor.numel() == 0:
-        return _finish_now(group, record, Traffic(0, 0, 0), tensor, async_op)
+        finish(group, record, Traffic(0, 0, 0))
+        return Done(tensor) if async_op else tensor
     if algo == "native":
         work = dist.all_reduce(flat, op=NATIVE_OPS[op], group=group.pg, async_op=True)
         traffic = native_traffic(
             "all_reduce", _nbytes(tensor), group.size, group.rank, chunk_bytes=sizes
         )
-        handle = Handle(group, record, [work], traffic, then=done)
-        return handle if async_op else handle.wait()
-    if algo == "ring":
-        traffic = ring.all_reduce_(flat, group, record, op)
-    else:
-        traffic = tree.all_reduce_(flat, group, record, op)
-    return _finish_now(group, record, traffic, done(), async_op)
-
-
-def _finish_now(group, record, traffic, result, async_op):
-    finish(group, record, traffic)
-    return Done(result) if async_op else result
+        return issued(Handle(group, record, [work], traffic, then=done), async_op)
+    algorithm = ring.all_reduce_ if algo == "ring" else tree.all_reduce_
+    return run_ours(group, record, lambda: algorithm(flat, group, record, op), async_op, done)
 
 
 def broadcast(
@@ -89,11 +81,10 @@ def broadcast(
         wait_works(group, record, [dist.broadcast(flat, src=root, group=group.pg, async_op=True)])
         traffic = native_traffic("broadcast", _nbytes(tensor), group.size, group.rank, src)
     else:
-        traffic = tree.broadcast_(flat, group, record, root=src)
-    if flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view_as(tensor))
+        run_ours(group, record, lambda: tree.broadcast_(flat, group, record, root=src), False)
+        return _copy_back(flat, tensor)
     finish(group, record, traffic)
-    return tensor
+    return _copy_back(flat, tensor)
 
 
 def reduce(
@@ -120,8 +111,13 @@ def reduce(
             finish_avg_(flat, group.size)
         traffic = native_traffic("reduce", _nbytes(tensor), group.size, group.rank, dst)
     else:
-        traffic = tree.reduce_(flat, group, record, op, root=dst)
+        run_ours(group, record, lambda: tree.reduce_(flat, group, record, op, root=dst), False)
+        return _copy_back(flat, tensor)
+    finish(group, record, traffic)
+    return _copy_back(flat, tensor)
+
+
+def _copy_back(flat: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
-    finish(group, record, traffic)
     return tensor

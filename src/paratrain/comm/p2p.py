@@ -7,6 +7,8 @@ count toward the collective that uses it.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -14,7 +16,7 @@ from paratrain.comm.call import Handle, begin, describe
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import Traffic
-from paratrain.comm.wait import wait_works
+from paratrain.comm.wait import hold_until, wait_works
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -83,8 +85,10 @@ def exchange(
     ops += [
         dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), group.pg) for t, dst in sends
     ]
+    start = time.perf_counter()
     works = dist.batch_isend_irecv(ops) if ops else []
     wait_works(group, record, works)
+    hold_until(group, start + group.options.link_latency_s)  # each step on our thread
     return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
 
 

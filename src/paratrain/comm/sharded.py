@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from paratrain.comm import ring
 from paratrain.comm.algos import choose_algo
-from paratrain.comm.call import Done, Handle, begin, describe, finish
+from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
 from paratrain.comm.p2p import add
 from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
@@ -34,15 +34,20 @@ def all_gather_flat(
 
     `sizes` (elements per rank) may be given when every rank knows them; otherwise they are
     exchanged first (one small extra all-gather, counted). Sizes may differ between ranks.
-    async_op returns a Handle whose wait() gives the result; it stays in flight only on the
-    native path with equal, known sizes (what FSDP's prefetch needs); otherwise the call
-    completes before it returns. `out` (contiguous, 1-D, of the total size; `tensor` may be
+    async_op returns a Handle whose wait() gives the result; it stays in flight when the
+    sizes are known (and, on the native path, equal): what FSDP's prefetch needs; otherwise
+    the call completes before it returns. `out` (contiguous, 1-D, of the total size; `tensor` may be
     its own rank's piece) receives the result instead of a new tensor: no second copy.
     """
-    if async_op and _can_overlap(group, algo, "all_gather", sizes, tensor.numel()):
+    chosen = choose_algo(group, algo, "all_gather") if group.size > 1 else "native"
+    if async_op and _can_overlap(group, chosen, sizes, tensor.numel()):
         assert sizes is not None
-        record = begin(group, "all_gather", "native", describe(tensor), overlapped=True)
+        record = begin(group, "all_gather", chosen, describe(tensor), overlapped=True)
         out = tensor.new_empty(sum(sizes)) if out is None else out
+        if chosen == "ring":
+            out.split(sizes)[group.rank].copy_(tensor.reshape(-1))
+            gather = lambda: ring.all_gather_(out, sizes, group, record)  # noqa: E731
+            return run_ours(group, record, gather, True, then=lambda: out)
         work = dist.all_gather_single(
             out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
         )
@@ -50,21 +55,19 @@ def all_gather_flat(
         traffic = native_traffic(
             "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
         )
-        return Handle(group, record, [work], traffic, result=out)
+        return issued(Handle(group, record, [work], traffic, result=out), True)
     result = _all_gather(tensor, group, algo, sizes, out)[0]
     return Done(result) if async_op else result
 
 
-def _can_overlap(
-    group: CommGroup, algo: str | None, op: str, sizes: list[int] | None, numel: int
-) -> bool:
-    """Whether an async call can really be left in flight: native, equal sizes, not empty."""
+def _can_overlap(group: CommGroup, algo: str, sizes: list[int] | None, numel: int) -> bool:
+    """Whether an async call can really be left in flight: sizes known (and, for gloo's
+    native all-gather, equal), not empty."""
     return (
         group.size > 1
-        and choose_algo(group, algo, op) == "native"
         and sizes is not None
         and len(sizes) == group.size
-        and len(set(sizes)) == 1
+        and (algo == "ring" or len(set(sizes)) == 1)
         and sizes[group.rank] == numel
         and numel > 0
     )
@@ -112,7 +115,9 @@ def _all_gather(
         traffic = Traffic(0, 0, 0)
     elif algo == "ring":
         out.split(sizes)[group.rank].copy_(tensor.reshape(-1))
-        traffic = ring.all_gather_(out, sizes, group, record)
+        gather = lambda: add(ring.all_gather_(out, sizes, group, record), meta)  # noqa: E731
+        run_ours(group, record, gather, False)
+        return out, sizes
     else:
         _native_all_gather_padded(tensor.reshape(-1), sizes, out, group, record)
         traffic = native_traffic(
@@ -162,8 +167,8 @@ def reduce_scatter(
 
     Chunks follow `sizes` (elements per rank; default `chunk_sizes(numel, k)`, the first
     numel % k chunks one element longer). The input is not modified (nor may it be while
-    an async call is in flight). async_op returns a Handle: the native path stays in flight
-    (ZeRO-2's overlap with backward); our ring completes before it returns.
+    an async call is in flight). async_op returns a Handle, in flight (ZeRO-2's overlap
+    with backward): the native call in the backend, our ring on the group's thread.
     """
     if async_op:
         return _reduce_scatter_async(tensor, group, op, algo, sizes)
@@ -184,14 +189,11 @@ def reduce_scatter(
         finish(group, record, Traffic(0, 0, 0))
         return flat.clone()
     if algo == "ring":
-        work = flat.clone()
-        traffic = ring.reduce_scatter_(work, sizes, group, record, op)
-        mine = work.split(sizes)[group.rank].clone()
-    else:
-        mine = _native_reduce_scatter_padded(flat, sizes, group, record, op)
-        traffic = native_traffic(
-            "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
-        )
+        return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=False)
+    mine = _native_reduce_scatter_padded(flat, sizes, group, record, op)
+    traffic = native_traffic(
+        "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
+    )
     finish(group, record, traffic)
     return mine
 
@@ -199,11 +201,7 @@ def reduce_scatter(
 def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
     flat = tensor.reshape(-1)
     sizes = sizes if sizes is not None else chunk_sizes(flat.numel(), group.size)
-    if (
-        group.size == 1
-        or flat.numel() == 0
-        or choose_algo(group, algo, "reduce_scatter") != "native"
-    ):
+    if group.size == 1 or flat.numel() == 0:
         return Done(reduce_scatter(tensor, group, op, algo, sizes))
     check_op(op)
     if len(sizes) != group.size or sum(sizes) != flat.numel():
@@ -211,7 +209,10 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
             f"reduce_scatter sizes {sizes} must be {group.size} numbers adding up to "
             f"the tensor's {flat.numel()} elements"
         )
-    record = begin(group, "reduce_scatter", "native", describe(tensor), overlapped=True)
+    chosen = choose_algo(group, algo, "reduce_scatter")
+    record = begin(group, "reduce_scatter", chosen, describe(tensor), overlapped=True)
+    if chosen == "ring":
+        return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=True)
     padded, longest = _pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
     work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
@@ -226,7 +227,19 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
             finish_avg_(mine, group.size)
         return mine
 
-    return Handle(group, record, [work], traffic, then=done)
+    return issued(Handle(group, record, [work], traffic, then=done), True)
+
+
+def _ring_reduce_scatter(flat, sizes, group, record, op, async_op):
+    """On a copy (the input stays untouched); the result is this rank's chunk of it."""
+    work = flat.clone()
+    return run_ours(
+        group,
+        record,
+        lambda: ring.reduce_scatter_(work, sizes, group, record, op),
+        async_op,
+        then=lambda: work.split(sizes)[group.rank].clone(),
+    )
 
 
 def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int]:

@@ -50,8 +50,25 @@ def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work |
             if group.asynchronous_to_host:
                 _poll(work, group.options.timeout_s)
             work.wait(timeout=timeout(group))
+        except CommError:
+            raise  # from our communication thread: it already names the failed step
         except RuntimeError as e:
             raise failure(group, record, e) from e
+
+
+def link_ready_at(group: CommGroup, start: float, steps: int) -> float:
+    """When a native call of `steps` message steps, issued at `start`, may end on the
+    simulated slower network (CommOptions.link_latency_s): the link carries one call at a
+    time, as one NCCL stream or one ring of our thread does, so it waits for the calls
+    issued before it. Records the link busy until then."""
+    ready = max(start, group.link_free_at) + steps * group.options.link_latency_s
+    group.link_free_at = ready
+    return ready
+
+
+def hold_until(group: CommGroup, ready: float) -> None:
+    if group.options.link_latency_s > 0:
+        time.sleep(max(0.0, ready - time.perf_counter()))
 
 
 def _poll(work: dist.Work, timeout_s: float) -> None:

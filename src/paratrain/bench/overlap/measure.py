@@ -1,0 +1,159 @@
+"""How much communication the backward (and FSDP's forward) hides, measured by time.
+
+One rank's side of the measurement, for one mechanism and one algorithm. Two groups on the
+same process group differ only in `CommOptions.overlap`: with it off, every asynchronous
+collective completes before it returns, so the step is compute plus communication. Steps
+with overlap on and off alternate; per pair,
+
+    hidden = (T_off - T_on) / C_off
+
+where T is the wall time of the part of the step that holds the communication and C_off
+the seconds the off step spent in its collectives (all of them exposed). 1 means all
+communication ran behind compute; 0 means none did. The median over pairs is reported,
+and beside it the same fraction from where the waiting happens: 1 - W_on / C_off, with
+W_on the seconds the on step's training thread was blocked in waits. The first includes
+everything overlap costs (the communication's own CPU time, taken from the compute it
+runs beside); the second only the waiting, and is the steadier one on a loaded machine.
+
+The link is slowed by `CommOptions.link_latency_s` per message step, so that communication
+is long enough to time and costs waiting, as on a real network, rather than CPU that the
+two ranks' computation already uses.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.zero import ZeroDataParallel
+
+MECHANISMS = ("dp-buckets", "zero2", "fsdp-prefetch")
+
+
+# Message steps per layer of each mechanism, at k ranks: the all-reduce of a bucket
+# (2 (k - 1)), ZeRO-2's reduce-scatter (k - 1), FSDP's forward and backward gathers and
+# its reduce-scatter (3 (k - 1)).
+STEPS_PER_LAYER = {"dp-buckets": 2, "zero2": 1, "fsdp-prefetch": 3}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A stack of wide linear layers: each a bucket (DP, ZeRO-2) or a unit (FSDP) of its
+    own, so communication can start after the first layer's gradients.
+
+    comm_share: the link latency is set, per mechanism, so that communication without
+    overlap takes this share of the compute it could hide behind (measured first, the
+    fastest of a few steps): long enough to time, short enough that it can all be hidden
+    but for the last layer's, on any machine and under any load.
+    """
+
+    width: int = 256
+    layers: int = 12
+    batch: int = 4096
+    comm_share: float = 0.5
+    pairs: int = 9
+    control: bool = False  # both sides without overlap: then nothing may appear hidden
+
+    @property
+    def layer_mb(self) -> float:
+        return (self.width * self.width + self.width) * 4 / 2**20
+
+
+def build_model(w: Workload) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(w.layers):
+        layers += [nn.Linear(w.width, w.width), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def wrap(mechanism: str, w: Workload, group: comm.CommGroup) -> nn.Module:
+    model = build_model(w)
+    if mechanism == "dp-buckets":
+        return DataParallel(model, group, bucket_mb=w.layer_mb)
+    if mechanism == "zero2":
+        return ZeroDataParallel(model, group, stage=2, bucket_mb=w.layer_mb)
+    if mechanism == "fsdp-prefetch":
+        units = [[str(i), str(i + 1)] for i in range(0, 2 * w.layers, 2)]
+        return FullyShardedDataParallel(model, group, units, prefetch=1)
+    raise ValueError(f"mechanism {mechanism!r}; valid: {', '.join(MECHANISMS)}")
+
+
+def _step(model: nn.Module, x: torch.Tensor, ledger: comm.Ledger, group: str) -> tuple:
+    """(wall seconds, seconds spent in this group's collectives) of the part of a training
+    step that holds its communication: backward and the final wait, plus the forward for
+    FSDP (its gathers). Timing less keeps the compute's noise out of the difference."""
+    model.zero_grad()
+    ledger.reset()
+    start = time.perf_counter()
+    loss = model(x).square().mean()
+    if not isinstance(model, FullyShardedDataParallel):
+        start = time.perf_counter()
+    loss.backward()
+    model.finish_gradient_sync()
+    wall = time.perf_counter() - start
+    in_comm = sum(t["wait_s"] for t in ledger.report().get(group, {}).values())
+    return wall, in_comm
+
+
+def _groups(
+    ledger: comm.Ledger, algo: str, latency_s: float, control: bool = False
+) -> dict[bool, comm.CommGroup]:
+    """Two groups on the world's process group that differ only in overlap."""
+    return {
+        on: comm.CommGroup.world(
+            ledger,
+            name=f"overlap-{'on' if on else 'off'}",
+            options=comm.CommOptions(
+                algo=algo, overlap=on and not control, link_latency_s=latency_s
+            ),
+        )
+        for on in (True, False)
+    }
+
+
+def link_latency(mechanism: str, w: Workload, world: int, x: torch.Tensor) -> float:
+    """Seconds per message step that make communication `w.comm_share` of the compute
+    window: the fastest of three steps without communication cost, agreed by all ranks."""
+    ledger = comm.Ledger()
+    group = _groups(ledger, "native", 0.0)[False]
+    model = wrap(mechanism, w, group)
+    compute = min(_step(model, x, ledger, group.name)[0] for _ in range(3))
+    steps = STEPS_PER_LAYER[mechanism] * (world - 1) * w.layers
+    latency = torch.tensor([w.comm_share * compute / steps], dtype=torch.float64)
+    return float(comm.all_reduce(latency, group, op="min"))
+
+
+def measure(rank: int, world: int, mechanism: str, algo: str, w: Workload) -> dict:
+    """Alternate `w.pairs` steps with overlap on and off (after one warm-up each)."""
+    x = torch.randn(w.batch, w.width, generator=torch.Generator().manual_seed(rank))
+    latency = link_latency(mechanism, w, world, x)
+    ledger = comm.Ledger()
+    groups = _groups(ledger, algo, latency, w.control)
+    models = {on: wrap(mechanism, w, g) for on, g in groups.items()}
+    runs: dict[bool, list[tuple]] = {True: [], False: []}
+    for i in range(w.pairs + 1):
+        for on in (True, False) if i % 2 else (False, True):  # neither side always first
+            runs[on].append(_step(models[on], x, ledger, groups[on].name))
+    on_runs, off_runs = runs[True][1:], runs[False][1:]
+    hidden = [(off[0] - on[0]) / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
+    waited = [1 - on[1] / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
+    return {
+        "mechanism": mechanism,
+        "algo": algo,
+        "link_latency_s": latency,
+        "hidden": statistics.median(hidden),
+        "hidden_all": hidden,
+        "hidden_by_wait": statistics.median(waited),
+        "step_on_s": statistics.median(r[0] for r in on_runs),
+        "step_off_s": statistics.median(r[0] for r in off_runs),
+        "comm_off_s": statistics.median(r[1] for r in off_runs),
+        "exposed_on_s": statistics.median(r[1] for r in on_runs),
+    }
