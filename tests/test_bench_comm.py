@@ -110,7 +110,8 @@ def test_fit_recovers_alpha_and_beta_and_the_crossover():
     assert math.isclose(at4["crossover_bytes"], 2 * alpha / (2.5 * beta), rel_tol=1e-9)
 
 
-def _fake_rank(sent: int) -> list[dict]:
+def _fake_rank(sent: int, wire: int | None = None) -> list[dict]:
+    """A rank's canned measurement; on the wire, the ledger's bytes and 12 gloo preambles."""
     return [
         {
             "op": "all_reduce",
@@ -120,6 +121,8 @@ def _fake_rank(sent: int) -> list[dict]:
             "inner": 4,
             "sent": sent,
             "messages": 2,
+            "wire": sent + 576 if wire is None else wire,
+            "wire_headers": 52,
         }
     ]
 

@@ -23,6 +23,8 @@ from paratrain.bench.harness.spawn import RankFailed, run_ranks
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.traffic import chunk_sizes
+from paratrain.comm.watchdog import default_store
+from paratrain.measure.wire import WireMeter, store_ports
 
 
 def _call(op: str, algo: str, nbytes: int, group: CommGroup) -> Callable[[], Any]:
@@ -51,8 +53,13 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
 
     No Mesh and no watchdog: the watchdog would publish the ledger to the store several
     times a second during timing. A hang still fails after `timeout_s`, naming the call.
+
+    The warm-up call is also measured on the wire (measure/wire.py: the kernel's TCP
+    counters of every socket of this process but the store's, settled before and after):
+    nothing else of this process sends meanwhile, so the bytes are the call's.
     """
     ledger = Ledger()
+    exclude = store_ports(default_store())
     oversubscribed = dist.get_world_size() > usable_cores()
     group = CommGroup.world(ledger, name="bench", options=CommOptions(timeout_s=sweep.timeout_s))
     out = []
@@ -62,7 +69,8 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
             samples, inner = sweep.samples(nbytes, oversubscribed)
             ledger.reset()
             comm.barrier(group)
-            call()  # warm-up: the one call whose bytes are read
+            with WireMeter(exclude) as wire:
+                call()  # warm-up: the one call whose bytes are read, by the ledger and the wire
             totals = ledger.totals()[(group.name, op)]
             times = []
             for _ in range(samples):
@@ -80,6 +88,8 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
                     "inner": inner,
                     "sent": totals.bytes_sent,
                     "messages": totals.messages,
+                    "wire": wire.acked,
+                    "wire_headers": wire.header_bytes,
                 }
             )
     return out

@@ -27,20 +27,27 @@ def format_time(t: float) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """One line per measurement; bytes are the most any rank sent, and whether every rank's
-    count equals the formula (`=` real bytes, `~` native, recorded from the formula)."""
+    """One line per measurement. Bytes are the most any rank sent: by the ledger (and
+    whether every rank's count equals the formula: `=` real bytes, `~` native, recorded
+    from the formula), and on the wire (TCP payload acknowledged), with the wire over the
+    ledger and the wire's excess over gloo's model (its preambles; `-` not modelled)."""
     head = (
         f"{'op':<15}{'algo':<7}{'size':>8}{'time':>11}{'algbw GB/s':>12}{'busbw GB/s':>12}"
-        f"{'max sent/rank':>15}  bytes"
+        f"{'ledger/rank':>13}  {'bytes':<9}{'wire/rank':>13}{'wire/ledger':>12}"
+        f"{'+ over gloo':>12}  why"
     )
     lines = [head]
     for r in rows:
         mark = "~" if r["bytes_counted"] == "formula" else "="
-        ok = f"{mark} formula" if r["bytes_match"] else "DIFFER from formula"
+        ok = f"{mark} formula" if r["bytes_match"] else "DIFFER"
+        ledger, on_wire = max(r["sent_bytes_per_rank"]), max(r["wire_sent_bytes_per_rank"])
+        over = r["wire_overhead_bytes_per_rank"]
+        extra = "-" if over is None else f"{max(over):,}" + ("" if r["wire_match"] else " NO")
         lines.append(
             f"{r['op']:<15}{r['algo']:<7}{format_bytes(r['bytes']):>8}"
             f"{format_time(r['time_s']):>11}{r['algbw_gbps']:>12.3f}{r['busbw_gbps']:>12.3f}"
-            f"{max(r['sent_bytes_per_rank']):>15,}  {ok}"
+            f"{ledger:>13,}  {ok:<9}{on_wire:>13,}{on_wire / max(ledger, 1):>12.3f}"
+            f"{extra:>12}  {r['wire_note']}"
         )
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from paratrain.bench.comm import calls, report
+from paratrain.bench.comm import calls, report, wire
 from paratrain.bench.comm.fit import (
     Fit,
     busbw_factor,
@@ -65,6 +65,9 @@ def combine(per_rank: list[list[dict[str, Any]]], world: int, cores: int) -> lis
                 "bytes_match": sent == expected,
                 "bytes_counted": "formula" if algo == "native" else "sent",
                 "messages_per_rank": [e["messages"] for e in entries],
+                "wire_sent_bytes_per_rank": [e["wire"] for e in entries],
+                "wire_tcp_header_bytes_per_rank": [e["wire_headers"] for e in entries],
+                **wire.compare(op, algo, nbytes, world, [e["wire"] for e in entries]),
                 "steps": cost(op, algo, world).steps,
                 "samples": len(samples),
                 "calls_per_sample": first["inner"],
@@ -93,7 +96,9 @@ def fit_all(results: list[dict[str, Any]]) -> list[Fit]:
 def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any], int]:
     """Run the sweep at every world size; the JSON-ready result and the exit status.
 
-    The status is 1 when a ring or tree measurement sent other bytes than the formula.
+    The status is 1 when a ring or tree measurement sent other bytes than the formula, or
+    when the bytes on the wire fall outside gloo's model (bench/comm/wire.py) plus its
+    preambles.
     """
     cores = calls.usable_cores()
     results: list[dict[str, Any]] = []
@@ -124,7 +129,20 @@ def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any]
             r["sent_bytes_per_rank"],
             r["expected_sent_bytes_per_rank"],
         )
-    failed = [r for r in wrong if r["bytes_counted"] == "sent"]
+    off_wire = [r for r in results if not r["wire_match"]]
+    for r in off_wire:
+        log.error(
+            "%s(%s) of %d bytes on %d ranks put %s bytes per rank on the wire; gloo's model "
+            "says %s plus at most %d of preambles",
+            r["op"],
+            r["algo"],
+            r["bytes"],
+            r["world_size"],
+            r["wire_sent_bytes_per_rank"],
+            r["wire_model_bytes_per_rank"],
+            wire.SLACK_PER_CALL,
+        )
+    failed = [r for r in wrong if r["bytes_counted"] == "sent"] + off_wire
     summary = {
         "results": results,
         "fits": [f.as_dict() for f in fits],
@@ -132,6 +150,7 @@ def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any]
         "vs_native": report.vs_native(results),
         "cores": cores,
         "bytes_mismatches": len(wrong),
+        "wire_mismatches": len(off_wire),
         "plot": plot_path,
     }
     return summary, 1 if failed else 0

@@ -11,7 +11,11 @@ Each rank trains our small GPT through the real loop and records, without changi
   one of this rank's chunks (saved-tensor bytes, parameters excluded) and a hook on its
   output closes the account when that graph's backward begins: the peak number of graphs
   held and the peak of their bytes;
-- for a pipeline, the runtime's own trace of each step (compute, receive and send times),
+- bytes on the wire per step by process group (on_wire.py: the kernel's TCP counters,
+  read at the ledger's points, each socket attributed to its group by a probe before
+  training);
+- for a pipeline, the runtime's own trace of each step (compute, receive and send times,
+  and its start and end on the machine's one clock, so stages line up),
   and the step replayed with the meter's bytes per forward to hold each graph until its
   last backward pass, as the runtime does: with ZB-H1 the deferred weight gradient, after
   the hook above has fired at the input-gradient pass.
@@ -28,7 +32,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain.bench.harness.spawn import run_ranks
+from paratrain.bench.planner.cases import SLOW_UNIT_S, TIMEOUT_S, Case, small_config
+from paratrain.bench.planner.on_wire import per_group, probe_sockets
+from paratrain.bench.planner.slowdown import Slowdown
+from paratrain.comm.watchdog import default_store
 from paratrain.config import RunConfig
+from paratrain.measure import wire
 from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline.schedules import (
@@ -57,6 +67,31 @@ def ledger_bytes(mesh: Mesh) -> dict[tuple[str, str], int]:
     return {key: t.bytes_sent for key, t in mesh.ledger.totals().items()}
 
 
+def ledger_calls(mesh: Mesh) -> dict[tuple[str, str], int]:
+    return {key: t.calls for key, t in mesh.ledger.totals().items()}
+
+
+class LiveParamsMeter(ActivationMeter):
+    """The activation meter, with parameters recognised by their storage at pack time.
+
+    Under ZeRO-3 a module's parameters are views of its unit's gathered buffer, which has
+    storage only while gathered (parallel/fsdp_units.FlatUnit): the meter's set of
+    parameter storages, taken before the gather, misses them, and the weights the Linears
+    save would count as activations (6 (b, T, C) tensors a block here). They are model
+    state, freed after the forward and gathered again for backward.
+    """
+
+    def __init__(self, model: nn.Module, regions: dict[str, nn.Module]) -> None:
+        super().__init__(model, regions)
+        self.model = model
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        live = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        if t.untyped_storage().data_ptr() in live:
+            return t
+        return super()._pack(t)
+
+
 class GraphMeter:
     """Live forward graphs of this rank's chunks and their saved-tensor bytes."""
 
@@ -80,7 +115,7 @@ class GraphMeter:
     def _before(self, module: nn.Module, _args: Any) -> None:
         blocks = getattr(module, "blocks", {})
         regions = {f"block {name}": b for name, b in blocks.items()}
-        meter = ActivationMeter(module, regions)
+        meter = LiveParamsMeter(module, regions)
         meter.__enter__()
         self._open.append(meter)
 
@@ -147,6 +182,8 @@ def trace_summary(trace: Any) -> dict[str, float]:
         return sum(times) / len(times) if times else 0.0
 
     return {
+        "start": trace.start,  # time.perf_counter(): one clock for the machine's processes
+        "end": trace.end,
         "span_s": trace.end - trace.start,
         "busy_s": total(COMPUTE),
         "recv_s": total((RECV_F, RECV_B)),
@@ -161,25 +198,37 @@ def trace_summary(trace: Any) -> dict[str, float]:
     }
 
 
-def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
-    """Train under cfg's layout; what this rank held, sent and kept (see the docstring)."""
+def measure_rank(rank: int, world: int, cfg: RunConfig, unit_s: float = 0.0) -> dict[str, Any]:
+    """Train under cfg's layout; what this rank held, sent and kept (see the docstring).
+    `unit_s` > 0 slows every pass of a pipeline's chunks by that sleep (slowdown.py)."""
     from paratrain.train.loop import train
 
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
+    exclude = wire.store_ports(default_store())  # a TCPStore's socket is not a peer's
+    owner = probe_sockets(mesh, exclude)
     kept: dict[str, Any] = {}
     steps: list[dict[str, Any]] = []
 
     def on_start(engine: Any) -> None:
         kept["engine"] = engine
         kept["graphs"] = GraphMeter(engine.modules)
+        if unit_s > 0:
+            Slowdown(engine.modules, unit_s, split_backward=p.schedule == "zb-h1")
         kept["before"] = ledger_bytes(mesh)  # set-up done, the first step not begun
+        kept["calls"] = ledger_calls(mesh)
+        kept["wire"] = wire.settle(exclude)
 
     def on_step(_: Any) -> None:
-        now = ledger_bytes(mesh)
+        now, calls, sockets = ledger_bytes(mesh), ledger_calls(mesh), wire.settle(exclude)
         sent = {k: v - kept["before"].get(k, 0) for k, v in now.items()}
-        kept["before"] = now
-        step: dict[str, Any] = {"sent": {k: v for k, v in sent.items() if v}}
+        moved = wire.deltas(kept["wire"], sockets)
+        step: dict[str, Any] = {
+            "sent": {k: v for k, v in sent.items() if v},
+            "calls": {k: v - kept["calls"].get(k, 0) for k, v in calls.items()},
+            "wire": per_group(moved, owner),
+        }
+        kept["before"], kept["calls"], kept["wire"] = now, calls, sockets
         step.update(kept["graphs"].take())
         runtime = kept["engine"].runtime  # None without a pipeline
         if runtime is not None:
@@ -199,3 +248,14 @@ def measure_rank(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         **result.extra["model_state_bytes"],  # params, grads, optimizer, master
         "steps": steps,
     }
+
+
+def run_case(case: Case, steps: int = 3) -> list[dict[str, Any]]:
+    """Train the case in layout.world gloo processes; each rank's measurements, by rank.
+
+    A pipeline's compute is slowed by a sleep per pass (record.Slowdown, SLOW_UNIT_S a
+    unit) so that the bubble measured from the runtime's timestamps is the schedule's,
+    not the noise of a tiny model's milliseconds on shared cores."""
+    cfg = small_config(case, steps)
+    unit = SLOW_UNIT_S if case.layout.pp > 1 else 0.0
+    return run_ranks(measure_rank, case.layout.world, cfg, unit, timeout=TIMEOUT_S)

@@ -1,0 +1,106 @@
+"""Bytes on the wire per step and process group, for `plan --validate`'s traffic rows.
+
+The ledger records native collectives from the ring formula, so comparing it with the
+planner compares a formula with a formula. Here each rank reads the kernel's TCP counters
+(measure/wire.py) at the ledger's own points (after set-up, after each step) and the
+predicted bytes are compared with what really crossed the sockets.
+
+Which socket carries which group: gloo opens its own TCP connections for every process
+group. Before training, each distinct group (world first, then dp, tp, pp, control) is
+probed in turn with a small all-reduce, between settled readings and followed by a
+world barrier, so no rank can start the next probe while another still reads: the
+sockets whose counters moved belong to that group (the first group to move a socket
+keeps it, so the barriers' own traffic on the world sockets cannot be mistaken). Groups
+that share a process group (an axis as large as the world) share its sockets and a row.
+
+The comparison (`wire_rows`): the planner's formula F, gloo's algorithm G (the same
+terms, a reduce-scatter counted as the all-reduce gloo does: bench/comm/wire.py), and the
+measurement W; a row holds when G <= W <= G + 1 KB x (k-1) x calls, the gloo preambles
+(48 bytes a message; 576 for a 2-rank all-reduce of any size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from paratrain import comm
+from paratrain.bench.planner.cases import Case, Row
+from paratrain.measure import wire
+from paratrain.mesh import Mesh
+from paratrain.plan.layout import Workload
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_traffic import Coords, rank_traffic
+
+NAMES = ("world", "dp", "tp", "pp", "control")  # probed in this order, world first
+PREAMBLE_BOUND = 1024  # bytes per call per peer step: gloo's preambles (576 observed at k=2)
+GLOO_FACTOR = {"reduce_scatter": 2}  # gloo all-reduces, keeps a chunk: 2 (k-1)/k S
+
+
+def probe_sockets(mesh: Mesh, exclude_ports: tuple[int, ...] = ()) -> dict[int, str]:
+    """Socket inode -> the label of the process group it carries (module docstring)."""
+    distinct: dict[int, tuple[comm.CommGroup, list[str]]] = {}
+    for name in NAMES:
+        g = mesh.control if name == "control" else mesh.group(name)
+        if g.pg is not None and g.size > 1:
+            distinct.setdefault(id(g.pg), (g, []))[1].append(name)
+    owner: dict[int, str] = {}
+    for g, names in distinct.values():
+        before = wire.settle(exclude_ports)
+        comm.all_reduce(torch.ones(256), g)
+        moved = wire.deltas(before, wire.settle(exclude_ports))
+        for inode in moved:
+            owner.setdefault(inode, "+".join(names))
+        comm.barrier(mesh.group("world"))
+    return owner
+
+
+def per_group(moved: dict[int, wire.WireDelta], owner: dict[int, str]) -> dict[str, list[int]]:
+    """label -> [payload bytes acknowledged, estimated TCP/IP header bytes]."""
+    out: dict[str, list[int]] = {}
+    for inode, d in moved.items():
+        entry = out.setdefault(owner.get(inode, "unattributed"), [0, 0])
+        entry[0] += d.acked
+        entry[1] += d.header_bytes
+    return out
+
+
+def wire_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
+    """Per group that carried bytes: formula against the wire, bounded by gloo's model."""
+    c = m["coords"]
+    at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"])
+    terms = rank_traffic(model, w, case.layout, case.microbatches, at)
+    sizes = {"dp": case.layout.dp, "tp": case.layout.tp, "pp": case.layout.pp}
+    rows = []
+    for label in sorted({lab for s in m["steps"] for lab in s["wire"]}):
+        names = label.split("+")
+        mine = [t for t in terms if t.axis in names]
+        formula = sum(t.bytes for t in mine)
+        gloo = sum(GLOO_FACTOR.get(t.op, 1) * t.bytes for t in mine)
+        k = max([sizes.get(n, 2) for n in names if n in sizes] or [2])
+        steps = [s["wire"].get(label, [0, 0]) for s in m["steps"]]
+        calls = [sum(v for (g, _), v in s["calls"].items() if g in names) for s in m["steps"]]
+        slack = max(calls) * PREAMBLE_BOUND * (k - 1)
+        worst = max((wb for wb, _ in steps), key=lambda wb: abs(wb - gloo - slack / 2))
+        rows.append(
+            Row(
+                case.name,
+                f"wire: {label} bytes/step ({len(steps)} steps)",
+                formula,
+                worst,
+                exact=False,
+                bounds=(gloo, gloo + slack),
+                note=wire_note(formula, gloo, worst, max(calls), slack, steps[-1][1]),
+            )
+        )
+    return rows
+
+
+def wire_note(formula: int, gloo: int, measured: int, calls: int, slack: int, head: int) -> str:
+    parts = [f"{measured / formula:.4f} x the formula" if formula else "nothing predicted"]
+    if gloo != formula:
+        parts.append(f"gloo's reduce-scatter is an all-reduce: + {gloo - formula:,}")
+    parts.append(f"gloo preambles {measured - gloo:,} in {calls} calls (bound {slack:,})")
+    parts.append(f"TCP/IP headers ~{head:,} more, not counted")
+    return "; ".join(parts)
