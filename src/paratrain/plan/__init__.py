@@ -6,7 +6,9 @@ arithmetic) -> the formulas memory.py, comm.py, pipeline.py, time.py -> estimate
 layout, the busiest GPU) -> recommend.py (search and the seeds' rule) -> report.py (table
 and chart); command.py is `paratrain plan`. rank_memory.py and rank_traffic.py count every
 rank of our own runtime exactly, for `plan --validate` and `paratrain train`'s prediction.
-Formulas and sources: docs/planner.md.
+stage_time.py times the busiest GPU (matmuls at the calibrated efficiency, pointwise ops at
+memory bandwidth); published.py holds published runs as data and published_check.py
+predicts them (`plan --published`). Formulas and sources: docs/planner.md.
 """
 
 from paratrain.plan.cluster import CLUSTER_PRESETS, ClusterSpec, cluster_preset

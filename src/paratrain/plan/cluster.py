@@ -23,6 +23,9 @@ class ClusterSpec:
     inter_latency_s: float  # alpha of one message between nodes
     peak_flops: float  # per GPU, dense, in the training precision
     utilisation: float  # fraction of peak_flops reached by the model's matmuls
+    # HBM bytes/s per GPU: pointwise ops (norms, GELU, softmax, dropout, residual adds) are
+    # memory-bound and timed at this bandwidth (plan/stage_time.py); 0: not counted.
+    memory_bw: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("gpus", "gpus_per_node", "gpu_memory_bytes", "intra_bw", "inter_bw")
@@ -31,7 +34,7 @@ class ClusterSpec:
                 raise ValueError(
                     f"cluster {self.name}: {name} = {getattr(self, name)}; must be > 0"
                 )
-        for name in ("intra_latency_s", "inter_latency_s"):
+        for name in ("intra_latency_s", "inter_latency_s", "memory_bw"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"cluster {self.name}: {name} = {getattr(self, name)}; must be >= 0"
@@ -56,21 +59,49 @@ class ClusterSpec:
 
 
 # A100 SXM 80GB: NVLink 3 is 600 GB/s both directions = 300 GB/s per direction; DGX A100
-# has one 200 Gb/s HDR port per GPU = 25 GB/s; 312 TFLOP/s dense bf16 (NVIDIA A100
-# datasheet). H100 SXM: NVLink 4 is 900 GB/s both directions = 450 per direction; DGX H100
-# has one 400 Gb/s NDR port per GPU = 50 GB/s; 989 TFLOP/s dense bf16 (H100 datasheet).
-# Latencies are assumptions of the usual order (a few microseconds per message).
-# Utilisation 0.5 is the order of model FLOP/s utilisation that Megatron-LM reports at
-# scale (arXiv:2104.04473, 52% of peak for 1T parameters on A100).
+# has one 200 Gb/s HDR port per GPU (8 x 200 Gb/s per node) = 25 GB/s; 312 TFLOP/s dense
+# bf16/fp16; HBM2e 2,039 GB/s (NVIDIA A100 datasheet). That is the cluster of Narayanan et
+# al. 2021 (arXiv:2104.04473, Selene: DGX A100 80 GB nodes). H100 SXM: NVLink 4 is 900 GB/s
+# both directions = 450 per direction; DGX H100 has one 400 Gb/s NDR port per GPU = 50 GB/s;
+# 989 TFLOP/s dense bf16; HBM3 3,350 GB/s (H100 datasheet). Latencies are assumptions of
+# the usual order (a few microseconds per message).
+#
+# A100_EFFICIENCY: the fraction of peak the matmuls reach, fitted on ONE published run, the
+# 1.7B row of Narayanan et al.'s Table 1 (tp 1, pp 1, dp 32: no tensor or pipeline traffic
+# and no bubble, so compute alone sets its step): the value at which `paratrain plan`
+# predicts that run's published 137 TFLOP/s per GPU (plan/published_check.py
+# `fit_efficiency`, bisection; tests/test_plan_published.py refits it). Every other
+# published row is then a prediction (docs/planner.md, `paratrain plan --published`).
+A100_EFFICIENCY = 0.6436
+# No published H100 run with its whole layout (micro-batch, chunks, recomputation) was
+# found to fit on, so the H100 keeps the order of magnitude of Megatron-LM's reported MFU
+# (41-48% on H100, Megatron-LM README): assumed, not calibrated.
+H100_EFFICIENCY = 0.5
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "a100-80gb-nvlink300-ib25": ClusterSpec(
-        "a100-80gb-nvlink300-ib25", 8, 8, 80 * GB, 300 * GB, 25 * GB, 5e-6, 10e-6, 312e12, 0.5
+        "a100-80gb-nvlink300-ib25",
+        *(8, 8, 80 * GB, 300 * GB, 25 * GB, 5e-6, 10e-6, 312e12),
+        utilisation=A100_EFFICIENCY,
+        memory_bw=2039 * GB,
+    ),
+    # BLOOM's Jean Zay partition (arXiv:2211.05100, hardware): 8 A100 80 GB per node, 4
+    # Omni-Path 100 Gb/s links per node = 50 GB/s per node, 6.25 per GPU ("ib" in the name
+    # is the inter-node link, Omni-Path here). The same GPU, so the same efficiency.
+    "a100-80gb-nvlink300-ib6-omnipath": ClusterSpec(
+        "a100-80gb-nvlink300-ib6-omnipath",
+        *(8, 8, 80 * GB, 300 * GB, 6.25 * GB, 5e-6, 10e-6, 312e12),
+        utilisation=A100_EFFICIENCY,
+        memory_bw=2039 * GB,
     ),
     "h100-80gb-nvlink450-ib50": ClusterSpec(
-        "h100-80gb-nvlink450-ib50", 8, 8, 80 * GB, 450 * GB, 50 * GB, 5e-6, 10e-6, 989e12, 0.5
+        "h100-80gb-nvlink450-ib50",
+        *(8, 8, 80 * GB, 450 * GB, 50 * GB, 5e-6, 10e-6, 989e12),
+        utilisation=H100_EFFICIENCY,
+        memory_bw=3350 * GB,
     ),
     # The seeds' figures (example 9.2.2): NVLink 300 GB/s per direction, InfiniBand 400 Gb/s
-    # = 50 GB/s, 1e14 FLOP/s effective per GPU (so utilisation 1 of a 1e14 "peak").
+    # = 50 GB/s, 1e14 FLOP/s effective per GPU (so utilisation 1 of a 1e14 "peak"); no
+    # memory bandwidth, so their worked examples reproduce.
     "seeds-80gb-nvlink300-ib50-1e14": ClusterSpec(
         "seeds-80gb-nvlink300-ib50-1e14", 8, 8, 80 * GB, 300 * GB, 50 * GB, 5e-6, 10e-6, 1e14, 1.0
     ),

@@ -202,7 +202,9 @@ def pp_traffic(
     gradient backward unless it is the first. A middle stage therefore sends 2 v K
     messages per step, the busiest (the default, stage None); the first and the last
     stage (2 v - 1) K, so with two stages every stage sends (2 v - 1) K. Each message is
-    the full b s h tensor (without Megatron's scatter-gather optimisation).
+    the full b s h tensor, or 1/t of it with Megatron's scatter/gather
+    (`Workload.pp_scatter_gather`; the all-gather that rebuilds it runs on NVLink, not
+    counted).
     """
     s, v = layout.pp, layout.chunks
     if s == 1:
@@ -214,6 +216,8 @@ def pp_traffic(
         mine = stage_virtual_stages(stage, s, v)
         sends = microbatches * sum((vs < last) + (vs > 0) for vs in mine)
     size = activation_message_bytes(model, workload)
+    if workload.pp_scatter_gather:
+        size = math.ceil(size / layout.tp)
     link = axis_link("pp", layout, cluster)
     return [CommEntry("send", "pp", link, "activations and gradients", sends * size, sends)]
 

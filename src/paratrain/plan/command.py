@@ -20,7 +20,14 @@ from paratrain.plan.cluster import (
     cluster_preset,
     cluster_with,
 )
-from paratrain.plan.layout import RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATE, Workload, precision
+from paratrain.plan.layout import (
+    ATTENTION,
+    RECOMPUTE,
+    SCHEDULES,
+    ZERO2_ACCUMULATE,
+    Workload,
+    precision,
+)
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import chart, table
@@ -92,6 +99,18 @@ def _training_arguments(w: argparse._ArgumentGroup) -> None:
         "it (default shard)",
     )
     w.add_argument(
+        "--attention",
+        default="fused",
+        choices=ATTENTION,
+        help="fused: the s x s scores stay on chip (our runtime); scores: they go through "
+        "memory, timed at --memory-bw-gbs (Megatron-LM in 2021) (default fused)",
+    )
+    w.add_argument(
+        "--pp-scatter-gather",
+        action="store_true",
+        help="pipeline messages split over the tp ranks across nodes, as Megatron-LM does",
+    )
+    w.add_argument(
         "--train-tokens",
         type=float,
         default=300e9,
@@ -108,6 +127,7 @@ def _cluster_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--intra-latency-us", type=float)
     c.add_argument("--inter-latency-us", type=float)
     c.add_argument("--peak-flops", type=float, help="peak FLOP/s per GPU")
+    c.add_argument("--memory-bw-gbs", type=float, help="HBM GB/s per GPU (0: not counted)")
     c.add_argument("--utilisation", type=float, help="fraction of peak reached, 0 < u <= 1")
 
 
@@ -129,6 +149,12 @@ def _output_arguments(out: argparse._ArgumentGroup) -> None:
         "--validate",
         action="store_true",
         help="run small jobs here and compare predicted with measured",
+    )
+    out.add_argument(
+        "--published",
+        action="store_true",
+        help="predict published runs (Megatron-LM, BLOOM) with each preset's one efficiency; "
+        "exits 1 if any is off by more than 15%% or a layout ranking disagrees",
     )
     out.add_argument(
         "--validate-cases",
@@ -184,6 +210,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         inter_latency_s=None if args.inter_latency_us is None else args.inter_latency_us * us,
         peak_flops=args.peak_flops,
         utilisation=args.utilisation,
+        memory_bw=None if args.memory_bw_gbs is None else args.memory_bw_gbs * GB,
     )
     g = args.global_batch
     if g is None and args.microbatches is None:
@@ -199,6 +226,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         overlap=args.overlap,
         train_tokens=args.train_tokens,
         zero2_accumulate=args.zero2_accumulate,
+        pp_scatter_gather=args.pp_scatter_gather,
+        attention=args.attention,
     )
     return model, cluster, workload
 
@@ -228,6 +257,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None) -> int:
     """Print the table (and JSON last); write the chart.
 
+    `--published` prints only the published-runs comparison and returns its status.
     validate: `plan --validate`'s measured runs, which the CLI hands in (the planner imports
     no benchmark); they run after the table, and their status is the command's.
     """
@@ -235,6 +265,10 @@ def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None
         raise ValueError("--validate-cases needs --validate")
     if args.validate and validate is None:
         raise ValueError("--validate needs the measured runs: run it as `paratrain plan`")
+    if args.published:
+        from paratrain.plan.published_check import run_published
+
+        return run_published()
     result = plan_from_args(args)
     print(table(result), flush=True)
     if not args.no_chart:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from paratrain.plan import comm, memory, pipeline
+from paratrain.plan import comm, memory, pipeline, stage_time
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import GB, ClusterSpec
 from paratrain.plan.layout import Layout, Workload, microbatches_for
@@ -26,6 +26,8 @@ class Estimate:
     bubble: float | None = None
     time: ptime.StepTime | None = None
     train_time_s: float | None = None
+    model_flops: float | None = None  # the step's FLOPs as time.model_training_flops counts
+    peak_flops: float = 0.0  # per GPU, for the MFU
     redundant_bytes: int = 0
     problems: list[str] = field(default_factory=list)
     capacity_bytes: float = 0.0
@@ -48,6 +50,19 @@ class Estimate:
     def gradient_comm_bytes(self) -> int:
         """Data-parallel gradient traffic: the all-reduce or reduce-scatters of gradients."""
         return sum(e.bytes for e in self.comm if e.axis == "dp" and e.what.startswith("gradients"))
+
+    @property
+    def model_tflops_per_gpu(self) -> float | None:
+        """Model FLOPs over the step time, per GPU, in TFLOP/s (what papers publish)."""
+        if self.time is None or not self.model_flops or not self.time.total_s:
+            return None
+        return self.model_flops / (self.layout.world * self.time.total_s) / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        """model_tflops_per_gpu over the GPU's peak."""
+        tflops = self.model_tflops_per_gpu
+        return None if tflops is None else tflops * 1e12 / self.peak_flops
 
     @property
     def messages(self) -> int:
@@ -77,6 +92,8 @@ class Estimate:
             "comm_bytes_per_gpu": self.comm_bytes,
             "bubble_fraction": self.bubble,
             "step_time_s": None if t is None else t.total_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
             "fits": self.fits,
             "reason": self.reason,
             "label": lay.label,
@@ -89,6 +106,7 @@ class Estimate:
             if t is None
             else {
                 "compute_s": t.compute_s,
+                "memory_bound_s": t.memory_s,
                 "bubble_s": t.bubble_s,
                 "exposed_comm_s": t.exposed_comm_s,
                 "comm_s": t.comm_s,
@@ -164,6 +182,7 @@ def estimate(
     """
     state = memory.model_state_bytes(model.params, workload, layout)
     est = Estimate(layout, state, capacity_bytes=cluster.gpu_memory_bytes)
+    est.peak_flops = cluster.peak_flops
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout)
@@ -179,10 +198,14 @@ def estimate(
     est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     tokens = est.global_batch * (model.seq_len or 0)
-    flops = ptime.model_training_flops(model, tokens, workload.recompute)
-    compute_s = ptime.compute_time(flops, layout.world, cluster)
-    bubble_s = pipeline.bubble_time(compute_s, layout.pp, k, layout.chunks, layout.schedule)
-    est.time = ptime.step_time(compute_s, bubble_s, est.comm, cluster, workload.overlap)
+    est.model_flops = ptime.model_training_flops(model, tokens, workload.recompute)
+    busy = stage_time.busy_time(model, workload, layout, cluster, k, est.model_flops)
+    bubble_s = pipeline.bubble_time(busy.total_s, layout.pp, k, layout.chunks, layout.schedule)
+    # DP traffic can hide only behind the backward still running: the last micro-batch's.
+    window_s = busy.total_s / k * stage_time.backward_share(workload.recompute)
+    est.time = ptime.step_time(
+        busy.total_s, bubble_s, est.comm, cluster, workload.overlap, window_s, busy.memory_s
+    )
     if tokens:
         est.train_time_s = est.time.total_s * workload.train_tokens / tokens
     if est.memory_bytes > cluster.gpu_memory_bytes:

@@ -15,6 +15,7 @@ from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
 # The runtime's modes, counted as the runtime runs them ("selective" is its op-level policy,
 # parallel/recompute.py, not Korthikanti et al.'s attention-core variant).
 RECOMPUTE = RECOMPUTE_MODES
+ATTENTION = ("fused", "scores")  # s x s scores kept on chip or through memory, as memory.py
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ class Workload:
     # mixed Adam); "full" holds the whole gradient until the last one and reduce-scatters
     # once. See comm.py and memory.py.
     zero2_accumulate: str = "shard"
+    # Megatron's scatter/gather (arXiv:2104.04473, section 4.1): each tp rank sends 1/t of
+    # a pipeline message across nodes and the receivers all-gather it over NVLink. Our
+    # runtime sends the whole b s h tensor (False).
+    pp_scatter_gather: bool = False
+    # "fused": attention never writes the s x s scores to memory (our runtime's SDPA);
+    # "scores": scores, softmax and dropout mask go through HBM (Megatron-LM in 2021).
+    attention: str = "fused"
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -91,6 +99,8 @@ class Workload:
             raise ValueError(f"overlap {self.overlap}; valid: 0 <= overlap <= 1")
         if self.train_tokens <= 0:
             raise ValueError(f"train tokens {self.train_tokens}; must be > 0")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention {self.attention!r}; valid: {', '.join(ATTENTION)}")
         if self.zero2_accumulate not in ZERO2_ACCUMULATE:
             raise ValueError(
                 f"zero2 accumulate {self.zero2_accumulate!r}; valid: {', '.join(ZERO2_ACCUMULATE)}"

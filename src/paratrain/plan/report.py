@@ -13,7 +13,7 @@ MAX_REJECTED_ROWS = 20
 HEADER = (
     f"{'layout':<32} {'K':>5} {'params':>7} {'grads':>7} {'g-acc':>7} {'optim':>7} "
     f"{'master':>7} {'act':>7} {'total':>7} {'comm':>8} {'msgs':>7} {'bubble':>6} "
-    f"{'step s':>9} {'days':>7}"
+    f"{'step s':>9} {'days':>7} {'TFLOP/s':>8} {'MFU':>5}"
 )
 
 
@@ -27,12 +27,15 @@ def _row(e: Estimate, mark: str) -> str:
     bubble = "-" if e.bubble is None else f"{e.bubble:.0%}"
     step = "-" if t is None else f"{t.total_s:.4g}"
     days = "-" if e.train_time_s is None else f"{e.train_time_s / 86400:.3g}"
+    tflops, mfu = e.model_tflops_per_gpu, e.mfu
+    tflops_s = "-" if tflops is None else f"{tflops:.1f}"
+    mfu_s = "-" if mfu is None else f"{mfu:.0%}"
     return (
         f"{mark + e.layout.label:<32} {k:>5} {_gb(s.params):>7} {_gb(s.grads):>7} "
         f"{_gb(s.grad_accumulation):>7} {_gb(s.optimizer):>7} {_gb(s.master):>7} "
         f"{_gb(e.activation_bytes):>7} "
         f"{_gb(e.memory_bytes):>7} {_gb(e.comm_bytes):>8} {e.messages:>7} {bubble:>6} "
-        f"{step:>9} {days:>7}"
+        f"{step:>9} {days:>7} {tflops_s:>8} {mfu_s:>5}"
     )
 
 
@@ -90,7 +93,8 @@ def table(plan: Plan) -> str:
         f"inter {c.inter_bw / GB:.0f} GB/s, {c.effective_flops:.3g} FLOP/s effective",
         "GB per GPU (1e9 bytes); g-acc = the whole gradient ZeRO-2 holds while accumulating "
         "with --zero2-accumulate full; comm = GB sent per GPU per step; days to train "
-        f"{w.train_tokens:.3g} tokens",
+        f"{w.train_tokens:.3g} tokens; TFLOP/s = model FLOPs per GPU over the step, MFU = "
+        "that over peak",
         *([zero2_assumption(w)] if any(e.layout.zero == 2 for e in plan.estimates) else []),
         "",
         HEADER,

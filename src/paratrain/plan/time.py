@@ -1,4 +1,4 @@
-"""Seconds: communication by the alpha-beta model, compute by 6 N tokens, the step.
+"""Seconds: communication by the alpha-beta model, FLOPs per step, the step.
 
 - A message of n bytes on a link costs alpha + n / beta (Hockney 1994); a ring
   collective's per-rank cost is (its messages) alpha + (its bytes) / beta, e.g. ring
@@ -7,18 +7,22 @@
 - Training a dense transformer costs about 6 N FLOPs per token: 2 N forward, 4 N
   backward (Kaplan et al., arXiv:2001.08361, section 2.1); full recomputation reruns the
   forward, 8 N (arXiv:2104.04473, section 5.1). Seeds, example 9.2.2: 6 * 7e9 * 1024 *
-  1024 tokens = 4.4e16 FLOPs, 440 s at 1e14 FLOP/s. The GPT keeps that count, so the
-  seeds' figures reproduce; a Llama is counted as it runs (`llama_flops_per_token`:
-  its matrices, the attention scores, and what our recomputation repeats). Selective
+  1024 tokens = 4.4e16 FLOPs, 440 s at 1e14 FLOP/s. A model given by its nominal N keeps
+  that count, so the seeds' figures reproduce; a GPT given by its shape alone is counted
+  as Narayanan et al. count it (`gpt_flops_per_token`, their eq. 3, with the attention
+  scores and the head), a Llama as it runs (`llama_flops_per_token`). Selective
   recomputation (parallel/recompute.py) repeats no matrix multiply and no fused attention,
   only pointwise ops and norms: 6 N, as without recomputation (`training_flops`).
-- A step is compute, plus the pipeline bubble, plus the communication not hidden behind
-  compute: tensor- and pipeline-parallel traffic sits on the critical path; a fraction
-  `overlap` of data-parallel traffic may hide behind the backward pass.
+- A step is the busiest GPU's busy time (plan/stage_time.py: matmuls at the calibrated
+  efficiency, pointwise ops at memory bandwidth), plus the pipeline bubble, plus the
+  communication not hidden: tensor- and pipeline-parallel traffic sits on the critical
+  path; a fraction `overlap` of data-parallel traffic may hide behind the backward pass
+  still running when the gradients are ready, the last micro-batch's (`window_s`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from paratrain.models.presets import ffn_width, kv_heads
@@ -80,10 +84,50 @@ def llama_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
     return per_token
 
 
+def counted_by_shape(model: ModelSpec) -> bool:
+    """A GPT given by its shape alone (no nominal N): counted layer by layer, as it runs."""
+    return model.arch == "gpt" and model.has_shape and model.n_params is None
+
+
+def gpt_layer_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
+    """One GPT layer's training FLOPs per token, as Narayanan et al. count them.
+
+    Forward: 24 h^2 for the matrices (q, k, v and proj 8 h^2, the 4h MLP 16 h^2) and 4 s h
+    for the scores and their product with v (the whole s x s block, causal or not);
+    backward twice the forward: 72 h^2 (1 + s / (6h)). Full recomputation reruns the
+    layer's forward once more, as Megatron-LM's checkpoint does: 96 h^2 (1 + s / (6h)).
+    (PyTorch's non-reentrant checkpoint, which our runtime uses, stops before the MLP's
+    last matmul, 8 h^2 fewer: `llama_flops_per_token` counts that for the Llama.)
+    """
+    h, s = model.d_model, model.seq_len
+    assert h and s, "FLOPs need the shape"
+    passes = 4 if recompute == "full" else 3
+    return passes * (24 * h * h + 4 * s * h)
+
+
+def head_flops_per_token(model: ModelSpec) -> float:
+    """The output layer: 2 V h forward, twice that backward, never recomputed."""
+    return 6 * model.vocab_size * model.d_model  # type: ignore[operator]
+
+
+def gpt_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
+    """L layers and the head. With full recomputation, times B s, this is eq. 3 of
+    Narayanan et al. (arXiv:2104.04473): 96 B s L h^2 (1 + s / (6h) + V / (16 L h)), the
+    count behind their published TFLOP/s (4 forward passes' worth of the layers, 3 of the
+    head); without it (and with selective recomputation) 72 B s L h^2 (1 + s / (6h) +
+    V / (12 L h)). Embedding lookups, norms and pointwise ops are not counted as FLOPs:
+    they are memory-bound (plan/stage_time.py)."""
+    layer = gpt_layer_flops_per_token(model, recompute)
+    return model.n_layer * layer + head_flops_per_token(model)  # type: ignore[operator]
+
+
 def model_training_flops(model: ModelSpec, tokens: float, recompute: str = "none") -> float:
-    """The step's FLOPs: a Llama with a shape counted as it runs, anything else 6 N T."""
+    """The step's FLOPs: a Llama with a shape counted as it runs, a GPT given by its shape
+    as Narayanan et al. count it, anything else (a nominal N) 6 N T."""
     if model.arch == "llama" and model.has_shape:
         return llama_flops_per_token(model, recompute) * tokens
+    if counted_by_shape(model):
+        return gpt_flops_per_token(model, recompute) * tokens
     return training_flops(model.params, tokens, recompute)
 
 
@@ -94,10 +138,11 @@ def compute_time(flops: float, gpus: int, cluster: ClusterSpec) -> float:
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float
+    compute_s: float  # busy time of the busiest GPU: matmuls and memory-bound ops
     bubble_s: float
     exposed_comm_s: float
     comm_s: float  # all communication, hidden or not
+    memory_s: float = 0.0  # the memory-bound part of compute_s
 
     @property
     def total_s(self) -> float:
@@ -110,11 +155,19 @@ def step_time(
     entries: list[CommEntry],
     cluster: ClusterSpec,
     overlap: float,
+    window_s: float = math.inf,
+    memory_s: float = 0.0,
 ) -> StepTime:
-    """Compose the step: DP traffic may be hidden up to `overlap`, the rest is exposed."""
-    exposed = total = 0.0
+    """Compose the step: of the DP traffic, `overlap` of it may hide, but no more than
+    `window_s`, the backward still running when its gradients are ready; the rest and all
+    TP and PP traffic are exposed."""
+    exposed = total = dp = 0.0
     for e in entries:
         t = entry_time(e, cluster)
         total += t
-        exposed += t * (1 - overlap) if e.axis == "dp" else t
-    return StepTime(compute_s, bubble_s, exposed, total)
+        if e.axis == "dp":
+            dp += t
+        else:
+            exposed += t
+    exposed += dp - min(overlap * dp, window_s)
+    return StepTime(compute_s, bubble_s, exposed, total, memory_s)
