@@ -29,7 +29,8 @@ def choose_algo(group: CommGroup, algo: str | None, op: str) -> str:
     return chosen
 
 
-OTHER_OPS = ("gather", "scatter", "send/recv")  # the backend's own, whatever the default
+# The backend's own whatever the default (all_to_all: unless a call names "pairwise").
+OTHER_OPS = ("gather", "scatter", "send/recv", "all_to_all")
 
 
 def algorithms_line(default: str) -> str:

@@ -118,3 +118,20 @@ def native_traffic(
             return Traffic(0, nbytes - chunks[rank], 0)
         return Traffic(chunks[rank], 0, 1)
     raise ValueError(f"no traffic formula for op {op!r}")
+
+
+def pairwise_all_to_all(send_bytes: list[int], recv_bytes: list[int], rank: int) -> Traffic:
+    """All-to-all: rank r sends chunk p of its input to rank p and keeps chunk r.
+
+    Whatever the algorithm, every byte meant for another rank must leave this one, so the
+    direct pairwise exchange is the least any algorithm moves: every chunk but its own,
+    one message per non-empty chunk; (k-1) S / k each way when S (this rank's input) is
+    split evenly.
+    """
+    k = len(send_bytes)
+    others = [p for p in range(k) if p != rank]
+    return Traffic(
+        sum(send_bytes[p] for p in others),
+        sum(recv_bytes[p] for p in others),
+        sum(1 for p in others if send_bytes[p] > 0),
+    )
