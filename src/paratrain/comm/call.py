@@ -79,9 +79,11 @@ class Handle:
         traffic: Traffic | None,
         result: Any = None,
         then: Callable[[], Any] | None = None,
+        blocked_from: float | None = None,
     ) -> None:
         self.group, self.record, self.works, self.traffic = group, record, list(works), traffic
         self._result, self._then, self._done = result, then, False
+        self._blocked_from = blocked_from  # a call its caller waited for from the start
         self._ready = 0.0  # when the simulated link lets a native call end (wait.py)
         if traffic is not None and record.algo == "native":
             self._ready = link_ready_at(group, record.start, traffic.messages)
@@ -97,7 +99,7 @@ class Handle:
     def wait(self) -> Any:
         if not self._done:
             settle(self.group)  # NCCL: count only the waiting that compute did not hide
-            issued = time.perf_counter()
+            issued = self._blocked_from or time.perf_counter()
             wait_works(self.group, self.record, self.works)
             traffic = self.traffic or self.works[0].traffic
             hold_until(self.group, self._ready)
@@ -142,6 +144,11 @@ def run_ours(
     async_op: bool,
     then: Callable[[], Any] | None = None,
 ) -> Any:
-    """Run one of our algorithms (`call` returns what it sent) on the group's thread."""
-    handle = Handle(group, record, [group.progress.submit(call)], None, then=then)
+    """Run one of our algorithms (`call` returns what it sent) on the group's thread; one
+    waited for at once runs in the caller's thread if nothing is queued (progress.py)."""
+    if async_op and group.options.overlap:
+        return Handle(group, record, [group.progress.submit(call)], None, then=then)
+    blocked_from = time.perf_counter()  # the caller waits from here, whoever runs it
+    work = group.progress.run_here(call)
+    handle = Handle(group, record, [work], None, then=then, blocked_from=blocked_from)
     return issued(handle, async_op)

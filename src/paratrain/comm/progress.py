@@ -70,12 +70,31 @@ class Progress:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._device = device
         self._failed: BaseException | None = None
+        self._pending = 0  # calls submitted and not yet finished
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"comm-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, call: Callable[[], Traffic]) -> ThreadWork:
         work = ThreadWork(self._thread)
+        with self._lock:
+            self._pending += 1
         self._queue.put((call, work))
+        return work
+
+    def run_here(self, call: Callable[[], Traffic]) -> ThreadWork:
+        """A call the caller will wait for at once: run in the caller's thread when nothing
+        is queued (no hand-over to wake the thread for), else queued behind the others."""
+        with self._lock:
+            idle = self._pending == 0 and self._failed is None
+        if not idle:
+            return self.submit(call)
+        work = ThreadWork(self._thread)
+        try:
+            work._finish(call(), None)
+        except BaseException as e:  # later calls fail at once, as on the thread
+            self._failed = e
+            raise
         return work
 
     def _run(self) -> None:
@@ -83,11 +102,14 @@ class Progress:
             torch.cuda.set_device(self._device)
         while True:
             call, work = self._queue.get()
-            if self._failed is not None:
-                work._finish(None, self._failed)
-                continue
-            try:
-                work._finish(call(), None)
-            except BaseException as e:  # handed to the waiter, who raises it
-                self._failed = e
-                work._finish(None, e)
+            if self._failed is None:
+                try:
+                    traffic, error = call(), None
+                except BaseException as e:  # handed to the waiter, who raises it
+                    traffic, error = None, e
+                    self._failed = e
+            else:
+                traffic, error = None, self._failed
+            with self._lock:
+                self._pending -= 1
+            work._finish(traffic, error)

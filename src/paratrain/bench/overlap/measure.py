@@ -152,6 +152,8 @@ def measure(rank: int, world: int, mechanism: str, algo: str, w: Workload) -> di
         "hidden": statistics.median(hidden),
         "hidden_all": hidden,
         "hidden_by_wait": statistics.median(waited),
+        "hidden_by_fastest": (min(r[0] for r in off_runs) - min(r[0] for r in on_runs))
+        / statistics.median(r[1] for r in off_runs),
         "step_on_s": statistics.median(r[0] for r in on_runs),
         "step_off_s": statistics.median(r[0] for r in off_runs),
         "comm_off_s": statistics.median(r[1] for r in off_runs),
