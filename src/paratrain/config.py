@@ -270,7 +270,11 @@ EFFECTS: dict[str, Effect | None] = {
     "parallel.chunks": _PIPELINE,
     "parallel.sequence_parallel": Effect(lambda c: c.parallel.tp > 1, "--tp 2 or more"),
     "parallel.comm_timeout_s": _COLLECTIVES,
-    "parallel.comm_algo": _COLLECTIVES,
+    # The asynchronous server and workers only send and receive: no collective to choose.
+    "parallel.comm_algo": Effect(
+        lambda c: _world(c) > 1 and c.parallel.dp_mode == "sync",
+        "more than one process in --dp-mode sync",
+    ),
     "parallel.bucket_mb": Effect(
         lambda c: c.parallel.dp_mode == "sync" and c.parallel.zero != 3 and c.parallel.dp > 1,
         "data parallelism (dp 2 or more) without ZeRO-3 (its units are its buckets)",
