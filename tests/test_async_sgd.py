@@ -38,12 +38,13 @@ def async_config(steps: int, **parallel) -> object:
 def test_a_5x_straggler_pushes_less_and_staleness_is_recorded():
     # Rank 2 (a worker) computes 5x slower. Each push also pays the server round trip,
     # which on this tiny model is comparable to the compute, so the push ratio sits well
-    # below 5 (about 3 measured on a quiet machine; CI saw 1.9 with a 3x straggler).
+    # below 5 (about 3 measured on a quiet machine; CI saw 1.9 with a 3x straggler), and
+    # with other processes busy on the CPUs the server's share of the round trip grows.
     cfg = async_config(steps=20, straggler="2:5")
     _, _, extra = run_distributed(run, 3, cfg, tiny_data(), timeout=180)[0]
     pushes = extra["pushes_by_worker"]
     assert extra["updates"] == 40 and sum(pushes.values()) == 40
-    assert pushes[1] >= 2 * pushes[2], pushes
+    assert pushes[1] >= 1.5 * pushes[2], pushes
     assert extra["staleness_max"] > 0 and extra["staleness_mean"] > 0
 
 

@@ -198,7 +198,9 @@ def test_too_many_non_finite_steps_in_a_row_stop_the_run():
         assert "2 consecutive steps (up to step 3) had a non-finite gradient norm" in message
 
 
-HANG_TIMEOUT_S = 2.0
+# Long enough that no ordinary collective of steps 1-3 (a checkpoint save included) times
+# out on a machine whose CPUs other processes keep busy; short enough for the suite.
+HANG_TIMEOUT_S = 4.0
 
 
 class GaveUp(Exception):
@@ -214,7 +216,11 @@ def hang_in_step_3(rank, world_size, run_dir):
     from paratrain.mesh import Mesh
     from paratrain.train.loop import train
 
+    hang_began = []
+
     def after_step(m):
+        if m.step == 3:
+            hang_began.append(time.monotonic())  # rank 0 goes on into step 4's collectives
         if rank == 1 and m.step == 3:
             time.sleep(HANG_TIMEOUT_S + 4)
             raise GaveUp
@@ -222,14 +228,13 @@ def hang_in_step_3(rank, world_size, run_dir):
     cfg = tiny_config(steps=5, checkpoint_every=2)
     cfg.parallel.dp = 2
     mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=HANG_TIMEOUT_S))
-    start = time.monotonic()
     try:
         train(cfg, mesh, tiny_data(), on_step=after_step, run_dir=Path(run_dir))
     except GaveUp:
-        return "gave up", time.monotonic() - start
+        return "gave up", time.monotonic() - hang_began[0]
     except Exception as e:  # CommError on rank 0
-        return str(e), time.monotonic() - start
-    return None, time.monotonic() - start
+        return str(e), time.monotonic() - hang_began[0]
+    return None, None
 
 
 def test_a_hung_rank_is_reported_in_time_and_the_last_checkpoint_stays_intact(tmp_path):
@@ -237,7 +242,8 @@ def test_a_hung_rank_is_reported_in_time_and_the_last_checkpoint_stays_intact(tm
     assert message is not None
     assert "rank 0 (rank 0 of group 'dp'" in message and "in training step 4" in message, message
     assert "rank 1 did not make this call" in message
-    # Steps 1-3 take well under a second each; the report comes within timeout + 5 s.
-    assert elapsed < HANG_TIMEOUT_S + 5 + 3, elapsed
+    # From the end of step 3: the timeout, the report's half second for peers to publish
+    # and its store reads, and room for a machine whose CPUs other processes keep busy.
+    assert elapsed < HANG_TIMEOUT_S + 12, elapsed
     assert ck.latest_checkpoint(tmp_path).step == 2
     ck.check_files(ck.latest_checkpoint(tmp_path).path)

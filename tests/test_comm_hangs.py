@@ -18,6 +18,9 @@ from paratrain.mesh import Mesh
 from tests.distributed import run_distributed
 
 TIMEOUT_S = 3.0
+# A report takes the timeout, half a second for peers to publish and a few store reads;
+# the rest of the bound is room for a machine whose CPUs other processes keep busy.
+REPORTED_WITHIN_S = TIMEOUT_S + 12
 
 
 def _good_calls(group, n):
@@ -69,7 +72,7 @@ def stuck_in_compute(rank, world_size):
 def test_different_op_at_the_same_call_is_named():
     results = run_distributed(wrong_op, 4, timeout=60)
     for message, elapsed in results:
-        assert message is not None and elapsed < TIMEOUT_S + 5
+        assert message is not None and elapsed < REPORTED_WITHIN_S
         assert "first divergence in group 'dp' [0, 1, 2, 3] at call #5" in message
         assert "ranks [0, 1, 2] called all_reduce(native) float32[4]" in message
         assert "ranks [3] called all_gather(native) float32[4]" in message
@@ -81,7 +84,7 @@ def test_a_skipped_call_is_named():
     assert reports, "no rank reported the hang"
     for message, elapsed in results:
         if message is not None:
-            assert elapsed < TIMEOUT_S + 5
+            assert elapsed < REPORTED_WITHIN_S
             assert "at call #5" in message
             assert "ranks [0, 1, 3] called all_reduce(native) float32[4]" in message
             assert "ranks [2] called all_reduce(native) float32[8]" in message
@@ -92,7 +95,7 @@ def test_a_rank_stuck_outside_communication_is_named():
     for rank, (message, elapsed) in enumerate(results):
         if rank == 1:
             continue
-        assert message is not None and elapsed < TIMEOUT_S + 5
+        assert message is not None and elapsed < REPORTED_WITHIN_S
         assert f"rank {rank} (rank {rank} of group 'dp'" in message
         assert "at call #5" in message and "ranks [0, 2, 3] called all_reduce" in message
         assert (
@@ -115,7 +118,7 @@ def checked_mismatch(rank, world_size):
 def test_per_call_checking_refuses_mismatched_shapes_at_once():
     start = time.monotonic()
     messages = run_distributed(checked_mismatch, 2, timeout=60)
-    assert time.monotonic() - start < TIMEOUT_S + 5
+    assert time.monotonic() - start < REPORTED_WITHIN_S
     for message in messages:
         assert "disagree on the next call" in message
         assert "ranks [0]: #2 all_reduce(native) float32[4]" in message
@@ -174,7 +177,7 @@ def hung_peer(rank, world_size):
 
 def test_a_point_to_point_wait_names_its_peer_and_the_training_step():
     message, elapsed = run_distributed(hung_peer, 2, timeout=60)[0]
-    assert message is not None and elapsed < TIMEOUT_S + 5
+    assert message is not None and elapsed < REPORTED_WITHIN_S
     assert "recv(native) with peer rank 1 call #1 float32[4] in training step 7" in message
 
 
