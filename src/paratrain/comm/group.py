@@ -69,6 +69,7 @@ class CommGroup:
         self.asynchronous_to_host = pg is not None and dist.get_backend(pg) == "nccl"
         self._progress: Progress | None = None
         self.link_free_at = 0.0  # the simulated slower network's queue (wait.py)
+        self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     @property
     def progress(self) -> Progress:
@@ -91,6 +92,16 @@ class CommGroup:
         size = dist.get_world_size()
         pg = dist.group.WORLD if size > 1 else None
         return cls(name, pg, list(range(size)), dist.get_rank(), ledger, options, watchdog)
+
+    def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer our algorithms receive into, kept between calls: one of them runs at a
+        time per group (progress.py), and a fresh allocation per call costs page faults on
+        large messages. It keeps the largest message chunk this group has received."""
+        buffer = self._scratch.get((dtype, device))
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+            self._scratch[(dtype, device)] = buffer
+        return buffer[:numel]
 
     @property
     def device(self) -> torch.device:

@@ -30,6 +30,16 @@ def combine_(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
         torch.minimum(acc, incoming, out=acc)
 
 
+def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
+    """out <- a (op) b in one pass (out may be neither)."""
+    if op in ("sum", "avg"):
+        torch.add(a, b, out=out)
+    elif op == "max":
+        torch.maximum(a, b, out=out)
+    else:
+        torch.minimum(a, b, out=out)
+
+
 def finish_avg_(total: torch.Tensor, count: int) -> None:
     """Divide a sum by the group size. Integers are rounded down (floor), as `//` does."""
     if total.is_floating_point():

@@ -231,14 +231,14 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
 
 
 def _ring_reduce_scatter(flat, sizes, group, record, op, async_op):
-    """On a copy (the input stays untouched); the result is this rank's chunk of it."""
-    work = flat.clone()
+    """The input stays untouched; the partial sums run in this rank's result."""
+    out = flat.new_empty(max(sizes))
     return run_ours(
         group,
         record,
-        lambda: ring.reduce_scatter_(work, sizes, group, record, op),
+        lambda: ring.reduce_scatter_into(flat, sizes, out, group, record, op),
         async_op,
-        then=lambda: work.split(sizes)[group.rank].clone(),
+        then=lambda: out[: sizes[group.rank]],
     )
 
 
