@@ -54,9 +54,11 @@ class Workload:
     but for the last layer's, on any machine and under any load.
     """
 
-    width: int = 256
-    layers: int = 12
-    batch: int = 4096
+    # Narrow and deep in the batch: compute grows with batch x width^2, bytes with width^2
+    # only, so little of the communication is CPU work that competes with the compute.
+    width: int = 128
+    layers: int = 8
+    batch: int = 16384
     comm_share: float = 0.5
     pairs: int = 9
     control: bool = False  # both sides without overlap: then nothing may appear hidden
