@@ -15,6 +15,8 @@ LLAMA = "test_llama.py::test_llama_layouts_match_single_process"
 PIPELINE = "test_pipeline_training.py::test_pipeline_through_the_loop_matches_single_process"
 TIED = "test_tied_weights.py::test_tied_weights_train_equal_to_one_process"
 DEVICE = "test_default_device.py::test_training_allocates_nothing_on_the_default_device"
+PAIRS = "test_mode_pairs.py::test_mode_layouts_match_single_process"
+LOW = "test_mode_pairs.py::test_low_precision_layouts_track_float32"
 COVERAGE: dict[str, list[set[str]]] = {
     f"{COMPOSITION}[4]": [{"dp", "sp", "rc-full"}, {"tp", "1f1b", "rc-full"}],
     f"{COMPOSITION}[8]": [
@@ -83,6 +85,50 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"dp", "1f1b", "resume"},
         {"tp", "1f1b", "resume"},
     ],
+    f"{PAIRS}[2]": [
+        {"zero1", "rc-sel", "llama", "ring"},
+        {"zero2", "rc-full", "llama", "tree"},
+        {"sp", "tree"},
+        {"gpipe", "rc-sel", "llama", "ring"},
+        {"interleaved", "rc-full", "llama", "tree"},
+        {"1f1b", "rc-sel", "ring"},
+        {"1f1b", "tree"},
+    ],
+    f"{PAIRS}[4]": [
+        {"dp", "gpipe", "rc-full", "tree"},
+        {"dp", "zb-h1", "ring"},
+        {"zero1", "gpipe", "rc-full"},
+        {"zero1", "interleaved", "rc-sel", "ring"},
+        {"zero1", "zb-h1", "rc-full", "tree"},
+        {"zero2", "gpipe", "rc-sel"},
+        {"zero2", "interleaved", "ring"},
+        {"zero2", "zb-h1"},
+        {"tp", "zb-h1", "rc-sel", "ring"},
+        {"zero3", "sp", "rc-full", "llama", "ring"},
+        {"zero3", "tp", "rc-sel", "tree"},
+    ],
+    f"{PAIRS}[8]": [{"dp", "tp", "gpipe"}, {"dp", "tp", "zb-h1"}],
+    f"{LOW}[2]": [
+        {"tp", "bf16", "rc-sel", "ring"},
+        {"sp", "bf16", "rc-full", "llama", "tree"},
+        {"gpipe", "bf16", "llama"},
+        {"interleaved", "bf16"},
+        {"zb-h1", "bf16"},
+        {"dp", "fp16", "rc-sel", "llama", "ring"},
+    ],
+    f"{LOW}[4]": [
+        {"zero1", "tp", "bf16"},
+        {"tp", "1f1b", "bf16"},
+        {"zero3", "sp", "fp16", "ring"},
+        {"zero2", "tp", "fp16", "rc-full", "llama", "tree"},
+    ],
+    "test_mode_pairs.py::test_one_worker_async_matches_single_process": [
+        {"async", "rc-sel", "llama"}
+    ],
+    "test_mode_pairs.py::test_a_resumed_layout_continues_as_the_uninterrupted_run": [
+        {"gpipe", "rc-full", "tree", "bf16", "resume"},
+        {"zb-h1", "rc-sel", "resume"},
+    ],
     "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened": [  # noqa: E501
         {"dp", "restarts"}
     ],
@@ -92,24 +138,14 @@ COVERAGE: dict[str, list[set[str]]] = {
 }
 # Accepted by the checks, but no test trains them: shown as such, not claimed. Adding a
 # test to COVERAGE removes its combinations from here (the generation says which).
+# fp16 + resume: the checkpoint does not hold fp16's loss scale, so a resumed run starts
+# again from --loss-scale and skips steps the run that went on applied (not exact).
 UNTESTED = {
     tuple(c.split("+"))
     for c in """
-dp+gpipe dp+zb-h1 dp+fp16 async+rc-sel async+llama zero1+gpipe
-zero1+interleaved zero1+zb-h1 zero1+rc-full zero1+rc-sel zero1+ring zero1+tree
-zero1+llama zero1+restarts zero2+gpipe zero2+interleaved zero2+zb-h1 zero2+fp16
-zero2+rc-full zero2+rc-sel zero2+ring zero2+tree zero2+llama zero2+restarts zero3+fp16
-zero3+ring zero3+tree zero3+restarts tp+zb-h1 tp+bf16 tp+fp16 tp+rc-sel tp+ring tp+tree
-tp+restarts sp+bf16 sp+fp16 sp+ring sp+tree sp+restarts gpipe+bf16 gpipe+rc-full
-gpipe+rc-sel gpipe+ring gpipe+tree gpipe+llama gpipe+resume gpipe+restarts 1f1b+rc-sel
-1f1b+ring 1f1b+tree 1f1b+restarts interleaved+bf16 interleaved+rc-full
-interleaved+rc-sel interleaved+ring interleaved+tree interleaved+llama
-interleaved+restarts zb-h1+bf16 zb-h1+rc-full zb-h1+ring zb-h1+tree zb-h1+resume
-zb-h1+restarts bf16+rc-full bf16+rc-sel bf16+ring bf16+tree bf16+llama bf16+resume
-bf16+restarts fp16+rc-full fp16+rc-sel fp16+ring fp16+tree fp16+llama fp16+resume
-fp16+restarts rc-full+ring rc-full+tree rc-full+llama rc-full+resume rc-full+restarts
-rc-sel+ring rc-sel+tree rc-sel+resume rc-sel+restarts ring+llama ring+restarts
-tree+llama tree+resume tree+restarts llama+restarts resume+restarts dp+tp+gpipe
-dp+tp+zb-h1 zero3+sp+rc-full zero1+bf16+tp bf16+tp+1f1b llama+zero3+sp
+zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+restarts
+1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts fp16+resume
+fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
+llama+restarts resume+restarts
 """.split()
 }

@@ -114,6 +114,23 @@ def reference_training(
     return RunRecord(losses, norms, state), initial
 
 
+class References:
+    """reference_training once per distinct reference on `data`: configurations that differ
+    only in what the reference does not read (the layout, micro-batching, recomputation,
+    compute dtype) share one run."""
+
+    def __init__(self, data: TokenData) -> None:
+        self.data = data
+        self._runs: dict[str, tuple[RunRecord, dict]] = {}
+
+    def __call__(self, cfg: RunConfig) -> tuple[RunRecord, dict]:
+        own = {"micro_batch": 1, "microbatches": 0, "recompute": "none", "dtype": "float32"}
+        key = repr((cfg.model, dataclasses.replace(cfg.train, **own, loss_scale=1.0)))
+        if key not in self._runs:
+            self._runs[key] = reference_training(cfg, self.data)
+        return self._runs[key]
+
+
 def assert_equivalent(parallel: RunRecord, reference: RunRecord, initial: dict) -> None:
     assert len(parallel.losses) == len(reference.losses), "different number of steps"
     for step, (a, b) in enumerate(zip(parallel.losses, reference.losses, strict=True), start=1):
@@ -164,11 +181,15 @@ def record_of(result, tp_group) -> RunRecord:
 
 
 def assert_layout_equivalent(
-    records: list[RunRecord], cfg: RunConfig, data: TokenData, clip: float | None = None
+    records: list[RunRecord],
+    cfg: RunConfig,
+    data: TokenData,
+    clip: float | None = None,
+    references: References | None = None,
 ) -> None:
     """Every rank's record of one layout against the reference: the stages' parameters put
     together, losses and norms reported identically on every rank."""
-    reference, initial = reference_training(cfg, data)
+    reference, initial = (references or References(data))(cfg)
     if clip is not None:
         assert all(n > clip for n in reference.grad_norms), "clipping must be active"
     state: dict[str, torch.Tensor] = {}
@@ -184,13 +205,16 @@ def assert_layout_equivalent(
 
 def train_layouts(rank, world_size, runs, data) -> list[RunRecord]:
     """In each of world_size processes: train every (dp, pp, tp, cfg) of `runs` in turn
-    through `paratrain.train.loop.train` and return this rank's records, in order."""
+    through `paratrain.train.loop.train` and return this rank's records, in order. The
+    mesh's collectives run cfg's --comm-algo, as in `paratrain train` (train/worker.py)."""
+    from paratrain.comm import CommOptions
     from paratrain.mesh import Mesh
     from paratrain.train.loop import train
 
     records = []
     for dp, pp, tp, cfg in runs:
-        mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
+        options = CommOptions(algo=cfg.parallel.comm_algo)
+        mesh = Mesh.build(dp=dp, pp=pp, tp=tp, options=options)
         records.append(record_of(train(cfg, mesh, data), mesh.group("tp")))
     return records
 
@@ -202,5 +226,10 @@ def check_layouts(world: int, configs: list[RunConfig], clip: float) -> None:
     data = tiny_data()
     runs = [(c.parallel.dp, c.parallel.pp, c.parallel.tp, c) for c in configs]
     per_rank = run_distributed(train_layouts, world, runs, data, timeout=600)
+    references = References(data)
     for i, cfg in enumerate(configs):
-        assert_layout_equivalent([r[i] for r in per_rank], cfg, data, clip=clip)
+        try:
+            assert_layout_equivalent([r[i] for r in per_rank], cfg, data, clip, references)
+        except AssertionError as e:
+            e.add_note(f"layout {i} of {len(configs)}: {cfg.parallel}, {cfg.train.recompute=}")
+            raise
