@@ -96,9 +96,11 @@ LOW_PRECISION = {  # world size -> layouts in bf16 or fp16
     4: ["zero1 tp bf16", "tp 1f1b bf16", "zero3 sp fp16 ring", "zero2 tp fp16 rc-full llama tree"],
 }
 ASYNC = "async rc-sel llama"
-# World 2. Not fp16: the checkpoint does not hold the loss scale, so a resumed fp16 run
-# starts again from --loss-scale and skips steps the uninterrupted run applied.
-RESUMED = ["gpipe rc-full tree bf16", "zb-h1 rc-sel"]
+# World 2. fp16 starts at a scale that overflows the first steps: the scale falls by
+# half at each, and the resumed run must go on from the fallen scale (the checkpoint
+# holds it), not from --loss-scale, or it skips steps the uninterrupted run applied.
+RESUMED = ["gpipe rc-full tree bf16", "zb-h1 rc-sel", "dp fp16"]
+OVERFLOWING_SCALE = 2.0**11
 SAVED_AT = 2  # of tiny_config's 4 steps
 CLIP = 0.5  # below the norms of these runs (about 1.6 to 5): clipping is active
 
@@ -191,7 +193,11 @@ def test_a_resumed_layout_continues_as_the_uninterrupted_run(tmp_path):
     configs = [layout_config(layout) for layout in RESUMED]
     for cfg in configs:
         cfg.train.checkpoint_every = SAVED_AT
+        if cfg.train.dtype == "float16":
+            cfg.train.loss_scale = OVERFLOWING_SCALE
     per_rank = run_distributed(resumed_runs, 2, configs, tiny_data(), str(tmp_path))
+    fp16 = per_rank[0][RESUMED.index("dp fp16")][0]
+    assert not math.isfinite(fp16.grad_norms[SAVED_AT - 1]), fp16.grad_norms  # skipped
     for records in per_rank:
         for layout, (full, resumed) in zip(RESUMED, records, strict=True):
             assert resumed.losses == full.losses[SAVED_AT:], layout

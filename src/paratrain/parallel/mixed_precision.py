@@ -109,6 +109,14 @@ class DynamicLossScaler:
             self.scale *= 2.0
             self._good_steps = 0
 
+    def state_dict(self) -> dict[str, float]:
+        """What a resumed run needs to skip and grow as the uninterrupted one would."""
+        return {"scale": self.scale, "good_steps": self._good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale = float(state["scale"])
+        self._good_steps, self.skipped = int(state["good_steps"]), int(state["skipped"])
+
 
 class _ScaleBackward(torch.autograd.Function):
     """Identity in forward; multiplies the incoming gradient by `scale` in backward.

@@ -103,13 +103,22 @@ def layout_of(cfg: RunConfig, mesh: Mesh) -> dict[str, int]:
 
 
 def run_meta(
-    cfg: RunConfig, mesh: Mesh, step: int, adam_step: int, fingerprint: str
+    cfg: RunConfig,
+    mesh: Mesh,
+    step: int,
+    adam_step: int,
+    fingerprint: str,
+    loss_scale: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """paratrain.json's fields (an asynchronous run's checkpoint adds its server's state)."""
+    """paratrain.json's fields (an asynchronous run's checkpoint adds its server's state).
+
+    loss_scale: fp16's scaler state, the same on every rank (every rank skips the same
+    steps); without it a resumed run would start again from --loss-scale."""
     t = cfg.train
     return {
         "step": step,
         "adam_step": adam_step,
+        "loss_scale": loss_scale,
         "dp_mode": cfg.parallel.dp_mode,
         "layout": layout_of(cfg, mesh),
         "chunks": cfg.parallel.chunks,
@@ -226,6 +235,11 @@ def set_rng_state(state: dict[str, Any], tracker: RngTracker | None, device: tor
         tracker.load_state_dict(state["tp"])
 
 
+def scaler_state(engine: Any) -> dict[str, float] | None:
+    scalers = [r.scaler for r in engine.replicas if r.scaler is not None]
+    return scalers[0].state_dict() if scalers else None
+
+
 def save(
     run_dir: Path,
     step: int,
@@ -246,7 +260,8 @@ def save(
     path = checkpoint_path(run_dir, step)
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
     if mesh.global_rank == 0:
-        start_dir(path, run_meta(cfg, mesh, step, state.adam_step(), fingerprint))
+        scale = scaler_state(engine)
+        start_dir(path, run_meta(cfg, mesh, step, state.adam_step(), fingerprint, scale))
     comm.barrier(world)
     entries: dict[str, Any] = dict(state.tensors)
     entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker, mesh.device)

@@ -48,6 +48,8 @@ def load(
     state.set_adam_step(int(meta["adam_step"]))
     for replica in engine.replicas:
         replica.after_load()
+        if replica.scaler is not None and meta.get("loss_scale"):  # fp16 saved by fp16
+            replica.scaler.load_state_dict(meta["loss_scale"])
     if same_layout:
         set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
     return meta
