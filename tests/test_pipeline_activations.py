@@ -18,13 +18,14 @@ from tests.equivalence import tiny_data
 from tests.test_pipeline_equivalence import build_stage, pipeline_config
 
 
-def measure(rank, world_size, cfg, data, cases):
+def measure(rank, world_size, cfg, data, cases, meter=True):
     mesh = Mesh.build(pp=world_size)
     group, t = mesh.group("pp"), cfg.train
     out = []
     for name, k in cases:
         chunks = build_stage(cfg, group.rank, world_size, 1)
-        runtime = PipelineRuntime(chunks, build_schedule(name, world_size, k, 1), group, 32)
+        schedule = build_schedule(name, world_size, k, 1)
+        runtime = PipelineRuntime(chunks, schedule, group, 32, measure_activations=meter)
         sampler = BatchSampler(data.train, t.seq_len, t.micro_batch * k, t.seed)
         micro = [m.clone() for m in sampler.global_batch_at(0).split(t.micro_batch)]
         runtime.run_step(micro)
@@ -56,3 +57,11 @@ def test_peak_in_flight_bytes_gpipe_k_and_1f1b_s_minus_stage():
             held = k if name == "gpipe" else min(num_stages - stage, k)
             assert r["peak"] == held, where
             assert r["peak_bytes"] == held * one, where
+
+
+def test_without_the_meter_nothing_is_counted_and_the_schedule_is_the_same():
+    cfg = pipeline_config(2, 4, 1)
+    results = run_distributed(measure, 2, cfg, tiny_data(), [("1f1b", 4)], False)
+    for stage, (r,) in enumerate(results):
+        assert r["per_micro"] == [0] and r["peak_bytes"] == 0, stage
+        assert r["forwards"] == 4 and r["peak"] == 2 - stage, stage

@@ -11,13 +11,20 @@ not be the order this stage uses them (interleaved schedules with S = 2 mix acti
 gradients on one link), so receives are posted in the *sender's* order, read from the
 schedule, and a message that arrives early waits in its buffer until its RECV action.
 This is exactly the model the checker simulates, so a checked schedule cannot hang here.
+Each RECV also posts the receive of the next message from the same stage: gloo writes a
+message only into a posted receive, so it then arrives during the compute in between.
 
 Activation memory is measured, not derived from the schedule: each training forward runs
 under an `ActivationMeter` (saved-tensor pack hook), which records the storages autograd
 keeps for that (micro-batch, chunk)'s backward. They count as held from the forward until
 the backward that frees them (`B`, or `BW` when split: the weight gradient still needs the
 layer inputs); the bytes held are those of the union of the storages of the pairs in
-flight, so a storage shared by two micro-batches counts once.
+flight, so a storage shared by two micro-batches counts once. `measure_activations=False`
+skips the meter (and its Python call per saved tensor) when nobody reads those bytes.
+
+Split backward (ZB-H1): `BI` computes dL/dx and keeps each weight consumer's output
+gradient, `BW` computes the weight gradients from those, so no node's work is done twice
+(split_backward.py).
 
 Loss: the last virtual stage computes each micro-batch's mean token loss and backpropagates
 loss / K. All micro-batches hold the same number of tokens, so the gradients accumulated
@@ -26,6 +33,7 @@ over the K micro-batches equal those of one step on the whole batch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -49,6 +57,7 @@ from paratrain.parallel.pipeline.schedules import (
     message_key,
     virtual_stage,
 )
+from paratrain.parallel.pipeline.split_backward import WeightGrad, backward_input
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 
 
@@ -63,11 +72,12 @@ class _Step:
         self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
         self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
-        self.weight_grad: dict[tuple[int, int], torch.Tensor | None] = {}  # BW's grad_out
+        self.weight_grad: dict[tuple[int, int], WeightGrad] = {}  # BW's work, kept by BI
         self.posted: dict[tuple, comm.Handle] = {}
         self.next_expected: dict[int, int] = {}  # per source stage: index into its sends
         self.sends: list[comm.Handle] = []
         self.loss_sum = torch.zeros((), device=device)
+        self.params: list[list[nn.Parameter]] = []  # per chunk, those that train (BI's)
 
 
 class PipelineRuntime:
@@ -85,6 +95,7 @@ class PipelineRuntime:
         group: comm.CommGroup,
         hidden_size: int,
         dtype: torch.dtype = torch.float32,
+        measure_activations: bool = True,
     ) -> None:
         if group.size != schedule.num_stages:
             raise ValueError(
@@ -97,6 +108,9 @@ class PipelineRuntime:
         self.chunks, self.schedule, self.group = chunks, schedule, group
         self.stage, self.hidden_size, self.dtype = group.rank, hidden_size, dtype
         self.device = next(chunks[0].parameters()).device  # where activations arrive
+        # The saved-tensor meter costs a Python call per saved tensor (a tenth of a
+        # forward here); without it the traces' activation bytes stay 0.
+        self.measure_activations = measure_activations
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
         self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
@@ -130,6 +144,7 @@ class PipelineRuntime:
     # -- execution ------------------------------------------------------------------
     def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
         st = _Step(micro_batches, train, self.device)
+        st.params = [[p for p in c.parameters() if p.requires_grad] for c in self.chunks]
         rows, tokens = micro_batches[0].shape
         self._shape = (rows, tokens - 1, self.hidden_size)  # (b, T, C) of every message
         self._num_micro = len(micro_batches)
@@ -170,7 +185,8 @@ class PipelineRuntime:
             x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
             x.requires_grad_(st.train)
         chunk = self.chunks[a.chunk]
-        with ActivationMeter(chunk) as meter:  # no pack calls under no_grad (evaluation)
+        meter = ActivationMeter(chunk) if st.train and self.measure_activations else None
+        with meter or contextlib.nullcontext():
             if vs == last:
                 loss = chunk(x, batch[:, 1:])  # mean over this micro-batch's tokens
                 st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
@@ -181,7 +197,7 @@ class PipelineRuntime:
             self._hand_over(st, ("act", a.microbatch, a.chunk), y.detach(), +1)
         if st.train:
             st.saved[(a.microbatch, a.chunk)] = (x, y)
-            st.storages[(a.microbatch, a.chunk)] = meter.storages
+            st.storages[(a.microbatch, a.chunk)] = meter.storages if meter else {}
 
     def _hand_over(self, st: _Step, key: tuple, tensor: torch.Tensor, step: int) -> None:
         """Queue for the SEND action, or with one stage pass straight to the next chunk."""
@@ -202,24 +218,20 @@ class PipelineRuntime:
             self._hand_over(st, ("grad", a.microbatch, a.chunk), x.grad, -1)
 
     def _backward_input(self, a: Action, st: _Step, sch: Schedule) -> None:
-        """Only dL/dx, keeping the graph for BW (arXiv:2401.10241, section 2)."""
+        """Only dL/dx; what BW needs is kept (arXiv:2401.10241, section 2; split_backward.py)."""
         x, y = st.saved[(a.microbatch, a.chunk)]
-        grad = self._output_grad(a, st)
-        st.weight_grad[(a.microbatch, a.chunk)] = grad
+        gx, weight_grad = backward_input(y, self._output_grad(a, st), x, st.params[a.chunk])
+        st.weight_grad[(a.microbatch, a.chunk)] = weight_grad
+        # BW needs only what BI kept: the nodes above the last weight (the loss's
+        # log-softmax output, on the last stage) go now.
+        st.saved[(a.microbatch, a.chunk)] = (x, y.detach())
         if self._vs(a) > 0:  # the first virtual stage has no input gradient to send
-            (gx,) = torch.autograd.grad(y, x, grad, retain_graph=True)
             self._hand_over(st, ("grad", a.microbatch, a.chunk), gx, -1)
 
     def _backward_weight(self, a: Action, st: _Step, sch: Schedule) -> None:
-        """The deferred dL/dW, accumulated into .grad like a normal backward."""
-        _, y = st.saved.pop((a.microbatch, a.chunk))
-        del st.storages[(a.microbatch, a.chunk)]
-        grad = st.weight_grad.pop((a.microbatch, a.chunk))
-        params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
-        grads = torch.autograd.grad(y, params, grad, allow_unused=True)
-        for p, g in zip(params, grads, strict=True):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad.add_(g)
+        """The deferred dL/dW from BI's kept gradients, accumulated into .grad."""
+        del st.saved[(a.microbatch, a.chunk)], st.storages[(a.microbatch, a.chunk)]
+        st.weight_grad.pop((a.microbatch, a.chunk)).run()
 
     def _send(self, a: Action, st: _Step, sch: Schedule) -> None:
         dst, _ = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
@@ -232,13 +244,22 @@ class PipelineRuntime:
         order = self._channel_order(sch, a.peer)
         # Post receives in the sender's order up to and including the one needed now.
         while key not in st.posted:
-            i = st.next_expected.get(a.peer, 0)
-            if i >= len(order):
+            if not self._post_next(st, a.peer, order):
                 raise RuntimeError(f"stage {self.stage}: {a} is never sent by stage {a.peer}")
-            buf = torch.empty(self._shape, dtype=self.dtype, device=self.device)
-            st.posted[order[i]] = comm.irecv(buf, self.group, a.peer)
-            st.next_expected[a.peer] = i + 1
         st.inbox[key] = st.posted.pop(key).wait()
+        # And the next one: gloo writes a message only into a posted receive, so posted
+        # now it travels while this stage computes instead of inside the next RECV.
+        self._post_next(st, a.peer, order)
+
+    def _post_next(self, st: _Step, src: int, order: list[tuple]) -> bool:
+        """Post the receive of `src`'s next message to this stage; False after its last."""
+        i = st.next_expected.get(src, 0)
+        if i >= len(order):
+            return False
+        buf = torch.empty(self._shape, dtype=self.dtype, device=self.device)
+        st.posted[order[i]] = comm.irecv(buf, self.group, src)
+        st.next_expected[src] = i + 1
+        return True
 
     def _channel_order(self, sch: Schedule, src: int) -> list[tuple]:
         """Keys of the messages `src` sends to this stage, in its send order."""
