@@ -146,7 +146,15 @@ def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPl
     schedule = build_schedule(p.schedule, pp.size, cfg.train.microbatches, p.chunks)
     # Activations travel between stages in the compute dtype (bf16 on GPUs by default).
     dtype = MixedPrecision.of(compute_dtype(cfg)).param_dtype
-    runtime = PipelineRuntime(chunks, schedule, pp, hidden_size=cfg.model.d_model, dtype=dtype)
+    # The saved-tensor meter costs about a tenth of a forward; only --trace reads it.
+    runtime = PipelineRuntime(
+        chunks,
+        schedule,
+        pp,
+        hidden_size=cfg.model.d_model,
+        dtype=dtype,
+        measure_activations=cfg.train.trace,
+    )
     # The runtime weights each micro-batch's mean loss by 1/K: replicas average.
     dp = mesh.group("dp")
     replicas = [data_parallel(c, dp, cfg, plan, reduce_op="avg") for c in chunks]
