@@ -140,7 +140,7 @@ def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any]
             r["world_size"],
             r["wire_sent_bytes_per_rank"],
             r["wire_model_bytes_per_rank"],
-            wire.SLACK_PER_CALL,
+            wire.slack(r["bytes"]),
         )
     failed = [r for r in wrong if r["bytes_counted"] == "sent"] + off_wire
     summary = {
