@@ -94,14 +94,22 @@ class RoutingStats:
 class Experts(nn.Module):
     """E feed-forward networks, parameters stacked along dimension 0."""
 
-    def __init__(self, num_experts: int, d_model: int, hidden: int, activation: str) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        d_model: int,
+        hidden: int,
+        activation: str,
+        device: torch.device | str | None = None,  # as nn.Linear's: None, the default device
+    ) -> None:
         super().__init__()
         self.activation = activation
-        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, hidden))
-        self.w_out = nn.Parameter(torch.empty(num_experts, hidden, d_model))
+        shape_in, shape_out = (num_experts, d_model, hidden), (num_experts, hidden, d_model)
+        self.w_in = nn.Parameter(torch.empty(shape_in, device=device))
+        self.w_out = nn.Parameter(torch.empty(shape_out, device=device))
         self.w_gate = None
         if activation == "swiglu":
-            self.w_gate = nn.Parameter(torch.empty(num_experts, d_model, hidden))
+            self.w_gate = nn.Parameter(torch.empty(shape_in, device=device))
         for p in self.parameters():
             nn.init.normal_(p, mean=0.0, std=0.02)
 
@@ -124,18 +132,22 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: MoEConfig) -> None:
+    def __init__(self, cfg: MoEConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.router = Router(cfg.d_model, cfg.num_experts, cfg.top_k, cfg.score, cfg.normalize)
-        self.experts: nn.Module = Experts(cfg.num_experts, cfg.d_model, cfg.hidden, cfg.activation)
+        self.router = Router(
+            cfg.d_model, cfg.num_experts, cfg.top_k, cfg.score, cfg.normalize, device
+        )
+        self.experts: nn.Module = Experts(
+            cfg.num_experts, cfg.d_model, cfg.hidden, cfg.activation, device
+        )
         self.shared: Experts | None = None
         if cfg.shared_hidden:  # DeepSeekMoE's shared expert (arXiv:2401.06066)
-            self.shared = Experts(1, cfg.d_model, cfg.shared_hidden, cfg.activation)
+            self.shared = Experts(1, cfg.d_model, cfg.shared_hidden, cfg.activation, device)
         self.batch: BatchView = WholeBatch()
         # Chosen assignments since the last `balance_bias` (the bias's step may span
         # micro-batches). Not saved: it is empty after every step.
-        self.register_buffer("load", torch.zeros(cfg.num_experts), persistent=False)
+        self.register_buffer("load", torch.zeros(cfg.num_experts, device=device), persistent=False)
         self.stats: RoutingStats | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,6 +53,7 @@ class Router(nn.Module):
         top_k: int,
         score: str = "softmax",
         normalize: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         if score not in SCORES:
@@ -60,8 +61,8 @@ class Router(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be between 1 and num_experts {num_experts}")
         self.top_k, self.score, self.normalize = top_k, score, normalize
-        self.gate = nn.Linear(d_model, num_experts, bias=False)
-        self.register_buffer("bias", torch.zeros(num_experts))
+        self.gate = nn.Linear(d_model, num_experts, bias=False, device=device)
+        self.register_buffer("bias", torch.zeros(num_experts, device=device))
 
     def forward(self, x: torch.Tensor) -> Routing:
         logits = self.gate(x)  # (N, E)
