@@ -17,6 +17,7 @@ TIED = "test_tied_weights.py::test_tied_weights_train_equal_to_one_process"
 DEVICE = "test_default_device.py::test_training_allocates_nothing_on_the_default_device"
 PAIRS = "test_mode_pairs.py::test_mode_layouts_match_single_process"
 LOW = "test_mode_pairs.py::test_low_precision_layouts_track_float32"
+KILLED = "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened"  # noqa: E501
 COVERAGE: dict[str, list[set[str]]] = {
     f"{COMPOSITION}[4]": [{"dp", "sp", "rc-full"}, {"tp", "1f1b", "rc-full"}],
     f"{COMPOSITION}[8]": [
@@ -130,12 +131,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"zb-h1", "rc-sel", "resume"},
         {"dp", "fp16", "resume"},
     ],
-    "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened": [  # noqa: E501
-        {"dp", "restarts"}
-    ],
-    "test_reliability_cli.py::test_async_a_killed_worker_is_restarted_and_the_server_resumes_from_its_checkpoint": [  # noqa: E501
-        {"async", "restarts"}
-    ],
+    f"{KILLED}[sync]": [{"dp", "restarts"}],
+    f"{KILLED}[async]": [{"async", "restarts"}],
 }
 # Accepted by the checks, but no test trains them: shown as such, not claimed. Adding a
 # test to COVERAGE removes its combinations from here (the generation says which).

@@ -33,7 +33,10 @@ def config(dp: int = 2, pp: int = 1, tp: int = 1, **parallel: object) -> RunConf
     return resolve(cfg, dp * pp * tp)
 
 
-def train_and_compare(rank: int, world: int, cfg: RunConfig, data) -> dict:
+def train_tracked(cfg: RunConfig, data) -> tuple:
+    """Train under the Tracker the worker installs: the result, the summary's predicted
+    and measured numbers (collective, as in the worker) and the mesh, for the caller to
+    read and close."""
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
     tracker = Tracker(cfg, mesh)
@@ -41,7 +44,11 @@ def train_and_compare(rank: int, world: int, cfg: RunConfig, data) -> dict:
         result = train(cfg, mesh, data, tracker.step_done)
     finally:
         tracker.close()
-    compared = tracker.compare(result.extra["model_state_bytes"])  # collective, as in the worker
+    return result, tracker.compare(result.extra["model_state_bytes"]), mesh
+
+
+def train_and_compare(rank: int, world: int, cfg: RunConfig, data) -> dict:
+    _, compared, mesh = train_tracked(cfg, data)
     mesh.close()
     return compared
 

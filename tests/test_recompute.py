@@ -331,19 +331,11 @@ def selective_layouts() -> list:
 def _train(rank, world, runs, data):
     """Each run's record, and the planner's bytes per step beside the ledger's (the
     summary `paratrain train` prints: train/prediction.py)."""
-    from paratrain.train.loop import train
-    from paratrain.train.prediction import Tracker
+    from tests.test_prediction import train_tracked
 
     out = []
     for _, cfg in runs:
-        p = cfg.parallel
-        mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
-        tracker = Tracker(cfg, mesh)
-        try:
-            result = train(cfg, mesh, data, tracker.step_done)
-        finally:
-            tracker.close()
-        compared = tracker.compare(result.extra["model_state_bytes"])
+        result, compared, mesh = train_tracked(cfg, data)
         sent = (
             compared["predicted"]["bytes_sent_per_step"],
             compared["measured"]["bytes_sent_per_step"],

@@ -91,46 +91,6 @@ def uninterrupted(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.e2e
-def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(
-    tmp_path, uninterrupted
-):
-    out = tmp_path / "killed"
-    proc = start(*RUN, *SLOW, "--max-restarts", "1", "--out", str(out), cwd=tmp_path)
-    wait_for_step(out, 5, proc)  # past the checkpoint of step 3
-    os.kill(worker_pid(out, 1), signal.SIGKILL)
-    code, _, err = finish(proc)
-    assert code == 0, err
-    assert "restart 1: resuming from step" in err
-    assert steps_logged(out) == list(range(1, STEPS + 1))  # each step exactly once
-    assert losses(out) == losses(uninterrupted)  # same mesh: bitwise
-    final = ck.checkpoint_path(out, STEPS)
-    from paratrain.train.export import export_safetensors, load_exported
-
-    ours = load_exported(export_safetensors(out)).state_dict()
-    theirs = load_exported(export_safetensors(uninterrupted, tmp_path / "u.st")).state_dict()
-    assert ck.is_complete(final)
-    assert all(ours[k].equal(theirs[k]) for k in theirs)
-
-
-@pytest.mark.e2e
-def test_sigterm_checkpoints_and_stops_then_resume_continues_exactly(tmp_path, uninterrupted):
-    out = tmp_path / "preempted"
-    proc = start(*RUN, *SLOW, "--out", str(out), cwd=tmp_path)
-    wait_for_step(out, 4, proc)
-    proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
-    code, _, err = finish(proc)
-    assert code == 143, err
-    assert "stopped by" in err and f"--resume {out}" in err
-    stopped = ck.latest_checkpoint(out).step
-    assert 4 <= stopped < STEPS and steps_logged(out) == list(range(1, stopped + 1))
-    code, _, err = finish(start("--resume", str(out), cwd=tmp_path))
-    assert code == 0, err
-    assert f"resuming at step {stopped} of {STEPS}" in err
-    assert steps_logged(out) == list(range(1, STEPS + 1))
-    assert losses(out) == losses(uninterrupted)
-
-
 def refused(*args: str, cwd: Path) -> str:
     code, out, err = finish(start(*args, cwd=cwd), timeout=120)
     assert code == 2, (code, out, err)
@@ -219,27 +179,46 @@ def async_uninterrupted(tmp_path_factory) -> Path:
     return out
 
 
+# Each data-parallel mode's flags, the straggler that leaves time to signal a run, and the
+# fixture with its run left alone.
+MODES = {
+    "sync": ([], SLOW, "uninterrupted"),
+    "async": (ASYNC, ASYNC_SLOW, "async_uninterrupted"),
+}
+
+
 @pytest.mark.e2e
-def test_async_a_killed_worker_is_restarted_and_the_server_resumes_from_its_checkpoint(
-    tmp_path, async_uninterrupted
+@pytest.mark.parametrize("mode", MODES)
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(
+    tmp_path, request, mode
 ):
-    out = tmp_path / "async-killed"
-    proc = start(*RUN, *ASYNC, *ASYNC_SLOW, "--max-restarts", "1", "--out", str(out), cwd=tmp_path)
+    """async: the server resumes from its checkpoint and the workers rejoin it."""
+    flags, slow, fixture = MODES[mode]
+    reference = request.getfixturevalue(fixture)
+    out = tmp_path / "killed"
+    proc = start(*RUN, *flags, *slow, "--max-restarts", "1", "--out", str(out), cwd=tmp_path)
     wait_for_step(out, 5, proc)  # past the checkpoint of step 3
     os.kill(worker_pid(out, 1), signal.SIGKILL)
     code, _, err = finish(proc)
     assert code == 0, err
     assert "restart 1: resuming from step" in err
     assert steps_logged(out) == list(range(1, STEPS + 1))  # each step exactly once
-    assert losses(out) == losses(async_uninterrupted)
+    assert losses(out) == losses(reference)  # same mesh: bitwise
+    assert ck.is_complete(ck.checkpoint_path(out, STEPS))
+    from paratrain.train.export import export_safetensors, load_exported
+
+    ours = load_exported(export_safetensors(out)).state_dict()
+    theirs = load_exported(export_safetensors(reference, tmp_path / "u.st")).state_dict()
+    assert all(ours[k].equal(theirs[k]) for k in theirs)
 
 
 @pytest.mark.e2e
-def test_async_sigterm_checkpoints_and_stops_then_resume_continues_exactly(
-    tmp_path, async_uninterrupted
-):
-    out = tmp_path / "async-preempted"
-    proc = start(*RUN, *ASYNC, *ASYNC_SLOW, "--out", str(out), cwd=tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_checkpoints_and_stops_then_resume_continues_exactly(tmp_path, request, mode):
+    flags, slow, fixture = MODES[mode]
+    reference = request.getfixturevalue(fixture)
+    out = tmp_path / "preempted"
+    proc = start(*RUN, *flags, *slow, "--out", str(out), cwd=tmp_path)
     wait_for_step(out, 4, proc)
     proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would
     code, _, err = finish(proc)
@@ -247,10 +226,11 @@ def test_async_sigterm_checkpoints_and_stops_then_resume_continues_exactly(
     assert "stopped by" in err and f"--resume {out}" in err
     stopped = ck.latest_checkpoint(out).step
     assert 4 <= stopped < STEPS and steps_logged(out) == list(range(1, stopped + 1))
-    as_sync = refused("--resume", str(out), "--dp-mode", "sync", cwd=tmp_path)
-    assert "parallel.dp_mode = sync but the checkpoint has async" in as_sync
+    other = "async" if mode == "sync" else "sync"
+    as_other = refused("--resume", str(out), "--dp-mode", other, cwd=tmp_path)
+    assert f"parallel.dp_mode = {other} but the checkpoint has {mode}" in as_other
     code, _, err = finish(start("--resume", str(out), cwd=tmp_path))
     assert code == 0, err
     assert f"resuming at step {stopped} of {STEPS}" in err
     assert steps_logged(out) == list(range(1, STEPS + 1))
-    assert losses(out) == losses(async_uninterrupted)
+    assert losses(out) == losses(reference)

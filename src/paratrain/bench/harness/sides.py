@@ -118,8 +118,8 @@ def clip_grad_norm(
         return _whole(torch.nn.utils.clip_grad_norm_(kinds[0], max_norm, foreach=True))
     norms = [torch.nn.utils.get_total_norm([p.grad for p in k], foreach=True) for k in kinds]
     squares = torch.stack([_whole(n) for n in norms]).square().sum()
-    if stages is not None:
-        import torch.distributed as dist
+    if stages is not None:  # the peer is plain PyTorch: its collectives are torch's own,
+        import torch.distributed as dist  # not paratrain.comm's (not in our ledger)
 
         dist.all_reduce(squares, group=stages)
     norm = squares.sqrt()

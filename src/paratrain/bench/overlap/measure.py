@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +34,6 @@ from paratrain import comm
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.zero import ZeroDataParallel
-
-MECHANISMS = ("dp-buckets", "zero2", "fsdp-prefetch")
-
-
-# Message steps per layer of each mechanism, at k ranks: the all-reduce of a bucket
-# (2 (k - 1)), ZeRO-2's reduce-scatter (k - 1), FSDP's forward and backward gathers and
-# its reduce-scatter (3 (k - 1)).
-STEPS_PER_LAYER = {"dp-buckets": 2, "zero2": 1, "fsdp-prefetch": 3}
 
 
 @dataclass(frozen=True)
@@ -76,27 +69,46 @@ def build_model(w: Workload) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def wrap(mechanism: str, w: Workload, group: comm.CommGroup) -> nn.Module:
-    model = build_model(w)
-    if mechanism == "dp-buckets":
-        return DataParallel(model, group, bucket_mb=w.layer_mb)
-    if mechanism == "zero2":
-        return ZeroDataParallel(model, group, stage=2, bucket_mb=w.layer_mb)
-    if mechanism == "fsdp-prefetch":
-        units = [[str(i), str(i + 1)] for i in range(0, 2 * w.layers, 2)]
-        return FullyShardedDataParallel(model, group, units, prefetch=1)
-    raise ValueError(f"mechanism {mechanism!r}; valid: {', '.join(MECHANISMS)}")
+@dataclass(frozen=True)
+class Mechanism:
+    """How one mechanism wraps the workload's model, and where its communication is."""
+
+    wrap: Callable[[nn.Module, Workload, comm.CommGroup], nn.Module]
+    # Message steps per layer, in units of k - 1 at k ranks: a bucket's all-reduce 2,
+    # ZeRO-2's reduce-scatter 1, FSDP's forward and backward gathers and reduce-scatter 3.
+    steps_per_layer: int
+    in_forward: bool  # FSDP gathers in forward too: the timed window starts there
 
 
-def _step(model: nn.Module, x: torch.Tensor, ledger: comm.Ledger, group: str) -> tuple:
+def _fsdp_units(w: Workload) -> list[list[str]]:
+    return [[str(i), str(i + 1)] for i in range(0, 2 * w.layers, 2)]  # Linear and its Tanh
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    "dp-buckets": Mechanism(
+        lambda m, w, g: DataParallel(m, g, bucket_mb=w.layer_mb), 2, in_forward=False
+    ),
+    "zero2": Mechanism(
+        lambda m, w, g: ZeroDataParallel(m, g, stage=2, bucket_mb=w.layer_mb), 1, False
+    ),
+    "fsdp-prefetch": Mechanism(
+        lambda m, w, g: FullyShardedDataParallel(m, g, _fsdp_units(w), prefetch=1), 3, True
+    ),
+}
+
+
+def _step(
+    model: nn.Module, mechanism: Mechanism, x: torch.Tensor, ledger: comm.Ledger, group: str
+) -> tuple[float, float]:
     """(wall seconds, seconds spent in this group's collectives) of the part of a training
-    step that holds its communication: backward and the final wait, plus the forward for
-    FSDP (its gathers). Timing less keeps the compute's noise out of the difference."""
+    step that holds its communication: backward and the final wait, and the forward where
+    the mechanism communicates there. Timing less keeps the compute's noise out of the
+    difference."""
     model.zero_grad()
     ledger.reset()
     start = time.perf_counter()
     loss = model(x).square().mean()
-    if not isinstance(model, FullyShardedDataParallel):
+    if not mechanism.in_forward:
         start = time.perf_counter()
     loss.backward()
     model.finish_gradient_sync()
@@ -121,14 +133,14 @@ def _groups(
     }
 
 
-def link_latency(mechanism: str, w: Workload, world: int, x: torch.Tensor) -> float:
+def link_latency(mechanism: Mechanism, w: Workload, world: int, x: torch.Tensor) -> float:
     """Seconds per message step that make communication `w.comm_share` of the compute
     window: the fastest of three steps without communication cost, agreed by all ranks."""
     ledger = comm.Ledger()
     group = _groups(ledger, "native", 0.0)[False]
-    model = wrap(mechanism, w, group)
-    compute = min(_step(model, x, ledger, group.name)[0] for _ in range(3))
-    steps = STEPS_PER_LAYER[mechanism] * (world - 1) * w.layers
+    model = mechanism.wrap(build_model(w), w, group)
+    compute = min(_step(model, mechanism, x, ledger, group.name)[0] for _ in range(3))
+    steps = mechanism.steps_per_layer * (world - 1) * w.layers
     latency = torch.tensor([w.comm_share * compute / steps], dtype=torch.float64)
     return float(comm.all_reduce(latency, group, op="min"))
 
@@ -136,14 +148,17 @@ def link_latency(mechanism: str, w: Workload, world: int, x: torch.Tensor) -> fl
 def measure(rank: int, world: int, mechanism: str, algo: str, w: Workload) -> dict:
     """Alternate `w.pairs` steps with overlap on and off (after one warm-up each)."""
     x = torch.randn(w.batch, w.width, generator=torch.Generator().manual_seed(rank))
-    latency = link_latency(mechanism, w, world, x)
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism {mechanism!r}; valid: {', '.join(MECHANISMS)}")
+    how = MECHANISMS[mechanism]
+    latency = link_latency(how, w, world, x)
     ledger = comm.Ledger()
     groups = _groups(ledger, algo, latency, w.control)
-    models = {on: wrap(mechanism, w, g) for on, g in groups.items()}
+    models = {on: how.wrap(build_model(w), w, g) for on, g in groups.items()}
     runs: dict[bool, list[tuple]] = {True: [], False: []}
     for i in range(w.pairs + 1):
         for on in (True, False) if i % 2 else (False, True):  # neither side always first
-            runs[on].append(_step(models[on], x, ledger, groups[on].name))
+            runs[on].append(_step(models[on], how, x, ledger, groups[on].name))
     on_runs, off_runs = runs[True][1:], runs[False][1:]
     hidden = [(off[0] - on[0]) / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
     waited = [1 - on[1] / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
