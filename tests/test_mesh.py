@@ -15,7 +15,33 @@ def test_tensor_parallel_ranks_are_adjacent():
     assert shape.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert shape.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert shape.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert shape.coords(5) == {"pp": 1, "dp": 0, "tp": 1}
+    assert shape.coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
+
+
+def test_context_parallel_sits_between_data_and_tensor_parallel():
+    shape = MeshShape(dp=2, cp=2, tp=2)  # arange(8).view(pp 1, dp 2, cp 2, tp 2)
+    assert shape.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert shape.groups("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert shape.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shape.coords(6) == {"pp": 0, "dp": 1, "cp": 1, "tp": 0}
+    # Gradients are reduced over every rank holding the same parameters: dp and cp.
+    assert shape.groups("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert shape.size("dp_cp") == 4
+
+
+def test_expert_groups_are_carved_out_of_the_token_holding_ranks():
+    shape = MeshShape(dp=4, pp=2, ep=2)  # the dp 4 x ep 2, on two stages
+    assert shape.groups("dp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert shape.groups("ep") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert shape.groups("expert_dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert (shape.size("ep"), shape.size("expert_dp")) == (2, 2)
+    with_cp = MeshShape(dp=2, cp=2, ep=4)  # ep may span the context-parallel ranks too
+    assert with_cp.groups("ep") == [[0, 1, 2, 3]]
+    assert with_cp.groups("expert_dp") == [[0], [1], [2], [3]]
+    for kind in ("dp_cp", "ep", "expert_dp"):  # every derived kind partitions the world
+        assert sorted(r for g in MeshShape(dp=4, cp=2, ep=2).groups(kind) for r in g) == list(
+            range(8)
+        )
 
 
 @pytest.mark.parametrize("dp, pp, tp", SHAPES_OF_8)
@@ -37,28 +63,35 @@ def test_groups_partition_the_world(dp, pp, tp):
 def test_bad_shapes_are_refused_with_the_numbers():
     with pytest.raises(ValueError, match="at least 1"):
         MeshShape(dp=0)
-    with pytest.raises(ValueError, match="unknown mesh axis 'cp'"):
-        MeshShape().size("cp")
+    with pytest.raises(ValueError, match="unknown mesh axis 'sp'"):
+        MeshShape().size("sp")
+    with pytest.raises(ValueError, match=r"ep=3 must divide dp·cp = 4"):
+        MeshShape(dp=2, cp=2, ep=3)
 
 
-def _mesh_facts(rank, world_size, dp, pp, tp):
-    mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
+def _mesh_facts(rank, world_size, dp, pp, tp, cp=1, ep=1):
+    mesh = Mesh.build(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
     facts = {}
-    for axis in ("dp", "pp", "tp"):
+    for axis in ("dp", "pp", "tp", "cp", "dp_cp", "ep", "expert_dp"):
         group = mesh.group(axis)
         facts[axis] = (mesh.coord(axis), group.rank, group.size, group.ranks)
     return facts
 
 
-@pytest.mark.parametrize("dp, pp, tp", [(2, 2, 2), (4, 1, 2), (1, 8, 1)])
-def test_mesh_groups_on_8_ranks(dp, pp, tp):
-    shape = MeshShape(dp=dp, pp=pp, tp=tp)
-    facts = run_distributed(_mesh_facts, 8, dp, pp, tp)
+@pytest.mark.parametrize(
+    "dp, pp, tp, cp, ep", [(2, 2, 2, 1, 1), (1, 2, 2, 2, 1), (4, 2, 1, 1, 2), (2, 1, 1, 4, 4)]
+)
+def test_mesh_groups_on_8_ranks(dp, pp, tp, cp, ep):
+    shape = MeshShape(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
+    facts = run_distributed(_mesh_facts, 8, dp, pp, tp, cp, ep)
     for rank, rank_facts in enumerate(facts):
         for axis, (coord, group_rank, size, ranks) in rank_facts.items():
-            assert coord == shape.coords(rank)[axis] == group_rank
+            ranks_of_axis = shape.group_of(axis, rank)
+            assert coord == group_rank == ranks_of_axis.index(rank)
+            if axis in shape.coords(rank):
+                assert coord == shape.coords(rank)[axis]
             assert size == shape.size(axis)
-            assert ranks == shape.group_of(axis, rank)
+            assert ranks == ranks_of_axis
 
 
 def _mesh_mismatch(rank, world_size):

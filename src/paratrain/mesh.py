@@ -1,10 +1,22 @@
-"""The rank grid: named axes pp, dp, tp mapped to coordinates and process groups.
+"""The rank grid: named axes pp, dp, cp, tp mapped to coordinates and process groups.
 
-Ranks are laid out as `arange(world).view(pp, dp, tp)`: tp is innermost, so the ranks of
-one tensor-parallel group are adjacent (same node, fastest links: TP talks twice per block
-per pass); dp next, since its gradient all-reduce is the next heaviest traffic; pp
-outermost, since stages exchange only one activation per micro-batch and tolerate slower
-links. This is Megatron-LM's default order (arXiv:2104.04473, section 3).
+Ranks are laid out as `arange(world).view(pp, dp, cp, tp)`: tp is innermost, so the ranks
+of one tensor-parallel group are adjacent (same node, fastest links: TP talks twice per
+block per pass); cp next, since ring attention passes keys and values in every layer, in
+both passes (less than TP's activations, and overlapped with attention, but far more than
+a step's one gradient reduction); dp next, since its gradient all-reduce is the next
+heaviest traffic; pp outermost, since stages exchange only one activation per micro-batch
+and tolerate slower links. This is Megatron-LM's default order (arXiv:2104.04473, section
+3; Megatron-Core puts cp between dp and tp for the same reason).
+
+Three groups are not axes but unions or subdivisions of them (docs/context-parallel.md,
+docs/experts.md):
+- "dp_cp": the ranks that differ only in dp and cp. They hold the same parameters and
+  different tokens, so gradients are reduced over it. With cp = 1 it is the dp group.
+- "ep": expert parallelism is carved out of those token-holding ranks (ep divides dp·cp):
+  consecutive runs of ep ranks of a dp_cp group split the experts between them.
+- "expert_dp": the ranks of a dp_cp group at the same position in their ep run. They hold
+  the same experts, so expert gradients are reduced over it. With ep = 1 it is dp_cp.
 
 `MeshShape` is the pure arithmetic; `Mesh` adds the rank's device and process groups. A
 Mesh is an ordinary object passed to whatever needs it: there is no global registry of
@@ -28,7 +40,9 @@ from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.watchdog import Watchdog, default_store
 
-AXES = ("pp", "dp", "tp")  # outermost to innermost
+AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost
+DERIVED = ("dp_cp", "ep", "expert_dp")  # groups made of the axes' ranks (module docstring)
+GROUPS = AXES + DERIVED
 
 
 @dataclass(frozen=True)
@@ -36,23 +50,36 @@ class MeshShape:
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    cp: int = 1
+    ep: int = 1  # carved out of dp·cp: not an axis of its own
 
     def __post_init__(self) -> None:
-        for axis in AXES:
+        for axis in (*AXES, "ep"):
             if getattr(self, axis) < 1:
                 raise ValueError(f"mesh {self.describe()}: every degree must be at least 1")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(
+                f"mesh {self.describe()}: ep={self.ep} must divide dp·cp = "
+                f"{self.dp * self.cp}, the ranks that hold different tokens"
+            )
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
     def size(self, axis: str) -> int:
-        if axis not in AXES:
-            raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(AXES)}")
-        return getattr(self, axis)
+        """The degree of an axis, or the size of a derived group."""
+        if axis in AXES or axis == "ep":
+            return getattr(self, axis)
+        if axis == "dp_cp":
+            return self.dp * self.cp
+        if axis == "expert_dp":
+            return self.dp * self.cp // self.ep
+        raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUPS)}")
 
     def describe(self) -> str:
-        return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.dp * self.pp * self.tp})"
+        extra = "".join(f" {a}={getattr(self, a)}" for a in ("cp", "ep") if getattr(self, a) > 1)
+        return f"dp={self.dp} pp={self.pp} tp={self.tp}{extra} (world {self.world_size})"
 
     def coords(self, global_rank: int) -> dict[str, int]:
         """Coordinates of a rank on each axis, e.g. {'pp': 1, 'dp': 0, 'tp': 1}."""
@@ -72,7 +99,10 @@ class MeshShape:
         return rank
 
     def groups(self, axis: str) -> list[list[int]]:
-        """All groups along an axis: ranks that differ only in that axis' coordinate."""
+        """All groups along an axis (ranks that differ only in that axis' coordinate), or
+        all groups of a derived kind (module docstring), each in rank order."""
+        if axis in DERIVED:
+            return self._derived_groups(axis)
         size = self.size(axis)
         seen: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
@@ -80,6 +110,21 @@ class MeshShape:
             key = tuple(c[a] for a in AXES if a != axis)
             seen.setdefault(key, [None] * size)[c[axis]] = rank  # type: ignore[index]
         return list(seen.values())
+
+    def _derived_groups(self, kind: str) -> list[list[int]]:
+        token_holders: dict[tuple[int, int], list[int]] = {}  # (pp, tp) -> dp·cp ranks
+        for rank in range(self.world_size):
+            c = self.coords(rank)
+            token_holders.setdefault((c["pp"], c["tp"]), []).append(rank)
+        groups = []
+        for ranks in token_holders.values():  # dp-major, cp-minor: rank order
+            if kind == "dp_cp":
+                groups.append(ranks)
+            elif kind == "ep":
+                groups += [ranks[i : i + self.ep] for i in range(0, len(ranks), self.ep)]
+            else:  # expert_dp: the same position in every ep run
+                groups += [ranks[i :: self.ep] for i in range(self.ep)]
+        return groups
 
     def group_of(self, axis: str, global_rank: int) -> list[int]:
         return next(g for g in self.groups(axis) if global_rank in g)
@@ -117,6 +162,8 @@ class Mesh:
         dp: int = 1,
         pp: int = 1,
         tp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
         options: CommOptions | None = None,
         ledger: Ledger | None = None,
         device: torch.device | str = "cpu",
@@ -128,7 +175,7 @@ class Mesh:
         watchdog that publishes the ledger for hang reports. `device`: where this rank's
         model and batches live (cuda:LOCAL_RANK with NCCL).
         """
-        shape = MeshShape(dp=dp, pp=pp, tp=tp)
+        shape = MeshShape(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
         ledger = ledger if ledger is not None else Ledger()
         options = options or CommOptions()
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -144,6 +191,11 @@ class Mesh:
         groups = {"world": CommGroup.world(**common)}
         for axis in AXES:
             groups[axis] = cls._build_axis(shape, axis, rank, common)
+        # A derived group as large as the one it refines is that group: same traffic, name.
+        same_as = {"dp_cp": ("dp", shape.cp == 1), "expert_dp": ("dp_cp", shape.ep == 1)}
+        for kind in DERIVED:
+            base, alias = same_as.get(kind, ("", False))
+            groups[kind] = groups[base] if alias else cls._build_axis(shape, kind, rank, common)
         groups["control"] = cls._build_control(world, rank, common)
         return cls(shape, rank, groups, ledger, watchdog, options, torch.device(device))
 
@@ -201,6 +253,9 @@ class Mesh:
         return self._groups[axis]
 
     def coord(self, axis: str) -> int:
+        """This rank's coordinate on an axis, or its rank in a derived group."""
+        if axis in DERIVED:
+            return self.group(axis).rank
         return self.shape.coords(self.global_rank)[axis]
 
     def size(self, axis: str) -> int:
