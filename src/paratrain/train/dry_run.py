@@ -24,7 +24,7 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
     for rank in range(shape.world_size):
         c = shape.coords(rank)
-        where = ", ".join(f"{a} {c[a]}" for a in AXES)
+        where = ", ".join(f"{a} {c[a]}" for a in AXES if a != "cp" or shape.cp > 1)
         chunks = stage_virtual_stages(c["pp"], p.pp, p.chunks)
         first = [sum(layers[:vs]) for vs in chunks]
         blocks = "; ".join(
