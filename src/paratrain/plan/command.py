@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 from paratrain.plan.cluster import (
     CLUSTER_PRESETS,
@@ -22,6 +23,7 @@ from paratrain.plan.cluster import (
 )
 from paratrain.plan.layout import (
     ATTENTION,
+    CP_METHODS,
     RECOMPUTE,
     SCHEDULES,
     ZERO2_ACCUMULATE,
@@ -63,6 +65,13 @@ def _model_arguments(m: argparse._ArgumentGroup) -> None:
         "--seq-len",
         type=int,
         help=f"tokens per sequence (default {DEFAULT_SEQ_LEN} with --params alone)",
+    )
+    m.add_argument("--experts", type=int, help="mixture of experts: experts per layer (llama)")
+    m.add_argument("--top-k", type=int, help="experts per token")
+    m.add_argument("--expert-ffn", type=int, help="each expert's inner width (default: ffn)")
+    m.add_argument("--shared-ffn", type=int, help="a shared expert's inner width (0: none)")
+    m.add_argument(
+        "--capacity-factor", type=float, help="tokens per expert at most c x an even share"
     )
 
 
@@ -106,6 +115,13 @@ def _training_arguments(w: argparse._ArgumentGroup) -> None:
         "memory, timed at --memory-bw-gbs (Megatron-LM in 2021) (default fused)",
     )
     w.add_argument(
+        "--moe-imbalance",
+        type=float,
+        default=1.0,
+        help="the router's load on the busiest expert-parallel rank over the mean, >= 1; "
+        "capped by --capacity-factor (default 1: uniform)",
+    )
+    w.add_argument(
         "--pp-scatter-gather",
         action="store_true",
         help="pipeline messages split over the tp ranks across nodes, as Megatron-LM does",
@@ -132,8 +148,15 @@ def _cluster_arguments(c: argparse._ArgumentGroup) -> None:
 
 
 def _layout_arguments(lay: argparse._ArgumentGroup) -> None:
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
         lay.add_argument(f"--{axis}", type=int, help=f"{axis} degree")
+    lay.add_argument(
+        "--cp-method",
+        default="ring",
+        choices=CP_METHODS,
+        help="context parallel attention: ring (keys and values travel, overlapped) or "
+        "alltoall (Ulysses: heads travel) (default ring)",
+    )
     lay.add_argument("--zero", type=int, help="ZeRO stage 0-3")
     lay.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)}")
     lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
@@ -197,7 +220,14 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
             n_head=args.heads,
             vocab_size=args.vocab,
             seq_len=args.seq_len,
+            num_experts=args.experts,
+            top_k=args.top_k,
+            expert_ffn=args.expert_ffn,
+            shared_ffn=args.shared_ffn,
         )
+        if args.capacity_factor is not None:
+            _positive("--capacity-factor", args.capacity_factor)
+            model = replace(model, capacity_factor=args.capacity_factor)
     us = 1e-6
     cluster = cluster_with(
         cluster_preset(cluster_name or DEFAULT_CLUSTER),
@@ -228,6 +258,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         zero2_accumulate=args.zero2_accumulate,
         pp_scatter_gather=args.pp_scatter_gather,
         attention=args.attention,
+        moe_imbalance=args.moe_imbalance,
     )
     return model, cluster, workload
 
@@ -242,14 +273,20 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise ValueError(f"chunks {args.chunks} needs --schedule interleaved")
     if args.zero is not None and args.zero not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {args.zero}; valid: 0, 1, 2, 3")
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
         _positive("--" + axis, getattr(args, axis))
-    fixed = {"dp": args.dp, "tp": args.tp, "pp": args.pp, "zero": args.zero}
-    layouts = candidate_layouts(cluster, args.schedule, args.chunks, fixed)
+    if args.ep not in (None, 1) and not model.num_experts:
+        raise ValueError(f"--ep {args.ep} needs a mixture of experts (--experts or a MoE preset)")
+    axes = ("dp", "tp", "pp", "cp", "ep", "zero")
+    fixed = {a: getattr(args, a) for a in axes}
+    layouts = candidate_layouts(
+        cluster, args.schedule, args.chunks, fixed, model.num_experts, args.cp_method
+    )
     if not layouts:
         given = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
         raise ValueError(
-            f"no layout with {given} on {cluster.gpus} GPUs: dp * tp * pp must equal the GPUs"
+            f"no layout with {given} on {cluster.gpus} GPUs: dp * cp * tp * pp must equal "
+            "the GPUs, and ep divide dp * cp"
         )
     return plan(model, cluster, workload, layouts)
 
