@@ -63,21 +63,20 @@ def measure(
         (y * w).sum().backward()
         return y.detach(), rows.grad
 
-    sent = {}
+    sent, exact = {}, {}
     for algo in layers:
         group.ledger.reset()
         y, grad = step(algo)
-        if not (torch.equal(y, x) and torch.equal(grad, w)):
-            raise RuntimeError(f"{algo}: the round trip changed the rows (N={tokens}, rank {rank})")
-        sent[algo] = sum(
-            t.bytes_sent for (_, op), t in group.ledger.totals().items() if op == "all_to_all"
-        )
+        exact[algo] = torch.equal(y, x) and torch.equal(grad, w)
+        totals = group.ledger.totals().items()
+        sent[algo] = sum(t.bytes_sent for (_, op), t in totals if op == "all_to_all")
     ours = lambda _b: (step("pairwise"), 0.0)[1]  # noqa: E731
     peer = lambda _b: (step("native"), 0.0)[1]  # noqa: E731
     rows = time_pairs(ours, peer, [[]] * pairs, sync=lambda: barrier(group))
     sends, recvs = sends_recvs(tokens, experts, top_k, rank, world)
     return {
         "rows": [(r.ours_s, r.peer_s) for r in rows],
+        "exact": exact,
         "sent": sent,
         "sends": sends,
         "recvs": recvs,

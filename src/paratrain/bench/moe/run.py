@@ -70,6 +70,9 @@ def run_moe_bench(
 
 def summarize(n: int, ranks: list[dict[str, Any]], d: int, experts: int, k: int) -> dict[str, Any]:
     for rank, r in enumerate(ranks):
+        broken = [algo for algo, ok in r["exact"].items() if not ok]
+        if broken:
+            raise RuntimeError(f"N={n} {broken}: the round trip changed rows on rank {rank}")
         want = counts_bytes(experts, WORLD) + 2 * token_bytes(r["sends"], r["recvs"], rank, d, ELEM)
         for algo, got in r["sent"].items():
             if got != want:
