@@ -167,3 +167,12 @@ def test_plan_flags_for_cp_and_experts(capsys):
     ]:
         code, out = run(*argv)
         assert code == 2 and message in out and "Traceback" not in out, (argv, out)
+
+
+def test_the_docs_cp_versus_tp_table_is_what_the_planner_computes():
+    from scripts import cp_vs_tp_table as table
+
+    doc = table.DOC.read_text()
+    assert table.with_table(doc) == doc, (
+        "docs/planner.md's cp-vs-tp table is stale: run scripts/cp_vs_tp_table.py --write"
+    )
