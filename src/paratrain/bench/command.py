@@ -86,7 +86,9 @@ def _comm_flags(parser: argparse.ArgumentParser) -> None:
     from paratrain.bench.comm import sweep
 
     parser.add_argument("--ops", default=",".join(sweep.OPS), help="collectives, comma-separated")
-    parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
+    parser.add_argument(
+        "--algos", default="native,ring,tree,pairwise", help="algorithms to compare"
+    )
     parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
     parser.add_argument(
         "--sizes", default=sweep.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
