@@ -207,7 +207,7 @@ def estimate(
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout)
-    est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout)
+    est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout, state)
     try:
         k = microbatches_for(workload, layout)
         est.comm = comm.traffic(model, workload, layout, cluster, k)

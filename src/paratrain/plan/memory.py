@@ -117,9 +117,12 @@ def model_state_bytes(
     )
 
 
-def redundant_bytes(n_params: int, workload: Workload, layout: Layout) -> int:
-    """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP."""
-    per_gpu = model_state_bytes(n_params, workload, layout).step_boundary
+def redundant_bytes(
+    n_params: int, workload: Workload, layout: Layout, state: ModelState | None = None
+) -> int:
+    """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP.
+    `state`: one GPU's, when it is not `model_state_bytes`'s (a mixture of experts')."""
+    per_gpu = (state or model_state_bytes(n_params, workload, layout)).step_boundary
     return max(0, layout.world * per_gpu - workload.state_bytes_per_param * n_params)
 
 

@@ -145,9 +145,9 @@ def explain(best: Estimate | None, estimates: list[Estimate], cluster: ClusterSp
 def warnings_for(e: Estimate, estimates: list[Estimate], cluster: ClusterSpec) -> list[str]:
     """The seeds' four cases where sharding makes training slower (section 9.2.4), and more."""
     out, lay = [], e.layout
-    if lay.zero and 1 < lay.dp <= 4:
+    if lay.zero and 1 < lay.data_ranks <= 4:
         out.append(
-            f"{lay.label}: ZeRO over only {lay.dp} GPUs saves little memory and adds "
+            f"{lay.label}: ZeRO over only {lay.data_ranks} GPUs saves little memory and adds "
             "collective latency; compare the step time with ZeRO off"
         )
     unsharded = [x for x in estimates if x.layout.zero == 0 and x.fits]
