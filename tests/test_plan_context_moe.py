@@ -158,12 +158,16 @@ def test_plan_flags_for_cp_and_experts(capsys):
     assert code == 0 and "tp1.cp8.pp1.dp1.z0" in out
     code, out = run("--preset", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--tp", "8")
     assert code == 0 and ".ep8" in out
+    code, out = run("--params", "7e9", "--cp", "2", "--dp", "4")  # no shape: rejected, why
+    assert code == 0 and "context-parallel traffic needs the model's shape" in out
     for argv, message in [
         (("--cp", "3"), "no layout with cp=3 on 8 GPUs"),
         (("--preset", "7b", "--ep", "2"), "--ep 2 needs a mixture of experts"),
         (("--preset", "mixtral-8x7b", "--moe-imbalance", "0.5"), "MoE imbalance 0.5"),
         (("--preset", "mixtral-8x7b", "--top-k", "9"), "top-k 9; valid: 1 to 8"),
         (("--experts", "4", "--preset", "7b"), "counted for the llama architecture"),
+        (("--preset", "7b", "--moe-imbalance", "2"), "--moe-imbalance needs a mixture"),
+        (("--preset", "7b", "--top-k", "1"), "--top-k needs a mixture of experts"),
     ]:
         code, out = run(*argv)
         assert code == 2 and message in out and "Traceback" not in out, (argv, out)

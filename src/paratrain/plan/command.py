@@ -193,6 +193,19 @@ def _positive(name: str, value: float | None) -> None:
         raise ValueError(f"{name} {value}; must be > 0")
 
 
+MOE_FLAGS = ("top_k", "expert_ffn", "shared_ffn", "capacity_factor")
+
+
+def _moe_flags_need_experts(args: argparse.Namespace, model: ModelSpec) -> None:
+    """A mixture-of-experts flag on a dense model would change nothing: refused."""
+    given = [f for f in MOE_FLAGS if getattr(args, f) is not None]
+    if args.moe_imbalance != 1.0:
+        given.append("moe_imbalance")
+    if given and not model.num_experts:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} needs a mixture of experts (--experts or a MoE preset)")
+
+
 def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Workload]:
     model_name, cluster_name = None, None
     for name in args.preset:
@@ -228,6 +241,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         if args.capacity_factor is not None:
             _positive("--capacity-factor", args.capacity_factor)
             model = replace(model, capacity_factor=args.capacity_factor)
+    _moe_flags_need_experts(args, model)
     us = 1e-6
     cluster = cluster_with(
         cluster_preset(cluster_name or DEFAULT_CLUSTER),

@@ -120,8 +120,13 @@ def ring_buffer_bytes(model: Any, workload: Workload, layout: Layout) -> float:
 def cp_problems(model: Any, layout: Layout) -> list[str]:
     """Why a cp degree cannot run this model, as the runtime refuses it."""
     c = layout.cp
-    if c == 1 or not model.has_shape:
+    if c == 1:
         return []
+    if not model.has_shape:
+        return [
+            f"cp {c}: context-parallel traffic needs the model's shape "
+            "(--layers --hidden --heads --vocab --seq-len)"
+        ]
     if layout.cp_method == "alltoall":
         heads, kv = model.n_head, kv_heads_of(model)
         if heads % (c * layout.tp) or kv % (c * layout.tp):
