@@ -21,32 +21,31 @@ The all-to-all waits for its data: all of it is exposed.
 
 from __future__ import annotations
 
-from typing import Any
-
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.comm import CommEntry, axis_link
 from paratrain.plan.layout import Layout, Workload
-from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
-from paratrain.plan.time import entry_time, message_time
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.pipeline import stage_layers
+from paratrain.plan.time import entry_time
 
 BACKWARD_BLOCK = 2.5  # backward matmuls over forward's in a ring block (cost.ring_flops)
 
 
-def head_dim(model: Any) -> int:
+def head_dim(model: ModelSpec) -> int:
     return model.d_model // model.n_head
 
 
-def kv_heads_of(model: Any) -> int:
+def kv_heads_of(model: ModelSpec) -> int:
     return model.n_kv_head or model.n_head
 
 
-def ring_message_bytes(model: Any, workload: Workload, layout: Layout) -> float:
+def ring_message_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """One hop: this rank's keys and values, 2 b (s/c) (h_kv/t) d e."""
     b, s, e = workload.micro_batch, model.seq_len, workload.precision.activation_bytes
     return 2 * b * s / layout.cp * kv_heads_of(model) / layout.tp * head_dim(model) * e
 
 
-def ulysses_pass_bytes(model: Any, workload: Workload, layout: Layout) -> float:
+def ulysses_pass_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """Both all-to-alls of one pass: b (s/c) (2h + 2h_kv)/t d e (c - 1)/c."""
     b, s, e, c = workload.micro_batch, model.seq_len, workload.precision.activation_bytes, layout.cp
     heads = 2 * model.n_head + 2 * kv_heads_of(model)
@@ -58,20 +57,19 @@ def ring_passes(recompute: str) -> tuple[int, int]:
     return (2 if recompute == "full" else 1), 1
 
 
-def stage_layers(model: Any, layout: Layout, stage: int = 0) -> int:
-    pieces = virtual_stage_layers(model.n_layer, layout.pp, layout.chunks)
-    return sum(pieces[vs] for vs in stage_virtual_stages(stage, layout.pp, layout.chunks))
+def _first_stage_layers(model: ModelSpec, layout: Layout) -> int:
+    return stage_layers(model.n_layer, 0, layout.pp, layout.chunks)
 
 
 def cp_traffic(
-    model: Any, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
 ) -> list[CommEntry]:
     """Keys and values (ring) or heads (all-to-all) over the cp group, on the first stage."""
     c = layout.cp
     if c == 1:
         return []
     link = axis_link("cp", layout, cluster)
-    calls = microbatches * stage_layers(model, layout)
+    calls = microbatches * _first_stage_layers(model, layout)
     fwd, bwd = ring_passes(workload.recompute)
     if layout.cp_method == "ring":
         messages = calls * (c - 1) * (fwd + 2 * bwd)
@@ -83,7 +81,9 @@ def cp_traffic(
     return [CommEntry("all_to_all", "cp", link, what, round(nbytes), passes * 2 * (c - 1))]
 
 
-def ring_block_s(model: Any, workload: Workload, layout: Layout, cluster: ClusterSpec) -> float:
+def ring_block_s(
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec
+) -> float:
     """Forward seconds of one ring step's attention block (module docstring)."""
     b, s, c = workload.micro_batch, model.seq_len, layout.cp
     flops = 2 * b * s * s * model.d_model / layout.tp / (c * c)
@@ -91,7 +91,7 @@ def ring_block_s(model: Any, workload: Workload, layout: Layout, cluster: Cluste
 
 
 def ring_hidden_s(
-    model: Any, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
 ) -> float:
     """Seconds of ring traffic hidden behind attention blocks in one step.
 
@@ -105,10 +105,10 @@ def ring_hidden_s(
     per_layer = (layout.cp - 1) * (
         fwd * min(hop, block) + bwd * min(2 * hop, BACKWARD_BLOCK * block)
     )
-    return microbatches * stage_layers(model, layout) * per_layer
+    return microbatches * _first_stage_layers(model, layout) * per_layer
 
 
-def ring_buffer_bytes(model: Any, workload: Workload, layout: Layout) -> float:
+def ring_buffer_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """What cp adds to activations: the ring's chunk in flight, received and sent, for the
     one layer running (2 messages); the all-to-all's buffers are the size of the rank's
     own q, k, v and output, already counted."""
@@ -117,7 +117,7 @@ def ring_buffer_bytes(model: Any, workload: Workload, layout: Layout) -> float:
     return 2 * ring_message_bytes(model, workload, layout)
 
 
-def cp_problems(model: Any, layout: Layout) -> list[str]:
+def cp_problems(model: ModelSpec, layout: Layout) -> list[str]:
     """Why a cp degree cannot run this model, as the runtime refuses it."""
     c = layout.cp
     if c == 1:
@@ -137,14 +137,3 @@ def cp_problems(model: Any, layout: Layout) -> list[str]:
     elif model.seq_len % (2 * c):
         return [f"sequence {model.seq_len} does not split into 2 x cp {c} balanced chunks"]
     return []
-
-
-def hop_time(model: Any, workload: Workload, layout: Layout, cluster: ClusterSpec) -> float:
-    """One ring message's alpha-beta time on the cp link (for the docs' table)."""
-    link = axis_link("cp", layout, cluster)
-    bw, alpha = (
-        (cluster.intra_bw, cluster.intra_latency_s)
-        if link == "intra"
-        else (cluster.inter_bw, cluster.inter_latency_s)
-    )
-    return message_time(ring_message_bytes(model, workload, layout), 1, bw, alpha)

@@ -10,7 +10,7 @@ from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.comm import CommEntry, axis_link
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.pipeline import stage_layers
 
 
 def ep_traffic(
@@ -19,9 +19,7 @@ def ep_traffic(
     ep = layout.ep
     if ep == 1 or not model.num_experts:
         return []
-    pieces = virtual_stage_layers(model.n_layer, layout.pp, layout.chunks)  # type: ignore[arg-type]
-    layers = sum(pieces[vs] for vs in stage_virtual_stages(0, layout.pp, layout.chunks))
-    calls = microbatches * layers
+    calls = microbatches * stage_layers(model.n_layer, 0, layout.pp, layout.chunks)  # type: ignore[arg-type]
     passes = 3 if workload.recompute == "full" else 2  # forward, backward, forward again
     tokens = workload.micro_batch * model.seq_len / layout.cp  # type: ignore[operator]
     elem = workload.precision.activation_bytes

@@ -36,6 +36,7 @@ from typing import Any
 
 from paratrain.models.presets import kv_heads
 
+# `m` below is a plan.model.ModelSpec, typed Any: model.py imports this module (its params).
 COUNT_BYTES = 8  # the per-expert counts travel as int64 (expert_parallel/dispatch.py)
 
 
