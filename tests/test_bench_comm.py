@@ -52,7 +52,7 @@ def test_sizes_parse_in_binary_units():
     [
         ("--sizes", "12XB"),
         ("--sizes", "6B"),
-        ("--ops", "all_to_all"),
+        ("--ops", "all_to_one"),
         ("--algos", "butterfly"),
         ("--world-sizes", "1"),
         ("--world-sizes", "two"),
@@ -83,6 +83,9 @@ def test_cost_models_and_bus_bandwidth_factors():
     assert busbw_factor("all_reduce", 4) == 1.5
     assert busbw_factor("all_gather", 4) == 0.75
     assert busbw_factor("reduce", 4) == 1.0
+    # all-to-all: k - 1 rounds of one chunk each way, nccl-tests' (k-1)/k bus factor
+    assert cost("all_to_all", "pairwise", 4) == cost("all_to_all", "native", 4)
+    assert cost("all_to_all", "pairwise", 4).steps == 3 and busbw_factor("all_to_all", 4) == 0.75
 
 
 def test_expected_bytes_add_up_to_the_textbook_totals():
@@ -94,6 +97,10 @@ def test_expected_bytes_add_up_to_the_textbook_totals():
     assert sum(tree) == 2 * (k - 1) * nbytes and tree[-1] == nbytes  # a leaf sends once
     # binomial tree on 4: 0 -> 1, 0 -> 2, 2 -> 3
     assert expected_sent("broadcast", "tree", nbytes, k) == [2 * nbytes, 0, nbytes, 0]
+    # all-to-all: every chunk but the rank's own (chunk 0 is one element longer)
+    a2a = expected_sent("all_to_all", "pairwise", nbytes, k)
+    assert a2a == [nbytes - 4 * 251] + [nbytes - 4 * 250] * 3
+    assert expected_sent("all_to_all", "native", nbytes, k) == a2a
 
 
 def test_fit_recovers_alpha_and_beta_and_the_crossover():
@@ -150,7 +157,7 @@ def test_tiny_sweep_counts_every_byte(tmp_path, capsys):
     assert cli.main([*argv, "--out", str(png), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = result["results"]
-    assert len(rows) == 2 * 11  # 11 (op, algo) pairs, 2 sizes
+    assert len(rows) == 2 * 13  # 13 (op, algo) pairs, 2 sizes
     for r in rows:
         assert RESULT_KEYS <= set(r)
         assert r["world_size"] == 2 and not r["oversubscribed"] and r["time_s"] > 0
@@ -160,5 +167,9 @@ def test_tiny_sweep_counts_every_byte(tmp_path, capsys):
         ("broadcast", "tree"),
         ("reduce", "tree"),
     }
-    assert {f["algo"] for f in result["fits"]} == {"native", "ring", "tree"}
+    assert {(r["op"], r["algo"]) for r in rows if r["op"] == "all_to_all"} == {
+        ("all_to_all", "native"),
+        ("all_to_all", "pairwise"),
+    }
+    assert {f["algo"] for f in result["fits"]} == {"native", "ring", "tree", "pairwise"}
     assert png.stat().st_size > 0

@@ -100,15 +100,18 @@ def test_candidates_cover_every_factorisation_once():
     cluster = cluster_with(SEEDS, gpus=16)
     layouts = candidate_layouts(cluster, schedule="1f1b")
     assert len(set(layouts)) == len(layouts)
-    shapes = {(lay.tp, lay.pp, lay.dp) for lay in layouts}
+    shapes = {(lay.tp, lay.cp, lay.pp, lay.dp) for lay in layouts}
+    powers = (1, 2, 4, 8, 16)
     expected = {
-        (t, p, 16 // (t * p))
-        for t in (1, 2, 4, 8, 16)
-        for p in (1, 2, 4, 8, 16)
-        if 16 % (t * p) == 0
+        (t, c, p, 16 // (t * c * p))
+        for t in powers
+        for c in powers
+        for p in powers
+        if 16 % (t * c * p) == 0
     }
     assert shapes == expected
-    assert all(lay.zero == 0 for lay in layouts if lay.dp == 1)
+    assert all(lay.zero == 0 for lay in layouts if lay.dp * lay.cp == 1)
+    assert {lay.ep for lay in layouts} == {1}  # a dense model: no expert parallelism
 
 
 def test_json_entries_carry_the_issue_keys():

@@ -5,6 +5,7 @@ per benchmark, and the measured runs of `paratrain plan --validate`.
                  runs handed to the planner's command
     harness/     what the benches share: rank processes, timed pairs, the two sides' steps,
                  bytes counted on both sides
+    gpu/         scripts for a CUDA machine: one GPU's throughput; torch's context parallel
     overhead/    our training step against a plain PyTorch loop, one process
     comm/        native, ring and tree collectives: time, bandwidth, bytes, alpha-beta fit
     dp/          data parallel against DistributedDataParallel; overlap; sync against async
@@ -12,6 +13,8 @@ per benchmark, and the measured runs of `paratrain plan --validate`.
     pp/          our pipeline schedules against torch.distributed.pipelining
     zero/        ZeRO 0-3 against DDP, DDP + ZeroRedundancyOptimizer, FSDP2
     layouts/     every 8-rank layout of our GPT: step time, bytes per group, memory
+    cp/          ring and all-to-all attention against one process's attention
+    moe/         expert dispatch and combine against tokens per rank
     planner/     `plan --validate`: the planner's predictions against real runs
 
 How data flows through a bench: command.py turns the flags into the arguments of the

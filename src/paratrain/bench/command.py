@@ -57,6 +57,20 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     zero.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
     zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
     zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
+    cp = benches.add_parser("cp", help="context-parallel attention against one process")
+    _pairs(cp, 2)
+    cp.add_argument("--methods", default="ring,alltoall", help="ours, comma-separated")
+    cp.add_argument("--seq-len", type=int, default=2048, help="tokens of the whole sequence")
+    cp.add_argument("--batch", type=int, default=1, help="sequences")
+    cp.add_argument("--heads", type=int, default=8, help="query heads")
+    cp.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
+    cp.add_argument("--head-dim", type=int, default=64, help="dimension of a head")
+    moe = benches.add_parser("moe", help="expert dispatch and combine against tokens per rank")
+    _pairs(moe, 2)
+    moe.add_argument("--tokens", default="256,1024,4096", help="tokens per rank, a sweep")
+    moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
+    moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
+    moe.add_argument("--top-k", type=int, default=2, help="experts per token")
     for parser in benches.choices.values():
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
@@ -72,7 +86,9 @@ def _comm_flags(parser: argparse.ArgumentParser) -> None:
     from paratrain.bench.comm import sweep
 
     parser.add_argument("--ops", default=",".join(sweep.OPS), help="collectives, comma-separated")
-    parser.add_argument("--algos", default="native,ring,tree", help="algorithms to compare")
+    parser.add_argument(
+        "--algos", default="native,ring,tree,pairwise", help="algorithms to compare"
+    )
     parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
     parser.add_argument(
         "--sizes", default=sweep.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
@@ -167,6 +183,30 @@ def _zero(args: argparse.Namespace) -> tuple[Any, int]:
     return run_zero_bench(args.pairs, stages, args.out or None, args.dp), 0
 
 
+def _cp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.cp.run import run_cp_bench
+
+    shape = {
+        "batch": args.batch,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "seq": args.seq_len,
+        "head_dim": args.head_dim,
+    }
+    return run_cp_bench(_names(args.methods), shape, args.pairs), 0
+
+
+def _moe(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.moe.run import run_moe_bench, tokens_sweep
+
+    sweep = tokens_sweep(args.tokens)
+    return run_moe_bench(sweep, args.d_model, args.experts, args.top_k, args.pairs), 0
+
+
+def _names(flag: str) -> list[str]:
+    return [n.strip() for n in flag.split(",") if n.strip()]
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "overhead": _overhead,
     "comm": _comm,
@@ -176,4 +216,6 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "layouts": _layouts,
     "pp": _pp,
     "zero": _zero,
+    "cp": _cp,
+    "moe": _moe,
 }

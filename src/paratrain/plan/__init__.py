@@ -8,7 +8,10 @@ and chart); command.py is `paratrain plan`. rank_memory.py and rank_traffic.py c
 rank of our own runtime exactly, for `plan --validate` and `paratrain train`'s prediction.
 stage_time.py times the busiest GPU (matmuls at the calibrated efficiency, pointwise ops at
 memory bandwidth); published.py holds published runs as data and published_check.py
-predicts them (`plan --published`). Formulas and sources: docs/planner.md.
+predicts them (`plan --published`). context.py adds context parallelism (cp's key/value
+or all-to-all traffic and the ring's overlap), moe.py a mixture of experts (parameters,
+active FLOPs, imbalance) and expert_traffic.py its all-to-alls. Formulas and sources:
+docs/planner.md.
 """
 
 from paratrain.plan.cluster import CLUSTER_PRESETS, ClusterSpec, cluster_preset

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from paratrain.plan import moe
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import local_params
@@ -84,21 +85,57 @@ def ring_all_reduce_rank_bytes(numel: int, elem_bytes: int, k: int, rank: int) -
 
 
 def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:
-    """Whether a group of this axis fits in one node, given tp innermost, pp outermost."""
-    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "pp": layout.world}[axis]
+    """Whether a group of this axis fits in one node, given the order pp, dp, cp, tp
+    (mesh.py): the ranks a group spans, first to last. The gradient group is dp_cp; an
+    ep group is ep consecutive ranks of it (tp apart), expert_dp the rest of it."""
+    t, c = layout.tp, layout.cp
+    span = {
+        "tp": t,
+        "cp": t * c,
+        "dp": t * c * layout.dp,
+        "ep": t * layout.ep,
+        "expert_dp": t * c * layout.dp,
+        "pp": layout.world,
+    }[axis]
     return "intra" if span <= cluster.gpus_per_node else "inter"
 
 
 def dp_traffic(
     model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, microbatches: int
 ) -> list[CommEntry]:
-    """Gradient (and for ZeRO, parameter) traffic over the dp group of k ranks."""
-    k = layout.dp
+    """Gradient (and for ZeRO, parameter) traffic over the dp_cp group of k = dp * cp
+    ranks; a mixture of experts' expert parameters over the expert_dp group of k / ep
+    (plan/moe.py), each with the same formulas."""
+    experts = moe.all_expert_params(model)
+    k = layout.data_ranks
+    entries = _sync_traffic(
+        model.params - experts, k, "dp", model, workload, layout, cluster, microbatches
+    )
+    if experts:
+        entries += _sync_traffic(
+            experts // layout.ep, k // layout.ep, "expert_dp", model, workload, layout, cluster,
+            microbatches,
+        )  # fmt: skip
+    return entries
+
+
+def _sync_traffic(
+    n_params: int,
+    k: int,
+    axis: str,
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    cluster: ClusterSpec,
+    microbatches: int,
+) -> list[CommEntry]:
+    """One replicated set of `n_params` parameters kept in sync over k ranks."""
     if k == 1:
         return []
-    n = local_params(model.params, layout.tp, layout.pp)
+    n = local_params(n_params, layout.tp, layout.pp)
     grads = workload.precision.grad_bytes * n
-    link = axis_link("dp", layout, cluster)
+    link = axis_link(axis, layout, cluster)
+    prefix = "expert " if axis == "expert_dp" else ""
     buckets = max(1, math.ceil(grads / workload.bucket_bytes))
     units = (model.n_layer or 0) + 1  # ZeRO-3 / FSDP gathers one block (or the ends) at a time
     # ZeRO's flat buffer is padded to k ceil(n / k) elements (plan/memory.py), so with S the
@@ -108,7 +145,7 @@ def dp_traffic(
     ag = (k - 1) * shard * workload.precision.param_bytes
 
     def entry(op: str, what: str, nbytes: int, messages: int) -> CommEntry:
-        return CommEntry(op, "dp", link, what, nbytes, messages)
+        return CommEntry(op, axis, link, prefix + what, nbytes, messages)
 
     if layout.zero == 0:
         return [entry("all_reduce", "gradients", all_reduce_bytes(grads, k), buckets * 2 * (k - 1))]
@@ -127,10 +164,11 @@ def dp_traffic(
     ]
 
 
-def activation_message_bytes(model: ModelSpec, workload: Workload) -> int:
-    """One micro-batch's hidden states b s h, the size of every TP and PP message."""
+def activation_message_bytes(model: ModelSpec, workload: Workload, cp: int = 1) -> int:
+    """One micro-batch's hidden states b s h, the size of every TP and PP message; a cp
+    rank holds s / cp of the tokens."""
     b, act = workload.micro_batch, workload.precision.activation_bytes
-    return b * model.seq_len * model.d_model * act  # type: ignore[operator]
+    return b * model.seq_len // cp * model.d_model * act  # type: ignore[operator]
 
 
 def tp_traffic(
@@ -160,7 +198,7 @@ def tp_traffic(
     per_layer = 4 if workload.recompute == "none" else 6  # selective too: module docstring
     ends = (0 in mine) + has_head
     calls = microbatches * (layers * per_layer + ends)
-    size = activation_message_bytes(model, workload)
+    size = activation_message_bytes(model, workload, layout.cp)
     link = axis_link("tp", layout, cluster)
     entries = [
         CommEntry(
@@ -173,7 +211,7 @@ def tp_traffic(
         )
     ]
     if has_head:
-        tokens = workload.micro_batch * model.seq_len  # type: ignore[operator]
+        tokens = workload.micro_batch * model.seq_len // layout.cp  # type: ignore[operator]
         stats = all_reduce_bytes(4 * tokens, t) + all_reduce_bytes(8 * tokens, t)
         entries.append(
             CommEntry(
@@ -215,7 +253,7 @@ def pp_traffic(
         last = s * v - 1
         mine = stage_virtual_stages(stage, s, v)
         sends = microbatches * sum((vs < last) + (vs > 0) for vs in mine)
-    size = activation_message_bytes(model, workload)
+    size = activation_message_bytes(model, workload, layout.cp)
     if workload.pp_scatter_gather:
         size = math.ceil(size / layout.tp)
     link = axis_link("pp", layout, cluster)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
+from paratrain.plan.arguments import DEFAULT_MODEL, DEFAULT_SEQ_LEN, add_plan_arguments
 from paratrain.plan.cluster import (
     CLUSTER_PRESETS,
     DEFAULT_CLUSTER,
@@ -21,10 +23,7 @@ from paratrain.plan.cluster import (
     cluster_with,
 )
 from paratrain.plan.layout import (
-    ATTENTION,
-    RECOMPUTE,
     SCHEDULES,
-    ZERO2_ACCUMULATE,
     Workload,
     precision,
 )
@@ -32,142 +31,26 @@ from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_ov
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import chart, table
 
-DEFAULT_MODEL = "7b"
-DEFAULT_SEQ_LEN = 2048  # for a model given by its parameter count alone
-
-
-def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    presets = ", ".join([*MODEL_PRESETS, *CLUSTER_PRESETS])
-    p.add_argument(
-        "--preset",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help=f"model or cluster preset, repeatable: {presets} "
-        f"(default: {DEFAULT_MODEL}, {DEFAULT_CLUSTER})",
-    )
-    _model_arguments(p.add_argument_group("model (overrides the preset)"))
-    _training_arguments(p.add_argument_group("training"))
-    _cluster_arguments(p.add_argument_group("cluster (overrides the preset)"))
-    _layout_arguments(p.add_argument_group("layout (evaluate one instead of searching)"))
-    _output_arguments(p.add_argument_group("output"))
-
-
-def _model_arguments(m: argparse._ArgumentGroup) -> None:
-    m.add_argument("--params", type=float, help="parameter count N, e.g. 7e9")
-    m.add_argument("--layers", type=int, help="transformer blocks")
-    m.add_argument("--hidden", type=int, help="hidden size (d_model)")
-    m.add_argument("--heads", type=int, help="attention heads")
-    m.add_argument("--vocab", type=int, help="vocabulary size")
-    m.add_argument(
-        "--seq-len",
-        type=int,
-        help=f"tokens per sequence (default {DEFAULT_SEQ_LEN} with --params alone)",
-    )
-
-
-def _training_arguments(w: argparse._ArgumentGroup) -> None:
-    w.add_argument(
-        "--micro-batch", type=int, default=1, help="sequences per forward, b (default 1)"
-    )
-    w.add_argument("--global-batch", type=int, help="sequences per step, G (default 512)")
-    w.add_argument("--microbatches", type=int, help="K = G / (b dp); alternative to G")
-    w.add_argument("--precision", default="mixed", help="mixed (16 B/param with Adam), fp32, bf16")
-    w.add_argument("--optimizer", default="adam", help="adam, sgd-momentum, sgd")
-    w.add_argument(
-        "--recompute", default="none", choices=RECOMPUTE, help="activation recomputation"
-    )
-    w.add_argument(
-        "--activation-gb",
-        type=float,
-        help="activation GB per GPU, replacing the count (e.g. the seeds' 40)",
-    )
-    w.add_argument(
-        "--overlap",
-        type=float,
-        default=0.0,
-        help="fraction of data-parallel traffic hidden behind backward (default 0)",
-    )
-    w.add_argument(
-        "--zero2-accumulate",
-        default="shard",
-        choices=ZERO2_ACCUMULATE,
-        help="ZeRO-2 with K > 1 micro-batches, which option the search charges: shard (the "
-        "runtime's default, DeepSpeed's: reduce-scatter every micro-batch, model state "
-        "2N + 14N/k with mixed Adam, K x gradient traffic) or full (whole gradient held "
-        "until the last micro-batch, one reduce-scatter); the table shows the other beside "
-        "it (default shard)",
-    )
-    w.add_argument(
-        "--attention",
-        default="fused",
-        choices=ATTENTION,
-        help="fused: the s x s scores stay on chip (our runtime); scores: they go through "
-        "memory, timed at --memory-bw-gbs (Megatron-LM in 2021) (default fused)",
-    )
-    w.add_argument(
-        "--pp-scatter-gather",
-        action="store_true",
-        help="pipeline messages split over the tp ranks across nodes, as Megatron-LM does",
-    )
-    w.add_argument(
-        "--train-tokens",
-        type=float,
-        default=300e9,
-        help="tokens for the total training time (default 3e11)",
-    )
-
-
-def _cluster_arguments(c: argparse._ArgumentGroup) -> None:
-    c.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
-    c.add_argument("--gpus-per-node", type=int)
-    c.add_argument("--gpu-memory-gb", type=float)
-    c.add_argument("--intra-bw-gbs", type=float, help="NVLink GB/s per GPU per direction")
-    c.add_argument("--inter-bw-gbs", type=float, help="InfiniBand GB/s per GPU per direction")
-    c.add_argument("--intra-latency-us", type=float)
-    c.add_argument("--inter-latency-us", type=float)
-    c.add_argument("--peak-flops", type=float, help="peak FLOP/s per GPU")
-    c.add_argument("--memory-bw-gbs", type=float, help="HBM GB/s per GPU (0: not counted)")
-    c.add_argument("--utilisation", type=float, help="fraction of peak reached, 0 < u <= 1")
-
-
-def _layout_arguments(lay: argparse._ArgumentGroup) -> None:
-    for axis in ("dp", "tp", "pp"):
-        lay.add_argument(f"--{axis}", type=int, help=f"{axis} degree")
-    lay.add_argument("--zero", type=int, help="ZeRO stage 0-3")
-    lay.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)}")
-    lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
-
-
-def _output_arguments(out: argparse._ArgumentGroup) -> None:
-    out.add_argument("--json", action="store_true", help="print the plan as JSON, last line")
-    out.add_argument(
-        "--chart", default="runs/plan.png", help="PNG chart path (default runs/plan.png)"
-    )
-    out.add_argument("--no-chart", action="store_true", help="do not write the chart")
-    out.add_argument(
-        "--validate",
-        action="store_true",
-        help="run small jobs here and compare predicted with measured",
-    )
-    out.add_argument(
-        "--published",
-        action="store_true",
-        help="predict published runs (Megatron-LM, BLOOM) with each preset's one efficiency; "
-        "exits 1 if any is off by more than 15%% or a layout ranking disagrees",
-    )
-    out.add_argument(
-        "--validate-cases",
-        default="",
-        metavar="NAMES",
-        help="with --validate, only these comma-separated cases: dp, tp, gpipe, 1f1b, "
-        "interleaved, 3d, zero1, zero2-full, zero2-shard, zero3, ... (default: all)",
-    )
+# The flags live in arguments.py; the CLI builds its parser from here.
+__all__ = ["add_plan_arguments", "plan_from_args", "run_plan", "specs_from_args"]
 
 
 def _positive(name: str, value: float | None) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{name} {value}; must be > 0")
+
+
+MOE_FLAGS = ("top_k", "expert_ffn", "shared_ffn", "capacity_factor")
+
+
+def _moe_flags_need_experts(args: argparse.Namespace, model: ModelSpec) -> None:
+    """A mixture-of-experts flag on a dense model would change nothing: refused."""
+    given = [f for f in MOE_FLAGS if getattr(args, f) is not None]
+    if args.moe_imbalance != 1.0:
+        given.append("moe_imbalance")
+    if given and not model.num_experts:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} needs a mixture of experts (--experts or a MoE preset)")
 
 
 def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Workload]:
@@ -197,7 +80,15 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
             n_head=args.heads,
             vocab_size=args.vocab,
             seq_len=args.seq_len,
+            num_experts=args.experts,
+            top_k=args.top_k,
+            expert_ffn=args.expert_ffn,
+            shared_ffn=args.shared_ffn,
         )
+        if args.capacity_factor is not None:
+            _positive("--capacity-factor", args.capacity_factor)
+            model = replace(model, capacity_factor=args.capacity_factor)
+    _moe_flags_need_experts(args, model)
     us = 1e-6
     cluster = cluster_with(
         cluster_preset(cluster_name or DEFAULT_CLUSTER),
@@ -228,6 +119,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         zero2_accumulate=args.zero2_accumulate,
         pp_scatter_gather=args.pp_scatter_gather,
         attention=args.attention,
+        moe_imbalance=args.moe_imbalance,
     )
     return model, cluster, workload
 
@@ -242,14 +134,20 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise ValueError(f"chunks {args.chunks} needs --schedule interleaved")
     if args.zero is not None and args.zero not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {args.zero}; valid: 0, 1, 2, 3")
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
         _positive("--" + axis, getattr(args, axis))
-    fixed = {"dp": args.dp, "tp": args.tp, "pp": args.pp, "zero": args.zero}
-    layouts = candidate_layouts(cluster, args.schedule, args.chunks, fixed)
+    if args.ep not in (None, 1) and not model.num_experts:
+        raise ValueError(f"--ep {args.ep} needs a mixture of experts (--experts or a MoE preset)")
+    axes = ("dp", "tp", "pp", "cp", "ep", "zero")
+    fixed = {a: getattr(args, a) for a in axes}
+    layouts = candidate_layouts(
+        cluster, args.schedule, args.chunks, fixed, model.num_experts, args.cp_method
+    )
     if not layouts:
         given = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
         raise ValueError(
-            f"no layout with {given} on {cluster.gpus} GPUs: dp * tp * pp must equal the GPUs"
+            f"no layout with {given} on {cluster.gpus} GPUs: dp * cp * tp * pp must equal "
+            "the GPUs, and ep divide dp * cp"
         )
     return plan(model, cluster, workload, layouts)
 

@@ -5,12 +5,13 @@ This is where the other modules meet; each number is computed by exactly one of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
-from paratrain.plan import comm, memory, pipeline, stage_time
+from paratrain.plan import comm, context, memory, moe, pipeline, stage_time
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import GB, ClusterSpec
+from paratrain.plan.expert_traffic import ep_traffic
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.model import ModelSpec
 
@@ -85,6 +86,9 @@ class Estimate:
             "dp": lay.dp,
             "tp": lay.tp,
             "pp": lay.pp,
+            "cp": lay.cp,
+            "cp_method": lay.cp_method if lay.cp > 1 else None,
+            "ep": lay.ep,
             "zero": lay.zero,
             "schedule": lay.schedule or None,
             "model_state_bytes_per_gpu": self.model_state.as_dict(),
@@ -145,12 +149,15 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
     """
     problems = []
     if layout.world != cluster.gpus:
-        problems.append(f"dp*tp*pp = {layout.world} but the cluster has {cluster.gpus} GPUs")
+        problems.append(f"dp*cp*tp*pp = {layout.world} but the cluster has {cluster.gpus} GPUs")
     if layout.tp > cluster.gpus_per_node:
         problems.append(
             f"tensor parallel {layout.tp} spans nodes of {cluster.gpus_per_node} GPUs "
             "(its per-layer all-reduces need NVLink)"
         )
+    problems += context.cp_problems(model, layout)
+    if layout.ep > 1 and model.num_experts % layout.ep:
+        problems.append(f"ep {layout.ep} does not divide {model.num_experts} experts")
     if layout.zero == 3 and layout.pp > 1:  # the runtime refuses it too (validate.py)
         problems.append(
             "ZeRO-3 with pipeline parallelism gathers the stage's parameters again for every "
@@ -168,6 +175,20 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
     return problems
 
 
+def model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int = 1
+) -> memory.ModelState:
+    """The dense parameters' states over the dp_cp group; a mixture of experts' experts,
+    1/ep of them, over the expert_dp group (plan/moe.py)."""
+    experts = moe.all_expert_params(model)
+    state = memory.model_state_bytes(model.params - experts, workload, layout, microbatches)
+    if not experts:
+        return state
+    expert_layout = replace(layout, dp=layout.data_ranks // layout.ep, cp=1, ep=1)
+    part = memory.model_state_bytes(experts // layout.ep, workload, expert_layout, microbatches)
+    return memory.ModelState(*(a + b for a, b in zip(astuple(state), astuple(part), strict=True)))
+
+
 def estimate(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -180,32 +201,42 @@ def estimate(
     For ZeRO-2 with K > 1 micro-batches, `alternative` also evaluates the layout under the
     other accumulation option (Workload.zero2_accumulate), so both costs can be shown.
     """
-    state = memory.model_state_bytes(model.params, workload, layout)
+    state = model_state(model, workload, layout)
     est = Estimate(layout, state, capacity_bytes=cluster.gpu_memory_bytes)
     est.peak_flops = cluster.peak_flops
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout)
-    est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout)
+    est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout, state)
     try:
         k = microbatches_for(workload, layout)
         est.comm = comm.traffic(model, workload, layout, cluster, k)
     except ValueError as e:
         est.problems.append(str(e))
         return est
-    est.model_state = state = memory.model_state_bytes(model.params, workload, layout, k)
+    if layout.cp > 1 and model.has_shape:
+        est.comm += context.cp_traffic(model, workload, layout, cluster, k)
+    est.comm += ep_traffic(model, workload, layout, cluster, k)
+    est.model_state = state = model_state(model, workload, layout, k)
     est.microbatches, est.global_batch = k, k * workload.micro_batch * layout.dp
     est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
+    if est.activation_bytes is not None and model.has_shape:
+        est.activation_bytes += context.ring_buffer_bytes(model, workload, layout)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     tokens = est.global_batch * (model.seq_len or 0)
     est.model_flops = ptime.model_training_flops(model, tokens, workload.recompute)
-    busy = stage_time.busy_time(model, workload, layout, cluster, k, est.model_flops)
+    busiest = ptime.model_training_flops(model, tokens, workload.recompute, workload.moe_imbalance)
+    busy = stage_time.busy_time(model, workload, layout, cluster, k, busiest)
     bubble_s = pipeline.bubble_time(busy.total_s, layout.pp, k, layout.chunks, layout.schedule)
     # DP traffic can hide only behind the backward still running: the last micro-batch's.
     window_s = busy.total_s / k * stage_time.backward_share(workload.recompute)
-    est.time = ptime.step_time(
-        busy.total_s, bubble_s, est.comm, cluster, workload.overlap, window_s, busy.memory_s
+    hidden_s = (
+        context.ring_hidden_s(model, workload, layout, cluster, k) if model.has_shape else 0.0
     )
+    est.time = ptime.step_time(
+        busy.total_s, bubble_s, est.comm, cluster, workload.overlap, window_s, busy.memory_s,
+        hidden_s,
+    )  # fmt: skip
     if tokens:
         est.train_time_s = est.time.total_s * workload.train_tokens / tokens
     if est.memory_bytes > cluster.gpu_memory_bytes:
@@ -220,7 +251,7 @@ def estimate(
             + (f" + {est.activation_bytes / GB:.2f} activations" if est.activation_bytes else "")
             + f") of {cluster.gpu_memory_bytes / GB:.0f} GB"
         )
-    if alternative and layout.zero == 2 and layout.dp > 1 and k > 1:
+    if alternative and layout.zero == 2 and layout.data_ranks > 1 and k > 1:
         other = "shard" if workload.zero2_accumulate == "full" else "full"
         other_workload = replace(workload, zero2_accumulate=other)
         est.alternative = estimate(model, cluster, other_workload, layout, alternative=False)

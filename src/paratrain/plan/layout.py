@@ -1,9 +1,10 @@
-"""A candidate layout (tp x pp x dp, ZeRO stage, schedule) and the workload it runs.
+"""A candidate layout (tp x cp x pp x dp, ep, ZeRO stage, schedule) and the workload it runs.
 
 Batch arithmetic is the project's one definition (ARCHITECTURE.md): G sequences per step,
 b per micro-batch, K = G / (b * dp) micro-batches per replica per step, which is both the
 gradient-accumulation count and the pipeline's micro-batch count (seeds, definition 9.2.2:
-B_global = K * B_micro * k).
+B_global = K * B_micro * k). Context parallelism does not enter it: the cp ranks of a
+data-parallel replica hold chunks of the same sequences.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
 # parallel/recompute.py, not Korthikanti et al.'s attention-core variant).
 RECOMPUTE = RECOMPUTE_MODES
 ATTENTION = ("fused", "scores")  # s x s scores kept on chip or through memory, as memory.py
+CP_METHODS = ("ring", "alltoall")  # parallel/context_parallel: ring.py, ulysses.py
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class Workload:
     # "fused": attention never writes the s x s scores to memory (our runtime's SDPA);
     # "scores": scores, softmax and dropout mask go through HBM (Megatron-LM in 2021).
     attention: str = "fused"
+    # The router's load imbalance: tokens routed to the busiest expert-parallel rank over
+    # the mean, >= 1 (1: uniform routing). A capacity factor caps it (plan/moe.py).
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -101,6 +106,8 @@ class Workload:
             raise ValueError(f"train tokens {self.train_tokens}; must be > 0")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention {self.attention!r}; valid: {', '.join(ATTENTION)}")
+        if not self.moe_imbalance >= 1:
+            raise ValueError(f"MoE imbalance {self.moe_imbalance}; must be >= 1 (1: uniform)")
         if self.zero2_accumulate not in ZERO2_ACCUMULATE:
             raise ValueError(
                 f"zero2 accumulate {self.zero2_accumulate!r}; valid: {', '.join(ZERO2_ACCUMULATE)}"
@@ -119,17 +126,26 @@ class Workload:
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to lay the job out: world = dp * pp * tp, tp innermost (see mesh.py)."""
+    """One way to lay the job out: world = dp * pp * cp * tp, tp innermost (see mesh.py).
+
+    cp ranks hold chunks of the same sequences and the same parameters, so gradients and
+    ZeRO's shards span the dp_cp group of dp * cp ranks (Megatron-Core's distributed
+    optimizer does the same). ep is carved out of those ranks (ep divides dp * cp): it
+    splits the experts of a mixture-of-experts model and nothing else.
+    """
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
-    zero: int = 0  # ZeRO stage over the dp group: 0 (plain DP), 1, 2, 3 (= FSDP)
+    zero: int = 0  # ZeRO stage over the dp_cp group: 0 (plain DP), 1, 2, 3 (= FSDP)
     schedule: str = ""  # pipeline schedule when pp > 1
     chunks: int = 1  # v, model chunks per GPU for the interleaved schedule
+    cp: int = 1  # context parallel: the sequence split over cp ranks
+    cp_method: str = "ring"  # ring (keys and values travel) or alltoall (Ulysses)
+    ep: int = 1  # expert parallel, within dp * cp
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "chunks"):
+        for name in ("dp", "tp", "pp", "chunks", "cp", "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"layout {name} = {getattr(self, name)}; must be at least 1")
         if self.zero not in (0, 1, 2, 3):
@@ -140,18 +156,33 @@ class Layout:
             )
         if self.chunks > 1 and self.schedule != "interleaved":
             raise ValueError(f"chunks {self.chunks} needs the interleaved schedule")
+        if self.cp_method not in CP_METHODS:
+            raise ValueError(f"cp method {self.cp_method!r}; valid: {', '.join(CP_METHODS)}")
+        if self.data_ranks % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide dp {self.dp} x cp {self.cp}")
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def data_ranks(self) -> int:
+        """The dp_cp group: ranks with the same parameters and different tokens."""
+        return self.dp * self.cp
 
     @property
     def label(self) -> str:
-        """Short name for tables and charts, e.g. tp2.pp4.dp8.z1.1f1b."""
-        name = f"tp{self.tp}.pp{self.pp}.dp{self.dp}.z{self.zero}"
+        """Short name for tables and charts, e.g. tp2.pp4.dp8.z1.1f1b, tp1.cp4.pp1.dp2.z0;
+        cp and ep are named only when above 1, so 3D labels read as before."""
+        cp = (
+            ""
+            if self.cp == 1
+            else f".cp{self.cp}" + ("a2a" if self.cp_method == "alltoall" else "")
+        )
+        name = f"tp{self.tp}{cp}.pp{self.pp}.dp{self.dp}.z{self.zero}"
         if self.pp > 1:
             name += "." + self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
-        return name
+        return name + (f".ep{self.ep}" if self.ep > 1 else "")
 
 
 def microbatches_for(workload: Workload, layout: Layout) -> int:

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 
 from paratrain.models.presets import ffn_width, kv_heads
+from paratrain.plan import moe
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 
@@ -93,16 +94,17 @@ def local_params(n_params: int, tp: int, pp: int) -> int:
 def holds_whole_gradient(workload: Workload, layout: Layout, microbatches: int) -> bool:
     """True for ZeRO-2 accumulating the whole gradient over K > 1 micro-batches."""
     full = workload.zero2_accumulate == "full"
-    return layout.zero == 2 and layout.dp > 1 and full and microbatches > 1
+    return layout.zero == 2 and layout.data_ranks > 1 and full and microbatches > 1
 
 
 def model_state_bytes(
     n_params: int, workload: Workload, layout: Layout, microbatches: int = 1
 ) -> ModelState:
     """Bytes of parameters, gradients, optimizer moments and master weights on one GPU,
-    and ZeRO-2's transient whole gradient when it accumulates K = `microbatches` > 1."""
+    and ZeRO-2's transient whole gradient when it accumulates K = `microbatches` > 1.
+    ZeRO shards over the dp_cp group (the cp ranks hold the same parameters)."""
     n = local_params(n_params, layout.tp, layout.pp)
-    shard = math.ceil(n / layout.dp)  # elements of one ZeRO shard
+    shard = math.ceil(n / layout.data_ranks)  # elements of one ZeRO shard
     p = workload.precision
     z = layout.zero
     whole = holds_whole_gradient(workload, layout, microbatches)
@@ -115,9 +117,12 @@ def model_state_bytes(
     )
 
 
-def redundant_bytes(n_params: int, workload: Workload, layout: Layout) -> int:
-    """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP."""
-    per_gpu = model_state_bytes(n_params, workload, layout).step_boundary
+def redundant_bytes(
+    n_params: int, workload: Workload, layout: Layout, state: ModelState | None = None
+) -> int:
+    """Model-state bytes held more than once across the job: (k - 1) * 16N for plain DP.
+    `state`: one GPU's, when it is not `model_state_bytes`'s (a mixture of experts')."""
+    per_gpu = (state or model_state_bytes(n_params, workload, layout)).step_boundary
     return max(0, layout.world * per_gpu - workload.state_bytes_per_param * n_params)
 
 
@@ -295,6 +300,8 @@ def block_activation_bytes(
     (`fused_gpt_layer_activation_bytes`), which `plan --validate` checks. The Llama is
     counted as it runs either way."""
     p, b, recompute = workload.precision, workload.micro_batch, workload.recompute
+    if model.num_experts:  # the busiest rank's experts: k f wide, times the imbalance
+        model = moe.dense_equivalent(model, workload.moe_imbalance)
     if model.arch == "llama":
         return llama_layer_activation_bytes(
             model, b, tp, recompute, element_bytes=p.activation_bytes
@@ -353,6 +360,11 @@ def stage_activation_bytes(
 ) -> float | None:
     """Peak activation bytes of pipeline stage `stage` (any stage with pp = 1).
 
+    Context parallelism divides all of it by cp: every term counts tokens, and a cp rank
+    holds s / cp of them (the s x s scores of "scores" become s/cp x s). What does not
+    shrink is outside this count: the model states, and the ring's key/value chunk in
+    flight (plan/context.py `ring_buffer_bytes`, added by estimate.py).
+
     In-flight micro-batches x the stage's layers x one layer's count, plus the fp32
     logits on the stage that holds the head: once per micro-batch in flight there (K for
     GPipe, whose last stage also runs every forward first; min(K, S) for ZB-H1, whose last
@@ -374,7 +386,7 @@ def stage_activation_bytes(
             logits += head_activation_bytes(model, b, workload.precision.activation_bytes)
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         held += logits * last_held.get(layout.schedule, 1)
-    return held
+    return held / layout.cp
 
 
 def activation_bytes(

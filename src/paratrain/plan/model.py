@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from paratrain.config import ModelConfig, TrainConfig
 from paratrain.models.presets import MODEL_PRESETS as TRAIN_PRESETS
 from paratrain.models.presets import ffn_width, kv_heads, param_count, preset
+from paratrain.plan import moe
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,11 @@ class ModelSpec:
     (models/presets.py `param_count`: our GPT, or our Llama with `arch` "llama").
     `arch`, `n_kv_head`, `ffn_hidden` and `tie_embeddings` are read as config.ModelConfig
     has them (0: n_head key/value heads; the architecture's default MLP width).
+
+    A mixture of experts (`num_experts` > 0, plan/moe.py) replaces every block's MLP by
+    that many SwiGLU experts of width `expert_ffn` (0: ffn_hidden), `top_k` per token, a
+    router (h x E) and an optional shared expert of width `shared_ffn`; `capacity_factor`
+    caps each expert's load (None: no token dropped). Counted for the Llama architecture.
     """
 
     name: str
@@ -38,6 +44,11 @@ class ModelSpec:
     n_kv_head: int = 0
     ffn_hidden: int = 0
     tie_embeddings: bool = False
+    num_experts: int = 0  # 0: a dense model
+    top_k: int = 2
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_params", "n_layer", "d_model", "n_head", "vocab_size", "seq_len"):
@@ -53,6 +64,8 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name}: heads {self.n_head} do not divide hidden {self.d_model}"
             )
+        if self.num_experts:
+            moe.check_moe(self)
 
     @property
     def has_shape(self) -> bool:
@@ -61,10 +74,17 @@ class ModelSpec:
         return all(v is not None for v in shape)
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: N for a dense model."""
+        return moe.active_params(self) if self.num_experts else self.params
+
+    @property
     def params(self) -> int:
         """N, the parameter count."""
         if self.n_params is not None:
             return self.n_params
+        if self.num_experts:
+            return moe.total_params(self)
         whole = replace(self, max_seq_len=self.max_seq_len or self.seq_len)
         return param_count(whole)  # type: ignore[arg-type]
 
@@ -161,7 +181,11 @@ def _shared(name: str) -> ModelSpec:
 
 
 # Shapes: GPT-3 table 2.1 (arXiv:2005.14165) for 1.3B, 13B, 175B; LLaMA (arXiv:2302.13971)
-# for 7B; Llama 2 (arXiv:2307.09288) for 70B. N is the nominal size.
+# for 7B; Llama 2 (arXiv:2307.09288) for 70B. N is the nominal size. Mixtral 8x7B: Jiang
+# et al., "Mixtral of Experts", arXiv:2401.04088, table 1 (dim 4096, 32 layers, 32 heads,
+# 8 kv heads, hidden 14336, vocabulary 32000, context 32768, 8 experts, top 2); counted
+# from the shape: 46,702,792,704 parameters, 12,879,925,248 active (Mistral AI: 46.7B and
+# 12.9B).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "paratrain": _ours(),
     **{name: _shared(name) for name in TRAIN_PRESETS},
@@ -170,7 +194,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "13b": ModelSpec("13b", int(13e9), 40, 5120, 40, 50257, 2048),
     "70b": ModelSpec("70b", int(70e9), 80, 8192, 64, 32000, 4096),
     "175b": ModelSpec("175b", int(175e9), 96, 12288, 96, 50257, 2048),
-}
+    "mixtral-8x7b": ModelSpec(
+        "mixtral-8x7b", None, 32, 4096, 32, 32000, 32768, arch="llama", n_kv_head=8,
+        ffn_hidden=14336, num_experts=8, top_k=2,
+    ),
+}  # fmt: skip
 
 
 def model_preset(name: str) -> ModelSpec:
@@ -179,7 +207,7 @@ def model_preset(name: str) -> ModelSpec:
     return MODEL_PRESETS[name]
 
 
-def with_overrides(spec: ModelSpec, **changes: int | None) -> ModelSpec:
+def with_overrides(spec: ModelSpec, **changes: int | float | None) -> ModelSpec:
     """The spec with every non-None change applied (the CLI's flags over a preset).
 
     A changed shape drops the preset's nominal count unless a count is given too, so that

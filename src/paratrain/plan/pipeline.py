@@ -91,3 +91,9 @@ def stage_virtual_stages(stage: int, stages: int, chunks: int = 1) -> list[int]:
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} outside 0..{stages - 1}")
     return [c * stages + stage for c in range(chunks)]
+
+
+def stage_layers(n_layer: int, stage: int, stages: int, chunks: int = 1) -> int:
+    """Layers pipeline stage `stage` holds over its chunks (all of them with one stage)."""
+    pieces = virtual_stage_layers(n_layer, stages, chunks)
+    return sum(pieces[vs] for vs in stage_virtual_stages(stage, stages, chunks))

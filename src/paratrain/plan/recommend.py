@@ -9,7 +9,9 @@ The rule (seeds, section 9.2.5 "三套接口的选择判据" and the 9.2.4 one-l
      its peak more than ZeRO-1: memory.py);
   3. far over: ZeRO-3 / FSDP;
   4. still over: tensor parallel, only within a node;
-  5. then pipeline stages across nodes.
+  5. still over: context parallel, the sequence split over cp ranks (it divides the
+     activations, not the model states: long sequences; not a seeds' tier);
+  6. then pipeline stages across nodes.
 Within a tier the smallest degrees win, then the shortest step.
 """
 
@@ -36,6 +38,7 @@ TIERS = (
     "slightly over: ZeRO-1/2 shards the optimizer (and gradients)",
     "far over: ZeRO-3 / FSDP shards everything",
     "still over: tensor parallel within a node",
+    "still over: context parallel splits the sequence",
     "still over: pipeline stages across nodes",
 )
 
@@ -49,30 +52,53 @@ def candidate_layouts(
     schedule: str | None = None,
     chunks: int = 1,
     fixed: dict[str, int | None] | None = None,
+    experts: int = 0,
+    cp_method: str = "ring",
 ) -> list[Layout]:
-    """Every tp x pp x dp x ZeRO x schedule for the cluster, restricted by `fixed` degrees.
+    """Every tp x cp x pp x dp x ZeRO x schedule for the cluster, restricted by `fixed`
+    degrees; for a mixture of `experts` experts, every ep that divides dp * cp and them.
 
-    ZeRO needs dp > 1 (on one rank it is plain DP). The interleaved schedule uses `chunks`
-    (2 when not given). Layouts that cannot run are kept: the planner reports why.
+    ZeRO needs dp * cp > 1 (on one rank it is plain DP). The interleaved schedule uses
+    `chunks` (2 when not given). Layouts that cannot run are kept: the planner reports why.
     """
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     out = []
     for tp in divisors(cluster.gpus):
-        for pp in divisors(cluster.gpus // tp):
-            dp = cluster.gpus // (tp * pp)
-            if any(fixed.get(a, v) != v for a, v in (("tp", tp), ("pp", pp), ("dp", dp))):
-                continue
-            zeros = [fixed["zero"]] if "zero" in fixed else ([0, 1, 2, 3] if dp > 1 else [0])
-            scheds = [""] if pp == 1 else ([schedule] if schedule else list(SCHEDULES))
-            for zero in zeros:
-                for s in scheds:
-                    v = (chunks if chunks > 1 else 2) if s == "interleaved" else 1
-                    out.append(Layout(dp=dp, tp=tp, pp=pp, zero=zero, schedule=s, chunks=v))
+        for cp in divisors(cluster.gpus // tp):
+            for pp in divisors(cluster.gpus // (tp * cp)):
+                dp = cluster.gpus // (tp * cp * pp)
+                degrees = (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp))
+                if any(fixed.get(a, v) != v for a, v in degrees):
+                    continue
+                shape = dict(dp=dp, tp=tp, pp=pp, cp=cp, cp_method=cp_method)
+                out += _variants(shape, schedule, chunks, fixed, experts)
+    return out
+
+
+def _variants(
+    shape: dict, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
+) -> list[Layout]:
+    """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule."""
+    ranks = shape["dp"] * shape["cp"]
+    eps = [e for e in divisors(ranks) if experts % e == 0] if experts else [1]
+    eps = [fixed["ep"]] if "ep" in fixed else eps
+    zeros = [fixed["zero"]] if "zero" in fixed else ([0, 1, 2, 3] if ranks > 1 else [0])
+    scheds = [""] if shape["pp"] == 1 else ([schedule] if schedule else list(SCHEDULES))
+    out = []
+    for ep in eps:
+        if ranks % ep:
+            continue
+        for zero in zeros:
+            for s in scheds:
+                v = (chunks if chunks > 1 else 2) if s == "interleaved" else 1
+                out.append(Layout(**shape, ep=ep, zero=zero, schedule=s, chunks=v))
     return out
 
 
 def tier(layout: Layout) -> int:
     if layout.pp > 1:
+        return 5
+    if layout.cp > 1:
         return 4
     if layout.tp > 1:
         return 3
@@ -88,7 +114,7 @@ def choose(estimates: list[Estimate]) -> Estimate | None:
     def key(e: Estimate) -> tuple:
         lay = e.layout
         step = e.time.total_s if e.time else float("inf")
-        return (tier(lay), lay.pp, lay.tp, lay.zero, step)
+        return (tier(lay), lay.pp, lay.tp, lay.cp, lay.ep, lay.zero, step)
 
     return min(fitting, key=key)
 
@@ -98,7 +124,8 @@ def explain(best: Estimate | None, estimates: list[Estimate], cluster: ClusterSp
     cap = cluster.gpu_memory_bytes / GB
     rule = (
         "Rule (from the seeds): fits as plain DP -> DP; slightly over -> ZeRO-1/2; far over "
-        "-> ZeRO-3/FSDP; then tensor parallel within a node; then pipeline across nodes."
+        "-> ZeRO-3/FSDP; then tensor parallel within a node; then context parallel (long "
+        "sequences); then pipeline across nodes."
     )
     if best is None:
         return f"No layout fits in {cap:.0f} GB per GPU on {cluster.gpus} GPUs. {rule}"
@@ -118,9 +145,9 @@ def explain(best: Estimate | None, estimates: list[Estimate], cluster: ClusterSp
 def warnings_for(e: Estimate, estimates: list[Estimate], cluster: ClusterSpec) -> list[str]:
     """The seeds' four cases where sharding makes training slower (section 9.2.4), and more."""
     out, lay = [], e.layout
-    if lay.zero and 1 < lay.dp <= 4:
+    if lay.zero and 1 < lay.data_ranks <= 4:
         out.append(
-            f"{lay.label}: ZeRO over only {lay.dp} GPUs saves little memory and adds "
+            f"{lay.label}: ZeRO over only {lay.data_ranks} GPUs saves little memory and adds "
             "collective latency; compare the step time with ZeRO off"
         )
     unsharded = [x for x in estimates if x.layout.zero == 0 and x.fits]
@@ -194,7 +221,8 @@ def plan(
     layouts: list[Layout] | None = None,
 ) -> Plan:
     """Evaluate the layouts (default: every candidate) and recommend one."""
-    layouts = layouts if layouts is not None else candidate_layouts(cluster)
+    if layouts is None:
+        layouts = candidate_layouts(cluster, experts=model.num_experts)
     if not layouts:
         raise ValueError(f"no layout matches the given degrees on {cluster.gpus} GPUs")
     estimates = [estimate(model, cluster, workload, lay) for lay in layouts]

@@ -76,7 +76,8 @@ def busy_time(
     if not ptime.counted_by_shape(model):
         return Busy(step_flops / (layout.world * cluster.effective_flops), 0.0)
     s, v, t = layout.pp, layout.chunks, layout.tp
-    tokens = microbatches * workload.micro_batch * model.seq_len  # type: ignore[operator]
+    # a cp rank runs s / cp of the tokens (and, load-balanced, its share of attention)
+    tokens = microbatches * workload.micro_batch * model.seq_len / layout.cp  # type: ignore[operator]
     layer = ptime.gpt_layer_flops_per_token(model, workload.recompute)
     head = ptime.head_flops_per_token(model)
     pointwise = pointwise_bytes_per_token(model, workload, t) if cluster.memory_bw else 0.0

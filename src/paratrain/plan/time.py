@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from paratrain.models.presets import ffn_width, kv_heads
+from paratrain.plan import moe
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.comm import CommEntry
 from paratrain.plan.model import ModelSpec
@@ -121,9 +122,18 @@ def gpt_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
     return model.n_layer * layer + head_flops_per_token(model)  # type: ignore[operator]
 
 
-def model_training_flops(model: ModelSpec, tokens: float, recompute: str = "none") -> float:
+def model_training_flops(
+    model: ModelSpec, tokens: float, recompute: str = "none", imbalance: float = 1.0
+) -> float:
     """The step's FLOPs: a Llama with a shape counted as it runs, a GPT given by its shape
-    as Narayanan et al. count it, anything else (a nominal N) 6 N T."""
+    as Narayanan et al. count it, anything else (a nominal N) 6 N T. A mixture of experts
+    is counted from its active parameters (plan/moe.py): the Llama count with a k f + f_s
+    wide MLP, plus the router; with `imbalance` > 1, the busiest expert rank's share (its
+    experts run that many times the mean load, up to the capacity factor)."""
+    if model.num_experts:
+        dense = moe.dense_equivalent(model, imbalance)
+        per_token = llama_flops_per_token(dense, recompute) + moe.router_flops_per_token(model)
+        return per_token * tokens
     if model.arch == "llama" and model.has_shape:
         return llama_flops_per_token(model, recompute) * tokens
     if counted_by_shape(model):
@@ -157,17 +167,19 @@ def step_time(
     overlap: float,
     window_s: float = math.inf,
     memory_s: float = 0.0,
+    hidden_s: float = 0.0,
 ) -> StepTime:
-    """Compose the step: of the DP traffic, `overlap` of it may hide, but no more than
-    `window_s`, the backward still running when its gradients are ready; the rest and all
-    TP and PP traffic are exposed."""
+    """Compose the step: of the gradient traffic (dp and expert_dp), `overlap` of it may
+    hide, but no more than `window_s`, the backward still running when its gradients are
+    ready; `hidden_s` of the rest hides behind attention (the ring's key/value transfers,
+    plan/context.py); everything else (TP, PP, all-to-alls) is exposed."""
     exposed = total = dp = 0.0
     for e in entries:
         t = entry_time(e, cluster)
         total += t
-        if e.axis == "dp":
+        if e.axis in ("dp", "expert_dp"):
             dp += t
         else:
             exposed += t
-    exposed += dp - min(overlap * dp, window_s)
+    exposed += dp - min(overlap * dp, window_s) - hidden_s
     return StepTime(compute_s, bubble_s, exposed, total, memory_s)

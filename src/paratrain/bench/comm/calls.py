@@ -38,6 +38,10 @@ def _call(op: str, algo: str, nbytes: int, group: CommGroup) -> Callable[[], Any
         sizes = chunk_sizes(numel, group.size)
         mine = torch.zeros(sizes[group.rank])
         return lambda: comm.all_gather_flat(mine, group, algo=algo, sizes=sizes)
+    if op == "all_to_all":  # S is this rank's input, cut as the comm layer cuts tensors
+        sizes = chunk_sizes(numel, group.size)
+        send, arriving = torch.zeros(numel), [sizes[group.rank]] * group.size
+        return lambda: comm.all_to_all(send, group, sizes, arriving, algo=algo)
     buf = torch.zeros(numel)
     calls = {
         "all_reduce": lambda: comm.all_reduce(buf, group, algo=algo),

@@ -15,8 +15,11 @@ all-reduce: Patarasuk & Yuan 2009):
     tree all-reduce             2 L steps of S          T = 2 L a + 2 L S b
     tree broadcast / reduce     L steps of S            T = L a + L S b
     native broadcast / reduce   pipelined chain         T = (k-1) a + S b
+    all-to-all (pairwise)       (k-1) steps of S/k      T = (k-1) a + (k-1)/k S b
 
-Native collectives are modelled by the algorithm the ledger counts them with (ring, chain).
+Native collectives are modelled by the algorithm the ledger counts them with (ring, chain;
+all-to-all: the pairwise exchange, k - 1 rounds in which each rank sends one chunk and
+receives one, Thakur et al. section 4.4).
 The reduction arithmetic (gamma in Thakur et al.) is folded into beta: on CPUs it is not
 negligible next to the copy, and a two-parameter fit is what the issue asks for.
 
@@ -33,6 +36,7 @@ from dataclasses import asdict, dataclass
 from paratrain.comm.traffic import (
     chunk_sizes,
     native_traffic,
+    pairwise_all_to_all,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
@@ -59,7 +63,7 @@ def cost(op: str, algo: str, k: int) -> Cost:
         return Cost(2 * rounds, 2.0 * rounds) if op == "all_reduce" else Cost(rounds, rounds)
     if op == "all_reduce":
         return Cost(2 * (k - 1), 2 * (k - 1) / k)
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
         return Cost(k - 1, (k - 1) / k)
     if op in ("broadcast", "reduce"):
         return Cost(k - 1, 1.0)
@@ -70,7 +74,7 @@ def busbw_factor(op: str, k: int) -> float:
     """nccl-tests' bus bandwidth factor: busbw = algbw * factor."""
     if op == "all_reduce":
         return 2 * (k - 1) / k
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
         return (k - 1) / k
     return 1.0
 
@@ -82,6 +86,8 @@ def expected_sent(op: str, algo: str, nbytes: int, k: int) -> list[int]:
     and all-gather contributions follow the same cut, so the formula holds to the byte.
     """
     chunks = [ELEMENT_BYTES * n for n in chunk_sizes(nbytes // ELEMENT_BYTES, k)]
+    if op == "all_to_all":  # native or pairwise: every chunk but the rank's own leaves
+        return [pairwise_all_to_all(chunks, [chunks[r]] * k, r).sent for r in range(k)]
     if algo == "native":
         return [native_traffic(op, nbytes, k, r, 0, chunk_bytes=chunks).sent for r in range(k)]
     if algo == "tree":

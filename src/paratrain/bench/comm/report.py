@@ -8,7 +8,7 @@ from typing import Any
 
 from paratrain.bench.comm.fit import Fit, busbw_factor
 
-COLORS = {"native": "black", "ring": "tab:blue", "tree": "tab:orange"}
+COLORS = {"native": "black", "ring": "tab:blue", "tree": "tab:orange", "pairwise": "tab:green"}
 
 
 def format_bytes(n: float) -> str:

@@ -8,9 +8,14 @@ from dataclasses import dataclass
 
 from paratrain.bench.comm.fit import ELEMENT_BYTES
 from paratrain.comm.algos import OUR_ALGOS
-from paratrain.config import COMM_ALGOS as ALGOS
+from paratrain.comm.all_to_all import ALGOS as ALL_TO_ALL_ALGOS
+from paratrain.config import COMM_ALGOS
 
-OPS = tuple(OUR_ALGOS)  # all_reduce, reduce_scatter, all_gather, broadcast, reduce
+# Per op, the algorithms the bench can run: the run-wide ones, and all_to_all's own
+# (native, and our pairwise exchange, which a call names: it is no run-wide default).
+BENCH_ALGOS = {**OUR_ALGOS, "all_to_all": ALL_TO_ALL_ALGOS}
+OPS = tuple(BENCH_ALGOS)  # all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all
+ALGOS = tuple(dict.fromkeys((*COMM_ALGOS, *ALL_TO_ALL_ALGOS)))  # native, ring, tree, pairwise
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KB, 4 KB, ... 64 MB
 DEFAULT_SIZES_FLAG = "1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB"
 DEFAULT_WORLD_SIZES = (2, 4, 8)
@@ -83,8 +88,8 @@ class Sweep:
         return sweep
 
     def pairs(self) -> list[tuple[str, str]]:
-        """(op, algo) pairs to run: tree only where the op has it, ring likewise."""
-        return [(o, a) for o in self.ops for a in self.algos if a in OUR_ALGOS[o]]
+        """(op, algo) pairs to run: tree only where the op has it, ring and pairwise likewise."""
+        return [(o, a) for o in self.ops for a in self.algos if a in BENCH_ALGOS[o]]
 
     def samples(self, nbytes: int, oversubscribed: bool = False) -> tuple[int, int]:
         """(samples, calls per sample): fewer of both for big messages, and fewer samples

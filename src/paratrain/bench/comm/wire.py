@@ -18,6 +18,7 @@ for a message of S bytes on k ranks:
                                      the other chunk to the root); more ranks: about
                                      0.83 S at the root, 1.08 to 1.17 S elsewhere
     send, recv       S
+    all_to_all       (k-1)/k S       pairwise exchange: the formula (2 and 4 ranks)
 
 On top of that, gloo's TCP transport puts a 48-byte preamble (six 64-bit fields: length,
 opcode, slot, offsets) before every message and sends a bare preamble to announce each
@@ -74,6 +75,7 @@ def why(op: str, algo: str) -> str:
         "reduce_scatter": "gloo all-reduces, keeps a chunk: 2x the formula; + preambles",
         "broadcast": "gloo's binomial tree, the ledger a chain; + preambles",
         "reduce": "gloo's own reduce-scatter and gather; not modelled",
+        "all_to_all": "gloo's pairwise exchange = the formula; + preambles",
     }[op]
 
 
