@@ -44,27 +44,56 @@ LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-4
 CLIP = 0.5  # below every norm of these runs (about 1.6 to 5): clipping is active
 
-# (arch, cp, method, dp, tp, pp, sequence_parallel); world 4 each
+# Each layout on 4 processes: the model, then [parallel] and [train] fields. The
+# combination grid (scripts/combination_coverage.py) names the modes each one trains.
 LAYOUTS = [
-    ("gpt", 2, "ring", 2, 1, 1, False),
-    ("llama", 2, "alltoall", 2, 1, 1, False),
-    ("llama", 2, "ring", 1, 2, 1, True),
-    ("gpt", 2, "alltoall", 1, 2, 1, False),
-    ("gpt", 2, "ring", 1, 1, 2, False),
-    ("gpt", 4, "alltoall", 1, 1, 1, False),
-]
+    ("gpt", {"cp": 2, "dp": 2, "comm_algo": "tree"}, {"recompute": "full"}),
+    ("gpt", {"cp": 2, "dp": 2, "zero": 3}, {}),
+    ("llama", {"cp": 2, "cp_method": "alltoall", "dp": 2, "zero": 2, "comm_algo": "ring"},
+     {"recompute": "selective"}),
+    ("llama", {"cp": 2, "tp": 2, "sequence_parallel": True}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "tp": 2, "comm_algo": "tree"},
+     {"recompute": "full"}),
+    ("gpt", {"cp": 2, "pp": 2, "comm_algo": "ring"}, {"recompute": "selective"}),
+    ("gpt", {"cp": 4, "cp_method": "alltoall"}, {}),
+]  # fmt: skip
 
 
-def layout_config(arch, cp, method, dp, tp, pp, sp):
-    cfg = tiny_config(micro_batch=2, grad_clip=CLIP)
-    cfg.model.n_head = 4  # tp 2 x alltoall cp 2 needs 4 heads
+def layout_config(arch: str, parallel: dict, train: dict):
+    cfg = tiny_config(micro_batch=2, grad_clip=CLIP, **train)
+    cfg.model.n_head = 4  # tp 2 x alltoall cp 2, and alltoall cp 4, need 4 heads
     if arch == "llama":  # 4 query heads, 2 key/value heads
         cfg.model = dataclasses.replace(cfg.model, **{**LLAMA, "n_layer": 2, "ffn_hidden": 48})
+    cfg.parallel = dataclasses.replace(cfg.parallel, **parallel)
     p = cfg.parallel
-    p.cp, p.cp_method, p.dp, p.tp, p.pp, p.sequence_parallel = cp, method, dp, tp, pp, sp
-    p.nproc = dp * tp * pp * cp
+    p.nproc = max(p.dp, 1) * p.tp * p.pp * p.cp
+    assert p.nproc == 4
     cfg.train.microbatches = 0
     return resolve(cfg, p.nproc)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "cp", "method", "tp", "seq", "sp", "refused"),
+    [
+        (4, 2, 2, "ring", 1, 32, False, None),  # key/value heads need not divide for ring
+        (4, 2, 2, "ring", 1, 30, False, "sequence length 30 must be divisible by 4"),
+        (4, 2, 2, "alltoall", 1, 30, False, None),  # the plain layout: cp chunks
+        (4, 2, 4, "alltoall", 1, 32, False, "2 key/value heads not divisible by 4"),
+        (4, 4, 2, "alltoall", 2, 32, False, None),
+        (4, 2, 2, "alltoall", 2, 32, False, "1 key/value heads not divisible by 2"),
+        (4, 4, 2, "ring", 4, 36, True, "each rank's 18 tokens"),  # s/cp, then over tp
+        (4, 2, 2, "ring", 2, 40, True, None),
+    ],
+)
+def test_context_parallel_checks_name_the_sizes(heads, kv, cp, method, tp, seq, sp, refused):
+    from paratrain.models.plans import check_context_parallel
+
+    model = dataclasses.replace(tiny_config().model, n_head=heads, n_kv_head=kv)
+    if refused is None:
+        check_context_parallel(model, cp, method, tp, seq, sp)
+    else:
+        with pytest.raises(ValueError, match=refused):
+            check_context_parallel(model, cp, method, tp, seq, sp)
 
 
 def cp_runs(rank, world_size, runs, data, memory_cfg):
