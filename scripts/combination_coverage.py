@@ -137,6 +137,10 @@ COVERAGE: dict[str, list[set[str]]] = {
     CP: [
         {"cp", "dp", "rc-full", "tree"},
         {"cp", "zero3"},
+        {"cp", "zero2"},
+        {"cp", "zero1", "llama"},
+        {"cp-a2a", "dp"},
+        {"cp", "tp"},
         {"cp-a2a", "zero2", "llama", "rc-sel", "ring"},
         {"cp", "sp", "llama"},
         {"cp-a2a", "tp", "rc-full", "tree"},
@@ -157,7 +161,7 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
-dp+cp-a2a zero1+cp zero1+cp-a2a zero2+cp zero3+cp-a2a cp+tp cp+gpipe cp+interleaved cp+zb-h1
+zero1+cp-a2a zero3+cp-a2a cp+gpipe cp+interleaved cp+zb-h1
 cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interleaved
 cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+dp+tp cp+tp+1f1b
 """.split()
