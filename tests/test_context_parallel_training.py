@@ -101,6 +101,13 @@ def test_context_parallel_checks_name_the_sizes(heads, kv, cp, method, tp, seq, 
             check_context_parallel(model, cp, method, tp, seq, sp)
 
 
+def test_the_config_offers_the_methods_that_exist():
+    from paratrain.config import CP_METHODS
+    from paratrain.parallel.context_parallel import METHODS
+
+    assert tuple(METHODS) == CP_METHODS
+
+
 def cp_runs(rank, world_size, runs, data, memory_cfg):
     return train_layouts(rank, world_size, runs, data), activation_bytes(memory_cfg)
 

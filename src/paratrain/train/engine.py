@@ -11,13 +11,14 @@ Tensor parallelism is applied to the model before an engine sees it; the engines
 finish what sequence parallelism leaves partial (LayerNorm gradients summed over tp).
 
 - FlatEngine (pp = 1): micro-batches in turn, token-weighted, one gradient sync per step.
-
-Under context parallelism (cp > 1) each engine feeds the model its rank's chunks of every
-micro-batch (`split`, a TokenShard) and its replicas' group is dp_cp: the ranks that hold
-the same parameters and different tokens.
 - PipelineEngine (pp > 1): the pipeline runtime runs the schedule over the pp group; the
   dp reduction of each chunk's gradients runs once, after the schedule ends; weights tied
   between the first and the last stage are then summed between them.
+
+Under context parallelism (cp > 1) each engine feeds the model its rank's chunks of every
+micro-batch (`split`, a TokenShard) and its replicas' group is dp_cp: the ranks that hold
+the same parameters and different tokens; `dp` stays the group whose ranks take
+different batches.
 """
 
 from __future__ import annotations
