@@ -117,6 +117,17 @@ CASES = [
     Case("an unknown model (`--model llama-9000`)", ["--model", "llama-9000"]),
     Case("a flag without effect here (`--prefetch 2` without ZeRO-3)", ["--prefetch", "2"]),
     Case("heads that tp does not divide", ["--nproc", "3", "--tp", "3", "--data", TEXT], _text),
+    Case(
+        "a sequence that ring attention's 2·cp chunks do not divide (`--cp 2 --seq-len 30`)",
+        ["--cp", "2", "--seq-len", "30", "--data", TEXT],
+        _text,
+    ),
+    Case(
+        "heads that all-to-all attention's cp does not divide",
+        ["--nproc", "3", "--cp", "3", "--cp-method", "alltoall", "--seq-len", "96", "--data", TEXT],
+        _text,
+    ),
+    Case("attention dropout with cp", ["--cp", "2", "--dropout", "0.1", "--data", TEXT], _text),
     Case("a missing data file", ["--data", "{dir}/missing.txt"]),
     Case("an empty data file", ["--data", "{dir}/empty.txt"], _file("empty.txt", b"")),
     Case("`--data /dev/null`", ["--data", "/dev/null"]),

@@ -17,6 +17,7 @@ TIED = "test_tied_weights.py::test_tied_weights_train_equal_to_one_process"
 DEVICE = "test_default_device.py::test_training_allocates_nothing_on_the_default_device"
 PAIRS = "test_mode_pairs.py::test_mode_layouts_match_single_process"
 LOW = "test_mode_pairs.py::test_low_precision_layouts_track_float32"
+CP = "test_context_parallel_training.py::test_context_parallel_layouts_match_single_process"
 KILLED = "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened"  # noqa: E501
 COVERAGE: dict[str, list[set[str]]] = {
     f"{COMPOSITION}[4]": [{"dp", "sp", "rc-full"}, {"tp", "1f1b", "rc-full"}],
@@ -116,6 +117,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"interleaved", "bf16"},
         {"zb-h1", "bf16"},
         {"dp", "fp16", "rc-sel", "llama", "ring"},
+        {"cp", "bf16", "rc-sel", "llama"},
+        {"cp-a2a", "fp16", "tree"},
     ],
     f"{LOW}[4]": [
         {"zero1", "tp", "bf16"},
@@ -131,6 +134,21 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"zb-h1", "rc-sel", "resume"},
         {"dp", "fp16", "resume"},
     ],
+    CP: [
+        {"cp", "dp", "rc-full", "tree"},
+        {"cp", "zero3"},
+        {"cp", "zero2"},
+        {"cp", "zero1", "llama"},
+        {"cp-a2a", "dp"},
+        {"cp", "tp"},
+        {"cp-a2a", "zero2", "llama", "rc-sel", "ring"},
+        {"cp", "sp", "llama"},
+        {"cp-a2a", "tp", "rc-full", "tree"},
+        {"cp", "1f1b", "rc-sel", "ring"},
+    ],
+    "test_context_parallel_training.py::test_paratrain_train_cp_2_matches_single_process": [
+        {"cp", "llama"}
+    ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],
 }
@@ -143,5 +161,8 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
+zero1+cp-a2a zero3+cp-a2a cp+gpipe cp+interleaved cp+zb-h1
+cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interleaved
+cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+dp+tp cp+tp+1f1b
 """.split()
 }

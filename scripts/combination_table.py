@@ -48,9 +48,10 @@ class Mode:
     axis: str  # two modes of one axis replace each other: they are not a combination
     flags: tuple[str, ...]
     what: str  # the legend's words
-    dp: int = 1  # the degrees it needs: a combination runs on dp * tp * pp processes,
-    tp: int = 1  # with dp 2 where tp = pp = 1 (`paratrain train`'s default --nproc 2)
+    dp: int = 1  # the degrees it needs: a combination runs on dp * tp * pp * cp processes,
+    tp: int = 1  # with dp 2 where tp = pp = cp = 1 (`paratrain train`'s default --nproc 2)
     pp: int = 1
+    cp: int = 1
 
 
 def _pp(schedule: str, *more: str) -> Mode:
@@ -64,6 +65,14 @@ MODES = [
     Mode("zero1", "zero", ("--zero", "1"), "`--zero 1`, dp 2", dp=2),
     Mode("zero2", "zero", ("--zero", "2"), "`--zero 2`, dp 2", dp=2),
     Mode("zero3", "zero", ("--zero", "3"), "`--zero 3` (FSDP), dp 2", dp=2),
+    Mode("cp", "cp", ("--cp", "2"), "`--cp 2`: context parallel, ring attention", cp=2),
+    Mode(
+        "cp-a2a",
+        "cp",
+        ("--cp", "2", "--cp-method", "alltoall"),
+        "`--cp 2 --cp-method alltoall`",
+        cp=2,
+    ),
     Mode("tp", "tp", ("--tp", "2"), "`--tp 2`", tp=2),
     Mode("sp", "tp", ("--tp", "2", "--sequence-parallel"), "`--tp 2 --sequence-parallel`", tp=2),
     _pp("gpipe"),
@@ -108,6 +117,9 @@ TRIPLES = [
     ("llama", "dp", "tp"),
     ("llama", "dp", "1f1b"),
     ("llama", "zero3", "sp"),
+    ("cp", "dp", "tp"),
+    ("cp", "tp", "1f1b"),
+    ("cp-a2a", "llama", "tp"),
 ]
 # Where a refusal is about this table's RUN rather than the mode.
 NOTES = {
@@ -120,9 +132,9 @@ NOTES = {
 def command(modes: tuple[str, ...]) -> list[str]:
     """`paratrain train`'s arguments for these modes together, with --nproc to fit them."""
     ms = [BY_KEY[k] for k in modes]
-    dp, tp, pp = (max(getattr(m, axis) for m in ms) for axis in ("dp", "tp", "pp"))
-    dp = 2 if tp * pp == 1 else dp
-    return [*BASE, *(f for m in ms for f in m.flags), "--nproc", str(dp * tp * pp)]
+    dp, tp, pp, cp = (max(getattr(m, axis) for m in ms) for axis in ("dp", "tp", "pp", "cp"))
+    dp = 2 if tp * pp * cp == 1 else dp
+    return [*BASE, *(f for m in ms for f in m.flags), "--nproc", str(dp * tp * pp * cp)]
 
 
 class Started(Exception):

@@ -214,7 +214,7 @@ def train_layouts(rank, world_size, runs, data) -> list[RunRecord]:
     records = []
     for dp, pp, tp, cfg in runs:
         options = CommOptions(algo=cfg.parallel.comm_algo)
-        mesh = Mesh.build(dp=dp, pp=pp, tp=tp, options=options)
+        mesh = Mesh.build(dp=dp, pp=pp, tp=tp, cp=cfg.parallel.cp, options=options)
         records.append(record_of(train(cfg, mesh, data), mesh.group("tp")))
     return records
 

@@ -249,6 +249,7 @@ INEFFECTIVE = {
     "parallel.schedule": (["--schedule", "gpipe"], [], ["--pp", "2"]),
     "parallel.chunks": (["--chunks", "2"], [], ["--pp", "2", "--schedule", "interleaved"]),
     "parallel.sequence_parallel": (["--sequence-parallel"], [], ["--tp", "2"]),
+    "parallel.cp_method": (["--cp-method", "alltoall"], [], ["--cp", "2"]),
     "parallel.comm_timeout_s": (["--comm-timeout-s", "60"], ["--nproc", "1"], []),
     "parallel.comm_algo": (["--comm-algo", "ring"], ["--nproc", "1"], []),
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),

@@ -45,6 +45,8 @@ MODES = {  # the table's key -> (section of RunConfig, its fields)
     "zero1": ("parallel", {"dp": 2, "zero": 1}),
     "zero2": ("parallel", {"dp": 2, "zero": 2}),
     "zero3": ("parallel", {"dp": 2, "zero": 3}),
+    "cp": ("parallel", {"cp": 2}),  # ring attention
+    "cp-a2a": ("parallel", {"cp": 2, "cp_method": "alltoall"}),
     "tp": ("parallel", {"tp": 2}),
     "sp": ("parallel", {"tp": 2, "sequence_parallel": True}),
     "gpipe": ("parallel", {"pp": 2, "schedule": "gpipe"}),
@@ -92,6 +94,8 @@ LOW_PRECISION = {  # world size -> layouts in bf16 or fp16
         "interleaved bf16",
         "zb-h1 bf16",
         "dp fp16 rc-sel llama ring",
+        "cp bf16 rc-sel llama",
+        "cp-a2a fp16 tree",
     ],
     4: ["zero1 tp bf16", "tp 1f1b bf16", "zero3 sp fp16 ring", "zero2 tp fp16 rc-full llama tree"],
 }
@@ -112,7 +116,7 @@ def layout_config(layout: str):
         section, fields = MODES[mode]
         setattr(cfg, section, dataclasses.replace(getattr(cfg, section), **fields))
     p = cfg.parallel
-    p.nproc = max(p.dp, 1) * p.pp * p.tp
+    p.nproc = max(p.dp, 1) * p.pp * p.cp * p.tp
     cfg.train.microbatches = 0
     return resolve(cfg, p.nproc)
 

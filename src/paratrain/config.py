@@ -28,6 +28,7 @@ DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
 DC_MODES = ("constant", "adaptive")  # DC-ASGD-c and DC-ASGD-a (parallel/async_sgd.py)
 LR_SCALINGS = ("none", "linear", "sqrt")
+CP_METHODS = ("ring", "alltoall")  # parallel/context_parallel/apply.py: METHODS
 ARCHS = ("gpt", "llama")  # models/gpt.py, models/llama.py
 GELUS = ("gelu", "gelu_tanh")
 
@@ -67,9 +68,13 @@ class ModelConfig:
 @dataclass
 class ParallelConfig:
     nproc: int = param(2, "Local worker processes started by the launcher.")
-    dp: int = param(0, "Data-parallel degree; 0 means world size / (pp * tp).")
+    dp: int = param(0, "Data-parallel degree; 0 means world size / (pp * cp * tp).")
     pp: int = param(1, "Pipeline-parallel degree (stages).")
     tp: int = param(1, "Tensor-parallel degree.")
+    cp: int = param(1, "Context-parallel degree: each sequence split over cp ranks.")
+    cp_method: str = param(
+        "ring", f"Context-parallel attention: {one_of(CP_METHODS)} (Ulysses, heads split)."
+    )
     zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group (3 = FSDP).")
     prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.")
     zero2_accumulate: str = param(
@@ -182,7 +187,7 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.parallel.dp * self.parallel.pp * self.parallel.tp
+        return _world(self)
 
     @property
     def tokens_per_step(self) -> int:
@@ -239,7 +244,7 @@ class Effect:
 
 
 def _world(cfg: RunConfig) -> int:
-    return cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp
+    return cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.cp * cfg.parallel.tp
 
 
 _SYNC = Effect(lambda c: c.parallel.dp_mode == "sync", "--dp-mode sync")
@@ -259,8 +264,9 @@ EFFECTS: dict[str, Effect | None] = {
     **{f"model.{n}": _LLAMA for n in ("n_kv_head", "ffn_hidden", "rope_theta", "norm_eps")},
     "model.dropout": _GPT,
     "model.activation": _GPT,
-    **{f"parallel.{n}": None for n in ("nproc", "dp", "pp", "tp", "zero", "device", "backend",
-                                       "dp_mode", "straggler")},
+    **{f"parallel.{n}": None for n in ("nproc", "dp", "pp", "tp", "cp", "zero", "device",
+                                       "backend", "dp_mode", "straggler")},
+    "parallel.cp_method": Effect(lambda c: c.parallel.cp > 1, "--cp 2 or more"),
     "parallel.prefetch": Effect(lambda c: c.parallel.zero == 3, "--zero 3"),
     "parallel.zero2_accumulate": Effect(
         lambda c: c.parallel.zero == 2 and c.train.microbatches > 1,

@@ -32,6 +32,7 @@ def mesh_config(run_dir: Path, layout: dict[str, Any]) -> RunConfig:
     for name in LAYOUT_FLAGS:
         setattr(p, name, layout[name])
     p.dp, p.backend, p.chunks, p.schedule, p.dp_mode = 0, "auto", 1, "1f1b", "sync"
+    p.cp = 1  # whole sequences: evaluation has no cp flag (a cp run is evaluated as any)
     p.straggler, p.max_restarts, p.sequence_parallel = "", 0, p.sequence_parallel and p.tp > 1
     t.init_from, t.resume = "", ""
     dp = p.nproc // max(1, p.tp * p.pp)

@@ -17,6 +17,7 @@ from paratrain.config import (
     BACKENDS,
     COMM_ALGOS,
     COMPUTE_DTYPES,
+    CP_METHODS,
     DC_MODES,
     DEVICES,
     DP_MODES,
@@ -31,7 +32,7 @@ from paratrain.config import (
     RunConfig,
     parse_straggler,
 )
-from paratrain.models.plans import check_tensor_parallel
+from paratrain.models.plans import check_context_parallel, check_tensor_parallel
 from paratrain.models.presets import preset
 
 
@@ -52,6 +53,7 @@ def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> 
     _check_pipeline(cfg)
     _check_model(cfg)
     _check_tensor_parallel(cfg)
+    _check_context_parallel(cfg)
     _check_zero(cfg)
     _check_data(cfg)
     return cfg
@@ -73,6 +75,7 @@ def _check_positive(cfg: RunConfig) -> None:
         "parallel.nproc": cfg.parallel.nproc,
         "parallel.pp": cfg.parallel.pp,
         "parallel.tp": cfg.parallel.tp,
+        "parallel.cp": cfg.parallel.cp,
         "model.n_layer": cfg.model.n_layer,
         "model.n_head": cfg.model.n_head,
         "model.d_model": cfg.model.d_model,
@@ -187,16 +190,20 @@ def _check_not_built_yet(cfg: RunConfig) -> None:
 
 def _resolve_mesh(cfg: RunConfig, world_size: int) -> None:
     p = cfg.parallel
+    # The other axes' degrees as the messages name them (cp only when it is on).
+    axes = {"pp": p.pp, **({"cp": p.cp} if p.cp != 1 else {}), "tp": p.tp}
+    names, values = " * ".join(axes), " * ".join(map(str, axes.values()))
+    others = math.prod(axes.values())
     if p.dp == 0:
-        if world_size % (p.pp * p.tp) != 0:
+        if world_size % others != 0:
             raise ValueError(
-                f"world size {world_size} is not divisible by pp * tp = {p.pp} * {p.tp}; "
+                f"world size {world_size} is not divisible by {names} = {values}; "
                 "choose degrees whose product divides the number of processes"
             )
-        p.dp = world_size // (p.pp * p.tp)
-    if p.dp * p.pp * p.tp != world_size:
+        p.dp = world_size // others
+    if p.dp * others != world_size:
         raise ValueError(
-            f"dp * pp * tp = {p.dp} * {p.pp} * {p.tp} = {p.dp * p.pp * p.tp} but the world size "
+            f"dp * {names} = {p.dp} * {values} = {p.dp * others} but the world size "
             f"is {world_size}; choose degrees whose product is {world_size}"
         )
 
@@ -288,6 +295,24 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
             "exchange whole sequences; drop one of them"
         )
     check_tensor_parallel(cfg.model, p.tp, cfg.train.seq_len, p.sequence_parallel)
+
+
+def _check_context_parallel(cfg: RunConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    if p.cp_method not in CP_METHODS:
+        raise ValueError(f"--cp-method {p.cp_method!r}; valid: {', '.join(CP_METHODS)}")
+    if p.cp == 1:
+        return
+    if p.dp_mode == "async":
+        raise ValueError(
+            f"--cp {p.cp} with --dp-mode async: the server holds no sequence; use --cp 1"
+        )
+    if m.dropout > 0:
+        raise ValueError(
+            f"--cp {p.cp} with model.dropout = {m.dropout}: ring and all-to-all attention have "
+            "no attention dropout; use dropout 0 or --cp 1"
+        )
+    check_context_parallel(m, p.cp, p.cp_method, p.tp, cfg.train.seq_len, p.sequence_parallel)
 
 
 # Fields that only one architecture reads, with the value the other must keep.

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paratrain.models.kv_cache import KVCache, LayerCache, attend
+from paratrain.models.kv_cache import KVCache, LayerCache
+from paratrain.models.pieces import CoreAttention, Positions
 
 IGNORE_INDEX = -100  # target id that is masked out of the loss (padding)
 
@@ -42,6 +43,7 @@ class CausalSelfAttention(nn.Module):
         self.v = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
+        self.core = CoreAttention()  # replaceable: context parallelism swaps it
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -61,7 +63,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # incremental decoding: attend over the cached positions too
             past = cache.length
             k, v = cache.extend(k, v)
-        y = attend(q, k, v, past, dropout_p=p)
+        y = self.core(q, k, v, past, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim)  # (B, T, C_local)
         return self.proj(y)
 
@@ -100,6 +102,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb: nn.Embedding | None = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.positions = Positions()  # replaceable: under context parallelism, this rank's
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
@@ -139,7 +142,7 @@ class GPT(nn.Module):
         """
         past = cache.length if cache is not None else 0
         if self.tok_emb is not None and self.pos_emb is not None:
-            positions = torch.arange(past, past + x.shape[1], device=x.device)
+            positions = self.positions(x.shape[1], past, x.device)  # (T,)
             x = self.drop(self.tok_emb(x) + self.pos_emb(positions))  # (B, T, C)
         for i, block in enumerate(self.blocks.values()):
             x = block(x) if cache is None else block(x, cache.layers[i])

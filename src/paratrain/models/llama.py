@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.models.gpt import IGNORE_INDEX
-from paratrain.models.kv_cache import KVCache, LayerCache, attend
+from paratrain.models.kv_cache import KVCache, LayerCache
+from paratrain.models.pieces import CoreAttention, Positions
 
 
 @dataclass(frozen=True)
@@ -50,20 +51,22 @@ class LlamaConfig:
         return self.d_model // self.n_head
 
 
-def rotary(x: torch.Tensor, theta: float, start: int = 0) -> torch.Tensor:
+def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate (B, heads, T, hd) by each position's angles, Hugging Face's half layout.
 
-    The angles are computed here in float32 from the positions start..start+T-1 (no table
-    to move between devices or to checkpoint); in training T is the whole sequence, which
-    attention always sees whole (sequence parallelism gathers it first); in decoding the
-    new positions follow the cached ones.
+    The angles are computed here in float32 from the T tokens' global positions (no table
+    to move between devices or to checkpoint): 0..T-1 in training, where attention sees
+    the whole sequence (sequence parallelism gathers it first), or this rank's chunks of
+    it under context parallelism; in decoding the new positions follow the cached ones.
+    None: 0..T-1.
     """
-    hd, seq = x.shape[-1], x.shape[-2]
+    hd = x.shape[-1]
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device)
     # Hugging Face's arithmetic, step by step, so that imported models agree to the bit.
     exponents = torch.arange(0, hd, 2, device=x.device, dtype=torch.int64).float() / hd
     inv_freq = 1.0 / (theta**exponents)
-    positions = torch.arange(start, start + seq, device=x.device, dtype=torch.float32)
-    angles = torch.outer(positions, inv_freq)
+    angles = torch.outer(positions.float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd): pair (i, i + hd/2) shares one
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x.chunk(2, dim=-1)
@@ -80,6 +83,8 @@ class GroupedQueryAttention(nn.Module):
         self.k = nn.Linear(cfg.d_model, kv, bias=False)
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        # Replaceable, both: context parallelism swaps them (models/pieces.py).
+        self.positions, self.core = Positions(), CoreAttention()
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -92,13 +97,11 @@ class GroupedQueryAttention(nn.Module):
         # Head counts from the outputs: under tensor parallelism each rank holds n_head/tp
         # query heads and n_kv_head/tp key/value heads, the same groups as unsplit.
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        q, k = rotary(q, self.theta, past), rotary(k, self.theta, past)
+        positions = self.positions(seq, past, x.device)  # (T,)
+        q, k = rotary(q, self.theta, positions), rotary(k, self.theta, positions)
         if cache is not None:  # decoding: the cached positions' keys and values, extended
             k, v = cache.extend(k, v)
-        group = q.shape[1] // k.shape[1]
-        if group > 1:  # query head i reads key/value head i // group
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = attend(q, k, v, past)  # (B, h, T, hd)
+        y = self.core(q, k, v, past)  # (B, h, T, hd); query head i reads kv head i // group
         return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -104,6 +104,36 @@ def check_tensor_parallel(
         raise ValueError(f"tensor parallel tp={tp} must divide: {', '.join(problems)}")
 
 
+def check_context_parallel(
+    cfg: _Shape, cp: int, method: str, tp: int, seq_len: int, sequence_parallel: bool
+) -> None:
+    """Raise ValueError, naming the sizes, if the sequence or the heads cannot split over cp.
+
+    ring: the load-balanced layout cuts the sequence into 2·cp equal chunks; alltoall: the
+    plain layout into cp, and each rank's heads (after tp) split over cp again, query and
+    key/value heads alike. With sequence parallelism each rank's s/cp tokens split over tp.
+    """
+    chunks = 2 * cp if method == "ring" else cp
+    if seq_len % chunks:
+        raise ValueError(
+            f"--cp {cp} --cp-method {method}: sequence length {seq_len} must be divisible by "
+            f"{chunks} ({'2·cp load-balanced chunks' if method == 'ring' else 'cp chunks'})"
+        )
+    if sequence_parallel and (seq_len // cp) % tp:
+        raise ValueError(
+            f"--cp {cp} with --sequence-parallel: each rank's {seq_len // cp} tokens "
+            f"(sequence {seq_len} / cp) must be divisible by tp = {tp}"
+        )
+    kv = getattr(cfg, "n_kv_head", 0) or cfg.n_head
+    heads = {"query": cfg.n_head // tp, "key/value": kv // tp}
+    bad = [f"{n} {kind} heads" for kind, n in heads.items() if n % cp]
+    if method == "alltoall" and bad:
+        raise ValueError(
+            f"--cp {cp} --cp-method alltoall splits each rank's heads (after tp = {tp}) over "
+            f"cp: {' and '.join(bad)} not divisible by {cp}; use --cp-method ring"
+        )
+
+
 # FSDP / ZeRO-3 units (paratrain.parallel.fsdp): each entry is one unit whose parameters
 # are gathered together just before its forward (and its backward) and freed right after.
 # "blocks.*" expands to one unit per block, in order; the embeddings and the final norm
@@ -125,6 +155,9 @@ class ModelPlan:
     pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
     pipeline_first / pipeline_last: the modules only the first / last stage holds.
     recompute_units: the modules whose activations are recomputed in backward.
+    context_attention: the core attention modules (models/pieces.py) that context
+    parallelism replaces by ring or all-to-all attention; context_positions: the
+    positions modules it replaces by those of this rank's chunks of the sequence.
     """
 
     tensor_parallel: dict[str, str]
@@ -133,6 +166,8 @@ class ModelPlan:
     pipeline_first: tuple[str, ...]
     pipeline_last: tuple[str, ...]
     recompute_units: tuple[str, ...]
+    context_attention: str
+    context_positions: str
 
 
 GPT_PLAN = ModelPlan(
@@ -142,6 +177,8 @@ GPT_PLAN = ModelPlan(
     pipeline_first=("tok_emb", "pos_emb"),
     pipeline_last=("norm", "head"),
     recompute_units=("blocks.*",),  # each block keeps only its input (Megatron's "full")
+    context_attention="blocks.*.attn.core",
+    context_positions="positions",  # the learned absolute positions' indices
 )
 
 LLAMA_PLAN = ModelPlan(
@@ -151,6 +188,8 @@ LLAMA_PLAN = ModelPlan(
     pipeline_first=("tok_emb",),
     pipeline_last=("norm", "head"),
     recompute_units=("blocks.*",),
+    context_attention="blocks.*.attn.core",
+    context_positions="blocks.*.attn.positions",  # each attention's rotary angles
 )
 
 PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS

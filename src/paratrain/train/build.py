@@ -1,11 +1,13 @@
 """From a configuration and a mesh to this rank's engine: the model, made parallel.
 
 The architecture's order: every rank builds the full model from the same seed (so every
-layout starts from identical weights), then tensor parallelism slices it, recomputation
+layout starts from identical weights), then context parallelism swaps its attention and
+positions for those of this rank's tokens, tensor parallelism slices it, recomputation
 wraps its blocks, the pipeline split keeps this stage's chunks, and data parallelism goes
 last, because it must see the final local parameters. Each step takes its own group from
 the mesh and the model's facts from its plan (models/plans.py); none knows which others
-are on.
+are on. Data parallelism reduces over dp_cp: with cp > 1 the ranks that hold the same
+parameters are those of every dp and cp coordinate (the dp group when cp = 1).
 
 Which data-parallel wrapper a configuration gets:
 - float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
@@ -28,6 +30,7 @@ from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
 from paratrain.models.plans import PLANS, ModelPlan
+from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import expand_units
@@ -122,6 +125,7 @@ def build_engine(
     p, t = cfg.parallel, cfg.train
     plan = plan if plan is not None else plan_of(cfg)
     model = build_model(cfg, mesh.device) if model is None else model.to(mesh.device)
+    split = token_split(model, plan, mesh, cfg)
     tracker = None
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
@@ -130,19 +134,32 @@ def build_engine(
         tracker = model.tp_rng_tracker
     recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
     if mesh.size("pp") == 1:
-        dp = data_parallel(model, mesh.group("dp"), cfg, plan)
-        engine: Engine = FlatEngine(dp, mesh.group("tp"))
+        dp = data_parallel(model, mesh.group("dp_cp"), cfg, plan)
+        engine: Engine = FlatEngine(dp, mesh.group("tp"), split, mesh.group("dp"))
     else:
-        engine = _pipeline_engine(model, mesh, cfg, plan)
+        engine = _pipeline_engine(model, mesh, cfg, plan, split)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
     return engine
 
 
-def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan) -> Engine:
+def token_split(model: nn.Module, plan: ModelPlan, mesh: Mesh, cfg: RunConfig) -> TokenShard:
+    """With cp > 1, make `model` context parallel over the cp group (in place) and return
+    how this rank takes its tokens of a micro-batch; with cp = 1, every token."""
+    cp = mesh.group("cp")
+    if cp.size == 1:
+        return TokenShard()
+    method = cfg.parallel.cp_method
+    apply_context_parallel(model, plan.context_attention, plan.context_positions, cp, method)
+    return TokenShard.of(cp, method)
+
+
+def _pipeline_engine(
+    model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan, split: TokenShard
+) -> Engine:
     p, pp = cfg.parallel, mesh.group("pp")
-    split = pipeline_plan(plan)
-    tied = find_tied_weights(model, split)
-    chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=split)
+    cuts = pipeline_plan(plan)
+    tied = find_tied_weights(model, cuts)
+    chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=cuts)
     schedule = build_schedule(p.schedule, pp.size, cfg.train.microbatches, p.chunks)
     # Activations travel between stages in the compute dtype (bf16 on GPUs by default).
     dtype = MixedPrecision.of(compute_dtype(cfg)).param_dtype
@@ -154,12 +171,14 @@ def _pipeline_engine(model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPl
         hidden_size=cfg.model.d_model,
         dtype=dtype,
         measure_activations=cfg.train.trace,
+        split=split,
     )
-    # The runtime weights each micro-batch's mean loss by 1/K: replicas average.
-    dp = mesh.group("dp")
-    replicas = [data_parallel(c, dp, cfg, plan, reduce_op="avg") for c in chunks]
+    # The runtime weights each micro-batch's mean loss by 1/K: replicas average (over
+    # dp_cp: under cp every rank's chunks hold as many tokens, full rows only).
+    dp_cp = mesh.group("dp_cp")
+    replicas = [data_parallel(c, dp_cp, cfg, plan, reduce_op="avg") for c in chunks]
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
-    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends)
+    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends, mesh.group("dp"))
 
 
 def data_parallel(

@@ -98,6 +98,7 @@ def layout_of(cfg: RunConfig, mesh: Mesh) -> dict[str, int]:
         "dp": mesh.size("dp"),
         "pp": mesh.size("pp"),
         "tp": mesh.size("tp"),
+        **({"cp": mesh.size("cp")} if mesh.size("cp") > 1 else {}),  # as before when cp = 1
         "zero": cfg.parallel.zero,
     }
 

@@ -18,7 +18,8 @@ from paratrain.train.prediction import MB, describe, predict
 
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     p = cfg.parallel
-    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp)
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp)
+    planned = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp)  # the planner's ranks: no cp axis yet
     pred = None if p.dp_mode == "async" else predict(cfg)
     layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)
     lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
@@ -32,7 +33,8 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
         )
         line = f"rank {rank}: {where}: {blocks}"
         if pred is not None:
-            state, sent = pred.model_state[rank]["total"], sum(pred.bytes_per_step[rank].values())
+            at = planned.rank_at({**c, "cp": 0})
+            state, sent = pred.model_state[at]["total"], sum(pred.bytes_per_step[at].values())
             line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
         lines.append(line)
     lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]

@@ -14,6 +14,11 @@ finish what sequence parallelism leaves partial (LayerNorm gradients summed over
 - PipelineEngine (pp > 1): the pipeline runtime runs the schedule over the pp group; the
   dp reduction of each chunk's gradients runs once, after the schedule ends; weights tied
   between the first and the last stage are then summed between them.
+
+Under context parallelism (cp > 1) each engine feeds the model its rank's chunks of every
+micro-batch (`split`, a TokenShard) and its replicas' group is dp_cp: the ranks that hold
+the same parameters and different tokens; `dp` stays the group whose ranks take
+different batches.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.replica import GradSquares, Replica
 from paratrain.parallel.tensor_parallel_rng import RngTracker
@@ -35,7 +41,7 @@ from paratrain.parallel.tensor_parallel_state import (
 )
 from paratrain.train.clip import global_grad_norm
 from paratrain.train.optim import OptimizerSet
-from paratrain.train.passes import accumulate_gradients, evaluate
+from paratrain.train.passes import WHOLE, accumulate_gradients, evaluate
 
 STATE_KINDS = ("params", "grads", "optimizer", "master")  # the planner's model-state kinds
 
@@ -102,13 +108,21 @@ class Engine:
 class FlatEngine(Engine):
     """The whole depth of the model on this rank: one replica."""
 
-    def __init__(self, replica: Replica, tp: comm.CommGroup | None = None) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        tp: comm.CommGroup | None = None,
+        split: TokenShard = WHOLE,
+        dp: comm.CommGroup | None = None,
+    ) -> None:
+        """dp: the group whose ranks take different batches (default: the replica's);
+        under cp the replica's group is dp_cp and dp the ranks of this cp coordinate."""
         super().__init__([replica], tp or replica.group.alone("tp"), None)
-        self.replica = replica
+        self.replica, self.split, self.dp = replica, split, dp or replica.group
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
         self.replica.zero_grad()
-        loss, tokens = accumulate_gradients(self.replica, micro_batches)
+        loss, tokens = accumulate_gradients(self.replica, micro_batches, self.split)
         self._complete_partial_grads()
         scale = self.replica.scaler.scale if self.replica.scaler is not None else 1.0
         self.replica.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
@@ -116,7 +130,7 @@ class FlatEngine(Engine):
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
         # Through the wrapper: under ZeRO-3 the module alone holds no parameters.
-        return evaluate(self.replica, batches, self.replica.group)
+        return evaluate(self.replica, batches, self.dp, self.split, self.replica.group)
 
 
 class PipelineEngine(Engine):
@@ -129,9 +143,12 @@ class PipelineEngine(Engine):
         tp: comm.CommGroup,
         tied: TiedWeights | None = None,
         ends: comm.CommGroup | None = None,
+        dp: comm.CommGroup | None = None,
     ) -> None:
+        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens."""
         super().__init__(replicas, tp, runtime.group)
-        self.runtime, self.dp = runtime, replicas[0].group
+        self.runtime, self.tokens_group = runtime, replicas[0].group
+        self.dp = dp or self.tokens_group
         self.device = runtime.device  # the dp reduction of the loss runs where it lives
         self.tied = tied or TiedWeights()
         self.ends = ends  # the first and the last stage, if this rank is one of them
@@ -147,10 +164,10 @@ class PipelineEngine(Engine):
             r.finish_gradient_sync()
         self._complete_partial_grads()
         self._sum_tied_grads()
-        tokens = sum(b[:, 1:].numel() for b in micro_batches)
+        tokens = sum(self.runtime.split(b)[1].numel() for b in micro_batches)
         # The runtime weights every micro-batch equally: full-length rows only.
         stats = torch.tensor([loss * tokens, tokens], dtype=torch.float64, device=self.device)
-        comm.all_reduce(stats, self.dp, op="sum")
+        comm.all_reduce(stats, self.tokens_group, op="sum")
         return float(stats[0] / stats[1]), int(stats[1])
 
     def _sum_tied_grads(self) -> None:
@@ -173,10 +190,13 @@ class PipelineEngine(Engine):
         mine = batches[self.dp.rank :: self.dp.size]
         stats = torch.zeros(2, dtype=torch.float64, device=self.device)
         for group in _equally_weighted(mine):
-            tokens = sum(int((b[:, 1:] != IGNORE_INDEX).sum()) for b in group)
-            stats[0] += self.runtime.run_forward(group) * tokens
-            stats[1] += tokens
-        comm.all_reduce(stats, self.dp, op="sum")
+            targets = [self.runtime.split(b)[1] for b in group]  # this rank's chunks
+            tokens = sum(int((t != IGNORE_INDEX).sum()) for t in targets)
+            loss = self.runtime.run_forward(group)  # every rank runs it: collectives
+            if tokens:  # a cp chunk of padding alone has a NaN mean, and weight 0
+                stats[0] += loss * tokens
+                stats[1] += tokens
+        comm.all_reduce(stats, self.tokens_group, op="sum")
         return float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")
 
 

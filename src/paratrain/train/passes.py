@@ -5,6 +5,10 @@ gradients (over micro-batches and, by the dp all-reduce, over replicas) are divi
 number of target tokens in the whole global batch. The step therefore equals one step on
 all K * b * dp sequences at once even when micro-batches hold different numbers of tokens
 (targets equal to IGNORE_INDEX are masked out and do not count).
+
+Under context parallelism each rank of a cp group sees its chunks of the same micro-batch
+(`split`, a TokenShard): its loss sum and token count are its chunks', and the sums over
+the group that holds the same parameters (dp_cp: the wrapper's group) are the batch's.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import torch
 
 from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.context_parallel import TokenShard
+
+WHOLE = TokenShard()  # cp = 1: every token of the micro-batch
 
 
-def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
+def accumulate_gradients(
+    model: Any, micro_batches: list[torch.Tensor], split: TokenShard = WHOLE
+) -> tuple[float, int]:
     """Forward and backward of the micro-batches, one gradient sync, the global token count.
 
     `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group).
@@ -32,8 +41,7 @@ def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple
     sums = torch.zeros(2, dtype=torch.float64, device=micro_batches[0].device)
     last = len(micro_batches) - 1
     for i, batch in enumerate(micro_batches):
-        # Masked (padding) positions are fed token 0; their targets carry the mask.
-        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
+        inputs, targets = split(batch)  # (b, T/cp) each; padding fed as token 0
         tokens = int((targets != IGNORE_INDEX).sum())
         if tokens == 0:
             targets = targets.clamp(min=0)
@@ -52,12 +60,18 @@ def accumulate_gradients(model: Any, micro_batches: list[torch.Tensor]) -> tuple
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, batches: list[torch.Tensor], dp_group: comm.CommGroup
+    model: torch.nn.Module,
+    batches: list[torch.Tensor],
+    dp_group: comm.CommGroup,
+    split: TokenShard = WHOLE,
+    sum_group: comm.CommGroup | None = None,
 ) -> float:
     """Mean token loss over the held-out batches; replica r takes batches r, r + dp, ...
 
     Every replica runs the same number of forward passes (a replica short of batches
-    repeats one with weight 0): under ZeRO-3 each forward is a collective.
+    repeats one with weight 0): under ZeRO-3 each forward is a collective. Under context
+    parallelism the ranks of a dp coordinate take the same batches, each its chunks
+    (`split`), and the sums run over `sum_group` (dp_cp; default dp_group).
     """
     was_training = model.training
     model.eval()
@@ -66,13 +80,13 @@ def evaluate(
     for i in range(rounds):
         index = dp_group.rank + i * dp_group.size
         batch = batches[index] if index < len(batches) else batches[0]
-        targets = batch[:, 1:]
+        inputs, targets = split(batch)
         tokens = int((targets != IGNORE_INDEX).sum()) if index < len(batches) else 0
         if tokens == 0:  # a pass for the collectives only: a finite loss, weight 0
             targets = targets.clamp(min=0)
-        loss = model(batch[:, :-1].clamp(min=0), targets)
+        loss = model(inputs, targets)
         sums[0] += loss.double() * tokens
         sums[1] += tokens
-    comm.all_reduce(sums, dp_group, op="sum")
+    comm.all_reduce(sums, sum_group or dp_group, op="sum")
     model.train(was_training)
     return float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")

@@ -82,6 +82,8 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         schedule = "1f1b"
     if p.sequence_parallel:
         notes.append("sequence parallel: activations counted without it")
+    if p.cp > 1:
+        notes.append(f"cp {p.cp}: counted as cp 1 (the planner has no cp axis yet)")
     layout = Layout(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, schedule=schedule, chunks=p.chunks)
     return model, workload, layout, notes
 

@@ -58,4 +58,7 @@ def resumed_schedule(saved: dict[str, Any], cfg: RunConfig, mesh: Mesh, lr: floa
 
 
 def _layout_text(layout: dict[str, int]) -> str:
-    return "world {world_size} (dp {dp} x pp {pp} x tp {tp}, zero {zero})".format(**layout)
+    cp = f" x cp {layout['cp']}" if "cp" in layout else ""
+    return "world {world_size} (dp {dp} x pp {pp} x tp {tp}{cp_text}, zero {zero})".format(
+        **layout, cp_text=cp
+    )

@@ -118,6 +118,7 @@ def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, A
         "dp": cfg.parallel.dp,
         "pp": cfg.parallel.pp,
         "tp": cfg.parallel.tp,
+        "cp": cfg.parallel.cp,
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
         "train_s": sum(m.step_s for m in metrics),
         "run_dir": str(run_dir),
@@ -132,7 +133,9 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     init_process_group(cfg, env)
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options, device=rank_device(cfg, env))
+    mesh = Mesh.build(
+        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, options=options, device=rank_device(cfg, env)
+    )
     preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)

@@ -8,15 +8,24 @@ attention needs every key, and two ways bring them (docs/context-parallel.md):
     ring.py     ring attention: keys and values travel around the group (send/recv)
     ulysses.py  all-to-all attention: heads travel instead (two all-to-alls)
     cost.py     messages, bytes and FLOPs per rank per layer, as formulas
+    apply.py    a plain model made context parallel from outside; a rank's tokens of a batch
 
 Every function takes the context-parallel `group` explicitly; all traffic goes through comm.
 """
 
+from paratrain.parallel.context_parallel.apply import (
+    METHODS,
+    TokenShard,
+    apply_context_parallel,
+)
 from paratrain.parallel.context_parallel.layout import inverse, permutation, positions, shard
 from paratrain.parallel.context_parallel.ring import ring_attention
 from paratrain.parallel.context_parallel.ulysses import ulysses_attention
 
 __all__ = [
+    "METHODS",
+    "TokenShard",
+    "apply_context_parallel",
     "inverse",
     "permutation",
     "positions",

@@ -63,9 +63,9 @@ def positions(
 
 
 def shard(x: torch.Tensor, cp: int, rank: int, balanced: bool, dim: int) -> torch.Tensor:
-    """This rank's local tokens of a full sequence along `dim`, in layout order."""
-    perm = permutation(x.shape[dim], cp, balanced, x.device)
-    return x.index_select(dim, perm).chunk(cp, dim)[rank]
+    """This rank's local tokens of a full sequence along `dim`, in layout order (a copy of
+    those alone: nothing keeps the whole sequence alive)."""
+    return x.index_select(dim, positions(x.shape[dim], cp, rank, balanced, x.device))
 
 
 def visibility(q_chunk: int, kv_chunk: int, causal: bool) -> str | None:

@@ -149,6 +149,10 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group: CommGroup, spec: _Spec):
         out, lse = _forward(q, k, v, group, spec)
+        # Stored token-major (b, n, h, d), as fused attention kernels return it: a model's
+        # (b, h, n, d) -> (b, n, h·d) reshape for its output projection is then a view,
+        # and the output saved here is the tensor that projection saves, not a second copy.
+        out = out.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.spec = group, spec
         return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -59,6 +60,11 @@ from paratrain.parallel.pipeline.schedules import (
 )
 from paratrain.parallel.pipeline.split_backward import WeightGrad, backward_input
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
+
+
+def whole_rows(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of T + 1 ids -> (inputs, targets), (b, T) each; padding (-100) reads id 0."""
+    return batch[:, :-1].clamp(min=0), batch[:, 1:]
 
 
 class _Step:
@@ -96,6 +102,7 @@ class PipelineRuntime:
         hidden_size: int,
         dtype: torch.dtype = torch.float32,
         measure_activations: bool = True,
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = whole_rows,
     ) -> None:
         if group.size != schedule.num_stages:
             raise ValueError(
@@ -111,6 +118,9 @@ class PipelineRuntime:
         # The saved-tensor meter costs a Python call per saved tensor (a tenth of a
         # forward here); without it the traces' activation bytes stay 0.
         self.measure_activations = measure_activations
+        # A micro-batch -> (inputs, targets) of this rank's tokens: all of them, or under
+        # context parallelism its chunks, so that stages pass sequence-sharded activations.
+        self.split = split
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
         self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
@@ -145,8 +155,8 @@ class PipelineRuntime:
     def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
         st = _Step(micro_batches, train, self.device)
         st.params = [[p for p in c.parameters() if p.requires_grad] for c in self.chunks]
-        rows, tokens = micro_batches[0].shape
-        self._shape = (rows, tokens - 1, self.hidden_size)  # (b, T, C) of every message
+        rows, tokens = self.split(micro_batches[0])[0].shape
+        self._shape = (rows, tokens, self.hidden_size)  # (b, T, C) of every message
         self._num_micro = len(micro_batches)
         trace = StepTrace(self.stage, time.perf_counter(), 0.0)
         handlers = {F: self._forward, B: self._backward, BI: self._backward_input,
@@ -178,9 +188,9 @@ class PipelineRuntime:
 
     def _forward(self, a: Action, st: _Step, sch: Schedule) -> None:
         vs, last = self._vs(a), sch.num_virtual_stages - 1
-        batch = st.micro_batches[a.microbatch]
+        inputs, targets = self.split(st.micro_batches[a.microbatch])
         if vs == 0:
-            x = batch[:, :-1].clamp(min=0)  # (b, T) ids; padding (-100) reads id 0, unscored
+            x = inputs  # (b, T) ids; padding (-100) reads id 0, unscored
         else:
             x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
             x.requires_grad_(st.train)
@@ -188,7 +198,7 @@ class PipelineRuntime:
         meter = ActivationMeter(chunk) if st.train and self.measure_activations else None
         with meter or contextlib.nullcontext():
             if vs == last:
-                loss = chunk(x, batch[:, 1:])  # mean over this micro-batch's tokens
+                loss = chunk(x, targets)  # mean over this micro-batch's tokens
                 st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
                 y = loss / self._num_micro  # so the K backwards sum to one big batch's grad
             else:

@@ -1,0 +1,126 @@
+"""Context parallelism applied from outside a plain model, as tensor parallelism is.
+
+    model = GPT(cfg)                                       # full model, same seed everywhere
+    apply_context_parallel(model, GPT_PLAN.context_attention, GPT_PLAN.context_positions,
+                           mesh.group("cp"), method="ring")
+    inputs, targets = TokenShard.of(mesh.group("cp"), "ring")(batch)   # this rank's tokens
+
+The model's two sequence-dependent pieces (models/pieces.py) are swapped: every core
+attention for ring or all-to-all attention over the cp group, every positions module for
+the global positions of this rank's chunks (learned absolute positions, rotary angles).
+Everything else works token by token and runs unchanged on the rank's n = s/cp tokens;
+no parameter is touched, so names, shapes and the state dict stay the plain model's.
+
+The layout: ring attention takes the load-balanced one (chunks r and 2cp-1-r of 2cp, so
+every rank does the same causal work); all-to-all attention the plain one (chunk r of cp),
+which it needs no balancing for (docs/context-parallel.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from paratrain.comm.group import CommGroup
+from paratrain.parallel.context_parallel import layout
+from paratrain.parallel.context_parallel.ring import ring_attention
+from paratrain.parallel.context_parallel.ulysses import ulysses_attention
+
+# method -> (attention, load-balanced layout); config.CP_METHODS lists the same names
+METHODS = {"ring": (ring_attention, True), "alltoall": (ulysses_attention, False)}
+
+
+def balanced(method: str) -> bool:
+    return METHODS[method][1]
+
+
+class ContextParallelAttention(nn.Module):
+    """Causal attention of this rank's tokens over the whole sequence, held across `group`."""
+
+    def __init__(self, group: CommGroup, method: str) -> None:
+        super().__init__()
+        self.group, self.method = group, method
+        self._attend, self.balanced = METHODS[method]
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        past: int = 0,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
+        if past or dropout_p:  # refused by the configuration checks before a run starts
+            raise ValueError(
+                f"context-parallel attention: no KV cache (past {past}) and no attention "
+                f"dropout (p {dropout_p}); decode with the plain model"
+            )
+        return self._attend(q, k, v, self.group, causal=True, balanced=self.balanced)
+
+    def extra_repr(self) -> str:
+        return f"method={self.method}, cp_rank={self.group.rank}/{self.group.size}"
+
+
+class ContextParallelPositions(nn.Module):
+    """The global positions of this rank's n tokens: its chunks of an n·cp sequence."""
+
+    def __init__(self, group: CommGroup, method: str) -> None:
+        super().__init__()
+        self.cp, self.rank, self.balanced = group.size, group.rank, balanced(method)
+
+    def forward(self, length: int, past: int, device: torch.device) -> torch.Tensor:
+        assert past == 0, "context parallelism has no KV cache"
+        return layout.positions(length * self.cp, self.cp, self.rank, self.balanced, device)
+
+    def extra_repr(self) -> str:
+        kind = "load-balanced" if self.balanced else "plain"
+        return f"{kind} layout, cp_rank={self.rank}/{self.cp}"
+
+
+def apply_context_parallel(
+    model: nn.Module, attention: str, positions: str, group: CommGroup, method: str
+) -> nn.Module:
+    """Swap `model`'s core attentions and positions modules (module-name patterns, `*` one
+    name component: models/plans.py) for their context-parallel versions; in place."""
+    if method not in METHODS:
+        raise ValueError(f"context parallel method {method!r}; valid: {', '.join(METHODS)}")
+    pieces = ((attention, ContextParallelAttention), (positions, ContextParallelPositions))
+    for pattern, make in pieces:
+        names = _matching(model, pattern)
+        if not names:
+            raise ValueError(f"context parallel plan: {pattern!r} matches no module of the model")
+        for name in names:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, make(group, method))
+    return model
+
+
+def _matching(model: nn.Module, pattern: str) -> list[str]:
+    regex = re.compile("[^.]+".join(re.escape(part) for part in pattern.split("*")) + "$")
+    return [n for n, _ in model.named_modules() if n and regex.match(n)]
+
+
+@dataclass(frozen=True)
+class TokenShard:
+    """A micro-batch's rows of T + 1 ids -> (inputs, targets), each (b, n): this rank's
+    tokens of the sequence. Inputs and targets are sharded alike, so every target stays
+    beside its input, and the loss summed over the group's ranks is the whole sequence's."""
+
+    cp: int = 1
+    rank: int = 0
+    balanced: bool = False
+
+    @classmethod
+    def of(cls, group: CommGroup, method: str) -> TokenShard:
+        return cls(group.size, group.rank, balanced(method))
+
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Masked (padding) positions are fed token 0; their targets carry the mask.
+        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
+        if self.cp == 1:
+            return inputs, targets
+        cut = (layout.shard(t, self.cp, self.rank, self.balanced, dim=1) for t in (inputs, targets))
+        return tuple(cut)  # (b, n) each

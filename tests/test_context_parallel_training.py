@@ -1,0 +1,208 @@
+"""Context parallelism in training equals single-process training (float32).
+
+One launch of 4 processes trains each layout through `paratrain.train.loop.train` (what
+`paratrain train` runs) and compares with plain PyTorch on one process
+(tests/equivalence.py's reference): every step's loss and gradient norm within 1e-5
+relative, every final parameter within 1e-4. The layouts: GPT and Llama (rotary positions,
+grouped-query attention), ring and all-to-all attention, cp 2 with dp 2 (ZeRO 0-3), with
+tp 2 (and sequence parallelism), with pp 2, and cp 4. Not exact: ring attention merges
+blocks by the log-sum-exp rule, all-to-all attention and the dp_cp reduction reorder the
+sums, so results differ by rounding (measured: losses within 1.4e-7 relative, gradient
+norms within 2.9e-7, parameters within 1.3e-5).
+
+The same launch measures activation memory with saved-tensor hooks at cp 1, 2 and 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from paratrain.config_toml import from_toml_text
+from paratrain.models.registry import plain_model
+from paratrain.train import checkpoint
+from paratrain.train.checkpoint_model import read_model
+from paratrain.train.data import load_tokens, validation_batches
+from paratrain.validate import resolve
+from tests.distributed import run_distributed
+from tests.equivalence import (
+    MIN_PARAM_MOVE,
+    References,
+    reference_training,
+    tiny_config,
+    tiny_data,
+    train_layouts,
+)
+from tests.test_mode_pairs import LLAMA
+from tests.test_train_cli import last_json, losses, paratrain
+
+LOSS_RTOL = 1e-5
+PARAM_ATOL = 1e-4
+CLIP = 0.5  # below every norm of these runs (about 1.6 to 5): clipping is active
+
+# Each layout on 4 processes: the model, then [parallel] and [train] fields. The
+# combination grid (scripts/combination_coverage.py) names the modes each one trains.
+LAYOUTS = [
+    ("gpt", {"cp": 2, "dp": 2, "comm_algo": "tree"}, {"recompute": "full"}),
+    ("gpt", {"cp": 2, "dp": 2, "zero": 3}, {}),
+    ("gpt", {"cp": 2, "dp": 2, "zero": 2}, {}),
+    ("llama", {"cp": 2, "dp": 2, "zero": 1}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "dp": 2}, {}),
+    ("gpt", {"cp": 2, "tp": 2}, {}),
+    ("llama", {"cp": 2, "cp_method": "alltoall", "dp": 2, "zero": 2, "comm_algo": "ring"},
+     {"recompute": "selective"}),
+    ("llama", {"cp": 2, "tp": 2, "sequence_parallel": True}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "tp": 2, "comm_algo": "tree"},
+     {"recompute": "full"}),
+    ("gpt", {"cp": 2, "pp": 2, "comm_algo": "ring"}, {"recompute": "selective"}),
+    ("gpt", {"cp": 4, "cp_method": "alltoall"}, {}),
+]  # fmt: skip
+
+
+def layout_config(arch: str, parallel: dict, train: dict):
+    cfg = tiny_config(micro_batch=2, grad_clip=CLIP, **train)
+    cfg.model.n_head = 4  # tp 2 x alltoall cp 2, and alltoall cp 4, need 4 heads
+    if arch == "llama":  # 4 query heads, 2 key/value heads
+        cfg.model = dataclasses.replace(cfg.model, **{**LLAMA, "n_layer": 2, "ffn_hidden": 48})
+    cfg.parallel = dataclasses.replace(cfg.parallel, **parallel)
+    p = cfg.parallel
+    p.nproc = max(p.dp, 1) * p.tp * p.pp * p.cp
+    assert p.nproc == 4
+    cfg.train.microbatches = 0
+    return resolve(cfg, p.nproc)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "cp", "method", "tp", "seq", "sp", "refused"),
+    [
+        (4, 2, 2, "ring", 1, 32, False, None),  # key/value heads need not divide for ring
+        (4, 2, 2, "ring", 1, 30, False, "sequence length 30 must be divisible by 4"),
+        (4, 2, 2, "alltoall", 1, 30, False, None),  # the plain layout: cp chunks
+        (4, 2, 4, "alltoall", 1, 32, False, "2 key/value heads not divisible by 4"),
+        (4, 4, 2, "alltoall", 2, 32, False, None),
+        (4, 2, 2, "alltoall", 2, 32, False, "1 key/value heads not divisible by 2"),
+        (4, 4, 2, "ring", 4, 36, True, "each rank's 18 tokens"),  # s/cp, then over tp
+        (4, 2, 2, "ring", 2, 40, True, None),
+    ],
+)
+def test_context_parallel_checks_name_the_sizes(heads, kv, cp, method, tp, seq, sp, refused):
+    from paratrain.models.plans import check_context_parallel
+
+    model = dataclasses.replace(tiny_config().model, n_head=heads, n_kv_head=kv)
+    if refused is None:
+        check_context_parallel(model, cp, method, tp, seq, sp)
+    else:
+        with pytest.raises(ValueError, match=refused):
+            check_context_parallel(model, cp, method, tp, seq, sp)
+
+
+def test_the_config_offers_the_methods_that_exist():
+    from paratrain.config import CP_METHODS
+    from paratrain.parallel.context_parallel import METHODS
+
+    assert tuple(METHODS) == CP_METHODS
+
+
+def cp_runs(rank, world_size, runs, data, memory_cfg):
+    return train_layouts(rank, world_size, runs, data), activation_bytes(memory_cfg)
+
+
+def activation_bytes(cfg) -> dict[int, int]:
+    """Bytes this rank's forward saves for backward at cp 1, 2 and 4 (ring attention)."""
+    from paratrain.measure.activations import ActivationMeter
+    from paratrain.mesh import Mesh
+    from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
+    from paratrain.train.build import build_model, plan_of
+    from paratrain.train.data import BatchSampler
+
+    t, plan = cfg.train, plan_of(cfg)
+    batch = BatchSampler(tiny_data().train, t.seq_len, t.micro_batch, t.seed).global_batch_at(0)
+    out = {}
+    for cp in (1, 2, 4):
+        mesh = Mesh.build(dp=4 // cp, cp=cp)
+        model = build_model(cfg)
+        group = mesh.group("cp")
+        if cp > 1:
+            apply_context_parallel(
+                model, plan.context_attention, plan.context_positions, group, "ring"
+            )
+        inputs, targets = TokenShard.of(group, "ring")(batch)
+        with ActivationMeter(model) as meter:
+            loss = model(inputs, targets)
+        loss.backward()  # the ring's backward is collective: every rank runs it
+        out[cp] = meter.total
+    return out
+
+
+def test_context_parallel_layouts_match_single_process():
+    data = tiny_data()
+    configs = [layout_config(*layout) for layout in LAYOUTS]
+    runs = [(c.parallel.dp, c.parallel.pp, c.parallel.tp, c) for c in configs]
+    memory_cfg = tiny_config(seq_len=64, micro_batch=2)
+    memory_cfg.model.max_seq_len = 64
+    per_rank = run_distributed(cp_runs, 4, runs, data, memory_cfg, timeout=600)
+    references = References(data)
+    for i, (layout, cfg) in enumerate(zip(LAYOUTS, configs, strict=True)):
+        reference, initial = references(cfg)
+        records = [records[i] for records, _ in per_rank]
+        for record in records:  # every rank reports the same step losses
+            assert record.losses == records[0].losses, layout
+        pairs = zip(records[0].losses, reference.losses, strict=True)
+        for step, (a, b) in enumerate(pairs, start=1):
+            assert math.isclose(a, b, rel_tol=LOSS_RTOL), (layout, step, a, b)
+        pairs = zip(records[0].grad_norms, reference.grad_norms, strict=True)
+        for step, (a, b) in enumerate(pairs, start=1):
+            assert b > CLIP and math.isclose(a, b, rel_tol=LOSS_RTOL), (layout, step, a, b)
+        state = {k: v for record in records for k, v in record.state.items()}
+        assert state.keys() == reference.state.keys(), layout
+        for name, ref in reference.state.items():
+            diff = (state[name] - ref).abs().max().item()
+            assert diff <= PARAM_ATOL, (layout, name, diff)
+        moved = max((ref - initial[n]).abs().max().item() for n, ref in reference.state.items())
+        assert moved > MIN_PARAM_MOVE
+    check_activation_memory([memory for _, memory in per_rank])
+
+
+def check_activation_memory(per_rank: list[dict[int, int]]) -> None:
+    """Per rank within 10% of 1/cp of the cp 1 figure (see docs/context-parallel.md)."""
+    whole = per_rank[0][1]
+    for cp in (2, 4):
+        for memory in per_rank:
+            assert abs(memory[cp] * cp / whole - 1) <= 0.10, (cp, memory[cp], whole)
+
+
+@pytest.mark.e2e
+def test_paratrain_train_cp_2_matches_single_process(tmp_path):
+    """`paratrain train --cp 2` through the launcher, Llama (rotary positions, grouped-query
+    attention), ring attention by default: the run's step losses, its validation loss and
+    its checkpointed weights against plain PyTorch on the same data and seed."""
+    text, out = tmp_path / "data.txt", tmp_path / "run"
+    text.write_bytes(Path(json.__file__).read_bytes() * 2)
+    small = ["--model", "llama-tiny", "--n-layer", "2", "--d-model", "32", "--ffn-hidden", "48"]
+    small += ["--seq-len", "16", "--global-batch", "4", "--micro-batch", "2", "--steps", "3"]
+    small += ["--lr", "0.01", "--warmup-steps", "2", "--val-batches", "2"]
+    proc = paratrain(
+        "train", "--cp", "2", "--nproc", "2", *small, "--data", str(text), "--json",
+        "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    cfg = from_toml_text((out / "config.toml").read_text())
+    assert (cfg.parallel.cp, cfg.parallel.cp_method, cfg.parallel.dp) == (2, "ring", 1)
+    data = load_tokens(str(text), cfg.data.val_fraction)
+    reference, _ = reference_training(cfg, data)
+    for a, b in zip(losses(out), reference.losses, strict=True):
+        assert math.isclose(a, b, rel_tol=LOSS_RTOL), (a, b)
+    weights = read_model(checkpoint.latest_checkpoint(out).path)
+    for name, ref in reference.state.items():
+        assert (weights[name] - ref).abs().max().item() <= PARAM_ATOL, name
+    model = plain_model(cfg.model)
+    model.load_state_dict(reference.state)
+    t = cfg.train
+    batches = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
+    with torch.no_grad():
+        val = sum(model(b[:, :-1], b[:, 1:]).item() for b in batches) / len(batches)
+    assert math.isclose(last_json(proc)["val_loss"], val, rel_tol=LOSS_RTOL)
