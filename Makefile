@@ -20,7 +20,7 @@ demo: setup
 	$(VENV)/bin/paratrain sample $$out --prompt "def " --max-new-tokens 200
 
 test: setup
-	$(VENV)/bin/python -m pytest -ra --durations=10
+	$(VENV)/bin/python -m pytest -ra --durations=10 -n 2 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check src tests
