@@ -125,6 +125,7 @@ class ModelPlan:
     pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
     pipeline_first / pipeline_last: the modules only the first / last stage holds.
     recompute_units: the modules whose activations are recomputed in backward.
+    compile_units: the modules compiled one by one under --compile (regional compilation).
     """
 
     tensor_parallel: dict[str, str]
@@ -133,6 +134,7 @@ class ModelPlan:
     pipeline_first: tuple[str, ...]
     pipeline_last: tuple[str, ...]
     recompute_units: tuple[str, ...]
+    compile_units: tuple[str, ...] = ("blocks.*",)  # each block its own graph(s)
 
 
 GPT_PLAN = ModelPlan(

@@ -28,6 +28,7 @@ from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
 from paratrain.models.plans import PLANS, ModelPlan
+from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import expand_units
@@ -107,6 +108,19 @@ def recompute_blocks(model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = 
     apply_recomputation([model.get_submodule(n) for [n] in units], cfg.train.recompute)
 
 
+def compile_units(
+    model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = None
+) -> CompiledBlocks | None:
+    """--compile: each of the plan's compile units (a block) compiled on its own
+    (parallel/compile.py). After tensor parallelism and recomputation, before the pipeline
+    split and data parallelism."""
+    if not cfg.train.compile:
+        return None
+    plan = plan if plan is not None else plan_of(cfg)
+    units = expand_units(model, [plan.compile_units])
+    return compile_blocks([(n, model.get_submodule(n)) for [n] in units])
+
+
 def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
     return PipelinePlan(plan.pipeline_blocks, plan.pipeline_first, plan.pipeline_last)
 
@@ -129,12 +143,14 @@ def build_engine(
         apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
     recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
+    compiled = compile_units(model, cfg, plan)  # a block's graph holds both
     if mesh.size("pp") == 1:
         dp = data_parallel(model, mesh.group("dp"), cfg, plan)
         engine: Engine = FlatEngine(dp, mesh.group("tp"))
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
+    engine.compiled = compiled.only(engine.modules) if compiled else None  # this stage's
     return engine
 
 
