@@ -131,6 +131,12 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"zb-h1", "rc-sel", "resume"},
         {"dp", "fp16", "resume"},
     ],
+    "test_compile.py::test_compiled_layouts_match_single_process": [
+        {"dp", "compile"},
+        {"zero3", "compile"},
+        {"tp", "rc-full", "compile"},
+        {"1f1b", "compile"},
+    ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],
 }
@@ -143,5 +149,7 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
+zero1+compile zero2+compile sp+compile gpipe+compile interleaved+compile bf16+compile
+fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 """.split()
 }

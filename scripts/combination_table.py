@@ -85,6 +85,7 @@ MODES = [
         "a test may resume from another layout",
     ),
     Mode("restarts", "restarts", ("--max-restarts", "1"), "`--max-restarts 1`"),
+    Mode("compile", "compile", ("--compile",), "`--compile`: each block compiled (inductor)"),
     Mode("cuda", "device", ("--device", "cuda"), "`--device cuda`"),
 ]
 BY_KEY = {m.key: m for m in MODES}
@@ -108,6 +109,7 @@ TRIPLES = [
     ("llama", "dp", "tp"),
     ("llama", "dp", "1f1b"),
     ("llama", "zero3", "sp"),
+    ("tp", "rc-full", "compile"),
 ]
 # Where a refusal is about this table's RUN rather than the mode.
 NOTES = {

@@ -1,11 +1,11 @@
 """From a configuration and a mesh to this rank's engine: the model, made parallel.
 
 The architecture's order: every rank builds the full model from the same seed (so every
-layout starts from identical weights), then tensor parallelism slices it, recomputation
-wraps its blocks, the pipeline split keeps this stage's chunks, and data parallelism goes
-last, because it must see the final local parameters. Each step takes its own group from
-the mesh and the model's facts from its plan (models/plans.py); none knows which others
-are on.
+layout starts from identical weights), then tensor parallelism slices it, --compile
+compiles each block, recomputation wraps its blocks, the pipeline split keeps this
+stage's chunks, and data parallelism goes last, because it must see the final local
+parameters. Each step takes its own group from the mesh and the model's facts from its
+plan (models/plans.py); none knows which others are on.
 
 Which data-parallel wrapper a configuration gets:
 - float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
@@ -112,8 +112,8 @@ def compile_units(
     model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = None
 ) -> CompiledBlocks | None:
     """--compile: each of the plan's compile units (a block) compiled on its own
-    (parallel/compile.py). After tensor parallelism and recomputation, before the pipeline
-    split and data parallelism."""
+    (parallel/compile.py). After tensor parallelism, before recomputation wraps the
+    compiled forward, the pipeline split and data parallelism."""
     if not cfg.train.compile:
         return None
     plan = plan if plan is not None else plan_of(cfg)
@@ -142,8 +142,10 @@ def build_engine(
         sp = p.sequence_parallel
         apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
-    recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
-    compiled = compile_units(model, cfg, plan)  # a block's graph holds both
+    # Both inside each block, so after tensor parallelism; recomputation wraps the compiled
+    # forward, since a checkpoint region cannot hold the graph breaks at tp's seams.
+    compiled = compile_units(model, cfg, plan)
+    recompute_blocks(model, cfg, plan)
     if mesh.size("pp") == 1:
         dp = data_parallel(model, mesh.group("dp"), cfg, plan)
         engine: Engine = FlatEngine(dp, mesh.group("tp"))
