@@ -1,9 +1,9 @@
 import os
 
+import pytest
+
 # Keep every test process (and the forkserver it starts) to one thread on these 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
