@@ -1,9 +1,10 @@
 """Regional compilation: each transformer block compiled on its own with torch.compile
 (inductor), as torchtitan does, rather than the whole model as one graph.
 
-Why per block: the blocks are identical, so one compiled graph serves them all from the
-cache, compile time does not grow with depth, and everything between blocks (embeddings,
-the loss, the pipeline runtime, data-parallel hooks) stays eager Python.
+Why per block: the blocks are identical, so inductor's cache builds their kernels once and
+compile time barely grows with depth (dynamo still captures each block, so each has its
+own count), and everything between blocks (embeddings, the loss, the pipeline runtime,
+data-parallel hooks) stays eager Python.
 
 Where it goes in the build order (train/build.py): after tensor parallelism, so a block's
 graphs hold its tensor-parallel layers; before recomputation, the pipeline split and the
