@@ -94,6 +94,7 @@ MODES = [
         "a test may resume from another layout",
     ),
     Mode("restarts", "restarts", ("--max-restarts", "1"), "`--max-restarts 1`"),
+    Mode("compile", "compile", ("--compile",), "`--compile`: each block compiled (inductor)"),
     Mode("cuda", "device", ("--device", "cuda"), "`--device cuda`"),
 ]
 BY_KEY = {m.key: m for m in MODES}
@@ -120,6 +121,7 @@ TRIPLES = [
     ("cp", "dp", "tp"),
     ("cp", "tp", "1f1b"),
     ("cp-a2a", "llama", "tp"),
+    ("tp", "rc-full", "compile"),
 ]
 # Where a refusal is about this table's RUN rather than the mode.
 NOTES = {

@@ -11,8 +11,9 @@ beside the test its pairs scatter by more than the effect, so here it is only re
 show overlap making the steps faster. The control, both sides without overlap, stays
 well below the goal (under 0.3: with two test files at a time and a loaded machine, pair
 noise alone reached 0.23 in one run of 5 pairs, so "nothing hidden" is held as "not
-near what the real test asserts"); and with our ring made blocking again (its call run before the hook
-returns) the asserted fractions were -0.01, 0.03 and -0.02 and this test failed."""
+near what the real test asserts"); and with our ring made blocking again (its call run
+before the hook returns) the asserted fractions were -0.01, 0.03 and -0.02 and this test
+failed."""
 
 from __future__ import annotations
 

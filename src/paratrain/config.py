@@ -134,6 +134,11 @@ class TrainConfig:
     recompute: str = param(
         "none", f"Activation recomputation per block: {one_of(RECOMPUTE_MODES)}."
     )
+    compile: bool = param(
+        False,
+        "Compile each transformer block with torch.compile (inductor); on the CPU this needs "
+        "a C++ compiler.",
+    )
     grad_clip: float = param(1.0, "Clip the global gradient norm to this value; 0 disables.")
     seed: int = param(1234, "Seed for model initialisation and data order.")
     dtype: str = param(
@@ -301,7 +306,7 @@ EFFECTS: dict[str, Effect | None] = {
                                     "microbatches", "lr", "lr_scaling", "min_lr_ratio",
                                     "warmup_steps", "weight_decay", "beta1", "beta2",
                                     "grad_clip", "seed", "dtype", "val_batches", "log_every",
-                                    "out", "tensorboard", "init_from", "recompute",
+                                    "out", "tensorboard", "init_from", "recompute", "compile",
                                     "checkpoint_every", "keep_checkpoints", "resume")},
     "train.lr_base_batch": Effect(
         lambda c: c.train.lr_scaling != "none", "--lr-scaling linear or sqrt"

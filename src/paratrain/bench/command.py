@@ -24,11 +24,13 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     overhead = benches.add_parser("overhead", help="our training step against a plain loop")
     overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
     overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    _compile(overhead)
     _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
     dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
     _pairs(dp, 4)
     dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
     dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
+    _compile(dp)
     tp = benches.add_parser("tp", help="tensor parallel against torch DTensor")
     _pairs(tp, 4)
     tp.add_argument(
@@ -37,6 +39,7 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         default=False,
         help="both sides sequence parallel (ours; DTensor SequenceParallel)",
     )
+    _compile(tp)
     overlap = benches.add_parser("overlap", help="communication hidden behind compute, by time")
     _pairs(overlap, 4)
     overlap.add_argument(
@@ -48,8 +51,12 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
     _pairs(pp, 2)
     pp.add_argument(
-        "--schedules", default="gpipe,1f1b,interleaved,zb-h1", help="ours, comma-separated"
+        "--schedules",
+        default="",
+        help="ours, comma-separated (default gpipe,1f1b,interleaved,zb-h1; without zb-h1 "
+        "under --compile)",
     )
+    _compile(pp)
     pp.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
     pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
     zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
@@ -71,8 +78,17 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
     moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
     moe.add_argument("--top-k", type=int, default=2, help="experts per token")
+    _compile(zero)
     for parser in benches.choices.values():
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def _compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile each block of both sides with torch.compile, as `train --compile`",
+    )
 
 
 def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
@@ -107,6 +123,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if minimum and args.pairs < minimum:
         what = "quartiles" if minimum >= 4 else "a median"
         raise ValueError(f"--pairs {args.pairs}: need at least {minimum} pairs for {what}")
+    if getattr(args, "compile", False):
+        _check_cpp_compiler()
     run: Callable[[argparse.Namespace], tuple[Any, int]] = RUNNERS[args.name]
     try:
         result, status = run(args)
@@ -116,6 +134,23 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result), flush=True)
     return status
+
+
+def _check_cpp_compiler() -> None:
+    from paratrain.parallel.compile import cpp_compilers, find_cpp_compiler
+
+    if find_cpp_compiler(cpp_compilers()) is None:
+        names = ", ".join(cpp_compilers())
+        raise ValueError(f"--compile needs a C++ compiler for inductor: none of {names} on PATH")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """Our default configuration, with --compile for both sides."""
+    from paratrain.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.train.compile = args.compile
+    return cfg
 
 
 def plan_validation(args: argparse.Namespace) -> Callable[[], int] | None:
@@ -133,7 +168,7 @@ def plan_validation(args: argparse.Namespace) -> Callable[[], int] | None:
 def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.overhead.run import run_overhead_bench
 
-    return run_overhead_bench(steps=args.steps, rounds=args.rounds), 0
+    return run_overhead_bench(steps=args.steps, rounds=args.rounds, cfg=_config(args)), 0
 
 
 def _comm(args: argparse.Namespace) -> tuple[Any, int]:
@@ -147,13 +182,13 @@ def _comm(args: argparse.Namespace) -> tuple[Any, int]:
 def _dp(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.dp.run import run_dp_bench
 
-    return run_dp_bench(args.pairs, args.bucket_mb, args.async_steps), 0
+    return run_dp_bench(args.pairs, args.bucket_mb, args.async_steps, _config(args)), 0
 
 
 def _tp(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.tp.run import run_tp_bench
 
-    return run_tp_bench(args.pairs, args.sequence_parallel), 0
+    return run_tp_bench(args.pairs, args.sequence_parallel, _config(args)), 0
 
 
 def _overlap(args: argparse.Namespace) -> tuple[Any, int]:
@@ -172,15 +207,17 @@ def _layouts(args: argparse.Namespace) -> tuple[Any, int]:
 def _pp(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.pp.run import run_pp_bench
 
-    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
-    return run_pp_bench(names, args.pairs, args.microbatches, args.out or None), 0
+    default = "gpipe,1f1b,interleaved" + ("" if args.compile else ",zb-h1")
+    names = [n.strip() for n in (args.schedules or default).split(",") if n.strip()]
+    out = args.out or None
+    return run_pp_bench(names, args.pairs, args.microbatches, out, compile=args.compile), 0
 
 
 def _zero(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.zero.run import parse_stages, run_zero_bench
 
     stages = parse_stages(args.stages)
-    return run_zero_bench(args.pairs, stages, args.out or None, args.dp), 0
+    return run_zero_bench(args.pairs, stages, args.out or None, args.dp, _config(args)), 0
 
 
 def _cp(args: argparse.Namespace) -> tuple[Any, int]:

@@ -17,7 +17,8 @@ another conjugate pair along the sequence dimension, each moving half an all-red
 gathered on request, an input split for a row-parallel layer).
 
 Every collective goes through `paratrain.comm`, so the ledger counts it; a group of one
-rank skips the collective entirely (the functions return their input).
+rank skips the collective entirely (the functions return their input). Compiled blocks
+(--compile) break their graph at each of these seams and run it eagerly.
 """
 
 from __future__ import annotations
@@ -155,28 +156,35 @@ class _ReduceScatterSequence(torch.autograd.Function):
 
 
 # ---- public functions -------------------------------------------------------------------
+# Each is `torch.compiler.disable`d: under --compile a seam is a deliberate graph break and
+# its collective runs eagerly through the ledger (parallel/compile.py says why).
 
 
+@torch.compiler.disable
 def f(x: torch.Tensor, group: CommGroup) -> torch.Tensor:
     """Enter a split region: identity forward, all-reduce of the gradient in backward."""
     return x if group.size == 1 else _CopyToRegion.apply(x, group)
 
 
+@torch.compiler.disable
 def g(x: torch.Tensor, group: CommGroup) -> torch.Tensor:
     """Leave a split region: all-reduce the partial outputs forward, identity backward."""
     return x if group.size == 1 else _ReduceFromRegion.apply(x, group)
 
 
+@torch.compiler.disable
 def gather(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
     """Concatenate the ranks' slices along dim; backward keeps the local slice."""
     return x if group.size == 1 else _Gather.apply(x, dim, group)
 
 
+@torch.compiler.disable
 def split(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
     """Keep this rank's slice along dim (no traffic); backward all-gathers the gradient."""
     return x if group.size == 1 else _Split.apply(x, dim, group)
 
 
+@torch.compiler.disable
 def gather_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.Tensor:
     """Leave a sequence-parallel region: all-gather forward, reduce-scatter backward.
 
@@ -185,6 +193,7 @@ def gather_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.T
     return x if group.size == 1 else _GatherSequence.apply(x, dim, group)
 
 
+@torch.compiler.disable
 def reduce_scatter_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.Tensor:
     """Enter a sequence-parallel region from partial sums: reduce-scatter forward,
     all-gather backward."""

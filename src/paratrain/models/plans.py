@@ -158,6 +158,7 @@ class ModelPlan:
     context_attention: the core attention modules (models/pieces.py) that context
     parallelism replaces by ring or all-to-all attention; context_positions: the
     positions modules it replaces by those of this rank's chunks of the sequence.
+    compile_units: the modules compiled one by one under --compile (regional compilation).
     """
 
     tensor_parallel: dict[str, str]
@@ -168,6 +169,7 @@ class ModelPlan:
     recompute_units: tuple[str, ...]
     context_attention: str
     context_positions: str
+    compile_units: tuple[str, ...] = ("blocks.*",)  # each block its own graph(s)
 
 
 GPT_PLAN = ModelPlan(

@@ -201,7 +201,8 @@ def _apply_style(
     if style in ("attention", "split_region"):
         _make_attention_region(module, group, tracker, sp)
     elif style == "split":
-        fork_during_forward(module, tracker, SPLIT)
+        if _draws(module):
+            fork_during_forward(module, tracker, SPLIT)
     else:
         _make_replicated(module, group, tracker, sp)
     return module
@@ -226,7 +227,8 @@ def _make_attention_region(
         shard_size(kv_heads, group, "number of key/value heads")
     # Registered first, so that the random state is swapped before anything else runs
     # and restored after: attention dropout acts on this rank's heads only.
-    fork_during_forward(module, tracker, SPLIT)
+    if _draws(module):
+        fork_during_forward(module, tracker, SPLIT)
 
     def enter_region(mod: nn.Module, args: tuple) -> tuple:
         x, *rest = args
@@ -238,7 +240,7 @@ def _make_attention_region(
 
 def _make_replicated(module: nn.Module, group: CommGroup, tracker: RngTracker, sp: bool) -> None:
     """Replicated parameters; under sequence parallelism the module sees T/tp tokens."""
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()):
+    if _draws(module):
         # Sequence parallelism splits the replicated activations: different tokens per
         # rank, so different masks.
         fork_during_forward(module, tracker, SPLIT if sp else REPLICATED)
@@ -255,6 +257,19 @@ def _make_replicated(module: nn.Module, group: CommGroup, tracker: RngTracker, s
             return (ids.narrow(-1, group.rank * n, n), *rest)  # (..., T/tp)
 
         module.register_forward_pre_hook(local_ids)
+
+
+def _draws(module: nn.Module) -> bool:
+    """Whether a forward of `module` draws random numbers (dropout above 0, as a layer or
+    as attention's `dropout` rate). Only then does its region need its own stream: a fork
+    without draws changes nothing, and under --compile each fork is a graph break."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        rate = getattr(m, "dropout", None)
+        if isinstance(rate, float | int) and rate > 0:
+            return True
+    return False
 
 
 def _check_dropout_covered(model: nn.Module, matches: dict[str, str]) -> None:

@@ -82,11 +82,16 @@ def _cpu_state(seed: int) -> torch.Tensor:
 
 
 def fork_during_forward(module: nn.Module, tracker: RngTracker, name: str) -> None:
-    """Run every forward of `module` inside `tracker.fork(name)` (hooks keep its names)."""
+    """Run every forward of `module` inside `tracker.fork(name)` (hooks keep its names).
 
+    The hooks swap the global generator's state: a compiled block (--compile) runs them
+    eagerly, between its graphs, so its dropout draws from the stream they set."""
+
+    @torch.compiler.disable
     def enter(mod: nn.Module, args: Any) -> None:
         tracker.enter(name)
 
+    @torch.compiler.disable
     def leave(mod: nn.Module, args: Any, output: Any) -> None:
         tracker.exit(name)
 

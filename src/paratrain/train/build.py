@@ -2,12 +2,13 @@
 
 The architecture's order: every rank builds the full model from the same seed (so every
 layout starts from identical weights), then context parallelism swaps its attention and
-positions for those of this rank's tokens, tensor parallelism slices it, recomputation
-wraps its blocks, the pipeline split keeps this stage's chunks, and data parallelism goes
-last, because it must see the final local parameters. Each step takes its own group from
-the mesh and the model's facts from its plan (models/plans.py); none knows which others
-are on. Data parallelism reduces over dp_cp: with cp > 1 the ranks that hold the same
-parameters are those of every dp and cp coordinate (the dp group when cp = 1).
+positions for those of this rank's tokens, tensor parallelism slices it, --compile
+compiles each block, recomputation wraps its blocks, the pipeline split keeps this
+stage's chunks, and data parallelism goes last, because it must see the final local
+parameters. Each step takes its own group from the mesh and the model's facts from its
+plan (models/plans.py); none knows which others are on. Data parallelism reduces over
+dp_cp: with cp > 1 the ranks that hold the same parameters are those of every dp and cp
+coordinate (the dp group when cp = 1).
 
 Which data-parallel wrapper a configuration gets:
 - float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
@@ -30,6 +31,7 @@ from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
 from paratrain.models.plans import PLANS, ModelPlan
+from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
@@ -110,6 +112,19 @@ def recompute_blocks(model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = 
     apply_recomputation([model.get_submodule(n) for [n] in units], cfg.train.recompute)
 
 
+def compile_units(
+    model: nn.Module, cfg: RunConfig, plan: ModelPlan | None = None
+) -> CompiledBlocks | None:
+    """--compile: each of the plan's compile units (a block) compiled on its own
+    (parallel/compile.py). After tensor parallelism, before recomputation wraps the
+    compiled forward, the pipeline split and data parallelism."""
+    if not cfg.train.compile:
+        return None
+    plan = plan if plan is not None else plan_of(cfg)
+    units = expand_units(model, [plan.compile_units])
+    return compile_blocks([(n, model.get_submodule(n)) for [n] in units])
+
+
 def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
     return PipelinePlan(plan.pipeline_blocks, plan.pipeline_first, plan.pipeline_last)
 
@@ -132,13 +147,17 @@ def build_engine(
         sp = p.sequence_parallel
         apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
-    recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
+    # Both inside each block, so after tensor parallelism; recomputation wraps the compiled
+    # forward, since a checkpoint region cannot hold the graph breaks at tp's seams.
+    compiled = compile_units(model, cfg, plan)
+    recompute_blocks(model, cfg, plan)
     if mesh.size("pp") == 1:
         dp = data_parallel(model, mesh.group("dp_cp"), cfg, plan)
         engine: Engine = FlatEngine(dp, mesh.group("tp"), split, mesh.group("dp"))
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan, split)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
+    engine.compiled = compiled.only(engine.modules) if compiled else None  # this stage's
     return engine
 
 

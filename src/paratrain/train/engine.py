@@ -31,6 +31,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.replica import GradSquares, Replica
@@ -53,6 +54,7 @@ class Engine:
         self.replicas, self.tp, self.pp = replicas, tp, pp
         self.runtime: PipelineRuntime | None = None
         self.rng_tracker: RngTracker | None = None  # tensor parallelism's dropout streams
+        self.compiled: CompiledBlocks | None = None  # --compile: what was compiled, counted
         self._tp_split = {n for r in replicas for n in sharded_parameters(r.module)}
         self._partial = []  # per replica: names whose gradients sequence parallelism splits
         for r in replicas:

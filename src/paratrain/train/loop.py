@@ -66,7 +66,9 @@ def train(
     if on_start is not None:
         on_start(engine)
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
-    dp, timer, skips = mesh.group("dp"), StepTimer(mesh.ledger), SkippedSteps(t.max_skipped_steps)
+    compiled = engine.compiled
+    timer = StepTimer(mesh.ledger, (lambda: compiled.seconds) if compiled else None)
+    dp, skips = mesh.group("dp"), SkippedSteps(t.max_skipped_steps)
     metrics: list[StepMetrics] = []
     stopped_at = None
     for step in range(first, t.steps):
@@ -78,6 +80,8 @@ def train(
         skips.record(step, out)
         straggle(cfg, mesh.global_rank, mesh.shape.world_size, timer.busy_s())
         metrics.append(timer.finish(step, out, lr(step)))
+        if compiled is not None and step == first:
+            log.info("%s", compiled.report().line())  # what the first step compiled
         if on_step is not None:
             on_step(metrics[-1])
         last = step + 1 == t.steps
@@ -111,6 +115,8 @@ def _finish(
     # What the rank holds at the step boundary, before evaluation and `finish` change it.
     extra: dict[str, Any] = {"model_state_bytes": engine.memory_report(optimizer)}
     extra["first_step"] = first + 1
+    if engine.compiled is not None:
+        extra["compile"] = engine.compiled.report().as_dict()
     val_loss = float("nan")
     if stopped_at is None:
         val = on_device(

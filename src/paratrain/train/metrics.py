@@ -4,6 +4,7 @@ the timer that splits a step into data, compute and communication time."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ class StepMetrics:
     comm_s: float  # time blocked in collectives (from the ledger)
     data_s: float  # time spent producing this step's batches
     skipped: bool = False  # non-finite gradient norm: no update
+    compile_s: float = 0.0  # --compile: time spent compiling blocks, left out of step_s
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -44,13 +46,15 @@ class StepTimer:
     """One step's wall time, split by the moments the loop marks and the ledger's record of
     time spent blocked in collectives."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, compiling: Callable[[], float] | None = None) -> None:
         self.ledger = ledger
+        self.compiling = compiling or (lambda: 0.0)  # seconds spent compiling so far
 
     def start(self, step: int) -> None:
         self.ledger.step = step + 1  # named in hang reports
         self._start = time.perf_counter()
         self._waited = self.ledger.wait_s()
+        self._compiled = self.compiling()
 
     def data_done(self) -> None:
         self._data_done = time.perf_counter()
@@ -63,7 +67,10 @@ class StepTimer:
         return self.ledger.wait_s() - self._waited
 
     def finish(self, step: int, out: StepOutput, lr: float) -> StepMetrics:
-        end = time.perf_counter()
+        # Compiling happens inside the first step's compute; it is reported on its own so
+        # that step_s and tokens_per_s measure the compiled model from the first step on.
+        compile_s = self.compiling() - self._compiled
+        end = time.perf_counter() - compile_s
         step_s, comm_s = end - self._start, self.comm_s()
         return StepMetrics(
             step=step + 1,
@@ -76,4 +83,5 @@ class StepTimer:
             comm_s=comm_s,
             data_s=self._data_done - self._start,
             skipped=out.skipped,
+            compile_s=compile_s,
         )

@@ -23,18 +23,22 @@ class Progress:
     def update(self, m: StepMetrics) -> None:
         if not self.enabled:
             return
+        # --compile: the seconds a step spent compiling, apart from its tok/s
+        compiled = f"  compile {m.compile_s:.1f} s" if m.compile_s else ""
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}")
+            more = {"compile_s": f"{m.compile_s:.1f}"} if m.compile_s else {}
+            self.bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", **more)
             self.bar.update(1)
-        elif m.step % self.log_every == 0 or m.step in (1, self.total):
+        elif m.step % self.log_every == 0 or m.step in (1, self.total) or compiled:
             log.info(
-                "step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  grad_norm %.3f",
+                "step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  grad_norm %.3f%s",
                 m.step,
                 self.total,
                 m.loss,
                 m.lr,
                 m.tokens_per_s,
                 m.grad_norm,
+                compiled,
             )
 
     def close(self) -> None:

@@ -121,6 +121,8 @@ def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, A
         "cp": cfg.parallel.cp,
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
         "train_s": sum(m.step_s for m in metrics),
+        **({"compile_s": sum(m.compile_s for m in metrics)} if cfg.train.compile else {}),
+        **({"compile": result.extra["compile"]} if "compile" in result.extra else {}),
         "run_dir": str(run_dir),
         "model_state_bytes_rank0": result.extra.get("model_state_bytes"),
         **({"async": result.extra["async"]} if "async" in result.extra else {}),

@@ -21,7 +21,7 @@ from paratrain.bench.harness.sides import OurSide, rank_share, torch_step
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw
-from paratrain.train.build import build_engine, build_model
+from paratrain.train.build import build_engine, build_model, compile_units
 
 
 def compare_with_ddp(
@@ -35,6 +35,7 @@ def compare_with_ddp(
     batches = [[b] for b in rank_share(global_batches, rank, world)]
     ours = OurSide(build_engine(cfg, mesh=Mesh.build(dp=world)), cfg)
     module = build_model(cfg)
+    compile_units(module, cfg)  # --compile: the peer's blocks as ours, before DDP
     ddp = DistributedDataParallel(
         module, bucket_cap_mb=cfg.parallel.bucket_mb, gradient_as_bucket_view=True
     )

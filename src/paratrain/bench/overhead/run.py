@@ -24,7 +24,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
-from paratrain.train.build import build_model
+from paratrain.train.build import build_model, compile_units
 from paratrain.train.data import BatchSampler, load_tokens
 from paratrain.train.engine import FlatEngine
 from paratrain.train.optim import learning_rate
@@ -51,9 +51,11 @@ def _loops(cfg: RunConfig, total: int) -> tuple[Step, Step]:
     batches = [list(sampler.global_batch_at(s).split(t.micro_batch)) for s in range(total)]
     mesh = Mesh.build(dp=1)  # one process: the dp group has one rank, no communication
     betas = (t.beta1, t.beta2)
-    engine = FlatEngine(DataParallel(build_model(cfg), mesh.group("dp"), reduce_op="sum"))
+    our_model, plain_model = build_model(cfg), build_model(cfg)
+    for model in (our_model, plain_model):  # --compile: both sides' blocks, the same way
+        compile_units(model, cfg)
+    engine = FlatEngine(DataParallel(our_model, mesh.group("dp"), reduce_op="sum"))
     ours_opt = engine.build_optimizer(t.lr, t.weight_decay, betas)
-    plain_model = build_model(cfg)
     plain_opt = adamw(plain_model, t.lr, t.weight_decay, betas)
 
     def lr(step: int) -> float:
@@ -68,8 +70,10 @@ def _loops(cfg: RunConfig, total: int) -> tuple[Step, Step]:
     return ours, plain
 
 
-def run_overhead_bench(steps: int = 20, rounds: int = 7) -> dict[str, float]:
-    cfg = RunConfig()
+def run_overhead_bench(
+    steps: int = 20, rounds: int = 7, cfg: RunConfig | None = None
+) -> dict[str, float]:
+    cfg = cfg or RunConfig()
     t = cfg.train
     t.microbatches = t.global_batch // t.micro_batch  # one process: K = G / b
     ours, plain = _loops(cfg, total=steps * rounds + 1)
@@ -79,6 +83,8 @@ def run_overhead_bench(steps: int = 20, rounds: int = 7) -> dict[str, float]:
         torch.get_num_threads(),
     )  # fmt: skip
     log.info("peer: plain PyTorch loop, AdamW(foreach=True), clip_grad_norm_(foreach=True)")
+    if t.compile:
+        log.info("both sides: each block compiled (torch.compile, inductor); warm-up compiles")
     ours(0), plain(0)  # warm-up step, not timed
     times: dict[str, list[float]] = {"ours": [], "plain": []}
     losses: dict[str, list[float]] = {"ours": [], "plain": []}

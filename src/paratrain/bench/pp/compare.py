@@ -28,27 +28,40 @@ from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.pipeline import split_into_stages
-from paratrain.train.build import build_engine, build_model, pipeline_plan
+from paratrain.train.build import build_engine, build_model, compile_units, pipeline_plan
 
 GPT_SPLIT = pipeline_plan(GPT_PLAN)
 
 
 def compare_schedules(
-    rank: int, world: int, names: list[str], batches: list[torch.Tensor], k: int
+    rank: int,
+    world: int,
+    names: list[str],
+    batches: list[torch.Tensor],
+    k: int,
+    compile: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Every schedule in one launch: importing torch.distributed.pipelining alone takes
     about 6 s per process here (it pulls in DTensor and dynamo), so it is paid once."""
     from torch.distributed import pipelining  # noqa: F401  (the import, before any timing)
 
     mesh = Mesh.build(pp=world)
-    return {name: compare_schedule(rank, world, mesh, name, batches, k) for name in names}
+    return {name: compare_schedule(rank, world, mesh, name, batches, k, compile) for name in names}
 
 
 def compare_schedule(
-    rank: int, world: int, mesh: Mesh, name: str, batches: list[torch.Tensor], k: int
+    rank: int,
+    world: int,
+    mesh: Mesh,
+    name: str,
+    batches: list[torch.Tensor],
+    k: int,
+    compile: bool = False,
 ) -> dict[str, Any]:
-    """One warm-up step each, then one timed step of each per batch, alternating order."""
+    """One warm-up step each, then one timed step of each per batch, alternating order.
+    compile: both sides' blocks compiled (the warm-up step compiles them)."""
     cfg = pipeline_config(RunConfig(), world, name, k, batches[0].shape[0] // k)
+    cfg.train.compile = compile
     t = cfg.train
     engine = build_engine(cfg, mesh)
     ours, traces = OurSide(engine, cfg), []
@@ -59,7 +72,9 @@ def compare_schedule(
         return loss
 
     v = cfg.parallel.chunks
-    chunks = split_into_stages(build_model(cfg), rank, world, chunks=v, plan=GPT_SPLIT)
+    model = build_model(cfg)
+    compile_units(model, cfg)  # --compile: the peer's blocks as ours, before the split
+    chunks = split_into_stages(model, rank, world, chunks=v, plan=GPT_SPLIT)
     params = list(nn.ModuleList(chunks).parameters())
     opt = adamw(nn.ModuleList(chunks), t.lr, t.weight_decay, (t.beta1, t.beta2))
     peer = functools.partial(

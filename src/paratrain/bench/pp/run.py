@@ -68,6 +68,7 @@ def run_pp_bench(
     microbatches: int = 8,
     out: str | None = "runs/bench-pp",
     data: str = "",
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Run every schedule in `names` against torch's; the result of `--json`.
 
@@ -76,11 +77,20 @@ def run_pp_bench(
     reading the default corpus).
     """
     _check_args(names, pairs, microbatches)
+    if compile and "zb-h1" in names:
+        raise ValueError(
+            "--compile with zb-h1: a compiled block's backward computes input and weight "
+            "gradients together; use --schedules gpipe,1f1b,interleaved"
+        )
     torch.set_num_threads(1)
     batches = _batches(pairs + 1, microbatches, data)
     for name in names:
         log.info("%s vs %s", name, peer_description(name, microbatches))
-    by_rank = run_ranks(compare_schedules, WORLD, names, batches, microbatches, timeout=3600)
+    if compile:
+        log.info("both sides: each block compiled (torch.compile, inductor); warm-up compiles")
+    by_rank = run_ranks(
+        compare_schedules, WORLD, names, batches, microbatches, compile, timeout=3600
+    )
     results = []
     for name in names:
         per_rank = [r[name] for r in by_rank]

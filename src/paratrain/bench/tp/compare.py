@@ -24,7 +24,7 @@ from paratrain.bench.tp.peer import build_peer_adamw, describe_plan, parallelize
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.tensor_parallel import full_state_dict
-from paratrain.train.build import build_engine, build_model
+from paratrain.train.build import build_engine, build_model, compile_units
 
 
 def compare_modes(
@@ -42,6 +42,7 @@ def compare_with_dtensor(
     mesh = Mesh.build(tp=world)
     ours = OurSide(build_engine(_tp_config(cfg, world, sp), mesh), cfg)
     module, _, plan = parallelize_gpt_dtensor(build_model(cfg), world, sp)
+    compile_units(module, cfg)  # --compile: after tensor parallelism, as ours
     opt = build_peer_adamw(module, t.lr, t.weight_decay, (t.beta1, t.beta2))
     peer = functools.partial(
         torch_step, module, opt, lr=t.lr, grad_clip=t.grad_clip, forward=loss_parallel

@@ -21,7 +21,7 @@ from paratrain.bench.harness.sides import OurSide, full_parameters, rank_share, 
 from paratrain.bench.zero.peer import state_bytes, wrap_peer
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.train.build import build_engine, build_model
+from paratrain.train.build import build_engine, build_model, compile_units
 
 LOSS_RTOL = 1e-4  # relative difference of the two losses allowed at every step
 DTYPE = "float32"  # bf16 matmuls are about 50x slower on these CPUs
@@ -37,6 +37,7 @@ def compare_stage(
     mesh = Mesh.build(dp=world)
     ours = OurSide(build_engine(cfg, mesh), cfg)
     module = build_model(cfg)
+    compile_units(module, cfg)  # --compile: the peer's blocks as ours, before wrapping
     model, opt = wrap_peer(zero, module, world, t.lr, t.weight_decay, (t.beta1, t.beta2))
     peer = functools.partial(torch_step, model, opt, lr=t.lr, grad_clip=t.grad_clip)
     # Warm-up: DDP rebuilds its buckets in its second step.
