@@ -72,6 +72,18 @@ LLAMA_TP_PLAN: dict[str, str] = {
 }
 
 
+def _moe_tp_plan(plan: dict[str, str]) -> dict[str, str]:
+    """The TP plan with every block's MLP a mixture of experts: the MoE stays whole on every
+    tp rank (its input, the residual stream, is whole there), so each tp rank routes the
+    same tokens and runs the same experts; expert parallelism splits it instead (over ep)."""
+    dense = {k: v for k, v in plan.items() if not k.startswith("blocks.*.mlp")}
+    return {**dense, "blocks.*.mlp": "replicated"}
+
+
+GPT_MOE_TP_PLAN = _moe_tp_plan(GPT_TP_PLAN)
+LLAMA_MOE_TP_PLAN = _moe_tp_plan(LLAMA_TP_PLAN)
+
+
 class _Shape(Protocol):  # GPTConfig, LlamaConfig or config.ModelConfig, without torch
     vocab_size: int
     n_head: int
@@ -125,6 +137,11 @@ class ModelPlan:
     pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
     pipeline_first / pipeline_last: the modules only the first / last stage holds.
     recompute_units: the modules whose activations are recomputed in backward.
+    moe_layers: with --num-experts, the mixture-of-experts layers (models/moe.py), whose
+        `experts` child stacks each parameter by expert along dimension 0: what expert
+        parallelism splits, and what the data-parallel wrappers reduce over the expert-dp
+        group instead of dp (parallel/expert_parallel/); moe_tensor_parallel: the TP plan
+        then (the MoE replicated).
     """
 
     tensor_parallel: dict[str, str]
@@ -133,6 +150,11 @@ class ModelPlan:
     pipeline_first: tuple[str, ...]
     pipeline_last: tuple[str, ...]
     recompute_units: tuple[str, ...]
+    moe_layers: str = "blocks.*.mlp"
+    moe_tensor_parallel: dict[str, str] | None = None
+
+
+EXPERTS = "experts"  # the child of an MoE layer that holds its experts (models/moe.py)
 
 
 GPT_PLAN = ModelPlan(
@@ -142,6 +164,7 @@ GPT_PLAN = ModelPlan(
     pipeline_first=("tok_emb", "pos_emb"),
     pipeline_last=("norm", "head"),
     recompute_units=("blocks.*",),  # each block keeps only its input (Megatron's "full")
+    moe_tensor_parallel=GPT_MOE_TP_PLAN,
 )
 
 LLAMA_PLAN = ModelPlan(
@@ -151,6 +174,7 @@ LLAMA_PLAN = ModelPlan(
     pipeline_first=("tok_emb",),
     pipeline_last=("norm", "head"),
     recompute_units=("blocks.*",),
+    moe_tensor_parallel=LLAMA_MOE_TP_PLAN,
 )
 
 PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS
