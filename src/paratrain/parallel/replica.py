@@ -12,7 +12,7 @@ implementing this protocol, not adding a branch to the training step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -36,11 +36,14 @@ class GradSquares:
     squares: (len(names),) float64.
     sharded_over: the group whose ranks hold disjoint pieces of these gradients (their
         squares add up), or None when every rank of the replica's group holds all of them.
+    split_over: the group whose ranks hold different parameters under these names (expert
+        parallelism: each rank of an ep group its own experts), so their squares add too.
     """
 
     names: list[str]
     squares: torch.Tensor
     sharded_over: CommGroup | None
+    split_over: CommGroup | None = None  # ranks holding different parameters (experts over ep)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,32 @@ class MemoryReport:
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class ParamShare:
+    """Which of its module's parameters a data-parallel wrapper holds and reduces over its
+    group. Every parameter by default; under expert parallelism one wrapper holds the
+    experts (over the expert-dp group) and another the rest (over dp): train/build.py.
+
+    names: the parameters (as the module names them); None: all of them.
+    split_over: the ranks that hold different parameters under these names (the ep
+        group, each rank its own experts): squares of their gradients add in the norm.
+    """
+
+    names: frozenset[str] | None = None
+    split_over: CommGroup | None = None
+
+    def named(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The module's parameters of this share that train, in the module's order."""
+        return [
+            (n, p)
+            for n, p in module.named_parameters()
+            if p.requires_grad and (self.names is None or n in self.names)
+        ]
+
+
+EVERY_PARAMETER = ParamShare()
 
 
 @runtime_checkable
@@ -173,11 +202,14 @@ class WholeGradients:
         """The whole values were loaded: nothing else holds a copy."""
 
 
-def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
-    """Names and gradients of the parameters that have one (each parameter once)."""
+def whole_grads(
+    module: nn.Module, only: Collection[str] | None = None
+) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and gradients of the parameters that have one (each parameter once); with
+    `only`, of those named there (a wrapper holding some of the module's parameters)."""
     names, grads = [], []
     for name, p in module.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None and (only is None or name in only):
             names.append(name)
             grads.append(p.grad.detach())
     return names, grads
@@ -216,14 +248,18 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:
         offset += t.numel()
 
 
-def whole_grad_squares(module: nn.Module) -> GradSquares:
+def whole_grad_squares(
+    module: nn.Module, only: Collection[str] | None = None, split_over: CommGroup | None = None
+) -> GradSquares:
     """Per-parameter squared norms of whole gradients held in `p.grad`."""
-    names, grads = whole_grads(module)
-    return GradSquares(names, squared_norms(grads, device_of(module)), None)
+    names, grads = whole_grads(module, only)
+    return GradSquares(names, squared_norms(grads, device_of(module)), None, split_over)
 
 
-def scale_whole_grads_(module: nn.Module, factor: float) -> None:
-    scale_(whole_grads(module)[1], factor)
+def scale_whole_grads_(
+    module: nn.Module, factor: float, only: Collection[str] | None = None
+) -> None:
+    scale_(whole_grads(module, only)[1], factor)
 
 
 def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
@@ -241,12 +277,15 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
 
 
 def whole_checkpoint_pieces(
-    module: nn.Module, optimizer: torch.optim.Optimizer
+    module: nn.Module, optimizer: torch.optim.Optimizer, only: Collection[str] | None = None
 ) -> tuple[list[StatePiece], list[torch.Tensor]]:
     """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW: each
-    parameter is one piece, [0, numel), with its moments; and AdamW's step counters."""
+    parameter (of `only`, if given) is one piece, [0, numel), with its moments; and
+    AdamW's step counters."""
     pieces, counters = [], []
     for name, p in module.named_parameters():
+        if only is not None and name not in only:
+            continue
         state = adam_state(optimizer, p)
         counters.append(state["step"])
         tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}

@@ -40,12 +40,13 @@ from paratrain.parallel.pipeline import (
     split_into_stages,
 )
 from paratrain.parallel.recompute import apply_recomputation
-from paratrain.parallel.replica import Replica
+from paratrain.parallel.replica import EVERY_PARAMETER, ParamShare, Replica
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train import checkpoint
 from paratrain.train.checkpoint_model import load_weights, read_model
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
+from paratrain.train.experts import apply_experts
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -126,12 +127,15 @@ def build_engine(
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
         sp = p.sequence_parallel
-        apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
+        tp_plan = plan.moe_tensor_parallel if cfg.model.num_experts else plan.tensor_parallel
+        apply_tensor_parallel(model, tp_plan, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
     recompute_blocks(model, cfg, plan)  # inside each block, so after tensor parallelism
     if mesh.size("pp") == 1:
-        dp = data_parallel(model, mesh.group("dp"), cfg, plan)
-        engine: Engine = FlatEngine(dp, mesh.group("tp"))
+        # One wrapper per share of the parameters (two under expert parallelism).
+        shares = apply_experts(model, plan, mesh)
+        replicas = [data_parallel(model, g, cfg, plan, share=s) for s, g in shares]
+        engine: Engine = FlatEngine(replicas[0], mesh.group("tp"), replicas[1:])
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
@@ -168,24 +172,33 @@ def data_parallel(
     cfg: RunConfig,
     plan: ModelPlan | None = None,
     reduce_op: str = "sum",
+    share: ParamShare = EVERY_PARAMETER,
 ) -> Replica:
     """The wrapper the configuration asks for (see the module docstring).
 
     reduce_op: "sum" for losses normalised by the global token count (the flat engine),
     "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
+    share: the parameters it holds (all; or, under expert parallelism, train/experts.py).
     """
     p, dtype = cfg.parallel, compute_dtype(cfg)
     plan = plan if plan is not None else plan_of(cfg)
     if p.zero == 0 and dtype == "float32":
-        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op)
+        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op, share=share)
     precision = MixedPrecision.of(dtype)
     precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
-    if p.zero == 3:
+    if p.zero == 3:  # whole modules as units: refused with a share (validate_experts.py)
         units = expand_units(module, plan.fsdp_units)
         return FullyShardedDataParallel(
             module, group, units, precision, prefetch=p.prefetch, reduce_op=reduce_op
         )
     accumulate = p.zero2_accumulate if p.zero == 2 else "full"
     return ZeroDataParallel(
-        module, group, p.zero, precision, p.bucket_mb, reduce_op=reduce_op, accumulate=accumulate
+        module,
+        group,
+        p.zero,
+        precision,
+        p.bucket_mb,
+        reduce_op=reduce_op,
+        accumulate=accumulate,
+        share=share,
     )

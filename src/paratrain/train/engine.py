@@ -19,6 +19,7 @@ finish what sequence parallelism leaves partial (LayerNorm gradients summed over
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -55,7 +56,11 @@ class Engine:
 
     @property
     def modules(self) -> list[nn.Module]:
-        return [r.module for r in self.replicas]
+        """This rank's modules, each once (expert parallelism wraps one module twice)."""
+        seen: dict[int, nn.Module] = {}
+        for r in self.replicas:
+            seen.setdefault(id(r.module), r.module)
+        return list(seen.values())
 
     @property
     def loss_scaled(self) -> bool:
@@ -100,18 +105,24 @@ class Engine:
 
 
 class FlatEngine(Engine):
-    """The whole depth of the model on this rank: one replica."""
+    """The whole depth of the model on this rank: one replica, which runs the forward, and
+    under expert parallelism `more` over the same module, each holding its own share of
+    the parameters (train/experts.py)."""
 
-    def __init__(self, replica: Replica, tp: comm.CommGroup | None = None) -> None:
-        super().__init__([replica], tp or replica.group.alone("tp"), None)
+    def __init__(
+        self, replica: Replica, tp: comm.CommGroup | None = None, more: Sequence[Replica] = ()
+    ) -> None:
+        super().__init__([replica, *more], tp or replica.group.alone("tp"), None)
         self.replica = replica
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-        self.replica.zero_grad()
-        loss, tokens = accumulate_gradients(self.replica, micro_batches)
+        for r in self.replicas:
+            r.zero_grad()
+        loss, tokens = accumulate_gradients(self.replica, micro_batches, self.replicas[1:])
         self._complete_partial_grads()
         scale = self.replica.scaler.scale if self.replica.scaler is not None else 1.0
-        self.replica.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
+        for r in self.replicas:
+            r.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
         return loss, tokens
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:

@@ -41,7 +41,9 @@ def evaluate_on_mesh(
     init_process_group(cfg, env)
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options, device=rank_device(cfg, env))
+    mesh = Mesh.build(
+        dp=p.dp, pp=p.pp, tp=p.tp, ep=p.ep, options=options, device=rank_device(cfg, env)
+    )
     try:
         engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=False))
         t = cfg.train

@@ -132,7 +132,9 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     init_process_group(cfg, env)
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=options, device=rank_device(cfg, env))
+    mesh = Mesh.build(
+        dp=p.dp, pp=p.pp, tp=p.tp, ep=p.ep, options=options, device=rank_device(cfg, env)
+    )
     preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
