@@ -117,6 +117,12 @@ CASES = [
     Case("an unknown model (`--model llama-9000`)", ["--model", "llama-9000"]),
     Case("a flag without effect here (`--prefetch 2` without ZeRO-3)", ["--prefetch", "2"]),
     Case("heads that tp does not divide", ["--nproc", "3", "--tp", "3", "--data", TEXT], _text),
+    Case("`--ep 2` on a dense model", ["--nproc", "2", "--ep", "2"]),
+    Case(
+        "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
+        ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],
+    ),
+    Case("a mixture of experts in a pipeline", ["--model", "moe-tiny", "--pp", "2"]),
     Case("a missing data file", ["--data", "{dir}/missing.txt"]),
     Case("an empty data file", ["--data", "{dir}/empty.txt"], _file("empty.txt", b"")),
     Case("`--data /dev/null`", ["--data", "/dev/null"]),

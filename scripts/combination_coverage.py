@@ -131,6 +131,11 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"zb-h1", "rc-sel", "resume"},
         {"dp", "fp16", "resume"},
     ],
+    "test_moe_training.py::test_expert_parallel_with_zero_buckets_and_tp_equals_one_process": [
+        {"ep", "zero1", "ring"},
+        {"ep", "zero2", "tree"},
+        {"ep", "tp"},
+    ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],
 }
@@ -142,6 +147,6 @@ UNTESTED = {
 zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+restarts
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
-llama+restarts resume+restarts
+llama+restarts resume+restarts ep+restarts
 """.split()
 }
