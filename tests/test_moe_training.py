@@ -7,8 +7,11 @@ over the data-parallel ranks (train/experts.py), is the reference's whole batch:
 (moe-tiny drops a few percent of the assignments), the queues and the auxiliary loss
 are the same numbers, added in another order. Clipping is active on every step (norms
 about 2.5 to 3.5, clip 1), so the gradient norm, which must count each expert once
-whatever the layout, reaches the parameters. Tolerances: losses 1e-5 relative and
-gradient norms 2e-5 relative (measured: at most 3e-7), parameters 1e-4 absolute.
+whatever the layout, reaches the parameters. Tolerances: losses 1e-5 relative,
+gradient norms 2e-5 relative, parameters 1e-4 absolute. Measured: losses and norms within
+2.5e-7; parameters within 6.7e-6 from the CLI (lr 1e-2) and 4.2e-5 in the layouts (lr
+5e-3: Adam moves a weight whose gradient is near zero by up to lr whatever its rounding,
+and at lr 1e-2 an expert weight came within 8.5e-5 of the bound).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def layout_config(dp: int, tp: int, ep: int, zero: int, algo: str) -> RunConfig:
     p.nproc, p.dp, p.tp, p.ep, p.zero, p.bucket_mb = dp * tp, dp, tp, ep, zero, 0.01
     p.comm_algo = algo  # the run-wide default, as --comm-algo sets it
     t.seq_len, t.global_batch, t.micro_batch, t.steps = 16, 8, 8 // dp, 3
-    t.lr, t.warmup_steps, t.val_batches, t.grad_clip = 1e-2, 2, 1, 1.0
+    t.lr, t.warmup_steps, t.val_batches, t.grad_clip = 5e-3, 2, 1, 1.0
     return resolve(cfg, p.nproc)
 
 
