@@ -32,11 +32,10 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import (
-    EVERY_PARAMETER,
     GradSquares,
     MemoryReport,
-    ParamShare,
     StatePiece,
     all_reduce_whole_grads_,
     complete_state_dict,

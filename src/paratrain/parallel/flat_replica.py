@@ -20,11 +20,10 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.parallel.adamw import ShardedAdamW
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import (
-    EVERY_PARAMETER,
     MOMENTS,
     GradSquares,
-    ParamShare,
     StatePiece,
     adam_state,
     all_reduce_in_place,

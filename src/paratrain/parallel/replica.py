@@ -8,6 +8,10 @@ weights across pipeline stages), for an optimizer over what it owns, for its mem
 for the pieces of state a checkpoint stores. Each wrapper keeps its gradients where it
 likes (`p.grad`, flat shards); only its own methods look there. Adding a wrapper means
 implementing this protocol, not adding a branch to the training step.
+
+A wrapper holds every parameter of its module, or the `ParamShare` it is given: under
+expert parallelism two wrappers share one module, the experts reduced over the expert-dp
+group and the rest over dp (train/experts.py).
 """
 
 from __future__ import annotations
@@ -87,32 +91,6 @@ class MemoryReport:
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
-
-
-@dataclass(frozen=True)
-class ParamShare:
-    """Which of its module's parameters a data-parallel wrapper holds and reduces over its
-    group. Every parameter by default; under expert parallelism one wrapper holds the
-    experts (over the expert-dp group) and another the rest (over dp): train/build.py.
-
-    names: the parameters (as the module names them); None: all of them.
-    split_over: the ranks that hold different parameters under these names (the ep
-        group, each rank its own experts): squares of their gradients add in the norm.
-    """
-
-    names: frozenset[str] | None = None
-    split_over: CommGroup | None = None
-
-    def named(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The module's parameters of this share that train, in the module's order."""
-        return [
-            (n, p)
-            for n, p in module.named_parameters()
-            if p.requires_grad and (self.names is None or n in self.names)
-        ]
-
-
-EVERY_PARAMETER = ParamShare()
 
 
 @runtime_checkable

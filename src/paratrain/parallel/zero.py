@@ -50,7 +50,8 @@ from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
-from paratrain.parallel.replica import EVERY_PARAMETER, MemoryReport, ParamShare, count_memory
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.replica import MemoryReport, count_memory
 from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, FlatShard, flat_buckets, make_shard
 
 

@@ -32,6 +32,7 @@ from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import expand_units
 from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.pipeline import (
     PipelinePlan,
     PipelineRuntime,
@@ -40,7 +41,7 @@ from paratrain.parallel.pipeline import (
     split_into_stages,
 )
 from paratrain.parallel.recompute import apply_recomputation
-from paratrain.parallel.replica import EVERY_PARAMETER, ParamShare, Replica
+from paratrain.parallel.replica import Replica
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train import checkpoint

@@ -27,7 +27,7 @@ from paratrain.mesh import Mesh
 from paratrain.models.moe import MoEFeedForward
 from paratrain.models.plans import EXPERTS, ModelPlan
 from paratrain.parallel.expert_parallel import GroupBatch, apply_expert_parallel
-from paratrain.parallel.replica import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 
 
 def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:
