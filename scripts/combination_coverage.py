@@ -135,6 +135,7 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"ep", "zero1", "ring"},
         {"ep", "zero2", "tree"},
         {"ep", "tp"},
+        {"ep", "zero1", "bf16"},
     ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],

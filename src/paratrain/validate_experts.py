@@ -9,8 +9,7 @@ What is refused, and why (docs/experts.md, "Not done yet"):
   load would count twice);
 - asynchronous data parallelism: no batch spans the workers;
 - with ep > 1: ZeRO-3 (its units hold whole modules; the experts' shards would need the
-  expert-dp group), and 16-bit dtypes (untested yet; fp16 would also need one loss scale
-  shared by the two wrappers);
+  expert-dp group), and fp16 (each of the two wrappers would scale the loss);
 - bias balancing with a checkpoint to start from: the bias is a buffer, and checkpoints
   hold parameters and optimizer state only.
 """
@@ -86,8 +85,8 @@ def _check_expert_parallel(cfg: RunConfig) -> None:
         )
     if p.zero == 3:
         raise ValueError(f"--ep {p.ep} with --zero 3 is not supported yet; use --zero 0, 1 or 2")
-    if cfg.train.dtype != "float32":
+    if cfg.train.dtype == "float16":
         raise ValueError(
-            f"--ep {p.ep} with --dtype {cfg.train.dtype} is not supported yet (tested in "
-            "float32 only); use --dtype float32"
+            f"--ep {p.ep} with --dtype float16 is not supported yet (the two wrappers would "
+            "each scale the loss); use --dtype bfloat16 or float32"
         )
