@@ -12,6 +12,8 @@ Which data-parallel wrapper a configuration gets:
 - --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone;
   stage 2 reduce-scatters every micro-batch into its shard unless --zero2-accumulate full);
 - --zero 3: FullyShardedDataParallel over the model's FSDP units.
+Under expert parallelism (--ep > 1) the same choice wraps the module twice, each wrapper
+holding one share of its parameters over its own group (train/experts.py).
 """
 
 from __future__ import annotations
