@@ -128,6 +128,12 @@ CASES = [
         _text,
     ),
     Case("attention dropout with cp", ["--cp", "2", "--dropout", "0.1", "--data", TEXT], _text),
+    Case("`--ep 2` on a dense model", ["--nproc", "2", "--ep", "2"]),
+    Case(
+        "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
+        ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],
+    ),
+    Case("a mixture of experts in a pipeline", ["--model", "moe-tiny", "--pp", "2"]),
     Case("a missing data file", ["--data", "{dir}/missing.txt"]),
     Case("an empty data file", ["--data", "{dir}/empty.txt"], _file("empty.txt", b"")),
     Case("`--data /dev/null`", ["--data", "/dev/null"]),

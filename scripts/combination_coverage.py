@@ -155,6 +155,12 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"tp", "rc-full", "compile"},
         {"1f1b", "compile"},
     ],
+    "test_moe_training.py::test_expert_parallel_with_zero_buckets_and_tp_equals_one_process": [
+        {"ep", "zero1", "ring"},
+        {"ep", "zero2", "tree"},
+        {"ep", "tp"},
+        {"ep", "zero1", "bf16"},
+    ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],
 }
@@ -172,5 +178,6 @@ cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interlea
 cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+dp+tp cp+tp+1f1b
 zero1+compile zero2+compile sp+compile gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
+ep+restarts
 """.split()
 }

@@ -87,6 +87,13 @@ MODES = [
     Mode("tree", "algo", ("--comm-algo", "tree"), "`--comm-algo tree`"),
     Mode("llama", "model", ("--model", "llama-tiny"), "`--model llama-tiny`"),
     Mode(
+        "ep",
+        "model",
+        ("--model", "moe-tiny", "--ep", "2"),
+        "`--model moe-tiny --ep 2`: mixture of experts, experts split over ep 2, dp 2",
+        dp=2,
+    ),
+    Mode(
         "resume",
         "resume",
         ("--resume", RUN),
@@ -100,7 +107,9 @@ MODES = [
 BY_KEY = {m.key: m for m in MODES}
 # One mode of each pair includes the other (ZeRO and async are data parallel, sequence
 # parallelism is tensor parallel): the pair is the larger one alone.
-IMPLIED = {("dp", "async"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"), ("tp", "sp")}
+IMPLIED = {
+    ("dp", "async"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"), ("tp", "sp"), ("dp", "ep")
+}  # fmt: skip
 TRIPLES = [
     ("dp", "tp", "gpipe"),
     ("dp", "tp", "1f1b"),
@@ -128,6 +137,7 @@ NOTES = {
     ("async", "resume"): "RUN is synchronous; an asynchronous run resumes as one "
     "(test_async_checkpoint.py::test_a_resumed_one_worker_run_equals_the_uninterrupted_one)",
     ("llama", "resume"): "RUN is a GPT; a run resumes with its own model",
+    ("ep", "resume"): "RUN is a dense GPT; a run resumes with its own model",
 }
 
 

@@ -235,6 +235,7 @@ def test_dry_run_prints_the_run_and_starts_nothing(tmp_path, capsys):
 # a configuration where it has no effect, one where it has).
 LLAMA = ["--model", "llama-tiny"]
 ASYNC = ["--dp-mode", "async"]
+MOE = ["--num-experts", "4"]
 INEFFECTIVE = {
     "model.n_kv_head": (["--n-kv-head", "1"], [], LLAMA),
     "model.ffn_hidden": (["--ffn-hidden", "96"], [], LLAMA),
@@ -242,6 +243,11 @@ INEFFECTIVE = {
     "model.norm_eps": (["--norm-eps", "1e-6"], [], LLAMA),
     "model.dropout": (["--dropout", "0.1"], LLAMA, []),
     "model.activation": (["--activation", "gelu_tanh"], LLAMA, []),
+    "model.top_k": (["--top-k", "1"], [], MOE),
+    "model.capacity_factor": (["--capacity-factor", "1.25"], [], MOE),
+    "model.aux_loss_coef": (["--aux-loss-coef", "0.1"], [], MOE),
+    "model.bias_rate": (["--bias-rate", "0.001"], [], MOE),
+    "model.shared_expert": (["--shared-expert"], [], MOE),
     "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
     "parallel.zero2_accumulate": (
         ["--zero2-accumulate", "full"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]

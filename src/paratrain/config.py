@@ -63,6 +63,20 @@ class ModelConfig:
     activation: str = param(
         "gelu", f"gpt: the MLP's GELU, {one_of(GELUS)} (GPT-2's tanh approximation)."
     )
+    # Mixture of experts (models/moe.py, docs/experts.md): every block's MLP becomes one.
+    num_experts: int = param(0, "Experts per MoE feed-forward (each as wide as the MLP); 0: dense.")
+    top_k: int = param(2, "MoE: experts each token is sent to (1: Switch, 2: GShard).")
+    capacity_factor: float = param(
+        0.0,
+        "MoE: each expert takes at most ceil(factor * k * T / E) of a batch's T tokens; 0: all.",
+    )
+    aux_loss_coef: float = param(0.01, "MoE: weight of Switch's load-balancing loss; 0: none.")
+    bias_rate: float = param(
+        0.0, "MoE: DeepSeek-V3's balancing bias step per optimizer step; 0: off."
+    )
+    shared_expert: bool = param(
+        False, "MoE: add a shared expert (as wide as the MLP) for every token."
+    )
 
 
 @dataclass
@@ -74,6 +88,9 @@ class ParallelConfig:
     cp: int = param(1, "Context-parallel degree: each sequence split over cp ranks.")
     cp_method: str = param(
         "ring", f"Context-parallel attention: {one_of(CP_METHODS)} (Ulysses, heads split)."
+    )
+    ep: int = param(
+        1, "Expert-parallel degree: experts split over ep of the dp ranks (divides dp)."
     )
     zero: int = param(0, "ZeRO stage 0-3 within the data-parallel group (3 = FSDP).")
     prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.")
@@ -256,6 +273,7 @@ _SYNC = Effect(lambda c: c.parallel.dp_mode == "sync", "--dp-mode sync")
 _ASYNC = Effect(lambda c: c.parallel.dp_mode == "async", "--dp-mode async")
 _LLAMA = Effect(lambda c: c.model.arch == "llama", "a Llama model (--arch llama)")
 _GPT = Effect(lambda c: c.model.arch == "gpt", "a GPT model (--arch gpt)")
+_MOE = Effect(lambda c: c.model.num_experts > 0, "a mixture of experts (--num-experts)")
 _PIPELINE = Effect(lambda c: c.parallel.pp > 1, "a pipeline (--pp 2 or more)")
 _COLLECTIVES = Effect(lambda c: _world(c) > 1, "more than one process")
 
@@ -267,9 +285,12 @@ EFFECTS: dict[str, Effect | None] = {
     **{f"model.{n}": None for n in ("name", "arch", "vocab_size", "n_layer", "n_head",
                                     "d_model", "max_seq_len", "tie_embeddings")},
     **{f"model.{n}": _LLAMA for n in ("n_kv_head", "ffn_hidden", "rope_theta", "norm_eps")},
+    "model.num_experts": None,
+    **{f"model.{n}": _MOE for n in ("top_k", "capacity_factor", "aux_loss_coef", "bias_rate",
+                                    "shared_expert")},
     "model.dropout": _GPT,
     "model.activation": _GPT,
-    **{f"parallel.{n}": None for n in ("nproc", "dp", "pp", "tp", "cp", "zero", "device",
+    **{f"parallel.{n}": None for n in ("nproc", "dp", "pp", "tp", "cp", "ep", "zero", "device",
                                        "backend", "dp_mode", "straggler")},
     "parallel.cp_method": Effect(lambda c: c.parallel.cp > 1, "--cp 2 or more"),
     "parallel.prefetch": Effect(lambda c: c.parallel.zero == 3, "--zero 3"),

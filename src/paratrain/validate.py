@@ -34,6 +34,7 @@ from paratrain.config import (
 )
 from paratrain.models.plans import check_context_parallel, check_tensor_parallel
 from paratrain.models.presets import preset
+from paratrain.validate_experts import check_experts
 
 
 def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> RunConfig:
@@ -47,6 +48,7 @@ def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> 
     _resolve_device_defaults(cfg, local_procs or cfg.parallel.nproc)
     _check_not_built_yet(cfg)
     _resolve_mesh(cfg, world_size)
+    check_experts(cfg)  # before the pipeline's: a mixture of experts refuses any pipeline
     if cfg.parallel.straggler:
         parse_straggler(cfg.parallel.straggler, world_size)
     _resolve_batch(cfg)

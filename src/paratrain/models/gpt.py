@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.models.kv_cache import KVCache, LayerCache
+from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
 from paratrain.models.pieces import CoreAttention, Positions
 
 IGNORE_INDEX = -100  # target id that is masked out of the loss (padding)
@@ -32,6 +33,7 @@ class GPTConfig:
     dropout: float = 0.0
     tie_embeddings: bool = False  # the output head reuses the token embedding's matrix
     activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's approximation)
+    moe: MoEConfig | None = None  # every block's MLP a mixture of experts; None: dense
 
 
 class CausalSelfAttention(nn.Module):
@@ -85,7 +87,7 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = MLP(cfg) if cfg.moe is None else MoEFeedForward(cfg.moe)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
@@ -151,7 +153,8 @@ class GPT(nn.Module):
         logits = self.head(self.norm(x))  # (B, T, V)
         if targets is None:
             return logits
-        return self.loss_fn(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
+        loss = self.loss_fn(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
+        return add_aux_loss(self, loss)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -23,6 +23,7 @@ from torch import nn
 
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.models.kv_cache import KVCache, LayerCache
+from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
 from paratrain.models.pieces import CoreAttention, Positions
 
 
@@ -38,6 +39,7 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    moe: MoEConfig | None = None  # every block's SwiGLU a mixture of experts; None: dense
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head or self.n_head % self.n_kv_head:
@@ -124,7 +126,7 @@ class LlamaBlock(nn.Module):
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = GroupedQueryAttention(cfg)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp: nn.Module = SwiGLU(cfg) if cfg.moe is None else MoEFeedForward(cfg.moe)
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         h = self.attn_norm(x)  # the cache only when decoding, as in gpt.py's Block
@@ -169,4 +171,4 @@ class Llama(nn.Module):
         logits = self.head(self.norm(x))  # (B, T, V)
         if targets is None:
             return logits
-        return self.loss_fn(logits.flatten(0, 1), targets.flatten())
+        return add_aux_loss(self, self.loss_fn(logits.flatten(0, 1), targets.flatten()))

@@ -169,9 +169,8 @@ class MoE(nn.Module):
             out = out + self.shared(x, torch.tensor([x.shape[0]], device=x.device))
         aux = x.new_zeros(())
         if self.cfg.aux_loss_coef:
-            aux = load_balancing_loss(
-                route.scores, load, tokens, k, self.batch.shards, self.cfg.aux_loss_coef
-            )
+            shards = self._view().shards
+            aux = load_balancing_loss(route.scores, load, tokens, k, shards, self.cfg.aux_loss_coef)
         return out.view(shape), aux
 
     def _assign(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -181,8 +180,9 @@ class MoE(nn.Module):
         expert, from which capacity and each assignment's global queue place follow.
         """
         cfg = self.cfg
-        every = self.batch.gather(slot_counts(experts, cfg.num_experts))  # (S, k, E)
-        before, total = every[: self.batch.index].sum(0), every.sum(0)  # (k, E) each
+        view = self._view()
+        every = view.gather(slot_counts(experts, cfg.num_experts))  # (S, k, E)
+        before, total = every[: view.index].sum(0), every.sum(0)  # (k, E) each
         tokens = int(total[0].sum())  # every token has exactly one first choice
         limit = capacity(tokens, cfg.num_experts, cfg.top_k, cfg.capacity_factor)
         load = total.sum(0)  # (E,)
@@ -197,8 +197,74 @@ class MoE(nn.Module):
             self.load += load
         return keep, load, tokens
 
+    def _view(self) -> BatchView:
+        """Training routes over the whole batch; evaluation over each shard's own batch,
+        since held-out batches are spread over the ranks one per rank, and one process
+        evaluates them one at a time."""
+        return self.batch if self.training else WholeBatch()
+
     def balance_bias(self) -> None:
         """After the optimizer step: move the router's bias toward balance, restart counting."""
         if self.cfg.bias_rate:
             balance_bias(self.router.bias, self.load, self.cfg.bias_rate)
         self.load.zero_()
+
+
+@dataclass
+class RoutingTally:
+    """A layer's routing summed over the forwards since the last `take` (one step's)."""
+
+    kept: torch.Tensor  # (E,) assignments each expert computed
+    assignments: int = 0  # chosen, before capacity
+    dropped: int = 0
+    aux: torch.Tensor | None = None  # this shard's auxiliary losses, summed (detached)
+    forwards: int = 0
+
+
+class MoEFeedForward(MoE):
+    """The MoE as a block's feed-forward, called like the dense MLP it replaces (x -> y).
+
+    The auxiliary loss of the last forward waits in `aux` for the model to add it to its
+    loss (`add_aux_loss`); a training forward's routing is added to `tally`, which the
+    training step reads once per step (`take_tally`).
+    """
+
+    def __init__(self, cfg: MoEConfig, device: torch.device | str | None = None) -> None:
+        super().__init__(cfg, device)
+        self.aux: torch.Tensor | None = None
+        self.tally: RoutingTally | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out, self.aux = super().forward(x)
+        if self.training and self.stats is not None:
+            self._count(self.stats, self.aux.detach())
+        return out
+
+    def _count(self, stats: RoutingStats, aux: torch.Tensor) -> None:
+        t = self.tally or RoutingTally(torch.zeros_like(stats.kept), aux=torch.zeros_like(aux))
+        t.kept = t.kept + stats.kept
+        t.assignments += stats.tokens * self.cfg.top_k
+        t.dropped += stats.dropped
+        t.aux = t.aux + aux
+        t.forwards += 1
+        self.tally = t
+
+    def take_tally(self) -> RoutingTally | None:
+        """The routing since the last call, and start counting afresh."""
+        tally, self.tally = self.tally, None
+        return tally
+
+
+def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def add_aux_loss(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """In training, the model's loss plus every MoE block's auxiliary loss (Switch: the
+    balancing term is part of the objective); a dense model's loss comes back untouched."""
+    if not model.training:
+        return loss
+    for layer in moe_layers(model):
+        if layer.aux is not None:
+            loss = loss + layer.aux
+    return loss

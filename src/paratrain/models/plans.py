@@ -72,6 +72,18 @@ LLAMA_TP_PLAN: dict[str, str] = {
 }
 
 
+def _moe_tp_plan(plan: dict[str, str]) -> dict[str, str]:
+    """The TP plan with every block's MLP a mixture of experts: the MoE stays whole on every
+    tp rank (its input, the residual stream, is whole there), so each tp rank routes the
+    same tokens and runs the same experts; expert parallelism splits it instead (over ep)."""
+    dense = {k: v for k, v in plan.items() if not k.startswith("blocks.*.mlp")}
+    return {**dense, "blocks.*.mlp": "replicated"}
+
+
+GPT_MOE_TP_PLAN = _moe_tp_plan(GPT_TP_PLAN)
+LLAMA_MOE_TP_PLAN = _moe_tp_plan(LLAMA_TP_PLAN)
+
+
 class _Shape(Protocol):  # GPTConfig, LlamaConfig or config.ModelConfig, without torch
     vocab_size: int
     n_head: int
@@ -159,6 +171,11 @@ class ModelPlan:
     parallelism replaces by ring or all-to-all attention; context_positions: the
     positions modules it replaces by those of this rank's chunks of the sequence.
     compile_units: the modules compiled one by one under --compile (regional compilation).
+    moe_layers: with --num-experts, the mixture-of-experts layers (models/moe.py), whose
+        `experts` child stacks each parameter by expert along dimension 0: what expert
+        parallelism splits, and what the data-parallel wrappers reduce over the expert-dp
+        group instead of dp (parallel/expert_parallel/); moe_tensor_parallel: the TP plan
+        then (the MoE replicated).
     """
 
     tensor_parallel: dict[str, str]
@@ -170,6 +187,11 @@ class ModelPlan:
     context_attention: str
     context_positions: str
     compile_units: tuple[str, ...] = ("blocks.*",)  # each block its own graph(s)
+    moe_layers: str = "blocks.*.mlp"
+    moe_tensor_parallel: dict[str, str] | None = None
+
+
+EXPERTS = "experts"  # the child of an MoE layer that holds its experts (models/moe.py)
 
 
 GPT_PLAN = ModelPlan(
@@ -181,6 +203,7 @@ GPT_PLAN = ModelPlan(
     recompute_units=("blocks.*",),  # each block keeps only its input (Megatron's "full")
     context_attention="blocks.*.attn.core",
     context_positions="positions",  # the learned absolute positions' indices
+    moe_tensor_parallel=GPT_MOE_TP_PLAN,
 )
 
 LLAMA_PLAN = ModelPlan(
@@ -192,6 +215,7 @@ LLAMA_PLAN = ModelPlan(
     recompute_units=("blocks.*",),
     context_attention="blocks.*.attn.core",
     context_positions="blocks.*.attn.positions",  # each attention's rotary angles
+    moe_tensor_parallel=LLAMA_MOE_TP_PLAN,
 )
 
 PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS

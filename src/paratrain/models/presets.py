@@ -24,6 +24,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # CPU-sized: grouped-query attention (2 query heads per key/value head), SwiGLU.
     "llama-tiny": {"arch": "llama", "vocab_size": 256, "n_layer": 4, "n_head": 4,
                    "n_kv_head": 2, "d_model": 128, "ffn_hidden": 352, "max_seq_len": 256},
+    # CPU-sized mixture of experts: 4 experts of the dense MLP's width, 2 per token
+    # (GShard), capacity 1.25 (tokens beyond it dropped, counted in the log).
+    "moe-tiny": {"arch": "gpt", "vocab_size": 256, "n_layer": 2, "n_head": 4, "d_model": 64,
+                 "max_seq_len": 128, "num_experts": 4, "top_k": 2, "capacity_factor": 1.25},
     "llama3-1b": {"arch": "llama", "vocab_size": 128256, "n_layer": 16, "n_head": 32,
                   "n_kv_head": 8, "d_model": 2048, "ffn_hidden": 8192, "max_seq_len": 8192,
                   "rope_theta": 500000.0, "tie_embeddings": True},
@@ -55,6 +59,8 @@ class ModelShape(Protocol):  # config.ModelConfig, as far as the counts read it
     ffn_hidden: int
     max_seq_len: int
     tie_embeddings: bool
+    # num_experts, shared_expert: read with getattr (0, False) so that shapes without them
+    # (the planner's ModelSpec) count as dense.
 
 
 def preset(name: str) -> dict[str, Any]:
@@ -89,7 +95,21 @@ def param_count(m: ModelShape) -> int:
     d, v = m.d_model, m.vocab_size
     head = 0 if m.tie_embeddings else v * d
     if m.arch == "gpt":
-        return m.n_layer * (12 * d * d + 13 * d) + v * d + m.max_seq_len * d + 2 * d + head
+        block = 4 * d * d + 8 * d + feed_forward_params(m)
+        return m.n_layer * block + v * d + m.max_seq_len * d + 2 * d + head
     d_kv = kv_heads(m) * (d // m.n_head)
-    block = 2 * d * d + 2 * d * d_kv + 3 * d * ffn_width(m) + 2 * d
+    block = 2 * d * d + 2 * d * d_kv + feed_forward_params(m) + 2 * d
     return m.n_layer * block + v * d + d + head
+
+
+def feed_forward_params(m: ModelShape) -> int:
+    """One block's MLP: gpt fc and proj 8 d^2 + 5d, llama SwiGLU 3 d f; as a mixture of E
+    experts (models/moe.py, no biases): router E d, experts E times 2 d f (gpt) or 3 d f
+    (llama), a shared expert once more."""
+    d, f = m.d_model, ffn_width(m)
+    per_expert = (2 if m.arch == "gpt" else 3) * d * f
+    experts = getattr(m, "num_experts", 0)
+    if not experts:
+        return per_expert + (5 * d if m.arch == "gpt" else 0)
+    shared = per_expert if getattr(m, "shared_expert", False) else 0
+    return experts * d + experts * per_expert + shared

@@ -11,7 +11,28 @@ from torch import nn
 from paratrain.config import ModelConfig
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.llama import Llama, LlamaConfig
+from paratrain.models.moe import MoEConfig
 from paratrain.models.presets import ffn_width, kv_heads
+
+EXPERT_ACTIVATION = {"gpt": "gelu", "llama": "swiglu"}  # each expert is the arch's MLP
+
+
+def moe_config(m: ModelConfig) -> MoEConfig | None:
+    """The blocks' mixture of experts, each expert as wide as the dense MLP; None: dense."""
+    if not m.num_experts:
+        return None
+    width = ffn_width(m)
+    return MoEConfig(
+        d_model=m.d_model,
+        num_experts=m.num_experts,
+        hidden=width,
+        top_k=m.top_k,
+        capacity_factor=m.capacity_factor or None,
+        aux_loss_coef=m.aux_loss_coef,
+        bias_rate=m.bias_rate,
+        shared_hidden=width if m.shared_expert else 0,
+        activation=EXPERT_ACTIVATION[m.arch],
+    )
 
 
 def gpt_config(m: ModelConfig) -> GPTConfig:
@@ -24,6 +45,7 @@ def gpt_config(m: ModelConfig) -> GPTConfig:
         m.dropout,
         m.tie_embeddings,
         m.activation,
+        moe_config(m),
     )
 
 
@@ -39,6 +61,7 @@ def llama_config(m: ModelConfig) -> LlamaConfig:
         rope_theta=m.rope_theta,
         norm_eps=m.norm_eps,
         tie_embeddings=m.tie_embeddings,
+        moe=moe_config(m),
     )
 
 

@@ -14,7 +14,7 @@ before the moment update, so the arithmetic is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -29,8 +29,11 @@ def decays(shape: torch.Size | tuple[int, ...]) -> bool:
     return len(shape) >= 2
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    params = [p for p in model.parameters() if p.requires_grad]
+def param_groups(
+    model: nn.Module, weight_decay: float, only: Collection[str] | None = None
+) -> list[dict]:
+    named = model.named_parameters()
+    params = [p for n, p in named if p.requires_grad and (only is None or n in only)]
     return [
         {"params": [p for p in params if decays(p.shape)], "weight_decay": weight_decay},
         {"params": [p for p in params if not decays(p.shape)], "weight_decay": 0.0},
@@ -52,9 +55,11 @@ def adamw(
     weight_decay: float,
     betas: tuple[float, float],
     eps: float = 1e-8,
+    only: Collection[str] | None = None,
 ) -> torch.optim.AdamW:
-    """torch's AdamW over the whole `model`, in its fastest implementation (`fastest`)."""
-    groups = param_groups(model, weight_decay)
+    """torch's AdamW over the whole `model` (or its parameters named in `only`), in its
+    fastest implementation (`fastest`)."""
+    groups = param_groups(model, weight_decay, only)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **fastest(model.parameters()))
 
 

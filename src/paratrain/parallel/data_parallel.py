@@ -32,6 +32,7 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import (
     GradSquares,
     MemoryReport,
@@ -45,9 +46,13 @@ from paratrain.parallel.replica import (
 )
 
 
-def broadcast_parameters(model: nn.Module, group: comm.CommGroup) -> None:
-    """Copy group rank 0's parameters and buffers to every replica, in one message."""
-    tensors = [t.data for t in (*model.parameters(), *model.buffers())]
+def broadcast_parameters(
+    model: nn.Module, group: comm.CommGroup, share: ParamShare = EVERY_PARAMETER
+) -> None:
+    """Copy group rank 0's parameters (of `share`) and buffers to every replica, in one
+    message."""
+    params = [p for _, p in share.named(model)]
+    tensors = [t.data for t in (*params, *model.buffers())]
     if group.size == 1 or not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -63,6 +68,7 @@ class DataParallel(nn.Module):
 
     reduce_op: "avg" divides the summed gradients by the group size (DDP's behaviour);
     "sum" is for losses already normalised by the global token count.
+    share: which of the module's parameters this wrapper holds (replica.ParamShare).
     """
 
     scaler = None  # float32 throughout: no loss scaling (mixed precision: zero.py)
@@ -74,6 +80,7 @@ class DataParallel(nn.Module):
         bucket_mb: float = 25.0,
         reduce_op: str = "avg",
         broadcast_buffers: bool = True,
+        share: ParamShare = EVERY_PARAMETER,
     ) -> None:
         super().__init__()
         if reduce_op not in ("avg", "sum"):
@@ -82,8 +89,9 @@ class DataParallel(nn.Module):
         self.group = group
         self.reduce_op = reduce_op
         self.broadcast_buffers = broadcast_buffers
-        broadcast_parameters(module, group)
-        params = [p for p in module.parameters() if p.requires_grad]
+        self.share = share
+        broadcast_parameters(module, group, share)
+        params = [p for _, p in share.named(module)]
         self.buckets = build_buckets(params, int(bucket_mb * 2**20))
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         # A group of one has nothing to overlap: without hooks, finish_gradient_sync brings
@@ -178,33 +186,37 @@ class DataParallel(nn.Module):
 
     # -- the rest of the Replica protocol: gradients are whole, in p.grad ------------------
     def scale_grads_(self, factor: float) -> None:
-        scale_whole_grads_(self.module, factor)
+        scale_whole_grads_(self.module, factor, self.share.names)
 
     def grad_squares(self) -> GradSquares:
-        return whole_grad_squares(self.module)  # every replica holds the whole gradient
+        # every replica holds the whole gradient (of its share)
+        return whole_grad_squares(self.module, self.share.names, self.share.split_over)
 
     def all_reduce_grads_(
         self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True
     ) -> None:
         del same_layout  # whole gradients: the same on every rank whatever else differs
-        all_reduce_whole_grads_(self.module, names, group)
+        mine = self.share.names
+        all_reduce_whole_grads_(self.module, [n for n in names if mine is None or n in mine], group)
 
     def build_optimizer(
         self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
     ) -> torch.optim.AdamW:
-        return adamw(self.module, lr, weight_decay, betas, eps)
+        return adamw(self.module, lr, weight_decay, betas, eps, self.share.names)
 
     def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
-        """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments."""
-        known = [("params", p) for p in self.module.parameters()]
+        """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments
+        (of this wrapper's share: storage outside it is another wrapper's to count)."""
+        known = [("params", p) for _, p in self.share.named(self.module)]
         known += [("grads", b.buffer) for b in self.buckets]
         states = optimizer.state.values() if optimizer is not None else ()
-        return count_memory(known, {}, self.module, states)
+        whole = self.module if self.share.names is None else None
+        return count_memory(known, {}, whole, states)
 
     def checkpoint_pieces(
         self, optimizer: torch.optim.Optimizer
     ) -> tuple[list[StatePiece], list[torch.Tensor]]:
-        return whole_checkpoint_pieces(self.module, optimizer)
+        return whole_checkpoint_pieces(self.module, optimizer, self.share.names)
 
     def after_load(self) -> None:
         """Every rank loaded the whole values: nothing else holds a copy."""

@@ -20,6 +20,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.parallel.adamw import ShardedAdamW
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import (
     MOMENTS,
     GradSquares,
@@ -40,6 +41,7 @@ class FlatShardReplica(nn.Module, abc.ABC):
     module: nn.Module
     group: comm.CommGroup
     scaler: Any
+    share: ParamShare = EVERY_PARAMETER  # ZeRO-1/2 may hold some of the module's parameters
 
     @property
     @abc.abstractmethod
@@ -72,7 +74,7 @@ class FlatShardReplica(nn.Module, abc.ABC):
         held = self._held_pieces()
         names, views = [p.segment.name for p, _ in held], [v for _, v in held]
         squares = squared_norms(views, self.shards[0].grad.device)
-        return GradSquares(names, squares, self.sharded_over)
+        return GradSquares(names, squares, self.sharded_over, self.share.split_over)
 
     def all_reduce_grads_(
         self, names: Sequence[str], group: comm.CommGroup, same_layout: bool = True

@@ -8,11 +8,15 @@ weights across pipeline stages), for an optimizer over what it owns, for its mem
 for the pieces of state a checkpoint stores. Each wrapper keeps its gradients where it
 likes (`p.grad`, flat shards); only its own methods look there. Adding a wrapper means
 implementing this protocol, not adding a branch to the training step.
+
+A wrapper holds every parameter of its module, or the `ParamShare` it is given: under
+expert parallelism two wrappers share one module, the experts reduced over the expert-dp
+group and the rest over dp (train/experts.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -36,11 +40,14 @@ class GradSquares:
     squares: (len(names),) float64.
     sharded_over: the group whose ranks hold disjoint pieces of these gradients (their
         squares add up), or None when every rank of the replica's group holds all of them.
+    split_over: the group whose ranks hold different parameters under these names (expert
+        parallelism: each rank of an ep group its own experts), so their squares add too.
     """
 
     names: list[str]
     squares: torch.Tensor
     sharded_over: CommGroup | None
+    split_over: CommGroup | None = None  # ranks holding different parameters (experts over ep)
 
 
 @dataclass(frozen=True)
@@ -173,11 +180,14 @@ class WholeGradients:
         """The whole values were loaded: nothing else holds a copy."""
 
 
-def whole_grads(module: nn.Module) -> tuple[list[str], list[torch.Tensor]]:
-    """Names and gradients of the parameters that have one (each parameter once)."""
+def whole_grads(
+    module: nn.Module, only: Collection[str] | None = None
+) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and gradients of the parameters that have one (each parameter once); with
+    `only`, of those named there (a wrapper holding some of the module's parameters)."""
     names, grads = [], []
     for name, p in module.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None and (only is None or name in only):
             names.append(name)
             grads.append(p.grad.detach())
     return names, grads
@@ -216,14 +226,18 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:
         offset += t.numel()
 
 
-def whole_grad_squares(module: nn.Module) -> GradSquares:
+def whole_grad_squares(
+    module: nn.Module, only: Collection[str] | None = None, split_over: CommGroup | None = None
+) -> GradSquares:
     """Per-parameter squared norms of whole gradients held in `p.grad`."""
-    names, grads = whole_grads(module)
-    return GradSquares(names, squared_norms(grads, device_of(module)), None)
+    names, grads = whole_grads(module, only)
+    return GradSquares(names, squared_norms(grads, device_of(module)), None, split_over)
 
 
-def scale_whole_grads_(module: nn.Module, factor: float) -> None:
-    scale_(whole_grads(module)[1], factor)
+def scale_whole_grads_(
+    module: nn.Module, factor: float, only: Collection[str] | None = None
+) -> None:
+    scale_(whole_grads(module, only)[1], factor)
 
 
 def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
@@ -241,12 +255,15 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
 
 
 def whole_checkpoint_pieces(
-    module: nn.Module, optimizer: torch.optim.Optimizer
+    module: nn.Module, optimizer: torch.optim.Optimizer, only: Collection[str] | None = None
 ) -> tuple[list[StatePiece], list[torch.Tensor]]:
     """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW: each
-    parameter is one piece, [0, numel), with its moments; and AdamW's step counters."""
+    parameter (of `only`, if given) is one piece, [0, numel), with its moments; and
+    AdamW's step counters."""
     pieces, counters = [], []
     for name, p in module.named_parameters():
+        if only is not None and name not in only:
+            continue
         state = adam_state(optimizer, p)
         counters.append(state["step"])
         tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}

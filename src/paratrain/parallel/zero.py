@@ -50,6 +50,7 @@ from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import MemoryReport, count_memory
 from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, FlatShard, flat_buckets, make_shard
 
@@ -60,6 +61,7 @@ class ZeroDataParallel(FlatShardReplica):
     reduce_op: "sum" for losses already normalised by the global token count (the training
     loop's way), "avg" for per-replica mean losses (DDP's way). accumulate: stage 2 with
     K micro-batches, "shard" (reduce-scatter each one) or "full" (module docstring).
+    share: which of the module's parameters this wrapper holds (replica.ParamShare).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class ZeroDataParallel(FlatShardReplica):
         bucket_mb: float = 25.0,
         reduce_op: str = "sum",
         accumulate: str = "shard",
+        share: ParamShare = EVERY_PARAMETER,
     ) -> None:
         super().__init__()
         if stage not in (0, 1, 2):
@@ -79,9 +82,9 @@ class ZeroDataParallel(FlatShardReplica):
             raise ValueError(f"reduce_op {reduce_op!r} / accumulate {accumulate!r}")
         self.module, self.group, self.stage = module, group, stage
         self.precision = precision or MixedPrecision()
-        self.reduce_op, self.accumulate = reduce_op, accumulate
-        broadcast_parameters(module, group)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad][::-1]
+        self.reduce_op, self.accumulate, self.share = reduce_op, accumulate, share
+        broadcast_parameters(module, group, share)
+        named = share.named(module)[::-1]
         self._params = [p for _, p in named]
         rank = group.rank if stage >= 1 else 0
         self.layout = FlatLayout(named, group.size if stage >= 1 else 1)
@@ -290,7 +293,8 @@ class ZeroDataParallel(FlatShardReplica):
         if self.flat_grads is not None:
             padding["grads"] = pad * self.flat_grads.element_size()
         states = optimizer.inner.state.values() if optimizer is not None else ()
-        return count_memory(known, padding, self.module, states)
+        whole = self.module if self.share.names is None else None  # else count the share
+        return count_memory(known, padding, whole, states)
 
     def materialize(self) -> None:
         """The full parameters are always there."""

@@ -154,6 +154,8 @@ def spec_of(m: ModelConfig, seq_len: int, name: str = "paratrain") -> ModelSpec:
     """A [model] config (our GPT or Llama) as the planner takes it, at this sequence length."""
     return ModelSpec(
         name,
+        # A mixture of experts: counted exactly here; the planner's formulas are dense.
+        n_params=param_count(m) if m.num_experts else None,
         n_layer=m.n_layer,
         d_model=m.d_model,
         n_head=m.n_head,

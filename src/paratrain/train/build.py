@@ -15,6 +15,8 @@ Which data-parallel wrapper a configuration gets:
 - --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone;
   stage 2 reduce-scatters every micro-batch into its shard unless --zero2-accumulate full);
 - --zero 3: FullyShardedDataParallel over the model's FSDP units.
+Under expert parallelism (--ep > 1) the same choice wraps the module twice, each wrapper
+holding one share of its parameters over its own group (train/experts.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import expand_units
 from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.pipeline import (
     PipelinePlan,
     PipelineRuntime,
@@ -51,6 +54,7 @@ from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train import checkpoint
 from paratrain.train.checkpoint_model import load_weights, read_model
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
+from paratrain.train.experts import apply_experts
 
 
 def gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -145,15 +149,19 @@ def build_engine(
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
         sp = p.sequence_parallel
-        apply_tensor_parallel(model, plan.tensor_parallel, tp, sequence_parallel=sp, seed=t.seed)
+        tp_plan = plan.moe_tensor_parallel if cfg.model.num_experts else plan.tensor_parallel
+        apply_tensor_parallel(model, tp_plan, tp, sequence_parallel=sp, seed=t.seed)
         tracker = model.tp_rng_tracker
     # Both inside each block, so after tensor parallelism; recomputation wraps the compiled
     # forward, since a checkpoint region cannot hold the graph breaks at tp's seams.
     compiled = compile_units(model, cfg, plan)
     recompute_blocks(model, cfg, plan)
     if mesh.size("pp") == 1:
-        dp = data_parallel(model, mesh.group("dp_cp"), cfg, plan)
-        engine: Engine = FlatEngine(dp, mesh.group("tp"), split, mesh.group("dp"))
+        # One wrapper per share of the parameters (two under expert parallelism).
+        shares = apply_experts(model, plan, mesh)
+        replicas = [data_parallel(model, g, cfg, plan, share=s) for s, g in shares]
+        tp, dp = mesh.group("tp"), mesh.group("dp")
+        engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:])
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan, split)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
@@ -206,24 +214,33 @@ def data_parallel(
     cfg: RunConfig,
     plan: ModelPlan | None = None,
     reduce_op: str = "sum",
+    share: ParamShare = EVERY_PARAMETER,
 ) -> Replica:
     """The wrapper the configuration asks for (see the module docstring).
 
     reduce_op: "sum" for losses normalised by the global token count (the flat engine),
     "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
+    share: the parameters it holds (all; or, under expert parallelism, train/experts.py).
     """
     p, dtype = cfg.parallel, compute_dtype(cfg)
     plan = plan if plan is not None else plan_of(cfg)
     if p.zero == 0 and dtype == "float32":
-        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op)
+        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op, share=share)
     precision = MixedPrecision.of(dtype)
     precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
-    if p.zero == 3:
+    if p.zero == 3:  # whole modules as units: refused with a share (validate_experts.py)
         units = expand_units(module, plan.fsdp_units)
         return FullyShardedDataParallel(
             module, group, units, precision, prefetch=p.prefetch, reduce_op=reduce_op
         )
     accumulate = p.zero2_accumulate if p.zero == 2 else "full"
     return ZeroDataParallel(
-        module, group, p.zero, precision, p.bucket_mb, reduce_op=reduce_op, accumulate=accumulate
+        module,
+        group,
+        p.zero,
+        precision,
+        p.bucket_mb,
+        reduce_op=reduce_op,
+        accumulate=accumulate,
+        share=share,
     )

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.expert_parallel import expert_placements
 from paratrain.parallel.replica import MOMENTS, Replica, StatePiece
 from paratrain.parallel.tensor_parallel_state import sharded_parameters
 
@@ -84,15 +85,19 @@ def flat_range_boxes(
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a rank's tp-local tensor sits in the global one."""
+    """Where a rank's tp-local (or ep-local) tensor sits in the global one."""
 
     shape: torch.Size  # global
     offsets: tuple[int, ...]  # of the local tensor
+    name: str  # the global tensor's name, as the plain model has it
 
 
 def tp_placements(module: nn.Module, tp: comm.CommGroup) -> dict[str, Placement]:
-    """{name: placement} for every parameter of `module` (split ones offset by tp rank)."""
+    """{name: placement} for every parameter of `module` (split ones offset by tp rank;
+    experts split by expert parallelism offset along dimension 0 by ep rank, under the
+    plain model's name)."""
     split = {name: dim for name, (_, dim) in sharded_parameters(module).items()}
+    experts = expert_placements(module)
     out = {}
     for name, p in module.named_parameters():
         shape, offsets = list(p.shape), [0] * p.dim()
@@ -100,7 +105,12 @@ def tp_placements(module: nn.Module, tp: comm.CommGroup) -> dict[str, Placement]
             dim = split[name]
             offsets[dim] = tp.rank * shape[dim]
             shape[dim] *= tp.size
-        out[name] = Placement(torch.Size(shape), tuple(offsets))
+        key = name
+        if name in experts:
+            key, rank, size = experts[name]
+            offsets[0] = rank * shape[0]
+            shape[0] *= size
+        out[name] = Placement(torch.Size(shape), tuple(offsets), key)
     return out
 
 
@@ -143,10 +153,11 @@ def rank_state(replicas: list[Replica], optimizers: list, tp: comm.CommGroup) ->
         pieces, steps = replica.checkpoint_pieces(optimizer)
         counters += steps
         for piece in pieces:
+            place = where[piece.name]
             for key, values in piece.tensors.items():
-                name = f"{'model' if key == 'model' else f'optim.{key}'}.{piece.name}"
-                tensors[name] = _boxes(piece, values, where[piece.name])
-        for name, place in where.items():
+                name = f"{'model' if key == 'model' else f'optim.{key}'}.{place.name}"
+                tensors[name] = _boxes(piece, values, place)
+        for place in where.values():
             for key in ("model", *(f"optim.{m}" for m in MOMENTS)):
-                tensors.setdefault(f"{key}.{name}", Sharded(place.shape, []))
+                tensors.setdefault(f"{key}.{place.name}", Sharded(place.shape, []))
     return RankState(tensors, counters)

@@ -7,6 +7,8 @@ float64 and reduced over exactly the groups that split each gradient:
 
 - dp, where a wrapper shards the reduced gradient (ZeRO, FSDP): ranks hold disjoint
   pieces, so their squares add; replicas that hold the whole gradient add nothing;
+- ep, for experts split by expert parallelism (`GradSquares.split_over`): each rank of an
+  ep group holds other experts, so each expert's gradient counts once;
 - tp, for tensor-parallel shards (`sharded_parameters`); a parameter replicated on every
   tp rank (LayerNorm) counts once;
 - pp, across stages, which hold different parameters (a weight tied across stages is
@@ -36,27 +38,34 @@ def global_grad_norm(
     parts: what each of this rank's replicas holds; tp_split: the names (as in the parts)
     of tensor-parallel shards.
     """
-    # (tp-split, replicated) squares of dp-sharded entries, then of whole ones
     device = parts[0].squares.device  # where the gradients are
-    sharded = torch.zeros(2, dtype=torch.float64, device=device)
-    whole = torch.zeros(2, dtype=torch.float64, device=device)
-    sharded_over = None
+    # (tp-split, replicated) squares, summed per list of groups whose ranks hold disjoint
+    # entries (dp for sharded wrappers; ep for experts; none for whole replicas)
+    sums: list[tuple[list[comm.CommGroup], torch.Tensor]] = []
     for part in parts:
         split = [name in tp_split for name in part.names]
         split = torch.tensor(split, dtype=torch.bool, device=device)
-        target = whole if part.sharded_over is None else sharded
+        groups = [g for g in (part.sharded_over, part.split_over) if g is not None and g.size > 1]
+        target = next((t for gs, t in sums if _same(gs, groups)), None)
+        if target is None:
+            target = torch.zeros(2, dtype=torch.float64, device=device)
+            sums.append((groups, target))
         target[0] += part.squares[split].sum()
         target[1] += part.squares[~split].sum()
-        sharded_over = part.sharded_over or sharded_over
-    if sharded_over is not None:
-        comm.all_reduce(sharded, sharded_over, op="sum")
-    squares = sharded + whole
+    for groups, target in sums:  # the same list on every rank: the same calls
+        for group in groups:
+            comm.all_reduce(target, group, op="sum")
+    squares = torch.stack([t for _, t in sums]).sum(0)
     if tp is not None and tp.size > 1:
         comm.all_reduce(squares[:1], tp, op="sum")
     total = squares.sum().reshape(1)
     if pp is not None and pp.size > 1:
         comm.all_reduce(total, pp, op="sum")
     return float(total.sqrt())
+
+
+def _same(a: list[comm.CommGroup], b: list[comm.CommGroup]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def clip_to(replicas: Sequence[Replica], norm: float, max_norm: float) -> None:

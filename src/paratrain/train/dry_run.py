@@ -18,7 +18,7 @@ from paratrain.train.prediction import MB, describe, predict
 
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     p = cfg.parallel
-    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp)
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
     planned = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp)  # the planner's ranks: no cp axis yet
     pred = None if p.dp_mode == "async" else predict(cfg)
     layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)

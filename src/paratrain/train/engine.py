@@ -24,6 +24,7 @@ different batches.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -63,7 +64,11 @@ class Engine:
 
     @property
     def modules(self) -> list[nn.Module]:
-        return [r.module for r in self.replicas]
+        """This rank's modules, each once (expert parallelism wraps one module twice)."""
+        seen: dict[int, nn.Module] = {}
+        for r in self.replicas:
+            seen.setdefault(id(r.module), r.module)
+        return list(seen.values())
 
     @property
     def loss_scaled(self) -> bool:
@@ -108,7 +113,9 @@ class Engine:
 
 
 class FlatEngine(Engine):
-    """The whole depth of the model on this rank: one replica."""
+    """The whole depth of the model on this rank: one replica, which runs the forward, and
+    under expert parallelism `more` over the same module, each holding its own share of
+    the parameters (train/experts.py)."""
 
     def __init__(
         self,
@@ -116,18 +123,22 @@ class FlatEngine(Engine):
         tp: comm.CommGroup | None = None,
         split: TokenShard = WHOLE,
         dp: comm.CommGroup | None = None,
+        more: Sequence[Replica] = (),
     ) -> None:
         """dp: the group whose ranks take different batches (default: the replica's);
         under cp the replica's group is dp_cp and dp the ranks of this cp coordinate."""
-        super().__init__([replica], tp or replica.group.alone("tp"), None)
+        super().__init__([replica, *more], tp or replica.group.alone("tp"), None)
         self.replica, self.split, self.dp = replica, split, dp or replica.group
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-        self.replica.zero_grad()
-        loss, tokens = accumulate_gradients(self.replica, micro_batches, self.split)
+        for r in self.replicas:
+            r.zero_grad()
+        others = self.replicas[1:]
+        loss, tokens = accumulate_gradients(self.replica, micro_batches, self.split, others)
         self._complete_partial_grads()
         scale = self.replica.scaler.scale if self.replica.scaler is not None else 1.0
-        self.replica.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
+        for r in self.replicas:
+            r.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
         return loss, tokens
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:

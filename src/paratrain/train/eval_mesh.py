@@ -42,7 +42,7 @@ def evaluate_on_mesh(
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
     mesh = Mesh.build(
-        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, options=options, device=rank_device(cfg, env)
+        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=rank_device(cfg, env)
     )
     try:
         engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=False))

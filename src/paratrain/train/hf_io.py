@@ -106,6 +106,11 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
     meta_model = checkpoint.read_meta(ckpt.path)["model"]
     cfg.model = dataclasses.replace(cfg.model, **meta_model)
     m = cfg.model
+    if m.num_experts:
+        raise ValueError(
+            f"--format hf: {run_dir} is a mixture of experts ({m.num_experts} experts), which "
+            "GPT2LMHeadModel and LlamaForCausalLM cannot hold; use --format safetensors"
+        )
     if m.arch == "llama":  # config.json names the resolved width and key/value heads
         from paratrain.models.presets import ffn_width, kv_heads
 

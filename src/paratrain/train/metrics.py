@@ -13,6 +13,8 @@ from torch import nn
 from paratrain.comm.ledger import Ledger
 from paratrain.train.step import StepOutput
 
+ROUTING_KEYS = ("expert_tokens_min", "expert_tokens_max", "dropped_fraction", "aux_loss")
+
 
 @dataclass(frozen=True)
 class StepMetrics:
@@ -27,9 +29,21 @@ class StepMetrics:
     data_s: float  # time spent producing this step's batches
     skipped: bool = False  # non-finite gradient norm: no update
     compile_s: float = 0.0  # --compile: time spent compiling blocks, left out of step_s
+    # Mixture of experts: expert_tokens_min/max, dropped_fraction, aux_loss (train/experts.py)
+    routing: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """The fields, the routing's spread among them (absent for a dense model)."""
+        fields = asdict(self)
+        routing = fields.pop("routing") or {}
+        return {**fields, **routing}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> StepMetrics:
+        """What `as_dict` wrote (a line of metrics.jsonl)."""
+        fields = {k: v for k, v in row.items() if k not in ROUTING_KEYS}
+        routing = {k: v for k, v in row.items() if k in ROUTING_KEYS}
+        return cls(**fields, routing=routing or None)
 
 
 @dataclass
@@ -84,4 +98,5 @@ class StepTimer:
             data_s=self._data_done - self._start,
             skipped=out.skipped,
             compile_s=compile_s,
+            routing=out.routing,
         )

@@ -14,6 +14,7 @@ the group that holds the same parameters (dp_cp: the wrapper's group) are the ba
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,11 +27,16 @@ WHOLE = TokenShard()  # cp = 1: every token of the micro-batch
 
 
 def accumulate_gradients(
-    model: Any, micro_batches: list[torch.Tensor], split: TokenShard = WHOLE
+    model: Any,
+    micro_batches: list[torch.Tensor],
+    split: TokenShard = WHOLE,
+    others: Sequence[Any] = (),
 ) -> tuple[float, int]:
     """Forward and backward of the micro-batches, one gradient sync, the global token count.
 
-    `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group).
+    `model` is any data-parallel wrapper (forward, no_sync, finish_gradient_sync, group);
+    `others` wrap the same module's other parameters (expert parallelism's experts) and
+    sync with it.
     Returns (mean token loss over the global batch, target tokens in the global batch); the
     gradients still hold sums over tokens: the caller scales them by 1 / tokens.
     No micro-batch is skipped, even one with no target tokens: sharded wrappers communicate
@@ -46,13 +52,16 @@ def accumulate_gradients(
         if tokens == 0:
             targets = targets.clamp(min=0)
         # Only the last micro-batch's backward triggers the gradient sync.
-        sync = contextlib.nullcontext() if i == last else model.no_sync()
-        with sync:
+        with contextlib.ExitStack() as sync:
+            if i != last:
+                for wrapper in (model, *others):
+                    sync.enter_context(wrapper.no_sync())
             mean_loss = model(inputs, targets)
             (mean_loss * tokens).backward()
         sums[0] += mean_loss.detach().double() * tokens
         sums[1] += tokens
-    model.finish_gradient_sync()
+    for wrapper in (model, *others):
+        wrapper.finish_gradient_sync()
     comm.all_reduce(sums, model.group, op="sum")
     total_tokens = max(1.0, float(sums[1]))
     return float(sums[0]) / total_tokens, int(sums[1])

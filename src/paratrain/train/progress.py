@@ -40,6 +40,15 @@ class Progress:
                 m.grad_norm,
                 compiled,
             )
+            if m.routing is not None:  # a mixture of experts: how its routing went
+                r = m.routing
+                log.info(
+                    "  experts: tokens per expert %d..%d  dropped %.1f%%  aux loss %.4f",
+                    r["expert_tokens_min"],
+                    r["expert_tokens_max"],
+                    100 * r["dropped_fraction"],
+                    r["aux_loss"],
+                )
 
     def close(self) -> None:
         if self.bar is not None:

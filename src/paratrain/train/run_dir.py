@@ -83,7 +83,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 
 
 def read_step_metrics(run_dir: Path) -> list[StepMetrics]:
-    return [StepMetrics(**row) for row in read_metrics(run_dir)]
+    return [StepMetrics.from_dict(row) for row in read_metrics(run_dir)]
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from paratrain.train.clip import clip_to
 from paratrain.train.engine import Engine
+from paratrain.train.experts import balance_biases, routing_log
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class StepOutput:
     tokens: int  # target tokens in the global batch
     skipped: bool = False  # the norm was not finite: no update
     overflow: bool = False  # ... under fp16: the loss scaler's expected skip, not a fault
+    routing: dict[str, float] | None = None  # mixture of experts: train/experts.py routing_log
 
 
 def train_step(
@@ -48,8 +50,10 @@ def train_step(
         clip_to(engine.replicas, grad_norm, grad_clip)
     if finite or engine.loss_scaled:
         optimizer.step()  # fp16: finds the overflow on every rank, halves the scale, skips
+    balance_biases(engine.modules)  # MoE bias balancing after the step (restarts counting)
     overflow = not finite and engine.loss_scaled
-    return StepOutput(loss, grad_norm, tokens, skipped=not finite, overflow=overflow)
+    routing = routing_log(engine.modules, engine.replicas[0].group)
+    return StepOutput(loss, grad_norm, tokens, not finite, overflow, routing)
 
 
 class NonFiniteLoss(RuntimeError):

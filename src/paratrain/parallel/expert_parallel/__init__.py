@@ -19,7 +19,9 @@ from paratrain.parallel.expert_parallel.dispatch import (
     ExpertParallel,
     all_to_all,
     expert_parameters,
+    expert_placements,
     shard_experts,
+    whole_experts,
 )
 from paratrain.parallel.expert_parallel.grads import reduce_gradients
 from paratrain.parallel.expert_parallel.groups import ExpertGroups, expert_groups, expert_range
@@ -32,7 +34,9 @@ __all__ = [
     "apply_expert_parallel",
     "expert_groups",
     "expert_parameters",
+    "expert_placements",
     "expert_range",
     "reduce_gradients",
     "shard_experts",
+    "whole_experts",
 ]

@@ -108,3 +108,32 @@ def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
         if isinstance(module, ExpertParallel)
         for p in module.parameters()
     ]
+
+
+def expert_placements(model: nn.Module) -> dict[str, tuple[str, int, int]]:
+    """{name: (the plain model's name, ep rank, ep)} for every parameter of split experts:
+    `<layer>.experts.local.w` is rows [rank·E/ep, (rank+1)·E/ep) of `<layer>.experts.w`
+    (what a checkpoint stores, so that it loads on any ep)."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, ExpertParallel):
+            for p_name, _ in module.local.named_parameters():
+                whole = f"{name}.{p_name}" if name else p_name
+                local = f"{name}.local.{p_name}" if name else f"local.{p_name}"
+                out[local] = (whole, module.group.rank, module.group.size)
+    return out
+
+
+@torch.no_grad()
+def whole_experts(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every split expert parameter whole, under the plain model's name: each gathered
+    over its layer's ep group, in rank order (collective over every such group)."""
+    out = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, ExpertParallel):
+            continue
+        size = module.group.size
+        for p_name, p in module.local.named_parameters():
+            flat = comm.all_gather_flat(p.reshape(-1), module.group, sizes=[p.numel()] * size)
+            out[f"{name}.{p_name}"] = flat.view(size * p.shape[0], *p.shape[1:])
+    return out

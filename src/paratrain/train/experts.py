@@ -1,0 +1,92 @@
+"""A run's mixture of experts: the MoE layers made parallel, the wrappers' parameter shares,
+and the step's routing log (docs/experts.md).
+
+Every MoE layer (models/plans.py `moe_layers`) routes over the whole batch: its view of the
+batch spans the data-parallel ranks (GroupBatch), so capacity, queues and balancing
+statistics are those of one process holding the whole batch, whatever the layout. With
+ep > 1 its experts are split over the mesh's ep group (apply_expert_parallel) and the
+data-parallel wrapping splits in two shares, each reduced over the ranks that hold the
+same values:
+
+    dense (attention, router, shared expert): dp          every rank holds them
+    experts:                                  expert_dp   the ranks holding the same experts
+
+With the token-summed losses of the flat engine both are sums, then divided by the global
+token count: an expert's gradient arrives already summed over its ep group (the
+all-to-all's backward), and the sum over expert_dp adds the remaining shards, so every
+shard counts once, as in the dense sum over dp (grads.py derives the 1/R of mean losses).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from paratrain import comm
+from paratrain.mesh import Mesh
+from paratrain.models.moe import MoEFeedForward
+from paratrain.models.plans import EXPERTS, ModelPlan
+from paratrain.parallel.expert_parallel import GroupBatch, apply_expert_parallel
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
+
+
+def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:
+    """The model's MoE layers, by name ("blocks.*.mlp": one per block); [] when dense."""
+    head, _, tail = plan.moe_layers.partition(".*.")
+    names = [f"{head}.{child}.{tail}" for child, _ in model.get_submodule(head).named_children()]
+    return [n for n in names if isinstance(model.get_submodule(n), MoEFeedForward)]
+
+
+def apply_experts(
+    model: nn.Module, plan: ModelPlan, mesh: Mesh
+) -> list[tuple[ParamShare, comm.CommGroup]]:
+    """Make the MoE layers route over the whole batch and, with ep > 1, split their experts;
+    return the data-parallel wrappers' shares with their reduction groups (one for a dense
+    model or ep = 1: experts then live whole on every rank, like any parameter)."""
+    layers = moe_layer_names(model, plan)
+    batch = mesh.group("dp_cp")
+    for name in layers:
+        model.get_submodule(name).batch = GroupBatch(batch)
+    ep = mesh.group("ep")
+    if not layers or ep.size == 1:
+        return [(EVERY_PARAMETER, batch)]
+    apply_expert_parallel(model, layers, ep, batch)
+    prefixes = tuple(f"{name}.{EXPERTS}." for name in layers)
+    names = [n for n, _ in model.named_parameters()]
+    experts = frozenset(n for n in names if n.startswith(prefixes))
+    dense = frozenset(n for n in names if n not in experts)
+    return [
+        (ParamShare(dense), batch),
+        (ParamShare(experts, split_over=ep), mesh.group("expert_dp")),
+    ]
+
+
+def routing_log(modules: list[nn.Module], group: comm.CommGroup) -> dict[str, float] | None:
+    """The step's routing over every MoE layer, from the layers' tallies (then cleared):
+    tokens per expert (min and max over layers and experts, kept assignments summed over
+    the step's micro-batches), the dropped fraction of the assignments, and the auxiliary
+    loss (its mean over the dp shards is the batch's; summed over layers, averaged over
+    micro-batches). None for a dense model. Collective over `group` (one small all-reduce)."""
+    tallies = [m.take_tally() for module in modules for m in module.modules()
+               if isinstance(m, MoEFeedForward)]  # fmt: skip
+    tallies = [t for t in tallies if t is not None]
+    if not tallies:
+        return None
+    kept = torch.stack([t.kept for t in tallies])  # (layers, E)
+    aux = torch.stack([t.aux / t.forwards for t in tallies]).sum().double().reshape(1)
+    comm.all_reduce(aux, group, op="avg")
+    assignments = sum(t.assignments for t in tallies)
+    return {
+        "expert_tokens_min": int(kept.min()),
+        "expert_tokens_max": int(kept.max()),
+        "dropped_fraction": sum(t.dropped for t in tallies) / max(assignments, 1),
+        "aux_loss": float(aux),
+    }
+
+
+def balance_biases(modules: list[nn.Module]) -> None:
+    """After an optimizer step: DeepSeek-V3's bias update on every MoE layer that has one."""
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, MoEFeedForward):
+                m.balance_bias()

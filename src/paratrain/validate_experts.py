@@ -1,0 +1,96 @@
+"""The checks on a mixture of experts and --ep, run by validate.resolve before any worker
+starts; each failure is one line naming the value and what would be valid.
+
+What is refused, and why (docs/experts.md, "Not done yet"):
+- a pipeline: the auxiliary loss of a middle stage's blocks never reaches the last
+  stage's loss;
+- sequence parallelism: each tp rank would route only its slice of the sequence;
+- activation recomputation: the recomputed forward routes again (the bias balancing's
+  load would count twice);
+- asynchronous data parallelism: no batch spans the workers;
+- context parallelism and --compile: both work token by token or block by block and
+  would likely compose, but no test trains them with experts yet;
+- with ep > 1: ZeRO-3 (its units hold whole modules; the experts' shards would need the
+  expert-dp group), and fp16 (each of the two wrappers would scale the loss);
+- bias balancing with a checkpoint to start from: the bias is a buffer, and checkpoints
+  hold parameters and optimizer state only.
+"""
+
+from __future__ import annotations
+
+from paratrain.config import RunConfig
+
+
+def check_experts(cfg: RunConfig) -> None:
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    if p.ep < 1:
+        raise ValueError(f"--ep {p.ep} must be at least 1")
+    if m.num_experts < 0:
+        raise ValueError(f"--num-experts {m.num_experts} must be 0 (dense) or more")
+    if not m.num_experts:
+        if p.ep > 1:
+            raise ValueError(
+                f"--ep {p.ep} splits the experts of a mixture of experts, and this model is "
+                "dense: give --num-experts (or --model moe-tiny), or use --ep 1"
+            )
+        return
+    _check_routing(cfg)
+    refused = {
+        f"--pp {p.pp}": p.pp > 1,
+        "--sequence-parallel": p.sequence_parallel,
+        f"--recompute {t.recompute}": t.recompute != "none",
+        "--dp-mode async": p.dp_mode == "async",
+        f"--cp {p.cp}": p.cp > 1,
+        "--compile": t.compile,
+    }
+    for what, present in refused.items():
+        if present:
+            raise ValueError(
+                f"{what} with a mixture of experts (--num-experts {m.num_experts}) is not "
+                "supported yet (docs/experts.md); drop one of them"
+            )
+    if m.bias_rate and (t.resume or t.init_from or p.max_restarts):
+        raise ValueError(
+            f"--bias-rate {m.bias_rate} with --resume, --init-from or --max-restarts: "
+            "checkpoints do not hold the router's balancing bias yet; use --bias-rate 0"
+        )
+    _check_expert_parallel(cfg)
+
+
+def _check_routing(cfg: RunConfig) -> None:
+    m = cfg.model
+    if not 1 <= m.top_k <= m.num_experts:
+        raise ValueError(f"--top-k {m.top_k} must be between 1 and --num-experts {m.num_experts}")
+    if m.capacity_factor < 0 or m.aux_loss_coef < 0 or m.bias_rate < 0:
+        raise ValueError(
+            f"--capacity-factor {m.capacity_factor}, --aux-loss-coef {m.aux_loss_coef} and "
+            f"--bias-rate {m.bias_rate} must be 0 or more"
+        )
+    if m.arch == "gpt" and m.activation != "gelu":
+        raise ValueError(
+            f"--activation {m.activation} with a mixture of experts: the experts use the exact "
+            "gelu; use --activation gelu"
+        )
+
+
+def _check_expert_parallel(cfg: RunConfig) -> None:
+    m, p = cfg.model, cfg.parallel
+    if p.ep == 1:
+        return
+    if p.dp % p.ep:
+        raise ValueError(
+            f"--ep {p.ep} must divide the data-parallel degree dp = {p.dp} (experts are split "
+            f"over ep of the dp ranks); use a divisor of {p.dp}"
+        )
+    if m.num_experts % p.ep:
+        raise ValueError(
+            f"--ep {p.ep} must divide --num-experts {m.num_experts} (each rank of an ep "
+            f"group holds an equal share of the experts); use a divisor of {m.num_experts}"
+        )
+    if p.zero == 3:
+        raise ValueError(f"--ep {p.ep} with --zero 3 is not supported yet; use --zero 0, 1 or 2")
+    if cfg.train.dtype == "float16":
+        raise ValueError(
+            f"--ep {p.ep} with --dtype float16 is not supported yet (the two wrappers would "
+            "each scale the loss); use --dtype bfloat16 or float32"
+        )
