@@ -112,6 +112,7 @@ def test_a_star_matches_exactly_one_name_component():
         "loss_fn",
         "norm",
         "pos_emb",
+        "positions",  # the parameterless positions piece (models/pieces.py)
         "tok_emb",
     ]
 
