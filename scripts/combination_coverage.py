@@ -146,6 +146,9 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"cp-a2a", "tp", "rc-full", "tree"},
         {"cp", "1f1b", "rc-sel", "ring"},
     ],
+    "test_context_parallel_training.py::test_context_tensor_and_data_parallel_together_match_single_process": [  # noqa: E501
+        {"cp", "dp", "tp", "sp"}
+    ],
     "test_context_parallel_training.py::test_paratrain_train_cp_2_matches_single_process": [
         {"cp", "llama"}
     ],
@@ -175,7 +178,7 @@ fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
 zero1+cp-a2a zero3+cp-a2a cp+gpipe cp+interleaved cp+zb-h1
 cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interleaved
-cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+dp+tp cp+tp+1f1b
+cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
 zero1+compile zero2+compile sp+compile gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts

@@ -62,9 +62,11 @@ LAYOUTS = [
     ("gpt", {"cp": 2, "pp": 2, "comm_algo": "ring"}, {"recompute": "selective"}),
     ("gpt", {"cp": 4, "cp_method": "alltoall"}, {}),
 ]  # fmt: skip
+# The three axes at once, on 8 processes (one launch of its own: 8 ranks on 2 cores).
+LAYOUTS_8 = [("gpt", {"cp": 2, "dp": 2, "tp": 2, "sequence_parallel": True}, {})]
 
 
-def layout_config(arch: str, parallel: dict, train: dict):
+def layout_config(arch: str, parallel: dict, train: dict, world: int = 4):
     cfg = tiny_config(micro_batch=2, grad_clip=CLIP, **train)
     cfg.model.n_head = 4  # tp 2 x alltoall cp 2, and alltoall cp 4, need 4 heads
     if arch == "llama":  # 4 query heads, 2 key/value heads
@@ -72,7 +74,7 @@ def layout_config(arch: str, parallel: dict, train: dict):
     cfg.parallel = dataclasses.replace(cfg.parallel, **parallel)
     p = cfg.parallel
     p.nproc = max(p.dp, 1) * p.tp * p.pp * p.cp
-    assert p.nproc == 4
+    assert p.nproc == world
     cfg.train.microbatches = 0
     return resolve(cfg, p.nproc)
 
@@ -146,10 +148,25 @@ def test_context_parallel_layouts_match_single_process():
     memory_cfg = tiny_config(seq_len=64, micro_batch=2)
     memory_cfg.model.max_seq_len = 64
     per_rank = run_distributed(cp_runs, 4, runs, data, memory_cfg, timeout=600)
+    check_layouts(LAYOUTS, configs, [records for records, _ in per_rank], data)
+    check_activation_memory([memory for _, memory in per_rank])
+
+
+def test_context_tensor_and_data_parallel_together_match_single_process():
+    data = tiny_data()
+    configs = [layout_config(*layout, world=8) for layout in LAYOUTS_8]
+    runs = [(c.parallel.dp, c.parallel.pp, c.parallel.tp, c) for c in configs]
+    per_rank = run_distributed(train_layouts, 8, runs, data, timeout=600)
+    check_layouts(LAYOUTS_8, configs, per_rank, data)
+
+
+def check_layouts(layouts: list, configs: list, per_rank: list[list], data) -> None:
+    """Every layout's per-step losses and gradient norms, and its final parameters, against
+    one process training the same data (tests/equivalence.py's reference)."""
     references = References(data)
-    for i, (layout, cfg) in enumerate(zip(LAYOUTS, configs, strict=True)):
+    for i, (layout, cfg) in enumerate(zip(layouts, configs, strict=True)):
         reference, initial = references(cfg)
-        records = [records[i] for records, _ in per_rank]
+        records = [records[i] for records in per_rank]
         for record in records:  # every rank reports the same step losses
             assert record.losses == records[0].losses, layout
         pairs = zip(records[0].losses, reference.losses, strict=True)
@@ -165,7 +182,6 @@ def test_context_parallel_layouts_match_single_process():
             assert diff <= PARAM_ATOL, (layout, name, diff)
         moved = max((ref - initial[n]).abs().max().item() for n, ref in reference.state.items())
         assert moved > MIN_PARAM_MOVE
-    check_activation_memory([memory for _, memory in per_rank])
 
 
 def check_activation_memory(per_rank: list[dict[int, int]]) -> None:
