@@ -154,7 +154,10 @@ COVERAGE: dict[str, list[set[str]]] = {
     ],
     "test_compile.py::test_compiled_layouts_match_single_process": [
         {"dp", "compile"},
+        {"zero1", "compile"},
+        {"zero2", "compile"},
         {"zero3", "compile"},
+        {"sp", "compile"},
         {"tp", "rc-full", "compile"},
         {"1f1b", "compile"},
     ],
@@ -179,7 +182,7 @@ llama+restarts resume+restarts
 zero1+cp-a2a zero3+cp-a2a cp+gpipe cp+interleaved cp+zb-h1
 cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interleaved
 cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
-zero1+compile zero2+compile sp+compile gpipe+compile interleaved+compile bf16+compile
+gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts
 """.split()

@@ -1,9 +1,11 @@
 """--compile (parallel/compile.py): each block compiled, training equal to one process.
 
-One launch of 2 ranks trains four compiled layouts in turn: data parallel (dp 2),
-ZeRO-3 (FSDP units gathered in each block's pre-hook), tensor parallel with full
-recomputation (the seams are graph breaks; the checkpoint wraps the compiled forward),
-and a 1F1B pipeline (one block per stage). Each is held against plain single-process
+One launch of 2 ranks trains seven compiled layouts in turn: data parallel (dp 2),
+ZeRO-1 and ZeRO-2 (their gradient hooks fire outside the compiled forward), ZeRO-3 (FSDP
+units gathered in each block's pre-hook), tensor parallel with full recomputation (the
+seams are graph breaks; the checkpoint wraps the compiled forward), tensor parallel with
+sequence parallelism (its gathers and scatters are seams too), and a 1F1B pipeline (one
+block per stage). Each is held against plain single-process
 PyTorch without compilation (tests/equivalence.py's reference): per step loss and global
 gradient norm, every final parameter under its plain name (so no `_orig_mod.` prefix), and
 the whole parameter vector within 1e-5 relative. inductor with `fallback_random` keeps
@@ -36,8 +38,11 @@ from tests.equivalence import (
 REL = 1e-5  # issue 18: losses and parameters within 1e-5 relative of one process
 LAYOUTS = {  # name -> (parallel fields, train fields)
     "dp": ({"dp": 2}, {}),
+    "zero1": ({"dp": 2, "zero": 1}, {}),
+    "zero2": ({"dp": 2, "zero": 2}, {}),
     "zero3": ({"dp": 2, "zero": 3}, {}),
     "tp rc-full": ({"tp": 2}, {"recompute": "full"}),
+    "tp sp": ({"tp": 2, "sequence_parallel": True}, {}),
     "1f1b": ({"pp": 2, "schedule": "1f1b"}, {}),
 }
 

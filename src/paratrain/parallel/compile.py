@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._dynamo.config as dynamo_config
 from torch import nn
 
 INDUCTOR_OPTIONS = {"fallback_random": True}
@@ -158,10 +159,20 @@ class CompiledBlocks:
         )
 
 
+ENTRIES_PER_BLOCK = 8  # dynamo's own default limit, per block
+
+
 def compile_blocks(blocks: Sequence[tuple[str, nn.Module]]) -> CompiledBlocks:
     """Compile each (name, block)'s forward on the instance; compilation itself happens at
     each block's first forward."""
     breaks, fallbacks = _dynamo_counts()
+    # Every block's forward is the same code object, and each block's own backend gives
+    # it its own cache entries there (train and eval, recomputation: a few each). Past
+    # dynamo's limit of 8 entries per code object the rest run eager: a 12-block model
+    # compiled 0 graphs for some blocks. The limits grow by room for these blocks.
+    room = ENTRIES_PER_BLOCK * len(blocks)
+    dynamo_config.recompile_limit += room
+    dynamo_config.accumulated_recompile_limit += room
     done = []
     for name, block in blocks:
         record = BlockCompile(name)
