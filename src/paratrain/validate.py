@@ -34,6 +34,7 @@ from paratrain.config import (
 )
 from paratrain.models.plans import check_context_parallel, check_tensor_parallel
 from paratrain.models.presets import preset
+from paratrain.validate_compile import check_compile
 from paratrain.validate_experts import check_experts
 
 
@@ -57,7 +58,7 @@ def resolve(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> 
     _check_tensor_parallel(cfg)
     _check_context_parallel(cfg)
     _check_zero(cfg)
-    _check_compile(cfg)
+    check_compile(cfg)
     _check_data(cfg)
     return cfg
 
@@ -282,43 +283,6 @@ def _check_zero(cfg: RunConfig) -> None:
             "--zero 3 with a pipeline (--pp > 1) is refused: every micro-batch would gather "
             "the stage's parameters again (DeepSpeed forbids it too); use --zero 1 or 2"
         )
-
-
-def _check_compile(cfg: RunConfig) -> None:
-    """--compile (parallel/compile.py): what it cannot do, and inductor's C++ compiler."""
-    p, t = cfg.parallel, cfg.train
-    if not t.compile:
-        return
-    if p.dp_mode == "async":
-        raise ValueError(
-            "--compile with --dp-mode async: the parameter server's workers are not compiled; "
-            "use --dp-mode sync or drop --compile"
-        )
-    if t.recompute == "selective":
-        raise ValueError(
-            "--compile with --recompute selective: dynamo cannot trace the selective policy's "
-            "replayable cache; use --recompute full or none"
-        )
-    if p.cp > 1:
-        raise ValueError(
-            f"--compile with --cp {p.cp}: ring and all-to-all attention talk inside the "
-            "block, and no test yet shows them compiled; use --cp 1 or drop --compile"
-        )
-    if p.pp > 1 and p.schedule == "zb-h1":
-        raise ValueError(
-            "--compile with --schedule zb-h1: a compiled block is one autograd node whose "
-            "backward computes input and weight gradients together, so there is no weight "
-            "pass to defer; use gpipe, 1f1b or interleaved"
-        )
-    if p.device == "cpu":
-        from paratrain.parallel.compile import cpp_compilers, find_cpp_compiler
-
-        names = cpp_compilers()
-        if find_cpp_compiler(names) is None:
-            raise ValueError(
-                f"--compile on the CPU needs a C++ compiler for inductor: none of "
-                f"{', '.join(names)} is on PATH (install g++ or set CXX)"
-            )
 
 
 def _check_tensor_parallel(cfg: RunConfig) -> None:
