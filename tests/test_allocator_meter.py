@@ -30,6 +30,9 @@ def test_peak_held_phases_and_scopes_are_the_allocators_bytes():
     assert meter.peak(during="two") == 2048 + 4096  # b was still held
     assert meter.held() == 2048
     assert (meter.peak(scope="scoped"), meter.held(scope="scoped")) == (4096, 0)
+    unscoped = lambda block: "scoped" not in block.scopes  # noqa: E731
+    assert (meter.peak(where=unscoped), meter.held(where=unscoped)) == (1024 + 2048, 2048)
+    assert meter.peak(during="two", where=unscoped) == 2048
     assert sorted(x.nbytes for x in meter.live_at_peak()) == [2048, 4096]
     del b
 

@@ -12,11 +12,18 @@ The variant: the formula counts parameters, gradients, master weights and moment
 
 - at the step boundary the allocator holds `step_boundary`, plus AdamW's step counters
   (4 bytes per optimized tensor: one flat shard, or one per FSDP unit);
-- during the step's forward passes the allocator's peak, minus the activations (the plain
-  model's forward measured by the same meter) and, for ZeRO-3 (prefetch 0), minus the
-  unit it has gathered at that moment (the allocations in `GATHER_SCOPE`) and gloo's copy
-  of it (allocated inside gloo's all-gather; NCCL gathers in place), is `total`: the
-  state, and for "full" the whole gradient in the buckets while micro-batch 2 runs.
+- during the step's forward passes the peak of what was allocated outside collectives,
+  minus the activations (the plain model's forward measured by the same meter) and, for
+  ZeRO-3 (prefetch 0), minus the unit it has gathered at that moment (the allocations in
+  `GATHER_SCOPE`), is `total`: the state, and for "full" the whole gradient in the buckets
+  while micro-batch 2 runs.
+
+Blocks allocated inside a collective are gloo's own copies (NCCL works in place): the
+formula does not count them, and gloo's worker thread frees them out of the profiler's
+sight, some time after `wait()` returns (on a busy machine a reduce-scatter's copy of
+ZeRO-2's whole gradient can still be alive well into the next forward). So both the
+boundary and the forward are levels of the blocks outside collectives (`where=`); every
+one of those is allocated and freed on the caller's thread, where the profiler sees it.
 
 Later in the step the allocator holds more, which the formula does not claim to count and
 the test does not bound: gradient buckets and units waiting for their reduce-scatter, gloo's
@@ -83,9 +90,9 @@ def activations(cfg, dtype: str, batch: torch.Tensor) -> int:
     return meter.peak()
 
 
-def in_collective(block: Block) -> bool:
-    """Allocated inside a collective: a buffer of the backend's own (gloo's copies)."""
-    return any(name.startswith(("c10d::", "gloo:")) for name in block.scopes)
+def outside_collectives(block: Block) -> bool:
+    """Not allocated inside a collective, where the buffers are gloo's own copies."""
+    return not any(name.startswith(("c10d::", "gloo:")) for name in block.scopes)
 
 
 def measure(rank, world_size, cases):
@@ -105,12 +112,12 @@ def measure(rank, world_size, cases):
             mark_forwards(meter, model)
             with meter.phase("step"):
                 train_step(engine, opt, batches, 1e-3, 1.0)
-        at_peak = meter.live_at_peak(during="forward", fresh=True)
+        at_peak = meter.live_at_peak(during="forward", fresh=True, where=outside_collectives)
         gathered = sum(b.nbytes for b in at_peak if GATHER_SCOPE in b.scopes)
-        staging = sum(b.nbytes for b in at_peak if in_collective(b))
-        forward = meter.peak(during="forward") - act - gathered - staging
+        forward = meter.peak(during="forward", where=outside_collectives) - act - gathered
         n = count_parameters(model.module)
-        out.append((n, meter.held(), forward, meter.peak(during="step"), act))
+        held = meter.held(where=outside_collectives)
+        out.append((n, held, forward, meter.peak(during="step"), act))
         del model, engine, opt, meter, at_peak
     return out
 

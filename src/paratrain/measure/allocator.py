@@ -13,7 +13,10 @@ each with its address, its bytes, its time and the allocator's total at that mom
 - the blocks (each allocation, until its free) say what was alive at the peak
   (`live_at_peak`), and in which ranges of code each was allocated: `peak(scope=...)` is
   the peak of what was allocated inside a `record_function` range or an op of that name
-  (the runtime's "fsdp.gather" range: the gathered parameters FSDP really holds);
+  (the runtime's "fsdp.gather" range: the gathered parameters FSDP really holds), and
+  `peak(where=...)` that of the blocks a filter keeps: a level from the events alone, exact
+  for blocks that the threads the profiler follows free (not gloo's copies, which its worker
+  thread frees when it gets to it, tens of ms after `wait()` on a busy machine);
 - `phase(name)` marks a stretch of time, `peak(during=name)` is the peak inside it.
 
 Not counted: Python objects (not tensor storage). A block allocated before the region and
@@ -28,7 +31,7 @@ import bisect
 import contextlib
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,11 @@ class Block:
     start_ns: int
     end_ns: int | None  # None: no free seen before the region ended
     scopes: frozenset[str]
+
+
+# Which blocks a level counts (None: all). Only the blocks: a level with a filter is built
+# from the allocations and frees the profiler saw, not from the allocator's total.
+BlockFilter = Callable[[Block], bool] | None
 
 
 class AllocatorMeter:
@@ -153,14 +161,14 @@ class AllocatorMeter:
         nbytes, start, scopes = live.pop(ptr)
         self.blocks.append(Block(ptr, nbytes, start, t, scopes))
 
-    def _timeline(self, scope: str | None) -> tuple[list[int], list[int]]:
+    def _timeline(self, scope: str | None, where: BlockFilter) -> tuple[list[int], list[int]]:
         """Sample times and the level after each: the allocator's, or that of the blocks
-        allocated in `scope`."""
-        if scope is None:
+        allocated in `scope` for which `where` holds."""
+        if scope is None and where is None:
             return self._times, self._levels
         changes = []
         for b in self.blocks:
-            if scope in b.scopes:
+            if _kept(b, scope, where):
                 changes.append((b.start_ns, b.nbytes))
                 if b.end_ns is not None:
                     changes.append((b.end_ns, -b.nbytes))
@@ -176,18 +184,22 @@ class AllocatorMeter:
         if self._cuda:
             raise ValueError(f"{what} needs the profiler's allocation events: CPU only")
 
-    def peak(self, scope: str | None = None, during: str | None = None) -> int:
-        """Most bytes alive at once above the start (of blocks allocated in `scope`), over
-        the region or inside the ranges named `during`."""
+    def peak(
+        self, scope: str | None = None, during: str | None = None, where: BlockFilter = None
+    ) -> int:
+        """Most bytes alive at once above the start (of blocks allocated in `scope`, and
+        for which `where` holds), over the region or inside the ranges named `during`."""
         if self._cuda:
-            if scope is not None:
-                self._need_events("peak(scope=...)")
+            if scope is not None or where is not None:
+                self._need_events("peak(scope=..., where=...)")
             return self._cuda_peak if during is None else self._cuda_phases[during]
-        return self._peak_at(scope, during)[0]
+        return self._peak_at(scope, during, where)[0]
 
-    def _peak_at(self, scope: str | None, during: str | None) -> tuple[int, int, int]:
+    def _peak_at(
+        self, scope: str | None, during: str | None, where: BlockFilter = None
+    ) -> tuple[int, int, int]:
         """(peak, time of the peak, start of the window that holds it)."""
-        times, levels = self._timeline(scope)
+        times, levels = self._timeline(scope, where)
         if during is None:
             windows = [(times[0], times[-1])] if times else []
         elif during in self.ranges:
@@ -203,32 +215,41 @@ class AllocatorMeter:
                 best = max(best, (levels[j], times[j], start))
         return best
 
-    def held(self, scope: str | None = None) -> int:
-        """Bytes alive at the end above the start (of blocks allocated in `scope`)."""
+    def held(self, scope: str | None = None, where: BlockFilter = None) -> int:
+        """Bytes alive at the end above the start (of blocks allocated in `scope`, and for
+        which `where` holds)."""
         if self._cuda:
-            if scope is not None:
-                self._need_events("held(scope=...)")
+            if scope is not None or where is not None:
+                self._need_events("held(scope=..., where=...)")
             return self._cuda_end
-        levels = self._timeline(scope)[1]
+        levels = self._timeline(scope, where)[1]
         return levels[-1] if levels else 0
 
     def live_at_peak(
-        self, scope: str | None = None, during: str | None = None, fresh: bool = False
+        self,
+        scope: str | None = None,
+        during: str | None = None,
+        fresh: bool = False,
+        where: BlockFilter = None,
     ) -> list[Block]:
-        """The blocks alive at the moment of `peak(scope, during)`: what it is made of.
+        """The blocks alive at the moment of `peak(scope, during, where)`: what it is made of.
 
         fresh: only those allocated since the window holding the peak opened. A block whose
         free happened out of the profiler's sight (a collective's buffer that gloo's thread
         released) stays "alive" among the blocks, though not in the level; it is older."""
         self._need_events("live_at_peak")
-        _, when, opened = self._peak_at(scope, during)
+        _, when, opened = self._peak_at(scope, during, where)
         return [
             b
             for b in self.blocks
-            if (scope is None or scope in b.scopes)
+            if _kept(b, scope, where)
             and (opened if fresh else b.start_ns) <= b.start_ns <= when
             and (b.end_ns is None or b.end_ns > when)
         ]
+
+
+def _kept(block: Block, scope: str | None, where: BlockFilter) -> bool:
+    return (scope is None or scope in block.scopes) and (where is None or where(block))
 
 
 def _scopes(event: Any) -> frozenset[str]:
