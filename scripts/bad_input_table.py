@@ -133,7 +133,6 @@ CASES = [
         "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
         ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],
     ),
-    Case("a mixture of experts in a pipeline", ["--model", "moe-tiny", "--pp", "2"]),
     Case("a missing data file", ["--data", "{dir}/missing.txt"]),
     Case("an empty data file", ["--data", "{dir}/empty.txt"], _file("empty.txt", b"")),
     Case("`--data /dev/null`", ["--data", "/dev/null"]),

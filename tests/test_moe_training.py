@@ -85,24 +85,36 @@ def test_moe_tiny_with_ep_2_from_the_cli_equals_one_process(tmp_path):
     assert "experts: tokens per expert" in proc.stderr
 
 
-LAYOUTS = {  # name -> (dp, tp, ep, zero, collective algorithms)
+LAYOUTS = {  # name -> (dp, tp, ep, zero, collective algorithms[, pp, schedule])
     "dp 4 x ep 2, ZeRO-1, ring": (4, 1, 2, 1, "ring"),
     "dp 4 x ep 2, ZeRO-2, tree": (4, 1, 2, 2, "tree"),
     "dp 4 x ep 2, buckets": (4, 1, 2, 0, "native"),
     "dp 2 x tp 2 x ep 2": (2, 2, 2, 0, "native"),
     "dp 4, experts whole (ep 1)": (4, 1, 1, 0, "native"),
+    # Stage 0 holds block 0's router: its balancing loss rides on the stage's output.
+    "pp 2 x dp 2 x ep 2, ZeRO-1, 1f1b": (2, 1, 2, 1, "native", 2, "1f1b"),
+    "pp 2 x dp 2 x ep 2, ZeRO-2, gpipe": (2, 1, 2, 2, "native", 2, "gpipe"),
+    "pp 2 x dp 2 x ep 2, zb-h1 (split backward)": (2, 1, 2, 0, "native", 2, "zb-h1"),
 }
 BF16 = (4, 1, 2, 1, "native")  # dp 4 x ep 2, ZeRO-1, in bfloat16: within bf16's bounds
 
 
 def layout_config(
-    dp: int, tp: int, ep: int, zero: int, algo: str, dtype: str = "float32"
+    dp: int,
+    tp: int,
+    ep: int,
+    zero: int,
+    algo: str,
+    pp: int = 1,
+    schedule: str = "1f1b",
+    dtype: str = "float32",
 ) -> RunConfig:
     cfg = RunConfig()
     cfg.model = dataclasses.replace(cfg.model, **preset("moe-tiny"), name="moe-tiny")
     cfg.model.d_model, cfg.model.max_seq_len = 32, 32
     p, t = cfg.parallel, cfg.train
-    p.nproc, p.dp, p.tp, p.ep, p.zero, p.bucket_mb = dp * tp, dp, tp, ep, zero, 0.01
+    p.nproc, p.dp, p.tp, p.ep, p.zero, p.bucket_mb = dp * tp * pp, dp, tp, ep, zero, 0.01
+    p.pp, p.schedule = pp, schedule
     p.comm_algo = algo  # the run-wide default, as --comm-algo sets it
     t.seq_len, t.global_batch, t.micro_batch, t.steps = 16, 8, 8 // dp, 3
     t.dtype = dtype
@@ -120,11 +132,15 @@ def train_layouts(rank: int, world: int, configs: list[RunConfig], data) -> list
     records = []
     for cfg in configs:
         p = cfg.parallel
-        mesh = Mesh.build(dp=p.dp, tp=p.tp, ep=p.ep, options=CommOptions(algo=p.comm_algo))
+        options = CommOptions(algo=p.comm_algo)
+        mesh = Mesh.build(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, options=options)
         result = train(cfg, mesh, data)
-        state = full_state_dict(result.model, mesh.group("tp"))
-        state = {k: v.float() for k, v in state.items() if ".experts.local." not in k}
-        state.update({k: v.float() for k, v in whole_experts(result.model).items()})
+        state = {}
+        chunks = result.model if isinstance(result.model, list) else [result.model]
+        for chunk in chunks:  # a pipeline stage may hold several
+            whole = full_state_dict(chunk, mesh.group("tp"))
+            state.update({k: v.float() for k, v in whole.items() if ".experts.local." not in k})
+            state.update({k: v.float() for k, v in whole_experts(chunk).items()})
         losses = [m.loss for m in result.metrics]
         records.append(RunRecord(losses, [m.grad_norm for m in result.metrics], state))
     return records
@@ -148,10 +164,14 @@ def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process():
             assert math.isclose(a, b, rel_tol=BF16_LOSS_RTOL), (a, b)
         ours, ref = update(bf16.state, initial), update(reference.state, initial)
         assert (ours - ref).norm() <= BF16_UPDATE_RTOL * ref.norm()
-    for i, name in enumerate(LAYOUTS):
+    for i, (name, layout) in enumerate(LAYOUTS.items()):
         for rank, records in enumerate(per_rank):
+            record = records[i]
+            if len(layout) > 5:  # a pipeline: each rank holds its stage's parameters
+                state = {k: v for r in per_rank for k, v in r[i].state.items()}
+                record = dataclasses.replace(record, state=state)
             try:
-                assert_matches(records[i], reference, initial)
+                assert_matches(record, reference, initial)
             except AssertionError as e:
                 e.add_note(f"layout {name}, rank {rank}")
                 raise

@@ -2,8 +2,6 @@
 starts; each failure is one line naming the value and what would be valid.
 
 What is refused, and why (docs/experts.md, "Not done yet"):
-- a pipeline: the auxiliary loss of a middle stage's blocks never reaches the last
-  stage's loss;
 - sequence parallelism: each tp rank would route only its slice of the sequence;
 - activation recomputation: the recomputed forward routes again (the bias balancing's
   load would count twice);
@@ -36,7 +34,6 @@ def check_experts(cfg: RunConfig) -> None:
         return
     _check_routing(cfg)
     refused = {
-        f"--pp {p.pp}": p.pp > 1,
         "--sequence-parallel": p.sequence_parallel,
         f"--recompute {t.recompute}": t.recompute != "none",
         "--dp-mode async": p.dp_mode == "async",

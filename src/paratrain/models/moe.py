@@ -259,12 +259,17 @@ def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
-def add_aux_loss(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
-    """In training, the model's loss plus every MoE block's auxiliary loss (Switch: the
-    balancing term is part of the objective); a dense model's loss comes back untouched."""
+def aux_loss(model: nn.Module) -> torch.Tensor | None:
+    """In training, the sum of the auxiliary losses of the model's MoE blocks' last
+    forwards (Switch: the balancing term is part of the objective); None for a dense model
+    or in evaluation. A pipeline stage without the loss adds its blocks' this way."""
     if not model.training:
-        return loss
-    for layer in moe_layers(model):
-        if layer.aux is not None:
-            loss = loss + layer.aux
-    return loss
+        return None
+    terms = [layer.aux for layer in moe_layers(model) if layer.aux is not None]
+    return torch.stack(terms).sum() if terms else None
+
+
+def add_aux_loss(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """The model's loss plus `aux_loss(model)`; a dense model's loss comes back untouched."""
+    aux = aux_loss(model)
+    return loss if aux is None else loss + aux

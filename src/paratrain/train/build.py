@@ -32,6 +32,7 @@ from paratrain.config import RunConfig, compute_dtype
 from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
+from paratrain.models.moe import aux_loss
 from paratrain.models.plans import PLANS, ModelPlan
 from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
@@ -184,6 +185,7 @@ def _pipeline_engine(
     model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan, split: TokenShard
 ) -> Engine:
     p, pp = cfg.parallel, mesh.group("pp")
+    shares = apply_experts(model, plan, mesh)  # before the split: chunks share the layers
     cuts = pipeline_plan(plan)
     tied = find_tied_weights(model, cuts)
     chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=cuts)
@@ -199,13 +201,19 @@ def _pipeline_engine(
         dtype=dtype,
         measure_activations=cfg.train.trace,
         split=split,
+        stage_loss=aux_loss if cfg.model.num_experts else None,  # MoE balancing losses
     )
     # The runtime weights each micro-batch's mean loss by 1/K: replicas average (over
-    # dp_cp: under cp every rank's chunks hold as many tokens, full rows only).
-    dp_cp = mesh.group("dp_cp")
-    replicas = [data_parallel(c, dp_cp, cfg, plan, reduce_op="avg") for c in chunks]
+    # dp_cp: under cp every rank's chunks hold as many tokens, full rows only). Split
+    # experts sum over expert_dp, and the engine divides them by dp_cp (grads.py).
+    (dense, dp_cp), *experts = shares
+    replicas = [data_parallel(c, dp_cp, cfg, plan, "avg", dense) for c in chunks]
+    more = [data_parallel(c, g, cfg, plan, "sum", s) for s, g in experts for c in chunks
+            if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
-    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends, mesh.group("dp"))
+    return PipelineEngine(
+        replicas, runtime, mesh.group("tp"), tied, ends, mesh.group("dp"), more=more
+    )
 
 
 def data_parallel(

@@ -147,7 +147,8 @@ class FlatEngine(Engine):
 
 
 class PipelineEngine(Engine):
-    """This stage's chunks, each its own replica, run by the pipeline runtime."""
+    """This stage's chunks, each its own replica, run by the pipeline runtime; under
+    expert parallelism `more` holds the chunks' experts (train/experts.py)."""
 
     def __init__(
         self,
@@ -157,9 +158,13 @@ class PipelineEngine(Engine):
         tied: TiedWeights | None = None,
         ends: comm.CommGroup | None = None,
         dp: comm.CommGroup | None = None,
+        more: Sequence[Replica] = (),
     ) -> None:
-        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens."""
-        super().__init__(replicas, tp, runtime.group)
+        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens. `more`
+        reduce by sum over their groups (expert_dp): each micro-batch's mean loss counts
+        once per data-parallel rank, so they are divided by the dense replicas' group."""
+        super().__init__([*replicas, *more], tp, runtime.group)
+        self.chunk_replicas, self.more = replicas, list(more)
         self.runtime, self.tokens_group = runtime, replicas[0].group
         self.dp = dp or self.tokens_group
         self.device = runtime.device  # the dp reduction of the loss runs where it lives
@@ -175,6 +180,8 @@ class PipelineEngine(Engine):
             loss = self.runtime.run_step(micro_batches)
         for r in self.replicas:
             r.finish_gradient_sync()
+        for r in self.more:  # expert_parallel/grads.py: 1/dp, not 1/expert_dp
+            r.scale_grads_(1.0 / self.chunk_replicas[0].group.size)
         self._complete_partial_grads()
         self._sum_tied_grads()
         tokens = sum(self.runtime.split(b)[1].numel() for b in micro_batches)
@@ -187,24 +194,33 @@ class PipelineEngine(Engine):
         if not self.tied or self.ends is None:
             return
         first = self.runtime.stage == 0  # holds virtual stage 0 as its chunk 0
-        replica = self.replicas[0] if first else self.replicas[-1]
+        replica = self.chunk_replicas[0] if first else self.chunk_replicas[-1]
         names = self.tied.first if first else self.tied.last
         replica.all_reduce_grads_(list(names), self.ends, same_layout=False)
 
     def _grad_squares(self) -> list[GradSquares]:
         parts = super()._grad_squares()
         if self.tied and self.ends is not None and self.runtime.stage != 0:
-            parts[-1] = _without(parts[-1], set(self.tied.last))  # counted on the first stage
+            last = len(self.chunk_replicas) - 1  # the last chunk's dense replica
+            parts[last] = _without(parts[last], set(self.tied.last))  # counted on the first stage
         return parts
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
         """Mean loss over the scored tokens. The runtime weights its micro-batches equally,
-        so only full batches of one shape run together; a padded one runs alone."""
+        so only full batches of one shape run together; a padded one runs alone.
+
+        Under expert parallelism each forward is an all-to-all over ep, whose ranks take
+        different batches: every rank runs the same number of one-batch passes, and one
+        short of batches repeats one with weight 0 (as passes.evaluate does)."""
         mine = batches[self.dp.rank :: self.dp.size]
+        runs = [(group, True) for group in _equally_weighted(mine)]
+        if self.more:
+            rounds = -(-len(batches) // self.dp.size)
+            runs = [([b], True) for b in mine] + [([batches[0]], False)] * (rounds - len(mine))
         stats = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for group in _equally_weighted(mine):
+        for group, counted in runs:
             targets = [self.runtime.split(b)[1] for b in group]  # this rank's chunks
-            tokens = sum(int((t != IGNORE_INDEX).sum()) for t in targets)
+            tokens = sum(int((t != IGNORE_INDEX).sum()) for t in targets) if counted else 0
             loss = self.runtime.run_forward(group)  # every rank runs it: collectives
             if tokens:  # a cp chunk of padding alone has a NaN mean, and weight 0
                 stats[0] += loss * tokens

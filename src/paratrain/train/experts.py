@@ -61,26 +61,35 @@ def apply_experts(
     ]
 
 
-def routing_log(modules: list[nn.Module], group: comm.CommGroup) -> dict[str, float] | None:
+def routing_log(
+    modules: list[nn.Module], group: comm.CommGroup, pp: comm.CommGroup | None = None
+) -> dict[str, float] | None:
     """The step's routing over every MoE layer, from the layers' tallies (then cleared):
     tokens per expert (min and max over layers and experts, kept assignments summed over
     the step's micro-batches), the dropped fraction of the assignments, and the auxiliary
     loss (its mean over the dp shards is the batch's; summed over layers, averaged over
-    micro-batches). None for a dense model. Collective over `group` (one small all-reduce)."""
+    micro-batches). None for a dense model. Collective over `group` (one small all-reduce)
+    and, with a pipeline, over `pp` (two more: each stage holds its blocks' layers)."""
     tallies = [m.take_tally() for module in modules for m in module.modules()
                if isinstance(m, MoEFeedForward)]  # fmt: skip
     tallies = [t for t in tallies if t is not None]
     if not tallies:
         return None
-    kept = torch.stack([t.kept for t in tallies])  # (layers, E)
+    kept = torch.stack([t.kept for t in tallies]).double()  # (layers, E)
     aux = torch.stack([t.aux / t.forwards for t in tallies]).sum().double().reshape(1)
     comm.all_reduce(aux, group, op="avg")
-    assignments = sum(t.assignments for t in tallies)
+    sums = torch.cat([aux, kept.new_tensor([sum(t.dropped for t in tallies),
+                                            sum(t.assignments for t in tallies)])])  # fmt: skip
+    extremes = torch.stack([kept.max(), -kept.min()])
+    if pp is not None and pp.size > 1:
+        comm.all_reduce(sums, pp, op="sum")
+        comm.all_reduce(extremes, pp, op="max")
+    aux_loss, dropped, assignments = sums.tolist()
     return {
-        "expert_tokens_min": int(kept.min()),
-        "expert_tokens_max": int(kept.max()),
-        "dropped_fraction": sum(t.dropped for t in tallies) / max(assignments, 1),
-        "aux_loss": float(aux),
+        "expert_tokens_min": int(-extremes[1]),
+        "expert_tokens_max": int(extremes[0]),
+        "dropped_fraction": dropped / max(assignments, 1),
+        "aux_loss": aux_loss,
     }
 
 

@@ -52,7 +52,7 @@ def train_step(
         optimizer.step()  # fp16: finds the overflow on every rank, halves the scale, skips
     balance_biases(engine.modules)  # MoE bias balancing after the step (restarts counting)
     overflow = not finite and engine.loss_scaled
-    routing = routing_log(engine.modules, engine.replicas[0].group)
+    routing = routing_log(engine.modules, engine.replicas[0].group, engine.pp)
     return StepOutput(loss, grad_norm, tokens, not finite, overflow, routing)
 
 

@@ -31,7 +31,10 @@ gradient, `BW` computes the weight gradients from those, so no node's work is do
 
 Loss: the last virtual stage computes each micro-batch's mean token loss and backpropagates
 loss / K. All micro-batches hold the same number of tokens, so the gradients accumulated
-over the K micro-batches equal those of one step on the whole batch.
+over the K micro-batches equal those of one step on the whole batch. Terms of the loss that
+other stages compute (`stage_loss`: a mixture of experts' balancing losses) ride on their
+outputs' backward, also / K (stage_loss.py), and the step's loss is then the sum over the
+stages rather than the last stage's.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from paratrain.parallel.pipeline.schedules import (
     virtual_stage,
 )
 from paratrain.parallel.pipeline.split_backward import WeightGrad, backward_input
+from paratrain.parallel.pipeline.stage_loss import StageLoss, attach
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 
 
@@ -108,6 +112,7 @@ class PipelineRuntime:
         measure_activations: bool = True,
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = whole_rows,
         receives_ahead: int | None = None,
+        stage_loss: StageLoss | None = None,
     ) -> None:
         if group.size != schedule.num_stages:
             raise ValueError(
@@ -132,6 +137,9 @@ class PipelineRuntime:
         if receives_ahead is not None and receives_ahead < 1:
             raise ValueError(f"receives_ahead {receives_ahead}: at least 1, or None for all")
         self.receives_ahead = receives_ahead
+        # Terms of the loss a chunk short of the last computes (same on every stage: it
+        # decides the step's last collective). The last chunk's forward includes its own.
+        self.stage_loss = stage_loss
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
         self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
@@ -191,7 +199,9 @@ class PipelineRuntime:
             self.last_train_trace = trace
         loss = st.loss_sum if train else st.loss_sum / self._num_micro
         # The loss lives on the last stage (it owns the last virtual stage); one scalar
-        # broadcast so that every stage can log it.
+        # broadcast so that every stage can log it, or summed when stages hold terms of it.
+        if self.stage_loss is not None:
+            return float(comm.all_reduce(loss, self.group, op="sum"))
         return float(comm.broadcast(loss, self.group, src=self.group.size - 1))
 
     def _vs(self, a: Action) -> int:
@@ -214,6 +224,10 @@ class PipelineRuntime:
                 y = loss / self._num_micro  # so the K backwards sum to one big batch's grad
             else:
                 y = chunk(x)  # (b, T, C)
+                term = self.stage_loss(chunk) if st.train and self.stage_loss else None
+                if term is not None:
+                    st.loss_sum += term.detach() / self._num_micro
+                    y = attach(y, term / self._num_micro)
         if vs != last:
             self._hand_over(st, ("act", a.microbatch, a.chunk), y.detach(), +1)
         if st.train:
