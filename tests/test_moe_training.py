@@ -12,9 +12,10 @@ are the same numbers, added in another order. Clipping is active on every step (
 about 2.5 to 3.5, clip 1), so the gradient norm, which must count each expert once
 whatever the layout, reaches the parameters. Tolerances: losses 1e-5 relative,
 gradient norms 2e-5 relative, parameters 1e-4 absolute. Measured: losses and norms within
-2.5e-7; parameters within 4.2e-5 in the in-process layouts (lr 5e-3: Adam moves a weight whose gradient is near
-zero by up to lr whatever its rounding; at lr 1e-2 an expert weight of the layouts came
-within 8.5e-5 of the bound, and one of dp 2 x tp 2 x ep 2 from the CLI 1.03e-4 past it).
+2.5e-7; parameters within 4.2e-5 in the in-process layouts (lr 5e-3: Adam moves a
+weight whose gradient is near zero by up to lr whatever its rounding; at lr 1e-2 an
+expert weight of the layouts came within 8.5e-5 of the bound, and one of dp 2 x tp 2 x
+ep 2 from the CLI 1.03e-4 past it).
 """
 
 from __future__ import annotations
