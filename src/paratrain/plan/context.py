@@ -53,8 +53,10 @@ def ulysses_pass_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> 
 
 
 def ring_passes(recompute: str) -> tuple[int, int]:
-    """(forward rings, backward rings) per layer and micro-batch; recomputation: 2 forward."""
-    return (2 if recompute == "full" else 1), 1
+    """(forward rings, backward rings) per layer and micro-batch; recomputation: 2 forward.
+    Selective too: the runtime's policy recomputes collectives (parallel/recompute.py),
+    and the cp exchange is not among the outputs it keeps."""
+    return (1 if recompute == "none" else 2), 1
 
 
 def _first_stage_layers(model: ModelSpec, layout: Layout) -> int:
