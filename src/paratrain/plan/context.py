@@ -8,8 +8,8 @@ parallelism splits the heads, so each tp rank moves 1/t of them); b s tokens, h_
 key/value heads of dimension d, e bytes per element:
 
 - ring: forward c - 1 messages of 2 b (s/c) (h_kv/t) d e, so 2 b s h_kv d e (c-1)/(c t)
-  bytes; backward twice that (keys and values again, and their gradients); full
-  recomputation runs the forward ring once more.
+  bytes; backward twice that (keys and values again, and their gradients); full and
+  selective recomputation run the forward ring once more.
 - all-to-all: per pass 2 (c - 1) messages, b (s/c) (2h + 2h_kv)/t d e (c - 1)/c bytes.
 
 Time. A ring step's transfer runs while the rank attends to the block it already has, so
