@@ -25,14 +25,14 @@ Traffic per step, K micro-batches, L MoE layers, b s tokens a micro-batch:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paratrain.config import ModelConfig
 from paratrain.models.presets import feed_forward_params, ffn_width
 from paratrain.plan import comm
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
-from paratrain.plan.model import ModelSpec
+from paratrain.plan.model import ModelSpec, spec_of
 from paratrain.plan.rank_groups import (
     Coords,
     RankTraffic,
@@ -69,6 +69,13 @@ class Experts:
         split = feed_forward_params(dense) - replicated
         expert = (2 if m.arch == "gpt" else 3) * h * f
         return cls(m.num_experts, m.top_k, expert, feed_forward_params(m), split, replicated)
+
+
+def run_model(m: ModelConfig, seq_len: int) -> tuple[ModelSpec, Experts | None]:
+    """A run's [model] as the per-rank counts take it: the spec (for a mixture of experts,
+    the dense model of the same shape, whose MLPs `Experts` replaces) and its experts."""
+    experts = Experts.of(m)
+    return spec_of(replace(m, num_experts=0) if experts else m, seq_len), experts
 
 
 @dataclass(frozen=True)

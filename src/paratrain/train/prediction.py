@@ -36,7 +36,6 @@ parallelism's smaller activations.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,8 +47,8 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
-from paratrain.plan.model import ModelSpec, spec_of
-from paratrain.plan.rank_experts import Experts, expert_model_state
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_experts import Experts, expert_model_state, run_model
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
 from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
 
@@ -86,7 +85,7 @@ class Prediction:
 def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
-    model = spec_of(m, t.seq_len)
+    model, experts = run_model(m, t.seq_len)
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,
@@ -96,8 +95,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         zero2_accumulate=p.zero2_accumulate,
     )
     notes = []
-    if m.num_experts:  # the dense model of the same shape; rank_experts.py adds the experts
-        model = spec_of(dataclasses.replace(m, num_experts=0), t.seq_len)
+    if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
         notes.append("experts: activations counted as the dense model's")
         if p.ep > 1:
             notes.append(EP_NOTE)
