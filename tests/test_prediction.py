@@ -232,3 +232,25 @@ def test_cp_and_experts_predicted_per_rank_and_group():
             capacity = math.ceil(m.capacity_factor * m.top_k * n * cfg.parallel.dp / m.num_experts)
             rows = m.top_k * n + m.num_experts // cfg.parallel.ep * capacity
             assert tokens % row == 0 and 0 < tokens <= k * m.n_layer * 2 * rows * row
+
+
+def test_dry_run_lines_show_cp_and_ep_with_each_ranks_own_prediction():
+    """No process: every rank's line names its cp and ep place and carries that rank's
+    model state and bytes per step, the cp group's and the experts' traffic included."""
+    from paratrain.train.dry_run import dry_run_lines
+    from paratrain.train.prediction import MB
+
+    ring, _, moe = cp_and_moe_configs()
+    for cfg, group in ((ring, "cp"), (moe, "ep")):
+        pred = predict(cfg)
+        ranks = [line for line in dry_run_lines(cfg, "data") if line.startswith("rank ")]
+        for rank, line in enumerate(ranks):
+            sent, state = pred.bytes_per_step[rank], pred.model_state[rank]["total"]
+            assert sent[group] > 0
+            assert f"model state {state / MB:.2f} MB" in line
+            assert f"sends {sum(sent.values()) / MB:.3f} MB per step" in line
+        if cfg is ring:
+            assert ranks[1].startswith("rank 1: pp 0, dp 0, cp 1, tp 0:")
+            assert ranks[2].startswith("rank 2: pp 0, dp 1, cp 0, tp 0:")
+        else:
+            assert ", ep 1:" in ranks[1] and ", ep 0:" in ranks[2]

@@ -63,7 +63,7 @@ class Experts:
         if not m.num_experts:
             return None
         h, f = m.d_model, ffn_width(m)
-        dense = ModelConfig(arch=m.arch, d_model=h, ffn_hidden=m.ffn_hidden)
+        dense = replace(m, num_experts=0, shared_expert=False)
         # gpt: fc (weight and bias) and proj split, proj's bias replicated; llama: SwiGLU.
         replicated = h if m.arch == "gpt" else 0
         split = feed_forward_params(dense) - replicated
