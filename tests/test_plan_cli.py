@@ -226,3 +226,23 @@ def test_validate_cases_are_checked_before_any_work(capsys):
     assert "validate cases zz unknown; valid: dp, tp, gpipe, 1f1b, interleaved, 3d, zero1" in err
     code, _, err = run(capsys, "--validate-cases", "dp", "--no-chart")
     assert code == 2 and "--validate-cases needs --validate" in err
+
+
+def test_validate_cp_and_experts_match_exactly_but_the_routed_tokens(capsys):
+    """Ring cp 2, all-to-all cp 2 under ZeRO-1 and moe-tiny at dp 2 x ep 2: model state,
+    bytes per step on dp_cp, cp and dp (with the routing counts and buffers) exact; the ep
+    row holds the router's tokens, predicted for a balanced router, so it is explained
+    (~), not checked, and says so."""
+    from paratrain.bench.planner.run import run_validation
+
+    assert run_validation(steps=2, cases=["cp", "cp-a2a", "ep"]) == 0
+    out = capsys.readouterr().out
+    assert " NO " not in out
+    rows = {tuple(line.split()[:3]): line for line in out.splitlines() if line[:1] != " "}
+    assert "(ring) 3,145,728" in rows[("cp", "0,1", "cp")]
+    assert "(all-to-all) 2,097,152" in rows[("cp-a2a", "0,1", "cp")]
+    assert rows[("cp-a2a", "0,1", "dp_cp")].split()[9] == "yes"
+    assert "router bias and load buffers 128" in rows[("ep", "0", "dp")]
+    assert rows[("ep", "0,1", "optimizer")].split()[6] == "yes"  # dense + expert shares
+    ep = rows[("ep", "0,1", "ep")]
+    assert ep.split()[9] == "~" and "[routed: a balanced router]" in ep

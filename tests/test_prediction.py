@@ -11,10 +11,15 @@ padded, and the padding must be predicted too.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
+from paratrain.comm.ledger import Ledger
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.models.presets import preset
 from paratrain.plan.rank_memory import padding_bytes
 from paratrain.train.loop import train
 from paratrain.train.prediction import Tracker, describe, planner_inputs, predict
@@ -30,15 +35,15 @@ def config(dp: int = 2, pp: int = 1, tp: int = 1, **parallel: object) -> RunConf
     for key, value in parallel.items():
         setattr(p, key, value)
     cfg.train.microbatches = 0
-    return resolve(cfg, dp * pp * tp)
+    return resolve(cfg, p.nproc)
 
 
-def train_tracked(cfg: RunConfig, data) -> tuple:
+def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
     """Train under the Tracker the worker installs: the result, the summary's predicted
     and measured numbers (collective, as in the worker) and the mesh, for the caller to
     read and close."""
     p = cfg.parallel
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, ledger=ledger)
     tracker = Tracker(cfg, mesh)
     try:
         result = train(cfg, mesh, data, tracker.step_done)
@@ -160,8 +165,6 @@ ARCH_CASES = [
 
 @pytest.mark.parametrize(("arch", "tie", "dp", "pp", "tp", "options"), ARCH_CASES)
 def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, options):
-    import dataclasses
-
     cfg = config(dp=dp, pp=pp, tp=tp, **options)
     cfg.model = dataclasses.replace(cfg.model, **_model(arch, tie))
     world = dp * pp * tp
@@ -169,3 +172,85 @@ def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, opti
         predicted, measured = compared["predicted"], compared["measured"]
         assert predicted["model_state_bytes"] == measured["model_state_bytes"]
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+
+
+def cp_and_moe_configs() -> list[RunConfig]:
+    """4 ranks each: ring cp 2 x dp 2; all-to-all cp 2 x dp 2 under ZeRO-1; moe-tiny (d 32)
+    at dp 4 x ep 2 under ZeRO-1, so that each expert has two replicas (expert_dp 2)."""
+    ring = config(dp=2, cp=2, nproc=4)
+    ulysses = config(dp=2, cp=2, nproc=4, cp_method="alltoall", zero=1)
+    moe = tiny_config(steps=2, global_batch=16)  # b = 2 at dp 4: K = 2 micro-batches
+    moe.model = dataclasses.replace(moe.model, **preset("moe-tiny"), name="moe-tiny")
+    moe.model.d_model, moe.model.max_seq_len = 32, 32
+    p = moe.parallel
+    p.nproc, p.dp, p.ep, p.zero, moe.train.microbatches = 4, 4, 2, 1, 0
+    moe.train.val_batches = 0  # evaluation runs the experts too, with the last step's number
+    return [ring, ulysses, resolve(moe, 4)]
+
+
+def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:
+    """Per config: the summary's predicted and measured numbers, and the last step's ep
+    all-to-all bytes split into routing counts (int64) and tokens (the rest)."""
+    out = []
+    for cfg in configs:
+        ledger = Ledger(max_recent=100_000)  # every call of the run, for the split
+        _, compared, mesh = train_tracked(cfg, data, ledger)
+        mesh.close()
+        last = [r for r in ledger.recent() if r.step == cfg.train.steps]
+        ep = [r for r in last if r.group == "ep" and r.op == "all_to_all"]
+        counts = sum(r.bytes_sent for r in ep if r.shapes.startswith("int64"))
+        out.append((compared, counts, sum(r.bytes_sent for r in ep) - counts))
+    return out
+
+
+def test_cp_and_experts_predicted_per_rank_and_group():
+    """Ring and all-to-all attention at cp 2 x dp 2, and moe-tiny at dp 4 x ep 2: the
+    summary's model state and bytes sent per step by group (dp_cp, cp, dp, ep,
+    expert_dp) equal the prediction on every rank, exactly, but for one term: the tokens
+    of the expert all-to-all, which follow the router's choices and are predicted for a
+    balanced router (2 k N d e (ep-1)/ep per layer and pass). For it the test allows
+    exactly that difference, and checks the measured tokens against what capacity allows:
+    whole rows, at most k N sent and E/ep C received per layer, micro-batch and pass."""
+    configs = cp_and_moe_configs()
+    per_rank = run_distributed(train_each, 4, configs, tiny_data())
+    for rank, results in enumerate(per_rank):
+        for cfg, (compared, counts, tokens) in zip(configs, results, strict=True):
+            predicted, measured = compared["predicted"], compared["measured"]
+            assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+            p_sent, m_sent = predicted["bytes_sent_per_step"], measured["bytes_sent_per_step"]
+            if cfg.parallel.cp > 1:
+                assert p_sent == m_sent
+                assert m_sent[rank]["cp"] > 0 and m_sent[rank]["dp_cp"] > 0
+                continue
+            m, k, routed = cfg.model, cfg.train.microbatches, predicted["routed_bytes_per_step"]
+            exact = {g: v for g, v in p_sent[rank].items() if g != "ep"}
+            assert exact == {g: v for g, v in m_sent[rank].items() if g != "ep"}
+            assert exact["expert_dp"] > 0 and counts > 0 and routed[rank] > 0
+            # everything on ep but the routed tokens is exact: counts, norms
+            assert m_sent[rank]["ep"] - tokens == p_sent[rank]["ep"] - routed[rank]
+            row, n = m.d_model * 4, cfg.train.micro_batch * cfg.train.seq_len
+            capacity = math.ceil(m.capacity_factor * m.top_k * n * cfg.parallel.dp / m.num_experts)
+            rows = m.top_k * n + m.num_experts // cfg.parallel.ep * capacity
+            assert tokens % row == 0 and 0 < tokens <= k * m.n_layer * 2 * rows * row
+
+
+def test_dry_run_lines_show_cp_and_ep_with_each_ranks_own_prediction():
+    """No process: every rank's line names its cp and ep place and carries that rank's
+    model state and bytes per step, the cp group's and the experts' traffic included."""
+    from paratrain.train.dry_run import dry_run_lines
+    from paratrain.train.prediction import MB
+
+    ring, _, moe = cp_and_moe_configs()
+    for cfg, group in ((ring, "cp"), (moe, "ep")):
+        pred = predict(cfg)
+        ranks = [line for line in dry_run_lines(cfg, "data") if line.startswith("rank ")]
+        for rank, line in enumerate(ranks):
+            sent, state = pred.bytes_per_step[rank], pred.model_state[rank]["total"]
+            assert sent[group] > 0
+            assert f"model state {state / MB:.2f} MB" in line
+            assert f"sends {sum(sent.values()) / MB:.3f} MB per step" in line
+        if cfg is ring:
+            assert ranks[1].startswith("rank 1: pp 0, dp 0, cp 1, tp 0:")
+            assert ranks[2].startswith("rank 2: pp 0, dp 1, cp 0, tp 0:")
+        else:
+            assert ", ep 1:" in ranks[1] and ", ep 0:" in ranks[2]

@@ -8,8 +8,8 @@ parallelism splits the heads, so each tp rank moves 1/t of them); b s tokens, h_
 key/value heads of dimension d, e bytes per element:
 
 - ring: forward c - 1 messages of 2 b (s/c) (h_kv/t) d e, so 2 b s h_kv d e (c-1)/(c t)
-  bytes; backward twice that (keys and values again, and their gradients); full
-  recomputation runs the forward ring once more.
+  bytes; backward twice that (keys and values again, and their gradients); full and
+  selective recomputation run the forward ring once more.
 - all-to-all: per pass 2 (c - 1) messages, b (s/c) (2h + 2h_kv)/t d e (c - 1)/c bytes.
 
 Time. A ring step's transfer runs while the rank attends to the block it already has, so
@@ -53,8 +53,10 @@ def ulysses_pass_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> 
 
 
 def ring_passes(recompute: str) -> tuple[int, int]:
-    """(forward rings, backward rings) per layer and micro-batch; recomputation: 2 forward."""
-    return (2 if recompute == "full" else 1), 1
+    """(forward rings, backward rings) per layer and micro-batch; recomputation: 2 forward.
+    Selective too: the runtime's policy recomputes collectives (parallel/recompute.py),
+    and the cp exchange is not among the outputs it keeps."""
+    return (1 if recompute == "none" else 2), 1
 
 
 def _first_stage_layers(model: ModelSpec, layout: Layout) -> int:

@@ -9,8 +9,9 @@ biases are replicated across tp. For a model whose N is counted from its shape (
 does the same for the bytes each rank sends).
 
 Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
-multiple of k on its own (parallel/zero_flat.py): `flat_buffers`, `held_model_state` and
-`padding_bytes` count it, and `rank_model_state` itemises as the runtime records it.
+multiple of k on its own, k = dp x cp since the cp ranks hold the same parameters
+(parallel/zero_flat.py): `flat_buffers`, `held_model_state` and `padding_bytes` count
+it, and `rank_model_state` itemises as the runtime records it.
 ZeRO-2 follows `Workload.zero2_accumulate` as the runtime follows
 `parallel.zero2_accumulate`: with "full" it holds the whole gradient between the
 micro-batches of a step (`accumulated_gradient_bytes`).
@@ -101,12 +102,13 @@ def held_model_state(
 ) -> ModelState:
     """What the buffers of a rank on `stage` hold, by kind, padding where it lives.
 
-    Per flat buffer of n elements over k = dp ranks, shards of ceil(n / k) (zero_flat.py):
+    Per flat buffer of n elements over the k = dp x cp ranks of dp_cp, shards of ceil(n / k)
+    (zero_flat.py):
     ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
     gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
     """
     z, p = layout.zero, workload.precision
-    k = layout.dp if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
+    k = layout.data_ranks if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
     buffers = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
     shard = sum(math.ceil(n / k) for n in buffers)
     full = sum(k * math.ceil(n / k) for n in buffers)
@@ -124,7 +126,7 @@ def formula_model_state(
     """memory.py's items per chunk (n whole, ceil(n / k) a shard; each chunk is wrapped on
     its own), summed over the chunks of `stage`."""
     states = [
-        model_state_bytes(n, workload, Layout(dp=layout.dp, zero=layout.zero))
+        model_state_bytes(n, workload, Layout(dp=layout.data_ranks, zero=layout.zero))
         for n in chunk_params(model, layout, stage)
     ]
     return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
@@ -167,7 +169,7 @@ def accumulated_gradient_bytes(
     """
     if not holds_whole_gradient(workload, layout, microbatches):
         return 0
-    k = layout.dp
+    k = layout.data_ranks
     padded = sum(
         k * math.ceil(n / k) for chunk in flat_buffers(model, layout, stage) for n in chunk
     )

@@ -5,16 +5,19 @@ stage (its parameters counted exactly by rank_memory.py), plus the runtime's boo
 scalars, kept apart and labelled because they are a property of this runtime rather than
 of the strategy, and too small to matter for a big model (they are left out of
 `estimate`, so the seeds' figures reproduce to the byte):
-- dp: the (loss, tokens) pair, two float64, all-reduced for token weighting; under ZeRO
-  also the gradient norm's two squared sums (split, replicated) of the shards;
+- dp_cp (the gradient group; "dp" with cp 1: rank_groups.py): the (loss, tokens) pair,
+  two float64, all-reduced for token weighting; under ZeRO also the gradient norm's two
+  squared sums (split, replicated) of the shards;
 - tp: the gradient norm's squared sum of the split parameters, one float64 (train/clip.py);
 - pp: the squared norm summed over stages, one float64; the loss broadcast from the last
   stage, one float32, along the chain last -> 0 -> 1 -> ... (comm/traffic.py).
 
-Gradients are reduced over dp in fp32 whatever the compute dtype (REDUCE_BYTES), one flat
-buffer at a time under ZeRO (rank_memory.flat_buffers). ZeRO-2 follows
-`Workload.zero2_accumulate`: one reduce-scatter per step ("full") or one per micro-batch
-("shard").
+Gradients are reduced over dp_cp (dp x cp ranks: the cp ranks hold the same parameters)
+in fp32 whatever the compute dtype (REDUCE_BYTES), one flat buffer at a time under ZeRO
+(rank_memory.flat_buffers). ZeRO-2 follows `Workload.zero2_accumulate`: one
+reduce-scatter per step ("full") or one per micro-batch ("shard"). Context parallelism's
+own traffic over cp is rank_context.py's; a mixture of experts (its two parameter shares,
+routing, the ep all-to-alls) rank_experts.py's.
 
 Two tensor-parallel terms depend on how this runtime works, so they are counted here:
 - full recomputation (PyTorch's non-reentrant checkpoint) stops recomputing a block once
@@ -32,13 +35,16 @@ Two tensor-parallel terms depend on how this runtime works, so they are counted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from paratrain.plan import comm
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.rank_context import cp_terms
+from paratrain.plan.rank_experts import Experts, moe_terms, share_model, shares, tp_activation_bytes
+from paratrain.plan.rank_groups import AXES, Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import (
     chunk_params,
     flat_buffers,
@@ -46,28 +52,10 @@ from paratrain.plan.rank_memory import (
     tied_root,
 )
 
-AXES = ("dp", "tp", "pp")
+__all__ = ["AXES", "Coords", "RankTraffic", "bytes_by_axis", "rank_traffic", "runtime_scalars"]
 REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
 # A stand-in cluster: links only label entries; per-rank bytes do not depend on them.
 ONE_NODE = ClusterSpec("one node", 1 << 20, 1 << 20, 1e18, 1, 1, 0, 0, 1, 1)
-
-
-@dataclass(frozen=True)
-class Coords:
-    """A rank's place in the mesh (mesh.py): pipeline stage, dp replica, tp rank."""
-
-    stage: int = 0
-    dp_rank: int = 0
-    tp_rank: int = 0
-
-
-@dataclass(frozen=True)
-class RankTraffic:
-    axis: str  # dp, tp or pp: the ledger's group name
-    op: str
-    what: str
-    bytes: int  # sent by this rank per optimizer step
-    bookkeeping: bool = False  # a runtime scalar that `estimate` leaves out
 
 
 def _zero_traffic(
@@ -85,7 +73,7 @@ def _zero_traffic(
     gradient: 2 (k - 1) S / k.
     """
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
-    layout_k = Layout(dp=layout.dp, zero=layout.zero)
+    layout_k = Layout(dp=layout.data_ranks, zero=layout.zero)
     sent: dict[tuple[str, str], int] = {}
     root = tied_root(model, layout, at.stage)
     for chunk in flat_buffers(model, layout, at.stage):
@@ -95,13 +83,14 @@ def _zero_traffic(
                 if root and i == 0 and e.what == "parameters for backward":
                     continue  # the root unit (first in its chunk) is not gathered again
                 sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + e.bytes
-    return [RankTraffic("dp", op, what, nbytes) for (op, what), nbytes in sent.items()]
+    dp = group_name("dp_cp", layout)
+    return [RankTraffic(dp, op, what, nbytes) for (op, what), nbytes in sent.items()]
 
 
 def _dp_gradients(
     model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, at: Coords
 ) -> list[RankTraffic]:
-    k = layout.dp
+    k = layout.data_ranks  # the dp_cp group: the cp ranks hold the same parameters
     if k == 1:
         return []
     if layout.zero:
@@ -109,21 +98,40 @@ def _dp_gradients(
     # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
     # chunk and for buckets whose element counts k divides.
     sent = sum(
-        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, at.dp_rank)
+        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, data_rank(layout, at))
         for n in chunk_params(model, layout, at.stage)
     )
-    return [RankTraffic("dp", "all_reduce", "gradients", sent)]
+    return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
+
+
+def _share_gradients(
+    model: ModelSpec,
+    experts: Experts,
+    workload: Workload,
+    layout: Layout,
+    microbatches: int,
+    at: Coords,
+) -> list[RankTraffic]:
+    """A mixture of experts: each share's gradients over its own group (rank_experts.py)."""
+    out = []
+    for share in shares(model, experts, layout, at):
+        spec, lay = share_model(share, layout)
+        name = group_name(share.kind, layout)
+        for t in _dp_gradients(spec, workload, lay, microbatches, Coords(dp_rank=share.rank)):
+            what = t.what if share.kind == "dp_cp" else "expert " + t.what
+            out.append(replace(t, axis=name, what=what))
+    return out
 
 
 def runtime_scalars(layout: Layout, at: Coords) -> list[RankTraffic]:
     """The runtime's per-step bookkeeping traffic (see the module docstring)."""
-    out = []
-    if layout.dp > 1:
-        sent = comm.ring_all_reduce_rank_bytes(2, 8, layout.dp, at.dp_rank)
-        out.append(RankTraffic("dp", "all_reduce", "(loss, tokens), float64", sent, True))
-        if layout.zero:  # dp ranks hold disjoint gradient shards: their squares add up
+    out, k, dp = [], layout.data_ranks, group_name("dp_cp", layout)
+    if k > 1:
+        sent = comm.ring_all_reduce_rank_bytes(2, 8, k, data_rank(layout, at))
+        out.append(RankTraffic(dp, "all_reduce", "(loss, tokens), float64", sent, True))
+        if layout.zero:  # dp_cp ranks hold disjoint gradient shards: their squares add up
             what = "gradient-norm squares of the shards, float64"
-            out.append(RankTraffic("dp", "all_reduce", what, sent, True))
+            out.append(RankTraffic(dp, "all_reduce", what, sent, True))
     if layout.tp > 1:
         sent = comm.ring_all_reduce_rank_bytes(1, 8, layout.tp, at.tp_rank)
         out.append(RankTraffic("tp", "all_reduce", "gradient-norm squares, float64", sent, True))
@@ -153,7 +161,7 @@ def _tp_terms(
     ]
     if layout.tp == 1:
         return out
-    t, size = layout.tp, comm.activation_message_bytes(model, workload)
+    t, size = layout.tp, comm.activation_message_bytes(model, workload, layout.cp)
     if workload.recompute != "none":  # full and selective repeat the same collectives
         layers = sum(
             virtual_stage_layers(model.n_layer, layout.pp, layout.chunks)[vs]  # type: ignore[arg-type]
@@ -180,18 +188,33 @@ def rank_traffic(
     at: Coords,
     sequence_parallel: bool = False,
     dropout: float = 0.0,
+    experts: Experts | None = None,
 ) -> list[RankTraffic]:
-    """Everything a rank sends per optimizer step: the planner's terms, then bookkeeping."""
-    out = _dp_gradients(model, workload, layout, microbatches, at)
+    """Everything a rank sends per optimizer step: the planner's terms, then bookkeeping.
+
+    `experts`: a mixture of experts (rank_experts.py), with `model` the dense model of
+    the same shape; its shares replace the one gradient set, its MoE blocks the MLP's tp
+    all-reduces, and its routing and expert traffic is added."""
+    if experts is None:
+        out = _dp_gradients(model, workload, layout, microbatches, at)
+    else:
+        out = _share_gradients(model, experts, workload, layout, microbatches, at)
     if layout.tp > 1 or layout.pp > 1:
-        out += _tp_terms(model, workload, layout, microbatches, at, sequence_parallel, dropout)
+        tp = _tp_terms(model, workload, layout, microbatches, at, sequence_parallel, dropout)
+        if experts is not None and tp:  # the first term is the activations' all-reduces
+            tp[0] = replace(tp[0], bytes=tp_activation_bytes(model, workload, layout, microbatches))
+        out += tp
         for e in comm.pp_traffic(model, workload, layout, ONE_NODE, microbatches, at.stage):
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
+    out += cp_terms(model, workload, layout, microbatches, at.stage)
+    if experts is not None:
+        out += moe_terms(model, experts, workload, layout, microbatches, at)
     return out + runtime_scalars(layout, at)
 
 
 def bytes_by_axis(terms: list[RankTraffic], bookkeeping: bool = True) -> dict[str, int]:
-    """{dp, tp, pp: bytes per step}; without bookkeeping, the planner's terms only."""
+    """{group: bytes per step} for every group of AXES; without bookkeeping, the
+    planner's terms only."""
     return {
         axis: sum(t.bytes for t in terms if t.axis == axis and (bookkeeping or not t.bookkeeping))
         for axis in AXES

@@ -2,8 +2,9 @@
 this is called), then what the run would be, and no worker started.
 
 Printed: the resolved configuration (as config.toml would hold it), the mesh (each rank's
-coordinates, its pipeline stage's blocks, and the planner's model state and bytes per step
-for it), the data (what was checked), and the planner's summary for rank 0.
+coordinates, cp and ep included when above 1, its pipeline stage's blocks, and the
+planner's model state and bytes per step for that very rank), the data (what was
+checked), and the planner's summary for rank 0.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from paratrain.train.prediction import MB, describe, predict
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     p = cfg.parallel
     shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
-    planned = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp)  # the planner's ranks: no cp axis yet
     pred = None if p.dp_mode == "async" else predict(cfg)
     layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)
     lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
     for rank in range(shape.world_size):
         c = shape.coords(rank)
         where = ", ".join(f"{a} {c[a]}" for a in AXES if a != "cp" or shape.cp > 1)
+        if shape.ep > 1:  # the place in its ep group (a run of ep ranks of dp_cp)
+            where += f", ep {shape.group_of('ep', rank).index(rank)}"
         chunks = stage_virtual_stages(c["pp"], p.pp, p.chunks)
         first = [sum(layers[:vs]) for vs in chunks]
         blocks = "; ".join(
@@ -33,8 +35,7 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
         )
         line = f"rank {rank}: {where}: {blocks}"
         if pred is not None:
-            at = planned.rank_at({**c, "cp": 0})
-            state, sent = pred.model_state[at]["total"], sum(pred.bytes_per_step[at].values())
+            state, sent = pred.model_state[rank]["total"], sum(pred.bytes_per_step[rank].values())
             line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
         lines.append(line)
     lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]

@@ -5,9 +5,13 @@ model state and activations per rank, bytes sent per rank per step by group, the
 At the end every rank reports what it held and sent, and the summary carries both:
 
     "predicted": {"model_state_bytes": [per rank {params, grads, optimizer, master,
-                  total}], "bytes_sent_per_step": [per rank {dp, tp, pp}],
+                  total}], "bytes_sent_per_step": [per rank {dp, dp_cp, cp, tp, pp, ep,
+                  expert_dp}], "routed_bytes_per_step": [per rank],
                   "activation_bytes": [per rank], "bubble_fraction": float or None}
     "measured":  {"model_state_bytes": [...], "bytes_sent_per_step": [...], "step": n}
+
+The groups are the comm ledger's names (plan/rank_groups.py): with cp 1 the gradient
+group dp_cp is "dp", with ep 1 the experts' expert_dp is the gradient group.
 
 Lists are indexed by global rank. Bytes sent are the last step's, from the comm ledger
 between two optimizer steps (the first step also carries set-up: the replicas' initial
@@ -19,9 +23,15 @@ GPT (ZeRO shards of ceil(n / k) per flat buffer, and that padding), and include 
 runtime's bookkeeping scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient
 reduce-scatter per step with "full", one per micro-batch with "shard"), and "full"'s
 transient whole gradient is a note at the start, not part of the step-boundary record;
-activations are Korthikanti's formula (an estimate, see docs/planner.md). Not predicted:
-the asynchronous parameter server (`--dp-mode async`); sequence parallelism's smaller
-activations.
+activations are Korthikanti's formula (an estimate, see docs/planner.md). Context
+parallelism counts every rank's gradient group as dp_cp and its ring or all-to-all bytes
+over cp exactly (plan/rank_context.py). A mixture of experts is counted per parameter
+share (dense over dp_cp, experts over expert_dp) with its routing traffic exactly, but
+for one term: the tokens of the ep all-to-all follow the router's choices, so they are
+predicted for a balanced router, said in a note, and reported apart as
+`routed_bytes_per_step` (plan/rank_experts.py); its activations are the dense model's.
+Not predicted: the asynchronous parameter server (`--dp-mode async`); sequence
+parallelism's smaller activations.
 """
 
 from __future__ import annotations
@@ -37,13 +47,18 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
-from paratrain.plan.model import ModelSpec, spec_of
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_experts import Experts, expert_model_state, run_model
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
 from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")
 MB = 1e6
+EP_NOTE = (
+    "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
+    "layer and pass; the run's routing moves more or less"
+)
 
 
 @dataclass
@@ -53,11 +68,15 @@ class Prediction:
     activation_bytes: list[float | None]  # per global rank
     bubble: float | None
     notes: list[str] = field(default_factory=list)
+    # per global rank: the part of its bytes that depends on the router's choices (the ep
+    # token all-to-all), predicted for a balanced router; the rest is exact
+    routed: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "model_state_bytes": self.model_state,
             "bytes_sent_per_step": self.bytes_per_step,
+            "routed_bytes_per_step": self.routed,
             "activation_bytes": [None if a is None else round(a) for a in self.activation_bytes],
             "bubble_fraction": self.bubble,
         }
@@ -66,7 +85,7 @@ class Prediction:
 def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
-    model = spec_of(m, t.seq_len)
+    model, experts = run_model(m, t.seq_len)
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,
@@ -76,42 +95,61 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         zero2_accumulate=p.zero2_accumulate,
     )
     notes = []
+    if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
+        notes.append("experts: activations counted as the dense model's")
+        if p.ep > 1:
+            notes.append(EP_NOTE)
     schedule = p.schedule if p.pp > 1 else ""
     if schedule and schedule not in SCHEDULES:  # a runtime schedule the planner lacks
         notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
         schedule = "1f1b"
     if p.sequence_parallel:
         notes.append("sequence parallel: activations counted without it")
-    if p.cp > 1:
-        notes.append(f"cp {p.cp}: counted as cp 1 (the planner has no cp axis yet)")
-    layout = Layout(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, schedule=schedule, chunks=p.chunks)
+    layout = Layout(
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        zero=p.zero,
+        schedule=schedule,
+        chunks=p.chunks,
+        cp=p.cp,
+        cp_method=p.cp_method,
+        ep=p.ep,
+    )
     return model, workload, layout, notes
 
 
 def predict(cfg: RunConfig) -> Prediction:
     """Every rank's prediction, from the planner's pure formulas."""
     model, workload, layout, notes = planner_inputs(cfg)
-    shape = MeshShape(dp=layout.dp, pp=layout.pp, tp=layout.tp)
+    experts = Experts.of(cfg.model)
+    shape = MeshShape(dp=layout.dp, pp=layout.pp, tp=layout.tp, cp=layout.cp, ep=layout.ep)
     k = cfg.train.microbatches
-    states, sent, acts = [], [], []
+    states, sent, acts, routed = [], [], [], []
     for rank in range(shape.world_size):
         c = shape.coords(rank)
-        at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"])
-        state = rank_model_state(model, workload, layout, at.stage)  # the step boundary
+        at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
+        state = (  # the step boundary
+            rank_model_state(model, workload, layout, at.stage)
+            if experts is None
+            else expert_model_state(model, experts, workload, layout, at)
+        )
         states.append(
             {**{kind: getattr(state, kind) for kind in STATE_KINDS}, "total": state.total}
         )
         terms = rank_traffic(
-            model, workload, layout, k, at, cfg.parallel.sequence_parallel, cfg.model.dropout
-        )
+            model, workload, layout, k, at, cfg.parallel.sequence_parallel, cfg.model.dropout,
+            experts,
+        )  # fmt: skip
         sent.append(bytes_by_axis(terms))
+        routed.append(sum(t.bytes for t in terms if t.routed))
         acts.append(memory.stage_activation_bytes(model, workload, layout, k, at.stage))
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
     bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
         notes.append(zero2_note(model, workload, layout, k))
-    return Prediction(states, sent, acts, bubble, notes)
+    return Prediction(states, sent, acts, bubble, notes, routed)
 
 
 def zero2_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:

@@ -8,11 +8,13 @@ inputs for the same run. run.py compares the two, row by row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paratrain.config import RunConfig
+from paratrain.models.presets import preset
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
-from paratrain.plan.model import ModelSpec, spec_of
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_experts import Experts, run_model
 
 TIMEOUT_S = 600.0
 MICRO_BATCH = 2
@@ -49,6 +51,7 @@ class Case:
     layout: Layout
     microbatches: int
     zero2_accumulate: str = "shard"  # parallel.zero2_accumulate (its default), for ZeRO-2
+    model: str = ""  # a `train --model` preset instead of our default GPT (experts: moe-tiny)
 
 
 CASES = {
@@ -72,6 +75,9 @@ CASES = {
         ),
         Case("zero2-shard-pp", Layout(dp=2, pp=2, zero=2, schedule="1f1b"), 4, "shard"),
         Case("zb-h1", Layout(pp=2, schedule="zb-h1"), 4),
+        Case("cp", Layout(cp=2), 2),
+        Case("cp-a2a", Layout(cp=2, cp_method="alltoall", zero=1), 2),
+        Case("ep", Layout(dp=2, ep=2), 2, model="moe-tiny"),
     )
 }
 
@@ -81,8 +87,11 @@ def small_config(case: Case, steps: int) -> RunConfig:
     from paratrain.validate import resolve
 
     lay, cfg = case.layout, RunConfig()
+    if case.model:
+        cfg.model = replace(cfg.model, **preset(case.model), name=case.model)
     p, t = cfg.parallel, cfg.train
     p.nproc, p.dp, p.pp, p.tp, p.zero = lay.world, lay.dp, lay.pp, lay.tp, lay.zero
+    p.cp, p.cp_method, p.ep = lay.cp, lay.cp_method, lay.ep
     p.zero2_accumulate = case.zero2_accumulate
     p.schedule, p.chunks, p.backend = lay.schedule or "1f1b", lay.chunks, "gloo"
     p.bucket_mb = 0  # one bucket per chunk: one gradient all-reduce each
@@ -93,7 +102,13 @@ def small_config(case: Case, steps: int) -> RunConfig:
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
-    return spec_of(cfg.model, cfg.train.seq_len)
+    """The planner's model; for a mixture of experts the dense one of its shape, which
+    `experts_of` completes (plan/rank_experts.py)."""
+    return run_model(cfg.model, cfg.train.seq_len)[0]
+
+
+def experts_of(cfg: RunConfig) -> Experts | None:
+    return run_model(cfg.model, cfg.train.seq_len)[1]
 
 
 def workload_for(cfg: RunConfig) -> Workload:

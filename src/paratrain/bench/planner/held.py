@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from paratrain.bench.planner.cases import Case, Row
+from paratrain.bench.planner.cases import Case, Row, experts_of, small_config
 from paratrain.plan import memory
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_experts import expert_model_state
+from paratrain.plan.rank_groups import Coords
 from paratrain.plan.rank_memory import (
     STATE_KINDS,
     accumulated_gradient_bytes,
@@ -26,10 +28,18 @@ def state_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> 
     """Itemised model state of the rank's stage, counted exactly (plan/rank_memory.py), against
     the runtime's record; the notes say what the params row adds to memory.py's items."""
     lay, stage = case.layout, m["coords"]["pp"]
-    predicted = rank_model_state(model, w, lay, stage).as_dict()
+    experts = experts_of(small_config(case, 1)) if case.model else None
+    if experts is None:
+        predicted = rank_model_state(model, w, lay, stage).as_dict()
+    else:  # its shares: dense over dp_cp, experts over expert_dp (plan/rank_experts.py)
+        c = m["coords"]
+        at = Coords(stage=stage, dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c.get("cp", 0))
+        predicted = expert_model_state(model, experts, w, lay, at).as_dict()
     rows = [Row(case.name, f"{kind} bytes", predicted[kind], m[kind]) for kind in STATE_KINDS]
     notes = []
-    if lay.zero:
+    if experts is not None:
+        notes.append("a dense share and an expert share, each its own buffer")
+    elif lay.zero:
         notes.append(state_note(lay, model, w, stage))
     if lay.tp * lay.pp > 1:  # what estimate() says per GPU, with its even split
         even = memory.model_state_bytes(model.params, w, lay).params
@@ -58,7 +68,7 @@ def grads_note(case: Case, model: ModelSpec, w: Workload, stage: int) -> str:
 def state_note(lay: Layout, model: ModelSpec, w: Workload, stage: int) -> str:
     """How the ZeRO params row is made: memory.py's item plus the flat buffers' padding."""
     buffers = [n for chunk in flat_buffers(model, lay, stage) for n in chunk]
-    k = lay.dp
+    k = lay.data_ranks
     formula = formula_model_state(model, w, lay, stage).params
     pad = {kind: v for kind, v in padding_bytes(model, w, lay, stage).items() if v}
     what = "whole" if lay.zero < 3 else "shard ceil(n/k)"
@@ -90,19 +100,25 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
         trace += f"; released at B it would be {max(s['peak_graphs'] for s in steps)}"
     predicted_graphs = memory.in_flight_chunks(case.layout, k, stage)
     rows = [Row(case.name, "peak forward graphs held", predicted_graphs, graphs, note=held + trace)]
-    # The variant the runtime runs: fused attention (SDPA keeps no s x s scores), no dropout.
-    predicted = memory.stage_activation_bytes(model, w, case.layout, k, stage, "fused")
+    # The variant the runtime runs: fused attention (SDPA keeps no s x s scores), no dropout;
+    # all-to-all cp attends by blocks.attend_block under autograd, which keeps its scores.
+    lay = case.layout
+    variant = "scores" if lay.cp > 1 and lay.cp_method == "alltoall" else "fused"
+    predicted = memory.stage_activation_bytes(model, w, case.layout, k, stage, variant)
     scores = memory.stage_activation_bytes(model, w, case.layout, k, stage)
     sbh = w.micro_batch * model.seq_len * model.d_model * 4  # one fp32 (b, T, C) tensor
-    per_layer = memory.block_activation_bytes(model, w, case.layout.tp, "fused")
+    per_layer = memory.block_activation_bytes(model, w, case.layout.tp, variant)
     block = max(s["block_bytes"] for s in steps)
+    kind = "fused attention, no s^2 term" if variant == "fused" else "attention's scores kept"
     note = (
-        f"fused attention, no s^2 term: {measured / predicted:.3f} x the formula; per block "
+        f"{kind}: {measured / predicted:.3f} x the formula; per block "
         f"{block / sbh:.2f} fp32 (b, T, C) tensors saved, the formula {per_layer / sbh:.2f}; "
         f"Korthikanti's count with T x T scores says {scores:,.0f} "
         f"({measured / scores:.2f} x); bound +-{ACTIVATION_TOLERANCE:.0%}"
     )
     bounds = (predicted * (1 - ACTIVATION_TOLERANCE), predicted * (1 + ACTIVATION_TOLERANCE))
+    if case.model:  # a mixture of experts: counted as the dense model, shown, not bounded
+        bounds, note = None, "a mixture of experts, counted as the dense model; " + note
     rows.append(
         Row(
             case.name,

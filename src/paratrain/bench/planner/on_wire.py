@@ -27,13 +27,15 @@ import torch
 
 from paratrain import comm
 from paratrain.bench.planner.cases import Case, Row
+from paratrain.bench.planner.sent import rank_terms
 from paratrain.measure import wire
 from paratrain.mesh import Mesh
 from paratrain.plan.layout import Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_traffic import Coords, rank_traffic
 
-NAMES = ("world", "dp", "tp", "pp", "control")  # probed in this order, world first
+# probed in this order, world first; a derived group as large as the one it refines is
+# that group (mesh.py) and shares its row
+NAMES = ("world", "dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp", "control")
 PREAMBLE_BOUND = 1024  # bytes per call per peer step: gloo's preambles (576 observed at k=2)
 GLOO_FACTOR = {"reduce_scatter": 2}  # gloo all-reduces, keeps a chunk: 2 (k-1)/k S
 
@@ -68,10 +70,10 @@ def per_group(moved: dict[int, wire.WireDelta], owner: dict[int, str]) -> dict[s
 
 def wire_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> list[Row]:
     """Per group that carried bytes: formula against the wire, bounded by gloo's model."""
-    c = m["coords"]
-    at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"])
-    terms = rank_traffic(model, w, case.layout, case.microbatches, at)
-    sizes = {"dp": case.layout.dp, "tp": case.layout.tp, "pp": case.layout.pp}
+    terms = rank_terms(case, m, model, w)
+    lay = case.layout
+    sizes = {"dp": lay.dp, "dp_cp": lay.data_ranks, "cp": lay.cp, "tp": lay.tp, "pp": lay.pp}
+    sizes.update(ep=lay.ep, expert_dp=lay.data_ranks // lay.ep)
     rows = []
     for label in sorted({lab for s in m["steps"] for lab in s["wire"]}):
         names = label.split("+")
@@ -83,6 +85,8 @@ def wire_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> l
         calls = [sum(v for (g, _), v in s["calls"].items() if g in names) for s in m["steps"]]
         slack = max(calls) * PREAMBLE_BOUND * (k - 1)
         worst = max((wb for wb, _ in steps), key=lambda wb: abs(wb - gloo - slack / 2))
+        note = wire_note(formula, gloo, worst, max(calls), slack, steps[-1][1])
+        routed = any(t.routed for t in mine)  # the router's tokens: shown, not bounded
         rows.append(
             Row(
                 case.name,
@@ -90,8 +94,8 @@ def wire_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload) -> l
                 formula,
                 worst,
                 exact=False,
-                bounds=(gloo, gloo + slack),
-                note=wire_note(formula, gloo, worst, max(calls), slack, steps[-1][1]),
+                bounds=None if routed else (gloo, gloo + slack),
+                note=("routed tokens predicted for a balanced router; " if routed else "") + note,
             )
         )
     return rows

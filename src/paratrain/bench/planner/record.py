@@ -53,8 +53,6 @@ from paratrain.parallel.pipeline.schedules import (
     F,
 )
 
-GROUPS = ("dp", "tp", "pp", "world")
-
 
 def random_tokens(vocab: int, n: int = 20_000) -> Any:
     from paratrain.train.data import TokenData
@@ -204,7 +202,7 @@ def measure_rank(rank: int, world: int, cfg: RunConfig, unit_s: float = 0.0) -> 
     from paratrain.train.loop import train
 
     p = cfg.parallel
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp)
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
     exclude = wire.store_ports(default_store())  # a TCPStore's socket is not a peer's
     owner = probe_sockets(mesh, exclude)
     kept: dict[str, Any] = {}
@@ -244,7 +242,7 @@ def measure_rank(rank: int, world: int, cfg: RunConfig, unit_s: float = 0.0) -> 
     finally:
         mesh.close()
     return {
-        "coords": {axis: mesh.coord(axis) for axis in ("pp", "dp", "tp")},
+        "coords": {axis: mesh.coord(axis) for axis in ("pp", "dp", "tp", "cp")},
         **result.extra["model_state_bytes"],  # params, grads, optimizer, master
         "steps": steps,
     }

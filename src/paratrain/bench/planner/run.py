@@ -1,17 +1,19 @@
 """`paratrain plan --validate`: the planner's predictions against real runs, side by side.
 
-Each case trains our small GPT (4 layers, d_model 128, fp32) for a few steps through
-`paratrain.train.loop.train` in gloo processes here (cases.py; record.py says what each
-rank records) and compares, per rank, with the planner (plan/rank_memory.py,
-plan/rank_traffic.py, plan/memory.py, plan/pipeline.py), one row per quantity (held.py,
-sent.py, bubbles.py):
+Each case trains our small GPT (4 layers, d_model 128, fp32; the `ep` case moe-tiny) for
+a few steps through `paratrain.train.loop.train` in gloo processes here (cases.py;
+record.py says what each rank records) and compares, per rank, with the planner
+(plan/rank_memory.py, plan/rank_traffic.py, plan/memory.py, plan/pipeline.py), one row
+per quantity (held.py, sent.py, bubbles.py):
 
 - model-state bytes, itemised: exact (tensor sizes; under ZeRO the flat buffers' shards of
   ceil(n / k) and their padding, as the runtime records them in TrainResult.extra);
-- bytes sent per step by group (dp, tp, pp), every step: exact (the ledger counts native
-  collectives with the ring and chain formulas the planner uses; ZeRO 2 (k-1) S / k per
-  step for stages 1-2, (K + 1) (k-1) S / k for stage 2 with accumulate shard,
-  3 (k-1) S / k per micro-batch for stage 3, S the padded buffers);
+- bytes sent per step by group (dp or dp_cp, cp, tp, pp, ep, expert_dp), every step:
+  exact (the ledger counts native collectives with the ring and chain formulas the
+  planner uses; ZeRO 2 (k-1) S / k per step for stages 1-2, (K + 1) (k-1) S / k for
+  stage 2 with accumulate shard, 3 (k-1) S / k per micro-batch for stage 3, S the padded
+  buffers), except a group carrying the expert all-to-all's tokens, which follow the
+  router and are predicted for a balanced one: explained;
 - peak forward graphs held (micro-batches x chunks in flight): exact (the schedule);
 - bubble, slot model: exact (the schedule's simulation with F = B = W = 1, B + W unsplit
   outside ZB-H1, against (S-1)/(vK+S-1), or ZB-H1's (S-1+max(0,S-K))/(3K+S-1+max(0,S-K)));

@@ -1,0 +1,169 @@
+"""A mixture of experts on each rank of paratrain's own runtime: the parameter shares and
+what their layers send (train/experts.py, parallel/expert_parallel/, models/moe.py).
+
+Shares. With ep 1 every rank holds the whole model, one share over dp_cp. With ep > 1 the
+data-parallel wrapping splits in two, each a flat buffer of its own for ZeRO:
+- dense (attention, norms, embeddings, every layer's router and shared expert), over
+  dp_cp: what a dense model holds, less its MLPs, plus the routers and shared experts;
+- experts: E/ep of every layer's experts, over expert_dp (dp_cp / ep ranks).
+Under tensor parallelism the MoE stays whole on every tp rank (models/plans.py
+`_moe_tp_plan`): the MLP's two tp all-reduces per block and pass are gone.
+
+Traffic per step, K micro-batches, L MoE layers, b s tokens a micro-batch:
+- dp_cp: each layer's forward all-gathers every shard's routing counts, (k, E) int64; the
+  step's auxiliary loss, one float64, is averaged once (bookkeeping); plain DataParallel
+  (ZeRO 0 in fp32) broadcasts the layers' buffers, the router's bias and the load, 2 E
+  float32, from the group's rank 0 before every forward;
+- ep: each layer's forward sends E/ep int64 counts to every other ep rank, then the
+  tokens go to their experts and back, forward and backward. With a balanced router and
+  nothing dropped a rank's k N assignments leave it with probability (ep - 1)/ep and as
+  many arrive: 2 k N d e (ep - 1)/ep per layer and pass (plan/moe.py with iota = 1). The
+  real router's choices differ step by step: that term is marked `routed`, the rest is
+  exact. The experts' gradient-norm squares, two float64, are summed over ep (and under
+  ZeRO over expert_dp first: train/clip.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from paratrain.config import ModelConfig
+from paratrain.models.presets import feed_forward_params, ffn_width
+from paratrain.plan import comm
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.memory import ModelState
+from paratrain.plan.model import ModelSpec, spec_of
+from paratrain.plan.rank_groups import (
+    Coords,
+    RankTraffic,
+    data_rank,
+    ep_rank,
+    expert_dp_rank,
+    group_name,
+)
+from paratrain.plan.rank_memory import STATE_KINDS, chunk_params, rank_model_state
+
+COUNT_BYTES = 8  # routing counts travel as int64
+BUFFER_BYTES = 4  # the router's bias and the layer's load, float32
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A run's mixture of experts, as the per-rank counts need it (config.ModelConfig)."""
+
+    num_experts: int
+    top_k: int
+    expert: int  # one expert's parameters in one layer
+    moe: int  # one layer's whole MoE: router, experts, shared expert
+    mlp_split: int  # the dense MLP it replaces: parameters tp splits ...
+    mlp_replicated: int  # ... and those it replicates (models/plans.py)
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> Experts | None:
+        if not m.num_experts:
+            return None
+        h, f = m.d_model, ffn_width(m)
+        dense = replace(m, num_experts=0, shared_expert=False)
+        # gpt: fc (weight and bias) and proj split, proj's bias replicated; llama: SwiGLU.
+        replicated = h if m.arch == "gpt" else 0
+        split = feed_forward_params(dense) - replicated
+        expert = (2 if m.arch == "gpt" else 3) * h * f
+        return cls(m.num_experts, m.top_k, expert, feed_forward_params(m), split, replicated)
+
+
+def run_model(m: ModelConfig, seq_len: int) -> tuple[ModelSpec, Experts | None]:
+    """A run's [model] as the per-rank counts take it: the spec (for a mixture of experts,
+    the dense model of the same shape, whose MLPs `Experts` replaces) and its experts."""
+    experts = Experts.of(m)
+    return spec_of(replace(m, num_experts=0) if experts else m, seq_len), experts
+
+
+@dataclass(frozen=True)
+class Share:
+    """Parameters one data-parallel wrapper keeps in sync, and over which group."""
+
+    params: int  # this rank's
+    kind: str  # "dp_cp" or "expert_dp"
+    size: int  # ranks in the group
+    rank: int  # this rank's place in it
+
+
+def shares(model: ModelSpec, experts: Experts, layout: Layout, at: Coords) -> list[Share]:
+    """The rank's shares (module docstring); `model` is the dense model of the same shape."""
+    layers = model.n_layer or 0
+    (whole,) = chunk_params(model, layout, at.stage)  # no pipeline with experts
+    mlp = layers * (experts.mlp_split // layout.tp + experts.mlp_replicated)
+    split = layers * experts.num_experts * experts.expert if layout.ep > 1 else 0
+    dense_params = whole - mlp + layers * experts.moe - split
+    dense = Share(dense_params, "dp_cp", layout.data_ranks, data_rank(layout, at))
+    if layout.ep == 1:
+        return [dense]
+    size = layout.data_ranks // layout.ep
+    mine = Share(split // layout.ep, "expert_dp", size, expert_dp_rank(layout, at))
+    return [dense, mine]
+
+
+def share_model(share: Share, layout: Layout) -> tuple[ModelSpec, Layout]:
+    """A share as the dense counts take it: one flat buffer of its parameters over its
+    group (ZeRO pads it to a multiple of the group's size on its own)."""
+    return ModelSpec(f"{share.kind} share", n_params=share.params), Layout(
+        dp=share.size, zero=layout.zero
+    )
+
+
+def expert_model_state(
+    model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, at: Coords
+) -> ModelState:
+    """Model-state bytes of a rank, itemised as the runtime records them: its shares'."""
+    states = []
+    for share in shares(model, experts, layout, at):
+        spec, lay = share_model(share, layout)
+        states.append(rank_model_state(spec, workload, lay))
+    return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
+
+
+def tp_activation_bytes(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> int:
+    """The tp all-reduces of activations with MoE blocks: attention's two per block (its
+    output in forward, its input's gradient in backward), the embedding's and the head's."""
+    if layout.tp == 1:
+        return 0
+    calls = k * (2 * (model.n_layer or 0) + 2)
+    size = comm.activation_message_bytes(model, workload, layout.cp)
+    return calls * comm.all_reduce_bytes(size, layout.tp)
+
+
+def moe_terms(
+    model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, k: int, at: Coords
+) -> list[RankTraffic]:
+    """Routing, buffers and expert traffic of a rank (module docstring)."""
+    calls, e = k * (model.n_layer or 0), experts.num_experts
+    size, rank, dp = layout.data_ranks, data_rank(layout, at), group_name("dp_cp", layout)
+    out = []
+    if size > 1:
+        counts = calls * (size - 1) * experts.top_k * e * COUNT_BYTES  # ring all-gather
+        out.append(RankTraffic(dp, "all_gather", "routing counts of every shard", counts))
+        aux = comm.ring_all_reduce_rank_bytes(1, 8, size, rank)
+        out.append(RankTraffic(dp, "all_reduce", "auxiliary loss, float64", aux, True))
+        if layout.zero == 0 and workload.precision.name == "fp32":  # DataParallel
+            sends = rank != size - 1  # a chain from rank 0
+            nbytes = calls * 2 * e * BUFFER_BYTES * sends
+            out.append(RankTraffic(dp, "broadcast", "router bias and load buffers", nbytes, True))
+    ep = layout.ep
+    if ep == 1:
+        return out
+    counts = calls * (ep - 1) * (e // ep) * COUNT_BYTES
+    tokens = workload.micro_batch * (model.seq_len or 0) // layout.cp  # a rank's, whole on tp
+    elem = workload.precision.activation_bytes
+    balanced = calls * 2 * 2 * experts.top_k * tokens * model.d_model * elem * (ep - 1) / ep  # type: ignore[operator]
+    what = "tokens to their experts and back, forward and backward (balanced router)"
+    out += [
+        RankTraffic("ep", "all_to_all", "routing counts", counts),
+        RankTraffic("ep", "all_to_all", what, round(balanced), routed=True),
+    ]
+    norms = [("expert_dp", size // ep, expert_dp_rank(layout, at))] if layout.zero else []
+    for kind, n, r in [*norms, ("ep", ep, ep_rank(layout, at))]:
+        sent = comm.ring_all_reduce_rank_bytes(2, 8, n, r)
+        if sent:
+            what = "experts' gradient-norm squares, float64"
+            out.append(RankTraffic(group_name(kind, layout), "all_reduce", what, sent, True))
+    return out
