@@ -11,6 +11,7 @@ padded, and the padding must be predicted too.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -176,7 +177,8 @@ def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, opti
 
 def cp_and_moe_configs() -> list[RunConfig]:
     """4 ranks each: ring cp 2 x dp 2; all-to-all cp 2 x dp 2 under ZeRO-1; moe-tiny (d 32)
-    at dp 4 x ep 2 under ZeRO-1, so that each expert has two replicas (expert_dp 2)."""
+    at dp 4 x ep 2 under ZeRO-1, so that each expert has two replicas (expert_dp 2), and
+    at pp 2 x dp 2 x ep 2 (1F1B, K = 2): each stage its block's experts and routing."""
     ring = config(dp=2, cp=2, nproc=4)
     ulysses = config(dp=2, cp=2, nproc=4, cp_method="alltoall", zero=1)
     moe = tiny_config(steps=2, global_batch=16)  # b = 2 at dp 4: K = 2 micro-batches
@@ -185,7 +187,10 @@ def cp_and_moe_configs() -> list[RunConfig]:
     p = moe.parallel
     p.nproc, p.dp, p.ep, p.zero, moe.train.microbatches = 4, 4, 2, 1, 0
     moe.train.val_batches = 0  # evaluation runs the experts too, with the last step's number
-    return [ring, ulysses, resolve(moe, 4)]
+    piped = copy.deepcopy(moe)  # pp 2 x dp 2 x ep 2, plain DataParallel: a stage per block
+    q = piped.parallel
+    q.dp, q.pp, q.zero, q.schedule = 2, 2, 0, "1f1b"
+    return [ring, ulysses, resolve(moe, 4), resolve(piped, 4)]
 
 
 def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:
@@ -225,7 +230,9 @@ def test_cp_and_experts_predicted_per_rank_and_group():
             m, k, routed = cfg.model, cfg.train.microbatches, predicted["routed_bytes_per_step"]
             exact = {g: v for g, v in p_sent[rank].items() if g != "ep"}
             assert exact == {g: v for g, v in m_sent[rank].items() if g != "ep"}
-            assert exact["expert_dp"] > 0 and counts > 0 and routed[rank] > 0
+            assert (exact["expert_dp"] > 0) == (cfg.parallel.dp > cfg.parallel.ep)
+            assert counts > 0 and routed[rank] > 0
+            assert (exact["pp"] > 0) == (cfg.parallel.pp > 1)
             # everything on ep but the routed tokens is exact: counts, norms
             assert m_sent[rank]["ep"] - tokens == p_sent[rank]["ep"] - routed[rank]
             row, n = m.d_model * 4, cfg.train.micro_batch * cfg.train.seq_len
@@ -240,7 +247,7 @@ def test_dry_run_lines_show_cp_and_ep_with_each_ranks_own_prediction():
     from paratrain.train.dry_run import dry_run_lines
     from paratrain.train.prediction import MB
 
-    ring, _, moe = cp_and_moe_configs()
+    ring, _, moe, _ = cp_and_moe_configs()
     for cfg, group in ((ring, "cp"), (moe, "ep")):
         pred = predict(cfg)
         ranks = [line for line in dry_run_lines(cfg, "data") if line.startswith("rank ")]

@@ -33,6 +33,7 @@ from paratrain.plan import comm
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec, spec_of
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_groups import (
     Coords,
     RankTraffic,
@@ -89,18 +90,21 @@ class Share:
 
 
 def shares(model: ModelSpec, experts: Experts, layout: Layout, at: Coords) -> list[Share]:
-    """The rank's shares (module docstring); `model` is the dense model of the same shape."""
-    layers = model.n_layer or 0
-    (whole,) = chunk_params(model, layout, at.stage)  # no pipeline with experts
-    mlp = layers * (experts.mlp_split // layout.tp + experts.mlp_replicated)
-    split = layers * experts.num_experts * experts.expert if layout.ep > 1 else 0
-    dense_params = whole - mlp + layers * experts.moe - split
-    dense = Share(dense_params, "dp_cp", layout.data_ranks, data_rank(layout, at))
-    if layout.ep == 1:
-        return [dense]
-    size = layout.data_ranks // layout.ep
-    mine = Share(split // layout.ep, "expert_dp", size, expert_dp_rank(layout, at))
-    return [dense, mine]
+    """The rank's shares (module docstring), per chunk of its pipeline stage: each chunk is
+    wrapped on its own. `model` is the dense model of the same shape."""
+    pieces = virtual_stage_layers(model.n_layer or 0, layout.pp, layout.chunks)
+    chunks = stage_virtual_stages(at.stage, layout.pp, layout.chunks)
+    out = []
+    for whole, vs in zip(chunk_params(model, layout, at.stage), chunks, strict=True):
+        layers = pieces[vs]
+        mlp = layers * (experts.mlp_split // layout.tp + experts.mlp_replicated)
+        split = layers * experts.num_experts * experts.expert if layout.ep > 1 else 0
+        dense_params = whole - mlp + layers * experts.moe - split
+        out.append(Share(dense_params, "dp_cp", layout.data_ranks, data_rank(layout, at)))
+        if split:
+            size = layout.data_ranks // layout.ep
+            out.append(Share(split // layout.ep, "expert_dp", size, expert_dp_rank(layout, at)))
+    return out
 
 
 def share_model(share: Share, layout: Layout) -> tuple[ModelSpec, Layout]:
@@ -136,7 +140,9 @@ def moe_terms(
     model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, k: int, at: Coords
 ) -> list[RankTraffic]:
     """Routing, buffers and expert traffic of a rank (module docstring)."""
-    calls, e = k * (model.n_layer or 0), experts.num_experts
+    pieces = virtual_stage_layers(model.n_layer or 0, layout.pp, layout.chunks)
+    layers = sum(pieces[vs] for vs in stage_virtual_stages(at.stage, layout.pp, layout.chunks))
+    calls, e = k * layers, experts.num_experts
     size, rank, dp = layout.data_ranks, data_rank(layout, at), group_name("dp_cp", layout)
     out = []
     if size > 1:
@@ -144,7 +150,8 @@ def moe_terms(
         out.append(RankTraffic(dp, "all_gather", "routing counts of every shard", counts))
         aux = comm.ring_all_reduce_rank_bytes(1, 8, size, rank)
         out.append(RankTraffic(dp, "all_reduce", "auxiliary loss, float64", aux, True))
-        if layout.zero == 0 and workload.precision.name == "fp32":  # DataParallel
+        # DataParallel's forward; a pipeline's runtime calls the chunks themselves
+        if layout.zero == 0 and workload.precision.name == "fp32" and layout.pp == 1:
             sends = rank != size - 1  # a chain from rank 0
             nbytes = calls * 2 * e * BUFFER_BYTES * sends
             out.append(RankTraffic(dp, "broadcast", "router bias and load buffers", nbytes, True))

@@ -10,7 +10,9 @@ of the strategy, and too small to matter for a big model (they are left out of
   squared sums (split, replicated) of the shards;
 - tp: the gradient norm's squared sum of the split parameters, one float64 (train/clip.py);
 - pp: the squared norm summed over stages, one float64; the loss broadcast from the last
-  stage, one float32, along the chain last -> 0 -> 1 -> ... (comm/traffic.py).
+  stage, one float32, along the chain last -> 0 -> 1 -> ... (comm/traffic.py); with a
+  mixture of experts instead the loss summed over the stages (each holds its blocks'
+  balancing terms) and the routing log's two all-reduces (train/experts.py).
 
 Gradients are reduced over dp_cp (dp x cp ranks: the cp ranks hold the same parameters)
 in fp32 whatever the compute dtype (REDUCE_BYTES), one flat buffer at a time under ZeRO
@@ -123,7 +125,7 @@ def _share_gradients(
     return out
 
 
-def runtime_scalars(layout: Layout, at: Coords) -> list[RankTraffic]:
+def runtime_scalars(layout: Layout, at: Coords, experts: bool = False) -> list[RankTraffic]:
     """The runtime's per-step bookkeeping traffic (see the module docstring)."""
     out, k, dp = [], layout.data_ranks, group_name("dp_cp", layout)
     if k > 1:
@@ -139,6 +141,13 @@ def runtime_scalars(layout: Layout, at: Coords) -> list[RankTraffic]:
     if s > 1:
         sent = comm.ring_all_reduce_rank_bytes(1, 8, s, at.stage)
         out.append(RankTraffic("pp", "all_reduce", "gradient-norm sum, float64", sent, True))
+        if experts:  # every stage holds terms of the loss; the routing log spans stages
+            for n, elem, what in [(1, 4, "loss summed over stages, float32"),
+                                  (3, 8, "routing log sums, float64"),
+                                  (2, 8, "routing log extremes, float64")]:  # fmt: skip
+                sent = comm.ring_all_reduce_rank_bytes(n, elem, s, at.stage)
+                out.append(RankTraffic("pp", "all_reduce", what, sent, True))
+            return out
         position = (at.stage - (s - 1)) % s  # chain from the last stage; the end sends nothing
         sent = 4 if position != s - 1 else 0
         out.append(RankTraffic("pp", "broadcast", "loss from the last stage, float32", sent, True))
@@ -209,7 +218,7 @@ def rank_traffic(
     out += cp_terms(model, workload, layout, microbatches, at.stage)
     if experts is not None:
         out += moe_terms(model, experts, workload, layout, microbatches, at)
-    return out + runtime_scalars(layout, at)
+    return out + runtime_scalars(layout, at, experts is not None)
 
 
 def bytes_by_axis(terms: list[RankTraffic], bookkeeping: bool = True) -> dict[str, int]:
