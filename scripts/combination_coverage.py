@@ -145,6 +145,11 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"cp", "sp", "llama"},
         {"cp-a2a", "tp", "rc-full", "tree"},
         {"cp", "1f1b", "rc-sel", "ring"},
+        {"cp", "gpipe"},
+        {"cp", "zb-h1"},
+        {"cp-a2a", "1f1b", "zero1"},
+        {"cp-a2a", "gpipe"},
+        {"cp-a2a", "zb-h1"},
     ],
     "test_context_parallel_training.py::test_context_tensor_and_data_parallel_together_match_single_process": [  # noqa: E501
         {"cp", "dp", "tp", "sp"}
@@ -182,9 +187,9 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
-zero1+cp-a2a zero3+cp-a2a cp+gpipe cp+interleaved cp+zb-h1
-cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+gpipe cp-a2a+1f1b cp-a2a+interleaved
-cp-a2a+zb-h1 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
+zero3+cp-a2a cp+interleaved
+cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+interleaved
+cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
 gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts

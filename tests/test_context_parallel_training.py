@@ -61,6 +61,12 @@ LAYOUTS = [
      {"recompute": "full"}),
     ("gpt", {"cp": 2, "pp": 2, "comm_algo": "ring"}, {"recompute": "selective"}),
     ("gpt", {"cp": 4, "cp_method": "alltoall"}, {}),
+    # Every schedule with each method: stages pass sequence-sharded activations.
+    ("gpt", {"cp": 2, "pp": 2, "schedule": "gpipe"}, {}),
+    ("gpt", {"cp": 2, "pp": 2, "schedule": "zb-h1"}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "zero": 1}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "gpipe"}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "zb-h1"}, {}),
 ]  # fmt: skip
 # The three axes at once, on 8 processes (one launch of its own: 8 ranks on 2 cores).
 LAYOUTS_8 = [("gpt", {"cp": 2, "dp": 2, "tp": 2, "sequence_parallel": True}, {})]
