@@ -150,6 +150,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"cp-a2a", "1f1b", "zero1"},
         {"cp-a2a", "gpipe"},
         {"cp-a2a", "zb-h1"},
+        {"cp", "interleaved"},
+        {"cp-a2a", "interleaved"},
     ],
     "test_context_parallel_training.py::test_context_tensor_and_data_parallel_together_match_single_process": [  # noqa: E501
         {"cp", "dp", "tp", "sp"}
@@ -187,8 +189,8 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
-zero3+cp-a2a cp+interleaved
-cp+fp16 cp+resume cp+restarts cp-a2a+sp cp-a2a+interleaved
+zero3+cp-a2a
+cp+fp16 cp+resume cp+restarts cp-a2a+sp
 cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
 gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile

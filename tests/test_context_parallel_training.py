@@ -67,6 +67,9 @@ LAYOUTS = [
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "zero": 1}, {}),
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "gpipe"}, {}),
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "zb-h1"}, {}),
+    ("gpt", {"cp": 2, "pp": 2, "schedule": "interleaved", "chunks": 2}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "interleaved",
+             "chunks": 2}, {}),
 ]  # fmt: skip
 # The three axes at once, on 8 processes (one launch of its own: 8 ranks on 2 cores).
 LAYOUTS_8 = [("gpt", {"cp": 2, "dp": 2, "tp": 2, "sequence_parallel": True}, {})]
@@ -79,6 +82,7 @@ def layout_config(arch: str, parallel: dict, train: dict, world: int = 4):
         cfg.model = dataclasses.replace(cfg.model, **{**LLAMA, "n_layer": 2, "ffn_hidden": 48})
     cfg.parallel = dataclasses.replace(cfg.parallel, **parallel)
     p = cfg.parallel
+    cfg.model.n_layer = max(cfg.model.n_layer, p.pp * p.chunks)  # a block per piece
     p.nproc = max(p.dp, 1) * p.tp * p.pp * p.cp
     assert p.nproc == world
     cfg.train.microbatches = 0
