@@ -151,10 +151,13 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"cp-a2a", "gpipe"},
         {"cp-a2a", "zb-h1"},
         {"cp", "interleaved"},
+        {"cp-a2a", "zero3"},
+        {"cp-a2a", "sp"},
         {"cp-a2a", "interleaved"},
     ],
     "test_context_parallel_training.py::test_context_tensor_and_data_parallel_together_match_single_process": [  # noqa: E501
-        {"cp", "dp", "tp", "sp"}
+        {"cp", "dp", "tp", "sp"},
+        {"cp", "tp", "1f1b"},
     ],
     "test_context_parallel_training.py::test_paratrain_train_cp_2_matches_single_process": [
         {"cp", "llama"}
@@ -189,9 +192,8 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
-zero3+cp-a2a
-cp+fp16 cp+resume cp+restarts cp-a2a+sp
-cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts cp+tp+1f1b
+cp+fp16 cp+resume cp+restarts
+cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts
 gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts

@@ -67,12 +67,17 @@ LAYOUTS = [
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "zero": 1}, {}),
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "gpipe"}, {}),
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "zb-h1"}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "dp": 2, "zero": 3}, {}),
+    ("gpt", {"cp": 2, "cp_method": "alltoall", "tp": 2, "sequence_parallel": True}, {}),
     ("gpt", {"cp": 2, "pp": 2, "schedule": "interleaved", "chunks": 2}, {}),
     ("gpt", {"cp": 2, "cp_method": "alltoall", "pp": 2, "schedule": "interleaved",
              "chunks": 2}, {}),
 ]  # fmt: skip
 # The three axes at once, on 8 processes (one launch of its own: 8 ranks on 2 cores).
-LAYOUTS_8 = [("gpt", {"cp": 2, "dp": 2, "tp": 2, "sequence_parallel": True}, {})]
+LAYOUTS_8 = [
+    ("gpt", {"cp": 2, "dp": 2, "tp": 2, "sequence_parallel": True}, {}),
+    ("gpt", {"cp": 2, "tp": 2, "pp": 2}, {}),  # 1F1B
+]
 
 
 def layout_config(arch: str, parallel: dict, train: dict, world: int = 4):
