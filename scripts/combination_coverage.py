@@ -119,6 +119,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"dp", "fp16", "rc-sel", "llama", "ring"},
         {"cp", "bf16", "rc-sel", "llama"},
         {"cp-a2a", "fp16", "tree"},
+        {"cp", "fp16", "ring"},
+        {"cp-a2a", "bf16", "llama"},
     ],
     f"{LOW}[4]": [
         {"zero1", "tp", "bf16"},
@@ -133,6 +135,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"gpipe", "rc-full", "tree", "bf16", "resume"},
         {"zb-h1", "rc-sel", "resume"},
         {"dp", "fp16", "resume"},
+        {"cp", "resume"},
+        {"cp-a2a", "llama", "resume"},
     ],
     CP: [
         {"cp", "dp", "rc-full", "tree"},
@@ -192,8 +196,7 @@ zero1+restarts zero2+restarts zero3+restarts tp+restarts sp+restarts gpipe+resta
 1f1b+restarts interleaved+restarts zb-h1+restarts bf16+restarts
 fp16+restarts rc-full+restarts rc-sel+restarts ring+restarts tree+restarts
 llama+restarts resume+restarts
-cp+fp16 cp+resume cp+restarts
-cp-a2a+bf16 cp-a2a+resume cp-a2a+restarts
+cp+restarts cp-a2a+restarts
 gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts

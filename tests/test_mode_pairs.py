@@ -96,6 +96,8 @@ LOW_PRECISION = {  # world size -> layouts in bf16 or fp16
         "dp fp16 rc-sel llama ring",
         "cp bf16 rc-sel llama",
         "cp-a2a fp16 tree",
+        "cp fp16 ring",
+        "cp-a2a bf16 llama",
     ],
     4: ["zero1 tp bf16", "tp 1f1b bf16", "zero3 sp fp16 ring", "zero2 tp fp16 rc-full llama tree"],
 }
@@ -103,7 +105,7 @@ ASYNC = "async rc-sel llama"
 # World 2. fp16 starts at a scale that overflows the first steps: the scale falls by
 # half at each, and the resumed run must go on from the fallen scale (the checkpoint
 # holds it), not from --loss-scale, or it skips steps the uninterrupted run applied.
-RESUMED = ["gpipe rc-full tree bf16", "zb-h1 rc-sel", "dp fp16"]
+RESUMED = ["gpipe rc-full tree bf16", "zb-h1 rc-sel", "dp fp16", "cp", "cp-a2a llama"]
 OVERFLOWING_SCALE = 2.0**11
 SAVED_AT = 2  # of tiny_config's 4 steps
 CLIP = 0.5  # below the norms of these runs (about 1.6 to 5): clipping is active
@@ -182,7 +184,8 @@ def resumed_runs(rank, world_size, configs, data, run_dir):
     out = []
     for i, cfg in enumerate(configs):
         p, where = cfg.parallel, Path(run_dir) / str(i)
-        mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, options=CommOptions(algo=p.comm_algo))
+        options = CommOptions(algo=p.comm_algo)
+        mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, options=options)
         full = train(cfg, mesh, data, run_dir=where / "full")
         saved = ck.Checkpoint(ck.checkpoint_path(where / "full", SAVED_AT), SAVED_AT)
         resumed = train(cfg, mesh, data, run_dir=where / "resumed", resume=saved)
