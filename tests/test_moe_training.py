@@ -280,6 +280,7 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     from paratrain.train.build import build_model
     from paratrain.train.checkpoint_model import check_init_source
     from paratrain.train.export import export_safetensors, load_exported
+    from paratrain.validate_experts import check_experts
 
     data, cfg = load_tokens(DATA), bias_config(2, 1, 2, 0, "native")
     runs = [(cfg, "full", None), (cfg, "resumed", "full")]
@@ -330,3 +331,7 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     assert all(exported.get_buffer(b).equal(final[b]) for b in BIASES)
     check_init_source(str(tmp_path / "old"), cfg.model)
     assert "holds no value for blocks.0.mlp.router.bias" in caplog.text
+    accepted = bias_config(2, 1, 2, 0, "native")  # refused before checkpoints held the bias
+    accepted.train.resume = accepted.train.init_from = str(tmp_path / "full")
+    accepted.parallel.max_restarts = 1
+    check_experts(accepted)
