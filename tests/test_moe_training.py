@@ -3,7 +3,8 @@
 with ZeRO-1/2, buckets, tensor parallelism and pipelines (1F1B, GPipe, ZB-H1), against plain
 single-process training (tests/equivalence.py's reference, float32) on the same data and
 seed; and dp 4 x ep 2 with ZeRO-1 in bfloat16, within test_mixed_precision.py's bf16
-bounds of it (measured: losses 4.3e-3 relative, the update 0.11 of its norm).
+bounds of it (measured: losses 4.3e-3 relative, the update 0.11 of its norm). Last, the
+routers' balancing bias (--bias-rate) in checkpoints: a resumed run goes on exactly.
 
 Every step's batch is one micro-batch per replica (K = 1), so the batch the router sees,
 over the data-parallel ranks (train/experts.py), is the reference's whole batch: capacity
@@ -270,12 +271,13 @@ def without_buffers(saved: Path, copy: Path) -> None:
 
 
 def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(tmp_path, caplog):
-    """--bias-rate 0.01 at dp 2 x ep 2, stopped after step 2 (--steps) and resumed: the
-    resumed steps' losses and norms, the final parameters and biases are bitwise those of
-    the run that went on. Resumed on other layouts (each pipeline stage holds its blocks'
-    routers; tp ranks hold replicas), losses within 1e-5 and the biases equal exactly (the
-    update adds ±γ from integer loads). --init-from and export carry the bias; a checkpoint
-    written before buffers were saved loads with the bias at 0 and one warning line."""
+    """--bias-rate 0.01 at dp 2 x ep 2, resumed from the checkpoint of step 2 of 4 (what a
+    stop by SIGTERM or --steps leaves): the resumed steps' losses and norms, the final
+    parameters and biases are bitwise those of the run that went on. Resumed on other
+    layouts (each pipeline stage holds its blocks' routers; tp ranks hold replicas), losses
+    within 1e-5 and the biases equal exactly (the update adds ±γ from integer loads).
+    --init-from and export carry the bias; a checkpoint written before buffers were saved
+    loads with the bias at 0 and one warning line."""
     from paratrain.train import checkpoint as ck
     from paratrain.train.build import build_model
     from paratrain.train.checkpoint_model import check_init_source
