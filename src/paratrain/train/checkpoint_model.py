@@ -90,11 +90,18 @@ def check_init_source(source: str, model: Any) -> None:
                 f"--init-from {source!r}: its model.{key} is {saved[key]!r}, this run's "
                 f"{getattr(model, key)!r}; leave the model's shape to the source run"
             )
+    note_absent_buffers(ckpt.path, model)
+
+
+def note_absent_buffers(path: Path, model: Any) -> None:
+    """One warning line if the checkpoint at `path` lacks persistent buffers of the model
+    that `model` (a [model] config) describes: --init-from's source, said once by the
+    launcher (or rank 0 of a user's torchrun) before training; build_model keeps them."""
     with torch.device("meta"):  # names only: no memory, any size
         names = persistent_buffers(registry.plain_model(model))
-    absent = absent_buffers([BUFFER + n for n in names], ckpt.path)
-    if absent:  # said once, here, before any worker starts
-        log.warning("%s", absent_note(ckpt.path, absent))
+    absent = absent_buffers([BUFFER + n for n in names], path)
+    if absent:
+        log.warning("%s", absent_note(path, absent))
 
 
 def write_model(path: Path, model: nn.Module, meta: dict[str, Any]) -> None:
