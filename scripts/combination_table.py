@@ -137,7 +137,9 @@ NOTES = {
     ("async", "resume"): "RUN is synchronous; an asynchronous run resumes as one "
     "(test_async_checkpoint.py::test_a_resumed_one_worker_run_equals_the_uninterrupted_one)",
     ("llama", "resume"): "RUN is a GPT; a run resumes with its own model",
-    ("ep", "resume"): "RUN is a dense GPT; a run resumes with its own model",
+    ("ep", "resume"): "RUN is a dense GPT; a mixture of experts resumes as its own, its "
+    "routers' balancing bias included (test_moe_training.py::"
+    "test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly)",
 }
 
 

@@ -3,7 +3,8 @@
 with ZeRO-1/2, buckets, tensor parallelism and pipelines (1F1B, GPipe, ZB-H1), against plain
 single-process training (tests/equivalence.py's reference, float32) on the same data and
 seed; and dp 4 x ep 2 with ZeRO-1 in bfloat16, within test_mixed_precision.py's bf16
-bounds of it (measured: losses 4.3e-3 relative, the update 0.11 of its norm).
+bounds of it (measured: losses 4.3e-3 relative, the update 0.11 of its norm). Last, the
+routers' balancing bias (--bias-rate) in checkpoints: a resumed run goes on exactly.
 
 Every step's batch is one micro-batch per replica (K = 1), so the batch the router sees,
 over the data-parallel ranks (train/experts.py), is the reference's whole batch: capacity
@@ -24,8 +25,10 @@ import dataclasses
 import json
 import math
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
@@ -87,11 +90,9 @@ def test_moe_tiny_with_ep_2_from_the_cli_equals_one_process(tmp_path, layout):
     assert weights["blocks.0.mlp.experts.w_in"].shape == (4, 64, 256)
     run = RunRecord([r["loss"] for r in rows], [r["grad_norm"] for r in rows], weights)
     reference, initial = reference_training(cfg, load_tokens(DATA))
-    # A checkpoint holds parameters: the routers' balancing biases (buffers, 0 here) not.
-    buffers = {f"blocks.{i}.mlp.router.bias" for i in range(2)}
-    assert reference.state.keys() - weights.keys() == buffers
-    params = {k: v for k, v in reference.state.items() if k not in buffers}
-    assert_matches(run, dataclasses.replace(reference, state=params), initial)
+    # The checkpoint holds the routers' balancing biases beside the parameters (0 here).
+    assert {f"blocks.{i}.mlp.router.bias" for i in range(2)} <= weights.keys()
+    assert_matches(run, reference, initial)
     # The routing is logged every step. Capacity: ceil(1.25 · k 2 · 128 tokens / 4) = 80
     # per layer and forward, so at most 80 per expert; the router starts unbalanced.
     for r in rows:
@@ -190,3 +191,149 @@ def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process():
             except AssertionError as e:
                 e.add_note(f"layout {name}, rank {rank}")
                 raise
+
+
+# DeepSeek-V3's balancing bias is a buffer that every step moves: a checkpoint holds it, so
+# a stopped run resumes as the run that went on. Saved at step 2 of 4 at dp 2 x ep 2.
+BIAS_STEPS, BIAS_SAVED, BIAS_RATE = 4, 2, 0.01
+BIASES = [f"blocks.{i}.mlp.router.bias" for i in range(2)]
+RESHARDED = {  # name -> layout_config's arguments; each resumes the dp 2 x ep 2 checkpoint
+    "pp 2 x dp 2 x ep 2, ZeRO-1": (2, 1, 2, 1, "native", 2),  # each stage its own routers
+    "dp 2 x tp 2 x ep 2": (2, 2, 2, 0, "native"),
+    "dp 4 x ep 2 from a checkpoint without buffers": (4, 1, 2, 1, "native"),
+}
+
+
+def bias_config(*layout) -> RunConfig:
+    cfg = layout_config(*layout)
+    cfg.model.bias_rate = BIAS_RATE
+    cfg.train.steps, cfg.train.checkpoint_every = BIAS_STEPS, BIAS_SAVED
+    cfg.train.rewarmup_steps = 0  # resumed on 4 ranks: go on at the rate of the run on 2
+    return cfg
+
+
+def routers_at_start(engine) -> dict[str, list[float]]:
+    return {
+        f"{name}.bias": m.bias.tolist()
+        for module in engine.modules
+        for name, m in module.named_modules()
+        if name.endswith("router")
+    }
+
+
+def run_and_resume(rank, world, runs, data, root):
+    """runs: (cfg, directory, checkpoint to resume from or None); per run this rank's
+    losses, gradient norms, routers' biases before the first step, and rank 0's warnings."""
+    import logging
+    from pathlib import Path
+
+    from paratrain.mesh import Mesh
+    from paratrain.train import checkpoint as ck
+    from paratrain.train.loop import train
+
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())
+    logging.getLogger("paratrain.train.checkpoint_load").addHandler(handler)
+    out = []
+    for cfg, where, source in runs:
+        p, start = cfg.parallel, {}
+        mesh = Mesh.build(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep)
+        saved = None
+        if source is not None:
+            saved = ck.Checkpoint(ck.checkpoint_path(Path(root) / source, BIAS_SAVED), BIAS_SAVED)
+        warned.clear()
+        result = train(cfg, mesh, data, run_dir=Path(root) / where, resume=saved,
+                       on_start=lambda engine: start.update(routers_at_start(engine)))  # fmt: skip
+        metrics = result.metrics
+        out.append(([m.loss for m in metrics], [m.grad_norm for m in metrics], start, warned[:]))
+    return out
+
+
+def without_buffers(saved: Path, copy: Path) -> None:
+    """A copy of a checkpoint as written before buffers were saved: its index without them
+    (the bytes stay in the files, unreferenced)."""
+    import pickle
+    import shutil
+
+    from paratrain.train.checkpoint_state import BUFFER
+
+    shutil.copytree(saved, copy)
+    with (copy / ".metadata").open("rb") as f:
+        index = pickle.load(f)
+    for key in [k for k in index.state_dict_metadata if k.startswith(BUFFER)]:
+        del index.state_dict_metadata[key]
+    index.storage_data = {
+        i: where for i, where in index.storage_data.items() if not i.fqn.startswith(BUFFER)
+    }
+    with (copy / ".metadata").open("wb") as f:
+        pickle.dump(index, f)
+
+
+def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(tmp_path, caplog):
+    """--bias-rate 0.01 at dp 2 x ep 2, resumed from the checkpoint of step 2 of 4 (what a
+    stop by SIGTERM or --steps leaves): the resumed steps' losses and norms, the final
+    parameters and biases are bitwise those of the run that went on. Resumed on other
+    layouts (each pipeline stage holds its blocks' routers; tp ranks hold replicas), losses
+    within 1e-5 and the biases equal exactly (the update adds ±γ from integer loads).
+    --init-from and export carry the bias; a checkpoint written before buffers were saved
+    loads with the bias at 0 and one warning line."""
+    from paratrain.train import checkpoint as ck
+    from paratrain.train.build import build_model
+    from paratrain.train.checkpoint_model import check_init_source
+    from paratrain.train.export import export_safetensors, load_exported
+    from paratrain.validate_experts import check_experts
+
+    data, cfg = load_tokens(DATA), bias_config(2, 1, 2, 0, "native")
+    runs = [(cfg, "full", None), (cfg, "resumed", "full")]
+    per_rank = run_distributed(run_and_resume, 2, runs, data, str(tmp_path), timeout=600)
+    at_save = read_model(ck.checkpoint_path(tmp_path / "full", BIAS_SAVED))
+    assert any(at_save[b].any() for b in BIASES), "the bias must have moved"
+    final = read_model(ck.checkpoint_path(tmp_path / "full", BIAS_STEPS))
+    for full, resumed in per_rank:  # same mesh: bitwise
+        assert resumed[0] == full[0][BIAS_SAVED:] and resumed[1] == full[1][BIAS_SAVED:]
+        assert resumed[2] == {b: at_save[b].tolist() for b in BIASES} and not resumed[3]
+    ours = read_model(ck.checkpoint_path(tmp_path / "resumed", BIAS_STEPS))
+    assert ours.keys() == final.keys() and set(BIASES) <= final.keys()
+    assert all(ours[k].equal(final[k]) for k in final)
+    assert not all(final[b].equal(at_save[b]) for b in BIASES)  # moved after the resume
+    tail = per_rank[0][0][0][BIAS_SAVED:]
+
+    old = ck.checkpoint_path(tmp_path / "old", BIAS_SAVED)
+    without_buffers(ck.checkpoint_path(tmp_path / "full", BIAS_SAVED), old)
+    others = [(bias_config(*layout), name, "full") for name, layout in RESHARDED.items()]
+    others[-1] = (others[-1][0], "old-resumed", "old")
+    per_rank = run_distributed(run_and_resume, 4, others, data, str(tmp_path), timeout=600)
+    expected = {b: at_save[b].tolist() for b in BIASES}
+    for i, (_, name, _) in enumerate(others[:-1]):
+        for a, b in zip(per_rank[0][i][0], tail, strict=True):
+            assert math.isclose(a, b, rel_tol=LOSS_RTOL), (name, a, b)
+        starts = [records[i][2] for records in per_rank]  # a pipeline stage: its blocks'
+        assert all(start.items() <= expected.items() for start in starts), name
+        assert {b for start in starts for b in start} == set(BIASES), name
+        assert not any(records[i][3] for records in per_rank), name  # no warning
+        theirs = read_model(ck.checkpoint_path(tmp_path / name, BIAS_STEPS))
+        assert all(theirs[b].equal(final[b]) for b in BIASES), name
+    for rank, records in enumerate(per_rank):  # the checkpoint without buffers
+        _, _, start, warned = records[-1]
+        assert start == {b: [0.0] * 4 for b in BIASES}
+        assert len(warned) == (rank == 0), warned
+    warned = per_rank[0][-1][3][0]
+    assert "holds no value for blocks.0.mlp.router.bias, blocks.1.mlp.router.bias" in warned
+
+    # --init-from and export carry the bias; a source without buffers is said once.
+    def initial_biases(source: str) -> list[torch.Tensor]:
+        train = dataclasses.replace(cfg.train, init_from=str(tmp_path / source))
+        model = build_model(dataclasses.replace(cfg, train=train))
+        return [model.get_buffer(b) for b in BIASES]
+
+    assert all(a.equal(final[b]) for a, b in zip(initial_biases("full"), BIASES, strict=True))
+    assert all(not a.any() for a in initial_biases("old"))
+    exported = load_exported(export_safetensors(tmp_path / "full"))
+    assert all(exported.get_buffer(b).equal(final[b]) for b in BIASES)
+    check_init_source(str(tmp_path / "old"), cfg.model)
+    assert "holds no value for blocks.0.mlp.router.bias" in caplog.text
+    accepted = bias_config(2, 1, 2, 0, "native")  # refused before checkpoints held the bias
+    accepted.train.resume = accepted.train.init_from = str(tmp_path / "full")
+    accepted.parallel.max_restarts = 1
+    check_experts(accepted)

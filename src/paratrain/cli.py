@@ -216,6 +216,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         from paratrain.train.checkpoint_model import check_init_source
 
         check_init_source(cfg.train.init_from, cfg.model)
+    elif cfg.train.init_from and not args.launched_worker and env["rank"] == 0:  # torchrun's
+        from paratrain.train.checkpoint import latest_checkpoint
+        from paratrain.train.checkpoint_model import note_absent_buffers
+
+        source = latest_checkpoint(Path(cfg.train.init_from))
+        if source is not None:  # else build_model says there is none
+            note_absent_buffers(source.path, cfg.model)
     if args.dry_run:
         from paratrain.train.dry_run import dry_run_lines
 

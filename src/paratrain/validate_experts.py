@@ -9,9 +9,7 @@ What is refused, and why (docs/experts.md, "Not done yet"):
 - context parallelism and --compile: both work token by token or block by block and
   would likely compose, but no test trains them with experts yet;
 - with ep > 1: ZeRO-3 (its units hold whole modules; the experts' shards would need the
-  expert-dp group), and fp16 (each of the two wrappers would scale the loss);
-- bias balancing with a checkpoint to start from: the bias is a buffer, and checkpoints
-  hold parameters and optimizer state only.
+  expert-dp group), and fp16 (each of the two wrappers would scale the loss).
 """
 
 from __future__ import annotations
@@ -46,11 +44,6 @@ def check_experts(cfg: RunConfig) -> None:
                 f"{what} with a mixture of experts (--num-experts {m.num_experts}) is not "
                 "supported yet (docs/experts.md); drop one of them"
             )
-    if m.bias_rate and (t.resume or t.init_from or p.max_restarts):
-        raise ValueError(
-            f"--bias-rate {m.bias_rate} with --resume, --init-from or --max-restarts: "
-            "checkpoints do not hold the router's balancing bias yet; use --bias-rate 0"
-        )
     _check_expert_parallel(cfg)
 
 

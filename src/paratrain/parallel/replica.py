@@ -274,16 +274,17 @@ def whole_checkpoint_pieces(
 def complete_state_dict(
     module: nn.Module, values: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """`values` (one tensor per parameter, under named_parameters()' first name) extended
-    to every key of `module.state_dict()`: a tied parameter's other names alias its value,
-    and buffers are copied from the module, so `load_state_dict(strict=True)` works."""
+    """`values` (one tensor per parameter, under named_parameters()' first name, and
+    possibly persistent buffers) extended to every key of `module.state_dict()`: a tied
+    parameter's other names alias its value, and buffers not in `values` are copied from
+    the module, so `load_state_dict(strict=True)` works."""
     canonical = {id(p): name for name, p in module.named_parameters()}
     out = {}
     for name, tensor in module.state_dict(keep_vars=True).items():
         if isinstance(tensor, nn.Parameter) and id(tensor) in canonical:
             out[name] = values[canonical[id(tensor)]]
         else:
-            out[name] = tensor.detach().clone()
+            out[name] = values[name] if name in values else tensor.detach().clone()
     return out
 
 

@@ -37,6 +37,7 @@ from paratrain.parallel.async_sgd import ParameterServer, ServerState
 from paratrain.parallel.replica import WholeGradients
 from paratrain.train import checkpoint
 from paratrain.train.checkpoint import Checkpoint
+from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
 from paratrain.train.checkpoint_load import read_entries
 from paratrain.train.checkpoint_state import RankState, rank_state
 
@@ -94,7 +95,10 @@ def load_server(
     meta = checkpoint.read_meta(ckpt.path)
     checkpoint.check_compatible(meta, cfg, ckpt.path)  # the same mode and workers, too
     state = _server_state(model, optimizer, mesh)
-    entries: dict[str, Any] = dict(state.tensors)
+    absent = absent_buffers(state.tensors, ckpt.path)  # saved before buffers were
+    if absent:
+        log.warning("%s", absent_note(ckpt.path, absent))
+    entries: dict[str, Any] = {k: v for k, v in state.tensors.items() if k not in absent}
     saved = meta["async"]
     if saved["dc_mean_square"]:
         numel = sum(p.numel() for p in model.parameters())

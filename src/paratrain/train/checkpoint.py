@@ -12,8 +12,9 @@ Each checkpoint goes to a fresh directory, never over an old one; a directory wi
 The last `keep` complete checkpoints are kept.
 
 What is saved: every parameter (fp32: the master copy under mixed precision) and AdamW's
-two moments per parameter, as global tensors under the plain model's names
-(checkpoint_state.py), so any mesh can load them; AdamW's step count, the training step
+two moments per parameter, as global tensors under the plain model's names, and the
+model's persistent buffers (a router's balancing bias; checkpoint_state.py), so any mesh
+can load them; AdamW's step count, the training step
 (which is also the data position: batches are a pure function of seed and step) in
 paratrain.json; each rank's random state (`rng.rank<r>`), restored when the layout is the
 same, since only then does rank r do the same work.

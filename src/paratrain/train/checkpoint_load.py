@@ -1,12 +1,15 @@
 """Reading a sharded checkpoint into this rank's part of the model (collective).
 
-`load` restores everything a resumed run needs: the model, AdamW's moments and step, and
-(on the layout that saved them) the random states. `load_weights` reads only the model,
-for evaluation on any layout. Each rank reads only its own boxes (train/checkpoint_state.py).
+`load` restores everything a resumed run needs: the model (parameters and persistent
+buffers), AdamW's moments and step, and (on the layout that saved them) the random states.
+`load_weights` reads only the model, for evaluation on any layout. Each rank reads only its
+own boxes (train/checkpoint_state.py). A checkpoint written before buffers were saved loads
+with the buffers as built, and one warning line (checkpoint_buffers.py).
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -24,8 +27,11 @@ from paratrain.train.checkpoint import (
     read_meta,
     set_rng_state,
 )
+from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
 from paratrain.train.checkpoint_planner import CheckpointMismatch, ShardedLoadPlanner
-from paratrain.train.checkpoint_state import rank_state
+from paratrain.train.checkpoint_state import BUFFER, rank_state
+
+log = logging.getLogger(__name__)
 
 
 def load(
@@ -38,7 +44,7 @@ def load(
     meta = read_meta(ckpt.path)
     check_compatible(meta, cfg, ckpt.path)
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
-    entries: dict[str, Any] = dict(state.tensors)
+    entries: dict[str, Any] = _present(dict(state.tensors), ckpt, mesh)
     same_layout = meta["layout"] == layout_of(cfg, mesh)
     same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
     rng_key = f"rng.rank{mesh.global_rank}"
@@ -60,10 +66,19 @@ def load_weights(ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg:
     layout, global batch or sequence length; the optimizer only names the pieces."""
     check_compatible(read_meta(ckpt.path), cfg, ckpt.path, train=())
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
-    models = {k: v for k, v in state.tensors.items() if k.startswith("model.")}
-    read_entries(models, ckpt, mesh.control.pg)
+    models = {k: v for k, v in state.tensors.items() if k.startswith(("model.", BUFFER))}
+    read_entries(_present(models, ckpt, mesh), ckpt, mesh.control.pg)
     for replica in engine.replicas:
         replica.after_load()
+
+
+def _present(entries: dict[str, Any], ckpt: Checkpoint, mesh: Mesh) -> dict[str, Any]:
+    """`entries` without the buffers `ckpt` lacks (written before buffers were saved): those
+    keep their values; rank 0 says so in one line."""
+    absent = absent_buffers(entries, ckpt.path)
+    if absent and mesh.global_rank == 0:
+        log.warning("%s", absent_note(ckpt.path, absent))
+    return {k: v for k, v in entries.items() if k not in absent}
 
 
 def read_entries(

@@ -2,7 +2,8 @@
 (an import's step-0 checkpoint), without a process group.
 
 The sharded checkpoint stores every parameter under the single-process model's name with
-its global shape (`model.<name>`), so consolidating is one DCP load into full-size tensors
+its global shape (`model.<name>`), and every persistent buffer (`buffer.<name>`: the
+router's balancing bias), so consolidating is one DCP load into full-size tensors
 allocated from the checkpoint's index; writing one is one DCP save of whole tensors, which
 any mesh then loads like any other checkpoint's model.
 """
@@ -10,6 +11,7 @@ any mesh then loads like any other checkpoint's model.
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,40 +22,54 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from paratrain.models import registry
 from paratrain.parallel.replica import complete_state_dict
 from paratrain.train import checkpoint
+from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
+from paratrain.train.checkpoint_state import BUFFER, persistent_buffers
+
+log = logging.getLogger(__name__)
 
 PREFIX = "model."
 
 
 def read_model(path: Path) -> dict[str, torch.Tensor]:
-    """Every parameter of the complete checkpoint at `path`, whole, on the host (fp32: the
-    master copies under mixed precision), under the plain model's names."""
+    """Every parameter and persistent buffer of the complete checkpoint at `path`, whole,
+    on the host (fp32: the master copies under mixed precision), under the plain model's
+    names."""
     checkpoint.check_files(path)
     reader = FileSystemReader(path)
     index = reader.read_metadata().state_dict_metadata
     full = {
         key: torch.empty(md.size, dtype=md.properties.dtype, device="cpu")  # a file, read here
         for key, md in index.items()
-        if key.startswith(PREFIX) and isinstance(md, TensorStorageMetadata)
+        if key.startswith((PREFIX, BUFFER)) and isinstance(md, TensorStorageMetadata)
     }
     with warnings.catch_warnings():  # "no process group: loading in one process", as meant
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(full, storage_reader=reader, no_dist=True)
-    return {key.removeprefix(PREFIX): t for key, t in full.items()}
+    return {key.removeprefix(PREFIX).removeprefix(BUFFER): t for key, t in full.items()}
 
 
-def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> list[str]:
     """Copy `tensors` into the plain `model` (a tied parameter's other name aliases it);
-    ValueError naming the first parameter missing or of another shape."""
-    for name, p in model.named_parameters():
+    ValueError naming the first parameter missing, name unknown, or tensor of another
+    shape. Persistent buffers absent from `tensors` (a checkpoint written before buffers
+    were saved) keep the model's values: their names are returned."""
+    known = model.state_dict(keep_vars=True)  # a tied parameter under each of its names
+    for name, _ in model.named_parameters():
         if name not in tensors:
             raise ValueError(f"{source}: no weights for {name}")
-        if tensors[name].shape != p.shape:
-            shape = tuple(tensors[name].shape)
-            raise ValueError(f"{source}: {name} has shape {shape}, this model {tuple(p.shape)}")
+    for name, t in tensors.items():
+        ours = known.get(name)
+        if ours is None:
+            raise ValueError(f"{source}: {name} has no place in this model")
+        if t.shape != ours.shape:
+            shape, here = tuple(t.shape), tuple(ours.shape)
+            raise ValueError(f"{source}: {name} has shape {shape}, this model {here}")
     with torch.no_grad():
         model.load_state_dict(complete_state_dict(model, tensors), strict=True)
+    return sorted(set(persistent_buffers(model)) - set(tensors))
 
 
 SHAPE = ("arch", "vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden",
@@ -74,13 +90,27 @@ def check_init_source(source: str, model: Any) -> None:
                 f"--init-from {source!r}: its model.{key} is {saved[key]!r}, this run's "
                 f"{getattr(model, key)!r}; leave the model's shape to the source run"
             )
+    note_absent_buffers(ckpt.path, model)
+
+
+def note_absent_buffers(path: Path, model: Any) -> None:
+    """One warning line if the checkpoint at `path` lacks persistent buffers of the model
+    that `model` (a [model] config) describes: --init-from's source, said once by the
+    launcher (or rank 0 of a user's torchrun) before training; build_model keeps them."""
+    with torch.device("meta"):  # names only: no memory, any size
+        names = persistent_buffers(registry.plain_model(model))
+    absent = absent_buffers([BUFFER + n for n in names], path)
+    if absent:
+        log.warning("%s", absent_note(path, absent))
 
 
 def write_model(path: Path, model: nn.Module, meta: dict[str, Any]) -> None:
-    """A complete checkpoint at `path` holding `model`'s parameters (no optimizer state)."""
+    """A complete checkpoint at `path` holding `model`'s parameters and persistent buffers
+    (no optimizer state)."""
     path.mkdir(parents=True)
     (path / checkpoint.META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     state = {PREFIX + name: p.detach() for name, p in model.named_parameters()}
+    state |= {BUFFER + name: b.detach() for name, b in persistent_buffers(model).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, storage_writer=FileSystemWriter(path, thread_count=1), no_dist=True)

@@ -15,6 +15,12 @@ part, and they compose:
   ranges of each parameter, the whole range where nothing is sharded);
 - pipeline parallelism simply leaves other stages' names out.
 
+Persistent buffers (DeepSeek-V3's router bias, which bias balancing moves after every step)
+are saved beside the parameters as `buffer.<name>`, one whole box each: every rank that
+holds the module holds the same values (the bias is computed from the global counts), and
+DCP writes identical boxes once. A non-persistent buffer (a MoE's per-step load count) is
+not state: it is empty at every step boundary.
+
 DTensor says the same for even dim-0 shards (FSDP2); a flat range that cuts rows is not a
 DTensor placement, hence these boxes, which torch.distributed.checkpoint stores as chunks
 (`checkpoint_planner.py`). Every box's `data` is a view of live storage: saving reads the
@@ -124,6 +130,27 @@ def _boxes(piece: StatePiece, values: torch.Tensor, place: Placement) -> Sharded
     return Sharded(place.shape, boxes)
 
 
+BUFFER = "buffer."  # the key prefix of a persistent buffer; parameters' is "model."
+
+
+def persistent_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: tensor} for the module's persistent buffers: what its state_dict holds beside
+    the parameters (the parameters are the optimizer's, saved with their moments)."""
+    state = module.state_dict(keep_vars=True)
+    return {name: t for name, t in state.items() if not isinstance(t, nn.Parameter)}
+
+
+def buffer_state(modules: list[nn.Module]) -> dict[str, Sharded]:
+    """`buffer.<name>` -> one whole box of the live buffer, for each distinct module (expert
+    parallelism wraps one module twice). Replicated as a whole: buffers that tensor
+    parallelism would split are not (none of our models has one)."""
+    out: dict[str, Sharded] = {}
+    for module in {id(m): m for m in modules}.values():
+        for name, t in persistent_buffers(module).items():
+            out[BUFFER + name] = Sharded(t.shape, [Box((0,) * t.dim(), t)])
+    return out
+
+
 @dataclass
 class RankState:
     """What this rank holds: tensors by checkpoint key, and AdamW's step counters."""
@@ -142,9 +169,9 @@ class RankState:
 def rank_state(replicas: list[Replica], optimizers: list, tp: comm.CommGroup) -> RankState:
     """Model values (fp32 master copies where they exist) and AdamW moments, as boxes.
 
-    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`. A name whose
-    pieces all live on other dp ranks is present with no boxes, so that every rank's key
-    set is the same.
+    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`, and
+    `buffer.<name>` for persistent buffers. A name whose pieces all live on other dp ranks
+    is present with no boxes, so that every rank's key set is the same.
     """
     tensors: dict[str, Sharded] = {}
     counters: list[torch.Tensor] = []
@@ -160,4 +187,5 @@ def rank_state(replicas: list[Replica], optimizers: list, tp: comm.CommGroup) ->
         for place in where.values():
             for key in ("model", *(f"optim.{m}" for m in MOMENTS)):
                 tensors.setdefault(f"{key}.{place.name}", Sharded(place.shape, []))
+    tensors.update(buffer_state([r.module for r in replicas]))
     return RankState(tensors, counters)

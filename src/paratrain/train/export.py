@@ -3,7 +3,8 @@
 The sharded checkpoint already stores every parameter under the single-process model's
 name with its global shape, so consolidating is one DCP load in this process (no process
 group), into full-size tensors allocated from the checkpoint's index. Only the model is
-exported (fp32; the master copy under mixed precision), not the optimizer.
+exported (fp32; the master copy under mixed precision: parameters and persistent buffers,
+the router's balancing bias), not the optimizer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 from paratrain.config import ModelConfig, RunConfig
 from paratrain.train import checkpoint
 from paratrain.train.build import build_model
-from paratrain.train.checkpoint_model import read_model
+from paratrain.train.checkpoint_model import load_weights, read_model
 
 EXPORT_FILE = "model.safetensors"
 META_KEY = "paratrain"
@@ -53,12 +54,13 @@ def export_safetensors(run_dir: Path, out: Path | None = None, step: int | None 
 
 
 def load_exported(path: Path) -> nn.Module:
-    """A single-process GPT with the exported weights (strict: every name must match)."""
+    """A single-process model with the exported weights (every parameter, no unknown
+    name; buffers an older export lacks keep their initial values)."""
     with safe_open(str(path), framework="pt") as f:
         header = json.loads((f.metadata() or {}).get(META_KEY, "null") or "null")
     if not header:
         raise ValueError(f"{path} was not written by `paratrain export` (no {META_KEY} header)")
     cfg = RunConfig(model=ModelConfig(**header["model"]))
     model = build_model(cfg)
-    model.load_state_dict(load_file(str(path)), strict=True)
+    load_weights(model, load_file(str(path)), str(path))
     return model
