@@ -144,7 +144,9 @@ def layout_config(
 def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
     """Under ZeRO-3 with ep > 1, what the rank holds at the step boundary: its experts'
     shard is 1/expert_dp of its E/ep experts (the wrapper's shards against the experts'
-    sizes), and the model state by kind is the run's prediction (plan/rank_experts.py)."""
+    sizes), and the model state by kind is the run's prediction (plan/rank_experts.py).
+    The experts prefetch as the dense units do (--prefetch 1): layer 1's gather is issued
+    before layer 0's forward ends, and layer 0's in layer 1's backward."""
     from paratrain.train.prediction import predict
 
     p = cfg.parallel
@@ -159,6 +161,9 @@ def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
     predicted = predict(cfg).model_state[rank]
     measured = result.extra["model_state_bytes"]
     assert measured == {k: v for k, v in predicted.items() if k != "total"}
+    events = [e[:3] if e[0] == "gather" else e[:2] for e in experts.events]  # the last step's
+    assert events.index(("gather", 1, "forward")) < events.index(("forward_end", 0))
+    assert ("gather", 0, "backward") in events
 
 
 def train_layouts(rank: int, world: int, configs: list[RunConfig], data) -> list[RunRecord]:
