@@ -178,6 +178,7 @@ COVERAGE: dict[str, list[set[str]]] = {
     "test_moe_training.py::test_expert_parallel_with_zero_buckets_and_tp_equals_one_process": [
         {"ep", "zero1", "ring"},
         {"ep", "zero2", "tree"},
+        {"ep", "zero3"},
         {"ep", "tp"},
         {"ep", "zero1", "bf16"},
         {"ep", "zero1", "1f1b"},

@@ -1,6 +1,6 @@
 """Mixture of experts in training: `paratrain train --model moe-tiny --ep 2` from the CLI
 (alone, at dp 4 with ZeRO-1, with tp 2, in a pipeline), and expert parallelism composed
-with ZeRO-1/2, buckets, tensor parallelism and pipelines (1F1B, GPipe, ZB-H1), against plain
+with ZeRO-1/2/3, buckets, tensor parallelism and pipelines (1F1B, GPipe, ZB-H1), against plain
 single-process training (tests/equivalence.py's reference, float32) on the same data and
 seed; and dp 4 x ep 2 with ZeRO-1 in bfloat16, within test_mixed_precision.py's bf16
 bounds of it (measured: losses 4.3e-3 relative, the update 0.11 of its norm). Last, the
@@ -105,6 +105,8 @@ LAYOUTS = {  # name -> (dp, tp, ep, zero, collective algorithms[, pp, schedule])
     "dp 4 x ep 2, ZeRO-1, ring": (4, 1, 2, 1, "ring"),
     "dp 4 x ep 2, ZeRO-2, tree": (4, 1, 2, 2, "tree"),
     "dp 4 x ep 2, buckets": (4, 1, 2, 0, "native"),
+    # ZeRO-3: dense units over dp, each layer's experts a unit over expert_dp (its 2 ranks)
+    "dp 4 x ep 2, ZeRO-3": (4, 1, 2, 3, "native"),
     "dp 2 x tp 2 x ep 2": (2, 2, 2, 0, "native"),
     "dp 4, experts whole (ep 1)": (4, 1, 1, 0, "native"),
     # Stage 0 holds block 0's router: its balancing loss rides on the stage's output.
@@ -138,7 +140,35 @@ def layout_config(
     return resolve(cfg, p.nproc)
 
 
-def train_layouts(rank: int, world: int, configs: list[RunConfig], data) -> list[RunRecord]:
+def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
+    """Under ZeRO-3 with ep > 1, what the rank holds at the step boundary: its experts'
+    shard is 1/expert_dp of its E/ep experts (the wrapper's shards against the experts'
+    sizes), and the model state by kind is the run's prediction (plan/rank_experts.py).
+    The experts prefetch as the dense units do (--prefetch 1): layer 1's gather is issued
+    before layer 0's forward ends, and layer 0's in layer 1's backward."""
+    from paratrain.train.prediction import predict
+
+    p = cfg.parallel
+    if p.zero != 3 or p.ep == 1:
+        return
+    dense, experts = result.engine.replicas
+    local = [q for n, q in result.engine.modules[0].named_parameters() if ".experts.local." in n]
+    assert {id(q) for q in local} == {id(q) for u in experts.units for q in u.params}
+    held = sum(s.param.numel() for s in experts.shards)  # no padding at d 32
+    assert held * (p.dp // p.ep) == sum(q.numel() for q in local) > 0
+    assert experts.group.size == p.dp // p.ep and dense.group.size == p.dp
+    predicted = predict(cfg).model_state[rank]
+    measured = result.extra["model_state_bytes"]
+    assert measured == {k: v for k, v in predicted.items() if k != "total"}
+    events = [e[:3] if e[0] == "gather" else e[:2] for e in experts.events]  # the last step's
+    assert events.index(("gather", 1, "forward")) < events.index(("forward_end", 0))
+    assert ("gather", 0, "backward") in events
+
+
+def train_layouts(
+    rank: int, world: int, configs: list[RunConfig], data, run_dirs: dict | None = None
+) -> list[RunRecord]:
+    """run_dirs: {config index: where it saves its checkpoint after the last step}."""
     from paratrain.comm import CommOptions
     from paratrain.mesh import Mesh
     from paratrain.parallel.expert_parallel import whole_experts
@@ -146,11 +176,12 @@ def train_layouts(rank: int, world: int, configs: list[RunConfig], data) -> list
     from paratrain.train.loop import train
 
     records = []
-    for cfg in configs:
+    for i, cfg in enumerate(configs):
         p = cfg.parallel
         options = CommOptions(algo=p.comm_algo)
         mesh = Mesh.build(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, options=options)
-        result = train(cfg, mesh, data)
+        result = train(cfg, mesh, data, run_dir=(run_dirs or {}).get(i))
+        check_expert_shards(cfg, result, rank)
         state = {}
         chunks = result.model if isinstance(result.model, list) else [result.model]
         for chunk in chunks:  # a pipeline stage may hold several
@@ -162,18 +193,35 @@ def train_layouts(rank: int, world: int, configs: list[RunConfig], data) -> list
     return records
 
 
-def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process():
+def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process(tmp_path):
     """At dp 4 x ep 2 each expert has two replicas (expert-dp [0 2] and [1 3]): the
     layout where reducing experts over the wrong group, or by the wrong factor, shows
     (docs/experts.md); with ZeRO-1/2 their shards live on the expert-dp group. Our ring
     and tree algorithms carry their layouts' reductions (all-to-alls stay native).
+    Under ZeRO-3 each layer's experts are a unit of their own over expert-dp: the rank
+    holds half its experts at the step boundary, as predicted (check_expert_shards).
+    Broken on purpose: the experts' ZeRO-3 units over dp (step 1's loss: the wrapper's
+    broadcast overwrites the other ranks' experts; the shard check first), and their
+    reduce-scatter averaging instead of summing (step 1's gradient norm).
     At ep 1 the experts are whole on every rank and only the routing spans the ranks.
-    Last, the bf16 layout, against the same float32 process."""
+    Last, the bf16 layout, against the same float32 process.
+    The ZeRO-3 layout saves a sharded checkpoint: `read_model` reads it back with whole
+    experts, (E, d, h), equal to one process's parameters (the routers' balancing biases
+    are buffers, which checkpoints do not hold)."""
     data = load_tokens(DATA)
     configs = [layout_config(*layout) for layout in LAYOUTS.values()]
     configs.append(layout_config(*BF16, dtype="bfloat16"))
-    per_rank = run_distributed(train_layouts, 4, configs, data, timeout=600)
+    zero3 = list(LAYOUTS).index("dp 4 x ep 2, ZeRO-3")
+    run_dirs = {zero3: tmp_path / "zero3"}
+    per_rank = run_distributed(train_layouts, 4, configs, data, run_dirs, timeout=600)
     reference, initial = reference_training(configs[0], data)  # same model, data, seed
+    saved = read_model(latest_checkpoint(run_dirs[zero3]).path)
+    assert saved["blocks.0.mlp.experts.w_in"].shape == (4, 32, 128)
+    buffers = {f"blocks.{i}.mlp.router.bias" for i in range(2)}
+    assert reference.state.keys() - saved.keys() == buffers
+    for name, value in saved.items():
+        diff = (value.float() - reference.state[name]).abs().max().item()
+        assert diff <= PARAM_ATOL, f"checkpoint: {name} differs by {diff:.3g}"
     for records in per_rank:  # bf16 against float32: test_mixed_precision.py's bounds
         bf16 = records[-1]
         for a, b in zip(bf16.losses, reference.losses, strict=True):

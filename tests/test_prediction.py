@@ -178,7 +178,9 @@ def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, opti
 def cp_and_moe_configs() -> list[RunConfig]:
     """4 ranks each: ring cp 2 x dp 2; all-to-all cp 2 x dp 2 under ZeRO-1; moe-tiny (d 32)
     at dp 4 x ep 2 under ZeRO-1, so that each expert has two replicas (expert_dp 2), and
-    at pp 2 x dp 2 x ep 2 (1F1B, K = 2): each stage its block's experts and routing."""
+    at pp 2 x dp 2 x ep 2 (1F1B, K = 2): each stage its block's experts and routing; and
+    at dp 4 x ep 2 under ZeRO-3 with a tied head: FSDP units, each layer's experts one
+    over expert_dp, the tied table a root unit not gathered again for backward."""
     ring = config(dp=2, cp=2, nproc=4)
     ulysses = config(dp=2, cp=2, nproc=4, cp_method="alltoall", zero=1)
     moe = tiny_config(steps=2, global_batch=16)  # b = 2 at dp 4: K = 2 micro-batches
@@ -190,7 +192,9 @@ def cp_and_moe_configs() -> list[RunConfig]:
     piped = copy.deepcopy(moe)  # pp 2 x dp 2 x ep 2, plain DataParallel: a stage per block
     q = piped.parallel
     q.dp, q.pp, q.zero, q.schedule = 2, 2, 0, "1f1b"
-    return [ring, ulysses, resolve(moe, 4), resolve(piped, 4)]
+    fsdp = copy.deepcopy(moe)
+    fsdp.parallel.zero, fsdp.model.tie_embeddings = 3, True
+    return [ring, ulysses, resolve(moe, 4), resolve(piped, 4), resolve(fsdp, 4)]
 
 
 def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:
@@ -209,11 +213,12 @@ def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tu
 
 
 def test_cp_and_experts_predicted_per_rank_and_group():
-    """Ring and all-to-all attention at cp 2 x dp 2, and moe-tiny at dp 4 x ep 2: the
-    summary's model state and bytes sent per step by group (dp_cp, cp, dp, ep,
-    expert_dp) equal the prediction on every rank, exactly, but for one term: the tokens
-    of the expert all-to-all, which follow the router's choices and are predicted for a
-    balanced router (2 k N d e (ep-1)/ep per layer and pass). For it the test allows
+    """Ring and all-to-all attention at cp 2 x dp 2, and moe-tiny at dp 4 x ep 2 (ZeRO-1;
+    ZeRO-3, tied) and pp 2 x dp 2 x ep 2: the summary's model state and bytes sent per
+    step by group (dp_cp, cp, dp, ep, expert_dp) equal the prediction on every rank,
+    exactly, but for one term: the tokens of the expert all-to-all, which follow the
+    router's choices and are predicted for a balanced router (2 k N d e (ep-1)/ep per
+    layer and pass). For it the test allows
     exactly that difference, and checks the measured tokens against what capacity allows:
     whole rows, at most k N sent and E/ep C received per layer, micro-batch and pass."""
     configs = cp_and_moe_configs()
@@ -247,7 +252,7 @@ def test_dry_run_lines_show_cp_and_ep_with_each_ranks_own_prediction():
     from paratrain.train.dry_run import dry_run_lines
     from paratrain.train.prediction import MB
 
-    ring, _, moe, _ = cp_and_moe_configs()
+    ring, _, moe, *_ = cp_and_moe_configs()
     for cfg, group in ((ring, "cp"), (moe, "ep")):
         pred = predict(cfg)
         ranks = [line for line in dry_run_lines(cfg, "data") if line.startswith("rank ")]

@@ -8,8 +8,7 @@ What is refused, and why (docs/experts.md, "Not done yet"):
 - asynchronous data parallelism: no batch spans the workers;
 - context parallelism and --compile: both work token by token or block by block and
   would likely compose, but no test trains them with experts yet;
-- with ep > 1: ZeRO-3 (its units hold whole modules; the experts' shards would need the
-  expert-dp group), and fp16 (each of the two wrappers would scale the loss).
+- with ep > 1: fp16 (each of the two wrappers would scale the loss).
 """
 
 from __future__ import annotations
@@ -77,8 +76,6 @@ def _check_expert_parallel(cfg: RunConfig) -> None:
             f"--ep {p.ep} must divide --num-experts {m.num_experts} (each rank of an ep "
             f"group holds an equal share of the experts); use a divisor of {m.num_experts}"
         )
-    if p.zero == 3:
-        raise ValueError(f"--ep {p.ep} with --zero 3 is not supported yet; use --zero 0, 1 or 2")
     if cfg.train.dtype == "float16":
         raise ValueError(
             f"--ep {p.ep} with --dtype float16 is not supported yet (the two wrappers would "

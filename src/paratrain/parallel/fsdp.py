@@ -25,6 +25,11 @@ updates the shards only: the next forward gathers the new values.
 A parameter used by modules of two units (tied input and output embeddings) is moved to
 the root unit: it must be whole whenever either user runs, and the root unit is gathered
 for the whole forward and backward.
+
+Under expert parallelism two wrappers hold one module (a `ParamShare` each): the dense
+one gathers the plan's units less the experts over dp, the other each layer's experts
+(their own units) over expert_dp; each wrapper's hooks gather, prefetch, free and
+reduce its own units, nested inside the other's (train/experts.py).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
 from paratrain.parallel.fsdp_units import FlatUnit, Tracker
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
+from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import MemoryReport, count_memory
 from paratrain.parallel.zero_flat import FlatShard
 
@@ -53,6 +59,9 @@ class FullyShardedDataParallel(FlatShardReplica):
     units: lists of module names, in forward order; parameters in none of them form a
         root unit, gathered at the start of forward and kept until its gradients arrive.
     prefetch: how many units ahead to gather while the current one computes.
+    share: which of the module's parameters it holds (param_share.py): under expert
+        parallelism one wrapper holds the dense parameters by the plan's units, another
+        the experts by units of their own, each sharded over its own group.
     """
 
     def __init__(
@@ -63,13 +72,14 @@ class FullyShardedDataParallel(FlatShardReplica):
         precision: MixedPrecision | None = None,
         prefetch: int = 1,
         reduce_op: str = "sum",
+        share: ParamShare = EVERY_PARAMETER,
     ) -> None:
         super().__init__()
         if prefetch < 0 or reduce_op not in ("avg", "sum"):
             raise ValueError(f"prefetch {prefetch} (>= 0) / reduce_op {reduce_op!r}")
         self.module, self.group, self.prefetch, self.reduce_op = module, group, prefetch, reduce_op
-        self.precision = precision or MixedPrecision()
-        broadcast_parameters(module, group)
+        self.precision, self.share = precision or MixedPrecision(), share
+        broadcast_parameters(module, group, share)
         self.tracker = Tracker()
         self.events: list[tuple] = []  # (kind, unit, ...) in order: gathers, forward ends
         self.units = self._build_units(units)
@@ -93,14 +103,16 @@ class FullyShardedDataParallel(FlatShardReplica):
 
     def _build_units(self, spec: Sequence[Sequence[str]]) -> list[FlatUnit]:
         """A unit per entry of `spec`; parameters that no entry's modules use, or that the
-        modules of two entries use (tied weights), form the root unit."""
+        modules of two entries use (tied weights), form the root unit. Only the share's
+        parameters count: another wrapper gathers the rest."""
+        mine = {id(p) for _, p in self.share.named(self.module)}
         found, users = [], {}  # users: id(parameter) -> how many entries use it
         for names in spec:
             modules = [self.module.get_submodule(n) for n in names]
             named: dict[int, tuple[str, nn.Parameter]] = {}
             for n, m in zip(names, modules, strict=True):
                 for pn, p in m.named_parameters(prefix=n):
-                    if p.requires_grad:
+                    if id(p) in mine:
                         named.setdefault(id(p), (pn, p))
             found.append((",".join(names), modules, list(named.values())))
             for key in named:
@@ -111,12 +123,11 @@ class FullyShardedDataParallel(FlatShardReplica):
             claimed.update(id(p) for _, p in own)
             # A module left with none of the unit's parameters (a tied head, an embedding
             # whose table went to the root) must not gather the unit for its passes.
-            mine = {id(p) for _, p in own}
-            modules = [m for m in modules if any(id(p) in mine for p in m.parameters())]
+            held = {id(p) for _, p in own}
+            modules = [m for m in modules if any(id(p) in held for p in m.parameters())]
             if own:
                 units.append((name, modules, own))
-        rest = [(n, p) for n, p in self.module.named_parameters() if id(p) not in claimed]
-        rest = [(n, p) for n, p in rest if p.requires_grad]
+        rest = [(n, p) for n, p in self.share.named(self.module) if id(p) not in claimed]
         if rest:
             units.insert(0, ("<root>", [], rest))
         args = (self.group, self.precision, self.tracker)
@@ -256,7 +267,8 @@ class FullyShardedDataParallel(FlatShardReplica):
         if p.has_master:
             padding["master"] = extra * 4
         states = optimizer.inner.state.values() if optimizer is not None else ()
-        return count_memory(known, padding, self.module, states)
+        whole = self.module if self.share.names is None else None  # else count the share
+        return count_memory(known, padding, whole, states)
 
     def materialize(self) -> None:
         """Gather every unit and keep it: the plain module is whole again (after training;

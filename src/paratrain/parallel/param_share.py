@@ -20,10 +20,14 @@ class ParamShare:
     names: the parameters (as the module names them); None: all of them.
     split_over: the ranks that hold different parameters under these names (the ep
         group, each rank its own experts): squares of their gradients add in the norm.
+    units: ZeRO-3's units for this share (module names per unit, as the model plan's
+        `fsdp_units`); None: the plan's. The experts gather by their own modules: a
+        block's unit holds only the dense part of the block.
     """
 
     names: frozenset[str] | None = None
     split_over: CommGroup | None = None
+    units: tuple[tuple[str, ...], ...] | None = None
 
     def named(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
         """The module's parameters of this share that train, in the module's order."""

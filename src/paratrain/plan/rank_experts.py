@@ -2,10 +2,13 @@
 what their layers send (train/experts.py, parallel/expert_parallel/, models/moe.py).
 
 Shares. With ep 1 every rank holds the whole model, one share over dp_cp. With ep > 1 the
-data-parallel wrapping splits in two, each a flat buffer of its own for ZeRO:
+data-parallel wrapping splits in two, each a flat buffer of its own for ZeRO-1/2:
 - dense (attention, norms, embeddings, every layer's router and shared expert), over
   dp_cp: what a dense model holds, less its MLPs, plus the routers and shared experts;
 - experts: E/ep of every layer's experts, over expert_dp (dp_cp / ep ranks).
+Under ZeRO-3 each share is the flat buffers of its units, each padded on its own: the
+dense share the model's units (a block's holding its router and shared expert, and its
+experts with ep 1; a tied table the root), the experts one unit per layer.
 Under tensor parallelism the MoE stays whole on every tp rank (models/plans.py
 `_moe_tp_plan`): the MLP's two tp all-reduces per block and pass are gone.
 
@@ -42,7 +45,14 @@ from paratrain.plan.rank_groups import (
     expert_dp_rank,
     group_name,
 )
-from paratrain.plan.rank_memory import STATE_KINDS, chunk_params, rank_model_state
+from paratrain.plan.rank_memory import (
+    STATE_KINDS,
+    buffers_model_state,
+    chunk_params,
+    exact,
+    flat_buffers,
+    tied_root,
+)
 
 COUNT_BYTES = 8  # routing counts travel as int64
 BUFFER_BYTES = 4  # the router's bias and the layer's load, float32
@@ -87,6 +97,12 @@ class Share:
     kind: str  # "dp_cp" or "expert_dp"
     size: int  # ranks in the group
     rank: int  # this rank's place in it
+    buffers: tuple[int, ...] = ()  # ZeRO's flat buffers, parameters each (default: one)
+    root: int = 0  # ZeRO-3's tied root unit, the first buffer (rank_memory.tied_root)
+
+    @property
+    def flat(self) -> list[int]:
+        return list(self.buffers or (self.params,))
 
 
 def shares(model: ModelSpec, experts: Experts, layout: Layout, at: Coords) -> list[Share]:
@@ -94,25 +110,33 @@ def shares(model: ModelSpec, experts: Experts, layout: Layout, at: Coords) -> li
     wrapped on its own. `model` is the dense model of the same shape."""
     pieces = virtual_stage_layers(model.n_layer or 0, layout.pp, layout.chunks)
     chunks = stage_virtual_stages(at.stage, layout.pp, layout.chunks)
+    units = layout.zero == 3 and exact(model)  # ZeRO-3: a buffer per unit
+    per_layer = experts.mlp_split // layout.tp + experts.mlp_replicated
+    split_layer = experts.num_experts * experts.expert if layout.ep > 1 else 0
+    delta = experts.moe - per_layer - split_layer  # a dense share's block beyond the model's
+    unit_buffers = flat_buffers(model, layout, at.stage, delta) if units else []
+    root = tied_root(model, layout, at.stage)
     out = []
-    for whole, vs in zip(chunk_params(model, layout, at.stage), chunks, strict=True):
+    for i, (whole, vs) in enumerate(
+        zip(chunk_params(model, layout, at.stage), chunks, strict=True)
+    ):
         layers = pieces[vs]
-        mlp = layers * (experts.mlp_split // layout.tp + experts.mlp_replicated)
-        split = layers * experts.num_experts * experts.expert if layout.ep > 1 else 0
-        dense_params = whole - mlp + layers * experts.moe - split
-        out.append(Share(dense_params, "dp_cp", layout.data_ranks, data_rank(layout, at)))
-        if split:
-            size = layout.data_ranks // layout.ep
-            out.append(Share(split // layout.ep, "expert_dp", size, expert_dp_rank(layout, at)))
+        dense_params = whole + layers * delta
+        buffers = tuple(unit_buffers[i]) if units else ()
+        assert not buffers or sum(buffers) == dense_params
+        at_dp = data_rank(layout, at)
+        out.append(Share(dense_params, "dp_cp", layout.data_ranks, at_dp, buffers, root))
+        if split_layer:
+            size, mine = layout.data_ranks // layout.ep, split_layer // layout.ep
+            buffers = (mine,) * layers if units else ()
+            rank = expert_dp_rank(layout, at)
+            out.append(Share(mine * layers, "expert_dp", size, rank, buffers))
     return out
 
 
-def share_model(share: Share, layout: Layout) -> tuple[ModelSpec, Layout]:
-    """A share as the dense counts take it: one flat buffer of its parameters over its
-    group (ZeRO pads it to a multiple of the group's size on its own)."""
-    return ModelSpec(f"{share.kind} share", n_params=share.params), Layout(
-        dp=share.size, zero=layout.zero
-    )
+def share_layout(share: Share, layout: Layout) -> Layout:
+    """The share's group as the dense counts take it: its data-parallel ranks."""
+    return Layout(dp=share.size, zero=layout.zero)
 
 
 def expert_model_state(
@@ -121,8 +145,7 @@ def expert_model_state(
     """Model-state bytes of a rank, itemised as the runtime records them: its shares'."""
     states = []
     for share in shares(model, experts, layout, at):
-        spec, lay = share_model(share, layout)
-        states.append(rank_model_state(spec, workload, lay))
+        states.append(buffers_model_state(share.flat, workload, share_layout(share, layout)))
     return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
 
 

@@ -60,7 +60,9 @@ def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     ]
 
 
-def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[int]]:
+def flat_buffers(
+    model: ModelSpec, layout: Layout, stage: int = 0, block_delta: int = 0
+) -> list[list[int]]:
     """Per chunk on `stage` (each chunk is wrapped on its own), the parameter counts of the
     flat buffers that ZeRO shards, each padded to a multiple of k on its own.
 
@@ -68,19 +70,25 @@ def flat_buffers(model: ModelSpec, layout: Layout, stage: int = 0) -> list[list[
     FSDP unit of the model's plan (models/plans.py): the embeddings, each block, the final
     norm with the head; a weight tied between the two ends forms a root unit of its own
     (and a unit left with no parameter is none). A model given by its count alone: one
-    buffer per chunk.
+    buffer per chunk. `block_delta`: parameters each block holds beyond the model's (a
+    mixture of experts' dense share: its MoE less the dense MLP and the split experts).
     """
     chunks = chunk_params(model, layout, stage)
+    s, c = layout.pp, layout.chunks
+    pieces = virtual_stage_layers(model.n_layer or 0, s, c) if block_delta else []
     if layout.zero < 3 or not exact(model):
-        return [[n] for n in chunks]
-    parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
+        if not block_delta:
+            return [[n] for n in chunks]
+        vss = stage_virtual_stages(stage, s, c)
+        return [[n + block_delta * pieces[vs]] for n, vs in zip(chunks, vss, strict=True)]
+    parts = model.parts(layout.tp)
     pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
     root = tied_root(model, layout, stage)
     out = []
     for vs in stage_virtual_stages(stage, s, c):
         first, last = vs == 0, vs == s * c - 1
         ends = [parts.first.total - root if first else 0, parts.last.total - root if last else 0]
-        units = [root, ends[0], *[parts.block.total] * pieces[vs], ends[1]]
+        units = [root, ends[0], *[parts.block.total + block_delta] * pieces[vs], ends[1]]
         out.append([n for n in units if n])
     return out
 
@@ -107,9 +115,14 @@ def held_model_state(
     ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
     gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
     """
+    buffers = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
+    return buffers_held_state(buffers, workload, layout)
+
+
+def buffers_held_state(buffers: list[int], workload: Workload, layout: Layout) -> ModelState:
+    """`held_model_state` of flat buffers of these parameter counts (`flat_buffers`)."""
     z, p = layout.zero, workload.precision
     k = layout.data_ranks if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
-    buffers = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
     shard = sum(math.ceil(n / k) for n in buffers)
     full = sum(k * math.ceil(n / k) for n in buffers)
     return ModelState(
@@ -154,6 +167,17 @@ def rank_model_state(
     """
     formula = formula_model_state(model, workload, layout, stage)
     pad = sum(padding_bytes(model, workload, layout, stage).values())
+    return replace(formula, params=formula.params + pad)
+
+
+def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) -> ModelState:
+    """`rank_model_state` of one wrapper's flat buffers (parameter counts) over
+    `layout.data_ranks`: memory.py's formula for their total, their padding under params
+    (a mixture of experts' parameter shares, rank_experts.py)."""
+    lay = Layout(dp=layout.data_ranks, zero=layout.zero)
+    formula = model_state_bytes(sum(buffers), workload, lay)
+    held = buffers_held_state(buffers, workload, layout).as_dict()
+    pad = sum(held[kind] - getattr(formula, kind) for kind in STATE_KINDS)
     return replace(formula, params=formula.params + pad)
 
 

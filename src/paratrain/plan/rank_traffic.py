@@ -45,7 +45,13 @@ from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_context import cp_terms
-from paratrain.plan.rank_experts import Experts, moe_terms, share_model, shares, tp_activation_bytes
+from paratrain.plan.rank_experts import (
+    Experts,
+    moe_terms,
+    share_layout,
+    shares,
+    tp_activation_bytes,
+)
 from paratrain.plan.rank_groups import AXES, Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import (
     chunk_params,
@@ -74,11 +80,20 @@ def _zero_traffic(
     except the root unit of a tied table (`tied_root`), kept gathered from forward to its
     gradient: 2 (k - 1) S / k.
     """
+    chunks = flat_buffers(model, layout, at.stage)
+    return _buffers_traffic(
+        chunks, tied_root(model, layout, at.stage), workload, layout, microbatches
+    )
+
+
+def _buffers_traffic(
+    chunks: list[list[int]], root: int, workload: Workload, layout: Layout, microbatches: int
+) -> list[RankTraffic]:
+    """`_zero_traffic` of flat buffers of these sizes, per chunk (a root unit first)."""
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
     layout_k = Layout(dp=layout.data_ranks, zero=layout.zero)
     sent: dict[tuple[str, str], int] = {}
-    root = tied_root(model, layout, at.stage)
-    for chunk in flat_buffers(model, layout, at.stage):
+    for chunk in chunks:
         for i, n in enumerate(chunk):
             buffer = ModelSpec("flat buffer", n_params=n)
             for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, microbatches):
@@ -117,9 +132,14 @@ def _share_gradients(
     """A mixture of experts: each share's gradients over its own group (rank_experts.py)."""
     out = []
     for share in shares(model, experts, layout, at):
-        spec, lay = share_model(share, layout)
+        lay = share_layout(share, layout)
         name = group_name(share.kind, layout)
-        for t in _dp_gradients(spec, workload, lay, microbatches, Coords(dp_rank=share.rank)):
+        if layout.zero and share.size > 1:  # per flat buffer: ZeRO-3's units
+            terms = _buffers_traffic([share.flat], share.root, workload, lay, microbatches)
+        else:
+            spec = ModelSpec(f"{share.kind} share", n_params=share.params)
+            terms = _dp_gradients(spec, workload, lay, microbatches, Coords(dp_rank=share.rank))
+        for t in terms:
             what = t.what if share.kind == "dp_cp" else "expert " + t.what
             out.append(replace(t, axis=name, what=what))
     return out

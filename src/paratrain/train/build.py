@@ -236,10 +236,10 @@ def data_parallel(
         return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op, share=share)
     precision = MixedPrecision.of(dtype)
     precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
-    if p.zero == 3:  # whole modules as units: refused with a share (validate_experts.py)
-        units = expand_units(module, plan.fsdp_units)
+    if p.zero == 3:  # the plan's units, less other shares' parameters; or the share's own
+        units = expand_units(module, share.units or plan.fsdp_units)
         return FullyShardedDataParallel(
-            module, group, units, precision, prefetch=p.prefetch, reduce_op=reduce_op
+            module, group, units, precision, p.prefetch, reduce_op, share
         )
     accumulate = p.zero2_accumulate if p.zero == 2 else "full"
     return ZeroDataParallel(

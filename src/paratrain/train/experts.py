@@ -55,9 +55,12 @@ def apply_experts(
     names = [n for n, _ in model.named_parameters()]
     experts = frozenset(n for n in names if n.startswith(prefixes))
     dense = frozenset(n for n in names if n not in experts)
+    # ZeRO-3 gathers each layer's experts on their own, over expert_dp (the ep-local
+    # module that apply_expert_parallel made), in forward order.
+    units = tuple((f"{name}.{EXPERTS}.local",) for name in layers)
     return [
         (ParamShare(dense), batch),
-        (ParamShare(experts, split_over=ep), mesh.group("expert_dp")),
+        (ParamShare(experts, split_over=ep, units=units), mesh.group("expert_dp")),
     ]
 
 
