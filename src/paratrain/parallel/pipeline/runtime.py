@@ -64,34 +64,15 @@ from paratrain.parallel.pipeline.schedules import (
     message_key,
     virtual_stage,
 )
-from paratrain.parallel.pipeline.split_backward import WeightGrad, backward_input
+from paratrain.parallel.pipeline.split_backward import backward_input
 from paratrain.parallel.pipeline.stage_loss import StageLoss, attach
+from paratrain.parallel.pipeline.step_state import StepState, held_bytes
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 
 
 def whole_rows(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of T + 1 ids -> (inputs, targets), (b, T) each; padding (-100) reads id 0."""
     return batch[:, :-1].clamp(min=0), batch[:, 1:]
-
-
-class _Step:
-    """Tensors in flight during one step, keyed by (micro-batch, chunk) or message key."""
-
-    def __init__(
-        self, micro_batches: list[torch.Tensor], train: bool, device: torch.device
-    ) -> None:
-        self.micro_batches, self.train = micro_batches, train
-        self.inbox: dict[tuple, torch.Tensor] = {}  # received (or local) inputs and grads
-        self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
-        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
-        self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
-        self.weight_grad: dict[tuple[int, int], WeightGrad] = {}  # BW's work, kept by BI
-        self.posted: dict[tuple, comm.Handle] = {}
-        self.next_expected: dict[int, int] = {}  # per source stage: index into its sends
-        self.received: dict[int, int] = {}  # per source stage: messages waited for
-        self.sends: list[comm.Handle] = []
-        self.loss_sum = torch.zeros((), device=device)
-        self.params: list[list[nn.Parameter]] = []  # per chunk, those that train (BI's)
 
 
 class PipelineRuntime:
@@ -172,7 +153,7 @@ class PipelineRuntime:
 
     # -- execution ------------------------------------------------------------------
     def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
-        st = _Step(micro_batches, train, self.device)
+        st = StepState(micro_batches, train, self.device)
         st.params = [[p for p in c.parameters() if p.requires_grad] for c in self.chunks]
         rows, tokens = self.split(micro_batches[0])[0].shape
         self._shape = (rows, tokens, self.hidden_size)  # (b, T, C) of every message
@@ -189,7 +170,7 @@ class PipelineRuntime:
             if a.kind == F and st.train:  # only a forward adds to what is held
                 key = (a.microbatch, a.chunk)
                 trace.activation_bytes[key] = sum(st.storages[key].values())
-                held = _held_bytes(st)
+                held = held_bytes(st)
                 trace.peak_in_flight_bytes = max(trace.peak_in_flight_bytes, held)
         for handle in st.sends:
             handle.wait()
@@ -207,7 +188,7 @@ class PipelineRuntime:
     def _vs(self, a: Action) -> int:
         return virtual_stage(self.stage, a.chunk, self.schedule.num_stages)
 
-    def _forward(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _forward(self, a: Action, st: StepState, sch: Schedule) -> None:
         vs, last = self._vs(a), sch.num_virtual_stages - 1
         inputs, targets = self.split(st.micro_batches[a.microbatch])
         if vs == 0:
@@ -234,25 +215,25 @@ class PipelineRuntime:
             st.saved[(a.microbatch, a.chunk)] = (x, y)
             st.storages[(a.microbatch, a.chunk)] = meter.storages if meter else {}
 
-    def _hand_over(self, st: _Step, key: tuple, tensor: torch.Tensor, step: int) -> None:
+    def _hand_over(self, st: StepState, key: tuple, tensor: torch.Tensor, step: int) -> None:
         """Queue for the SEND action, or with one stage pass straight to the next chunk."""
         if self.schedule.num_stages > 1:
             st.outbox[key] = tensor
         else:
             st.inbox[(key[0], key[1], key[2] + step)] = tensor
 
-    def _output_grad(self, a: Action, st: _Step) -> torch.Tensor | None:
+    def _output_grad(self, a: Action, st: StepState) -> torch.Tensor | None:
         last = self.schedule.num_virtual_stages - 1
         return None if self._vs(a) == last else st.inbox.pop(("grad", a.microbatch, a.chunk))
 
-    def _backward(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _backward(self, a: Action, st: StepState, sch: Schedule) -> None:
         x, y = st.saved.pop((a.microbatch, a.chunk))
         del st.storages[(a.microbatch, a.chunk)]
         torch.autograd.backward(y, self._output_grad(a, st))
         if self._vs(a) > 0:
             self._hand_over(st, ("grad", a.microbatch, a.chunk), x.grad, -1)
 
-    def _backward_input(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _backward_input(self, a: Action, st: StepState, sch: Schedule) -> None:
         """Only dL/dx; what BW needs is kept (arXiv:2401.10241, section 2; split_backward.py)."""
         x, y = st.saved[(a.microbatch, a.chunk)]
         gx, weight_grad = backward_input(y, self._output_grad(a, st), x, st.params[a.chunk])
@@ -263,18 +244,18 @@ class PipelineRuntime:
         if self._vs(a) > 0:  # the first virtual stage has no input gradient to send
             self._hand_over(st, ("grad", a.microbatch, a.chunk), gx, -1)
 
-    def _backward_weight(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _backward_weight(self, a: Action, st: StepState, sch: Schedule) -> None:
         """The deferred dL/dW from BI's kept gradients, accumulated into .grad."""
         del st.saved[(a.microbatch, a.chunk)], st.storages[(a.microbatch, a.chunk)]
         st.weight_grad.pop((a.microbatch, a.chunk)).run()
 
-    def _send(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _send(self, a: Action, st: StepState, sch: Schedule) -> None:
         dst, _ = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
         kind = "act" if a.kind == SEND_F else "grad"
         tensor = st.outbox.pop((kind, a.microbatch, a.chunk))
         st.sends.append(comm.isend(tensor.contiguous(), self.group, dst))
 
-    def _recv(self, a: Action, st: _Step, sch: Schedule) -> None:
+    def _recv(self, a: Action, st: StepState, sch: Schedule) -> None:
         _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
         order = self._channel_order(sch, a.peer)
         # Post receives in the sender's order up to and including the one needed now.
@@ -290,7 +271,7 @@ class PipelineRuntime:
             if not self._post_next(st, a.peer, order):
                 break
 
-    def _post_next(self, st: _Step, src: int, order: list[tuple]) -> bool:
+    def _post_next(self, st: StepState, src: int, order: list[tuple]) -> bool:
         """Post the receive of `src`'s next message to this stage; False after its last."""
         i = st.next_expected.get(src, 0)
         if i >= len(order):
@@ -312,11 +293,3 @@ class PipelineRuntime:
                         keys.append(key)
             cache[src] = keys
         return cache[src]
-
-
-def _held_bytes(st: _Step) -> int:
-    """Bytes of the storages saved for the backwards still to run, each storage once."""
-    live: dict[int, int] = {}
-    for storages in st.storages.values():
-        live.update(storages)
-    return sum(live.values())
