@@ -184,6 +184,8 @@ COVERAGE: dict[str, list[set[str]]] = {
         {"ep", "zero1", "1f1b"},
         {"ep", "zero2", "gpipe"},
         {"ep", "zb-h1"},
+        {"ep", "zero2", "rc-full"},
+        {"ep", "zb-h1", "rc-sel"},
     ],
     f"{KILLED}[sync]": [{"dp", "restarts"}],
     f"{KILLED}[async]": [{"async", "restarts"}],

@@ -163,3 +163,33 @@ def test_sharded_batch_equals_whole_batch(top_k, factor):
 
 def test_experts_report_their_shape():
     assert "experts=4, d_model=8, hidden=16" in repr(Experts(4, 8, 16, "gelu"))
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_a_recomputed_forward_is_not_counted_again(mode, early_stop):
+    """Activation recomputation runs a block's MoE forward again in backward. The layer
+    counts its routing once per forward all the same: the load its balancing bias follows
+    and the step's tally equal those of the model without recomputation. torch stops a
+    recomputation once it has what backward needs (before the tally is taken), unless
+    early stop is off: both ways."""
+    from paratrain.models.gpt import GPT, GPTConfig
+    from paratrain.models.moe import moe_layers
+    from paratrain.parallel.recompute import apply_recomputation
+
+    routing = MoEConfig(d_model=16, num_experts=4, hidden=32, capacity_factor=1.25,
+                        bias_rate=0.01)  # fmt: skip
+    cfg = GPTConfig(vocab_size=64, n_layer=2, n_head=2, d_model=16, max_seq_len=16, moe=routing)
+    batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    counts = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        gpt = GPT(cfg).train()
+        if recompute:
+            apply_recomputation(gpt.blocks, mode)
+        with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+            gpt(batch[:, :-1], batch[:, 1:]).backward()
+        layers = moe_layers(gpt)
+        counts.append([(m.load.tolist(), m.take_tally().forwards) for m in layers])
+    assert counts[0] == counts[1]
+    assert all(forwards == 1 and sum(load) > 0 for load, forwards in counts[0])

@@ -113,7 +113,11 @@ LAYOUTS = {  # name -> (dp, tp, ep, zero, collective algorithms[, pp, schedule])
     "pp 2 x dp 2 x ep 2, ZeRO-1, 1f1b": (2, 1, 2, 1, "native", 2, "1f1b"),
     "pp 2 x dp 2 x ep 2, ZeRO-2, gpipe": (2, 1, 2, 2, "native", 2, "gpipe"),
     "pp 2 x dp 2 x ep 2, zb-h1 (split backward)": (2, 1, 2, 0, "native", 2, "zb-h1"),
-}
+    # Recomputation routes again in backward: the same gathers and all-to-alls, in order.
+    "dp 4 x ep 2, ZeRO-2, recompute full": (4, 1, 2, 2, "native", 1, "1f1b", "float32", "full"),
+    "pp 2 x dp 2 x ep 2, zb-h1, recompute selective": (
+        2, 1, 2, 0, "native", 2, "zb-h1", "float32", "selective"),
+}  # fmt: skip
 BF16 = (4, 1, 2, 1, "native")  # dp 4 x ep 2, ZeRO-1, in bfloat16: within bf16's bounds
 
 
@@ -126,6 +130,7 @@ def layout_config(
     pp: int = 1,
     schedule: str = "1f1b",
     dtype: str = "float32",
+    recompute: str = "none",
 ) -> RunConfig:
     cfg = RunConfig()
     cfg.model = dataclasses.replace(cfg.model, **preset("moe-tiny"), name="moe-tiny")
@@ -135,7 +140,7 @@ def layout_config(
     p.pp, p.schedule = pp, schedule
     p.comm_algo = algo  # the run-wide default, as --comm-algo sets it
     t.seq_len, t.global_batch, t.micro_batch, t.steps = 16, 8, 8 // dp, 3
-    t.dtype = dtype
+    t.dtype, t.recompute = dtype, recompute
     t.lr, t.warmup_steps, t.val_batches, t.grad_clip = 5e-3, 2, 1, 1.0
     return resolve(cfg, p.nproc)
 
@@ -230,7 +235,7 @@ def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process(tmp_path):
     for i, (name, layout) in enumerate(LAYOUTS.items()):
         for rank, records in enumerate(per_rank):
             record = records[i]
-            if len(layout) > 5:  # a pipeline: each rank holds its stage's parameters
+            if len(layout) > 5 and layout[5] > 1:  # a pipeline: each rank its stage's
                 state = {k: v for r in per_rank for k, v in r[i].state.items()}
                 record = dataclasses.replace(record, state=state)
             try:

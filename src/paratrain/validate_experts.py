@@ -3,8 +3,6 @@ starts; each failure is one line naming the value and what would be valid.
 
 What is refused, and why (docs/experts.md, "Not done yet"):
 - sequence parallelism: each tp rank would route only its slice of the sequence;
-- activation recomputation: the recomputed forward routes again (the bias balancing's
-  load would count twice);
 - asynchronous data parallelism: no batch spans the workers;
 - context parallelism and --compile: both work token by token or block by block and
   would likely compose, but no test trains them with experts yet;
@@ -32,7 +30,6 @@ def check_experts(cfg: RunConfig) -> None:
     _check_routing(cfg)
     refused = {
         "--sequence-parallel": p.sequence_parallel,
-        f"--recompute {t.recompute}": t.recompute != "none",
         "--dp-mode async": p.dp_mode == "async",
         f"--cp {p.cp}": p.cp > 1,
         "--compile": t.compile,

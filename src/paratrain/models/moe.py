@@ -149,6 +149,9 @@ class MoE(nn.Module):
         # micro-batches). Not saved: it is empty after every step.
         self.register_buffer("load", torch.zeros(cfg.num_experts, device=device), persistent=False)
         self.stats: RoutingStats | None = None
+        # True while activation recomputation runs this layer again (parallel/recompute.py):
+        # the same routing, not one more forward to count.
+        self.recomputing = False
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (..., C) -> (output (..., C), this shard's part of the auxiliary loss)."""
@@ -193,7 +196,7 @@ class MoE(nn.Module):
         # One queue per expert, slot 0 first: the first `limit` of its load are kept.
         kept = load if limit is None else load.clamp(max=limit)
         self.stats = RoutingStats(tokens, limit, load, kept, int((load - kept).sum()))
-        if self.training and cfg.bias_rate:
+        if self.training and cfg.bias_rate and not self.recomputing:
             self.load += load
         return keep, load, tokens
 
@@ -236,7 +239,7 @@ class MoEFeedForward(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         out, self.aux = super().forward(x)
-        if self.training and self.stats is not None:
+        if self.training and self.stats is not None and not self.recomputing:
             self._count(self.stats, self.aux.detach())
         return out
 

@@ -27,10 +27,16 @@ The op-level policy cannot see that backward never reads the block's last matmul
 
 Applied from outside, like every strategy: the block's own forward is wrapped on the
 instance, so parameter names and the state dict do not change.
+
+A module that keeps a record of its forwards (a mixture of experts' routing tally and the
+load its balancing bias follows) must not count the recomputation as one more: every
+submodule of the block with a `recomputing` attribute has it True while the block is
+recomputed (`Recomputing`, entered by the checkpoint's recompute context).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -113,12 +119,33 @@ class _Replayable:
         return self.cached.__exit__(*exc)
 
 
-def _recomputed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
+class Recomputing:
+    """Inside a block's recomputation: its modules that declare `recomputing` see True."""
+
+    def __init__(self, block: nn.Module, inner: Any = None) -> None:
+        self.flagged = [m for m in block.modules() if hasattr(m, "recomputing")]
+        self.inner = inner or contextlib.nullcontext()
+
+    def __enter__(self) -> Any:
+        for m in self.flagged:
+            m.recomputing = True
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        for m in self.flagged:
+            m.recomputing = False
+        return self.inner.__exit__(*exc)
+
+
+def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
+    forward = block.forward
+
     def run(*args: Any, **kwargs: Any) -> Any:
         # Non-reentrant checkpointing: works with inputs that need no grad and restores the
         # RNG state, so dropout masks in the recomputation equal the first pass's.
         if mode == "full":
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            marked = lambda: (contextlib.nullcontext(), Recomputing(block))  # noqa: E731
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=marked, **kwargs)
         kept: list[torch.Tensor] = []
 
         def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> CheckpointPolicy:
@@ -129,7 +156,7 @@ def _recomputed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
 
         def contexts() -> tuple[Any, Any]:
             caching, cached = create_selective_checkpoint_contexts(policy)
-            return caching, _Replayable(cached)
+            return caching, Recomputing(block, _Replayable(cached))
 
         y = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         return _Show.apply(y, *(t.detach() for t in kept)) if kept else y
@@ -148,5 +175,5 @@ def apply_recomputation(blocks: nn.ModuleDict | list[nn.Module], mode: str = "fu
     modules = list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
     for block in modules:
         if not getattr(block.forward, "recomputed", False):
-            block.forward = _recomputed(block.forward, mode)
+            block.forward = _recomputed(block, mode)
     return len(modules)
