@@ -4,8 +4,11 @@ starts; each failure is one line naming the value and what would be valid.
 What is refused, and why (docs/experts.md, "Not done yet"):
 - sequence parallelism: each tp rank would route only its slice of the sequence;
 - asynchronous data parallelism: no batch spans the workers;
-- context parallelism and --compile: both work token by token or block by block and
-  would likely compose, but no test trains them with experts yet;
+- context parallelism: capacity queues tokens in the batch's order, each shard a
+  contiguous run of it (GroupBatch); cp's load-balanced chunks are not, so with drops
+  other tokens would be dropped than one process drops;
+- --compile: the experts' token counts decide shapes (a graph break each), and no test
+  trains it yet;
 - with ep > 1: fp16 (each of the two wrappers would scale the loss).
 """
 
