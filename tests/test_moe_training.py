@@ -1,5 +1,5 @@
 """Mixture of experts in training: `paratrain train --model moe-tiny --ep 2` from the CLI
-(alone, at dp 4 with ZeRO-1, with tp 2, in a pipeline), and expert parallelism composed
+(alone, at dp 4 with ZeRO-1, with tp 2), and expert parallelism composed
 with ZeRO-1/2/3, buckets, tensor parallelism and pipelines (1F1B, GPipe, ZB-H1), against plain
 single-process training (tests/equivalence.py's reference, float32) on the same data and
 seed; and dp 4 x ep 2 with ZeRO-1 in bfloat16, within test_mixed_precision.py's bf16
@@ -64,7 +64,6 @@ CLI_LAYOUTS = {  # name -> (flags, (dp, tp, pp, ep, zero)); one micro-batch per 
     "ep 2": (["--nproc", "2", "--ep", "2"], (2, 1, 1, 2, 0)),
     "dp 4 x ep 2, ZeRO-1": (["--nproc", "4", "--ep", "2", "--zero", "1"], (4, 1, 1, 2, 1)),
     "dp 2 x tp 2 x ep 2": (["--nproc", "4", "--tp", "2", "--ep", "2"], (2, 2, 1, 2, 0)),
-    "pp 2 x dp 2 x ep 2": (["--nproc", "4", "--pp", "2", "--ep", "2"], (2, 1, 2, 2, 0)),
 }
 
 
