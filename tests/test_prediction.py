@@ -194,7 +194,13 @@ def cp_and_moe_configs() -> list[RunConfig]:
     q.dp, q.pp, q.zero, q.schedule = 2, 2, 0, "1f1b"
     fsdp = copy.deepcopy(moe)
     fsdp.parallel.zero, fsdp.model.tie_embeddings = 3, True
-    return [ring, ulysses, resolve(moe, 4), resolve(piped, 4), resolve(fsdp, 4)]
+    # dp 2 x tp 2 x ep 2, recomputed: each layer routes again in backward (its gathers and
+    # all-to-alls twice, not the DataParallel buffer broadcast); tp only attention's
+    recomputed = copy.deepcopy(moe)
+    r = recomputed.parallel
+    r.dp, r.tp, r.zero, recomputed.train.recompute = 2, 2, 0, "full"
+    out = [ring, ulysses, resolve(moe, 4), resolve(piped, 4), resolve(fsdp, 4)]
+    return out + [resolve(recomputed, 4)]
 
 
 def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:
@@ -243,7 +249,8 @@ def test_cp_and_experts_predicted_per_rank_and_group():
             row, n = m.d_model * 4, cfg.train.micro_batch * cfg.train.seq_len
             capacity = math.ceil(m.capacity_factor * m.top_k * n * cfg.parallel.dp / m.num_experts)
             rows = m.top_k * n + m.num_experts // cfg.parallel.ep * capacity
-            assert tokens % row == 0 and 0 < tokens <= k * m.n_layer * 2 * rows * row
+            passes = 2 + (cfg.train.recompute != "none")  # a recomputed forward's too
+            assert tokens % row == 0 and 0 < tokens <= k * m.n_layer * passes * rows * row
 
 
 def test_dry_run_lines_show_cp_and_ep_with_each_ranks_own_prediction():

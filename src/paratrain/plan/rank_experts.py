@@ -24,6 +24,9 @@ Traffic per step, K micro-batches, L MoE layers, b s tokens a micro-batch:
   real router's choices differ step by step: that term is marked `routed`, the rest is
   exact. The experts' gradient-norm squares, two float64, are summed over ep (and under
   ZeRO over expert_dp first: train/clip.py).
+Per pipeline stage, its own blocks. Recomputation routes every layer again in backward:
+its counts and all-to-alls twice, its tokens in three passes; DataParallel's broadcast
+stays once (the recomputation calls the block, not the wrapper).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from paratrain.plan import comm
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec, spec_of
-from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.pipeline import stage_layers, stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_groups import (
     Coords,
     RankTraffic,
@@ -149,12 +152,18 @@ def expert_model_state(
     return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
 
 
-def tp_activation_bytes(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> int:
-    """The tp all-reduces of activations with MoE blocks: attention's two per block (its
-    output in forward, its input's gradient in backward), the embedding's and the head's."""
+def tp_activation_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, k: int, stage: int = 0
+) -> int:
+    """The tp all-reduces of activations with MoE blocks on pipeline stage `stage`:
+    attention's two per block (its output in forward, its input's gradient in backward),
+    the embedding's and the head's where that stage holds them."""
     if layout.tp == 1:
         return 0
-    calls = k * (2 * (model.n_layer or 0) + 2)
+    s, v = layout.pp, layout.chunks
+    mine = stage_virtual_stages(stage, s, v)
+    ends = (0 in mine) + (s * v - 1 in mine)
+    calls = k * (2 * stage_layers(model.n_layer or 0, stage, s, v) + ends)
     size = comm.activation_message_bytes(model, workload, layout.cp)
     return calls * comm.all_reduce_bytes(size, layout.tp)
 
@@ -163,9 +172,11 @@ def moe_terms(
     model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, k: int, at: Coords
 ) -> list[RankTraffic]:
     """Routing, buffers and expert traffic of a rank (module docstring)."""
-    pieces = virtual_stage_layers(model.n_layer or 0, layout.pp, layout.chunks)
-    layers = sum(pieces[vs] for vs in stage_virtual_stages(at.stage, layout.pp, layout.chunks))
-    calls, e = k * layers, experts.num_experts
+    forwards = k * stage_layers(model.n_layer or 0, at.stage, layout.pp, layout.chunks)
+    # Recomputation (full or selective) routes each layer again in backward: its count
+    # gathers and all-to-alls run twice, its tokens travel in three passes, not two.
+    recomputed = workload.recompute != "none"
+    calls, passes, e = forwards * (1 + recomputed), 2 + recomputed, experts.num_experts
     size, rank, dp = layout.data_ranks, data_rank(layout, at), group_name("dp_cp", layout)
     out = []
     if size > 1:
@@ -176,7 +187,7 @@ def moe_terms(
         # DataParallel's forward; a pipeline's runtime calls the chunks themselves
         if layout.zero == 0 and workload.precision.name == "fp32" and layout.pp == 1:
             sends = rank != size - 1  # a chain from rank 0
-            nbytes = calls * 2 * e * BUFFER_BYTES * sends
+            nbytes = forwards * 2 * e * BUFFER_BYTES * sends  # not in a recomputation
             out.append(RankTraffic(dp, "broadcast", "router bias and load buffers", nbytes, True))
     ep = layout.ep
     if ep == 1:
@@ -184,8 +195,8 @@ def moe_terms(
     counts = calls * (ep - 1) * (e // ep) * COUNT_BYTES
     tokens = workload.micro_batch * (model.seq_len or 0) // layout.cp  # a rank's, whole on tp
     elem = workload.precision.activation_bytes
-    balanced = calls * 2 * 2 * experts.top_k * tokens * model.d_model * elem * (ep - 1) / ep  # type: ignore[operator]
-    what = "tokens to their experts and back, forward and backward (balanced router)"
+    balanced = forwards * passes * 2 * experts.top_k * tokens * model.d_model * elem * (ep - 1) / ep  # type: ignore[operator]
+    what = "tokens to their experts and back, in every pass (balanced router)"
     out += [
         RankTraffic("ep", "all_to_all", "routing counts", counts),
         RankTraffic("ep", "all_to_all", what, round(balanced), routed=True),

@@ -43,7 +43,7 @@ from paratrain.plan import comm
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
     Experts,
@@ -192,10 +192,7 @@ def _tp_terms(
         return out
     t, size = layout.tp, comm.activation_message_bytes(model, workload, layout.cp)
     if workload.recompute != "none":  # full and selective repeat the same collectives
-        layers = sum(
-            virtual_stage_layers(model.n_layer, layout.pp, layout.chunks)[vs]  # type: ignore[arg-type]
-            for vs in stage_virtual_stages(at.stage, layout.pp, layout.chunks)
-        )
+        layers = stage_layers(model.n_layer, at.stage, layout.pp, layout.chunks)  # type: ignore[arg-type]
         # Half all-reduces (an all-gather or a reduce-scatter) repeated per block: module
         # docstring; with sequence parallelism the all-gathers before q, k, v and the MLP too.
         halves = 4 if dropout else (3 if sequence_parallel else 2)
@@ -231,7 +228,8 @@ def rank_traffic(
     if layout.tp > 1 or layout.pp > 1:
         tp = _tp_terms(model, workload, layout, microbatches, at, sequence_parallel, dropout)
         if experts is not None and tp:  # the first term is the activations' all-reduces
-            tp[0] = replace(tp[0], bytes=tp_activation_bytes(model, workload, layout, microbatches))
+            sent = tp_activation_bytes(model, workload, layout, microbatches, at.stage)
+            tp[0] = replace(tp[0], bytes=sent)
         out += tp
         for e in comm.pp_traffic(model, workload, layout, ONE_NODE, microbatches, at.stage):
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
