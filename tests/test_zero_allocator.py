@@ -21,8 +21,8 @@ The variant: the formula counts parameters, gradients, master weights and moment
 Buffers allocated inside a collective are gloo's own copies (NCCL works in place), which
 the formula does not count. gloo's worker thread frees them out of the profiler's sight,
 some time after `wait()` returns: on a busy machine a reduce-scatter's copy of ZeRO-2's
-whole gradient was still alive in the next forward (2 of 12 rank measurements of that case beside a
-CPU-bound loop, before the change). So each level is read two ways,
+whole gradient was still alive in the next forward (2 of 12 rank measurements of that
+case beside a CPU-bound loop, before the change). So each level is read two ways,
 both of which can only overstate: the allocator's total over every thread (holds such a
 copy until gloo frees it), and the blocks allocated outside collectives (`where=`; holds
 one of ours whose last reference gloo's thread dropped, until its address is reused). The
