@@ -133,12 +133,24 @@ class Outcome:
     norm_rdiff: float
     param_diff: float  # the largest absolute difference over every parameter
     error: str  # the first failed check; "" when all pass
+    tolerance: eq.Tolerance  # derived on this device from a float64 reference
+
+    def within(self) -> bool:
+        t = self.tolerance
+        return (
+            self.loss_rdiff <= t.loss_rtol
+            and self.norm_rdiff <= t.norm_rtol
+            and self.param_diff <= t.param_atol
+        )
 
     def row(self) -> str:
         result = "PASS" if not self.error else f"FAIL: {self.error}"
+        t = self.tolerance
         return (
-            f"| {self.layout.title} | {self.world} | {self.backend} | {self.loss_rdiff:.2g} | "
-            f"{self.norm_rdiff:.2g} | {self.param_diff:.2g} | {result} |"
+            f"| {self.layout.title} | {self.world} | {self.backend} | "
+            f"{self.loss_rdiff:.2g} (<= {t.loss_rtol:.2g}) | "
+            f"{self.norm_rdiff:.2g} (<= {t.norm_rtol:.2g}) | "
+            f"{self.param_diff:.2g} (<= {t.param_atol:.2g}) | {result} |"
         )
 
 
@@ -180,6 +192,7 @@ def compare(
         _max_rdiff(first.grad_norms, ref.grad_norms),
         max(diffs, default=math.inf),
         error,
+        ref.tolerance,
     )
 
 
@@ -269,8 +282,8 @@ def equivalence(args: argparse.Namespace) -> int:
             outcomes.append(outcome)
     failed = sum(bool(o.error) for o in outcomes)
     print(
-        f"tolerances: loss {eq.LOSS_RTOL:g}, grad norm {eq.GRAD_NORM_RTOL:g} (relative), "
-        f"parameters {eq.PARAM_ATOL:g} (absolute)"
+        "tolerances (in brackets): loss and grad norm relative, parameters absolute, derived "
+        "on this device from a float64 reference (tests/equivalence.py: Tolerance)"
     )
     print(f"equivalence: {len(outcomes) - failed} passed, {failed} failed", flush=True)
     return 1 if failed or not outcomes else 0

@@ -45,7 +45,7 @@ def test_two_gloo_ranks_pass():
     assert [o.layout.key for o in outcomes] == ["zero3", "tp-sp", "pp-1f1b"]
     for o in outcomes:
         assert o.backend == "gloo" and not o.error, o.row()
-        assert o.loss_rdiff <= eq.LOSS_RTOL and o.param_diff <= eq.PARAM_ATOL
+        assert o.within()
         assert o.row().endswith("| PASS |")
 
 
