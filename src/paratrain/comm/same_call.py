@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.distributed as dist
 
+from paratrain.comm import compat
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import native_traffic
@@ -29,7 +29,7 @@ def _encode(text: str, device: torch.device) -> torch.Tensor:
 def verify_same_call(group: CommGroup, record: CallRecord) -> None:
     mine = f"#{record.seq} {record.signature}"
     everyone = torch.empty(WIDTH * group.size, dtype=torch.uint8, device=group.device)
-    work = dist.all_gather_single(
+    work = compat.all_gather_single(
         everyone, _encode(mine, group.device), group=group.pg, async_op=True
     )
     wait_works(group, record, [work])

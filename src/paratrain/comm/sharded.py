@@ -10,9 +10,8 @@ trimmed, and the ledger counts the unpadded bytes. A group of one rank records n
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from paratrain.comm import ring
+from paratrain.comm import compat, ring
 from paratrain.comm.algos import choose_algo
 from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
@@ -48,7 +47,7 @@ def all_gather_flat(
             out.split(sizes)[group.rank].copy_(tensor.reshape(-1))
             gather = lambda: ring.all_gather_(out, sizes, group, record)  # noqa: E731
             return run_ours(group, record, gather, True, then=lambda: out)
-        work = dist.all_gather_single(
+        work = compat.all_gather_single(
             out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
         )
         chunk_bytes = [n * tensor.element_size() for n in sizes]
@@ -131,7 +130,7 @@ def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[lis
     """Every rank's element count, exchanged where the tensors live (the group's backend)."""
     mine = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
     everyone = torch.empty(group.size, dtype=torch.int64, device=tensor.device)
-    work = dist.all_gather_single(everyone, mine, group=group.pg, async_op=True)
+    work = compat.all_gather_single(everyone, mine, group=group.pg, async_op=True)
     wait_works(group, record, [work])
     traffic = native_traffic("all_gather", 8 * group.size, group.size, group.rank)
     return [int(n) for n in everyone], traffic
@@ -140,14 +139,14 @@ def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[lis
 def _native_all_gather_padded(flat, sizes, out, group, record) -> None:
     """gloo gathers equal sizes only: pad every piece to the largest, then trim."""
     if len(set(sizes)) == 1:
-        work = dist.all_gather_single(out, flat.contiguous(), group=group.pg, async_op=True)
+        work = compat.all_gather_single(out, flat.contiguous(), group=group.pg, async_op=True)
         wait_works(group, record, [work])
         return
     longest = max(sizes)
     padded = flat.new_zeros(longest)
     padded[: flat.numel()] = flat
     gathered = flat.new_empty(longest * group.size)
-    work = dist.all_gather_single(gathered, padded, group=group.pg, async_op=True)
+    work = compat.all_gather_single(gathered, padded, group=group.pg, async_op=True)
     wait_works(group, record, [work])
     for piece, (n, dest) in zip(
         gathered.split(longest), zip(sizes, out.split(sizes), strict=True), strict=True
@@ -215,7 +214,9 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
         return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=True)
     padded, longest = _pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
-    work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
+    work = compat.reduce_scatter_single(
+        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
+    )
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     traffic = native_traffic(
         "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
@@ -256,7 +257,9 @@ def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int
 def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
     padded, longest = _pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
-    work = dist.reduce_scatter_single(out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True)
+    work = compat.reduce_scatter_single(
+        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
+    )
     wait_works(group, record, [work])
     mine = out[: sizes[group.rank]].clone()
     if op == "avg":

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from paratrain.comm import compat
 from paratrain.comm.ledger import Ledger
 
 KEY = "paratrain/ledger/{rank}"
@@ -145,6 +146,6 @@ def first_divergence(
 def default_store() -> dist.Store | None:
     """The rendezvous store of the default process group, where the watchdog publishes."""
     try:
-        return dist.distributed_c10d._get_default_store()
+        return compat.default_store()
     except (RuntimeError, AttributeError, ValueError):
         return None

@@ -42,13 +42,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
 
+from paratrain.comm import compat
 from paratrain.config import RECOMPUTE_MODES
 
 aten = torch.ops.aten
@@ -105,14 +105,13 @@ class _Replayable:
 
     def __init__(self, cached: Any) -> None:
         self.cached = cached  # torch's _CachedTorchDispatchMode; `storage` is its cache
-        self.entries: dict[Any, dict] | None = None
+        self.entries: dict[Any, Any] | None = None
 
     def __enter__(self) -> Any:
-        storage = self.cached.storage
         if self.entries is None:
-            self.entries = {op: dict(calls) for op, calls in storage.items()}
+            self.entries = compat.sac_snapshot(self.cached.storage)
         else:
-            storage.update({op: dict(calls) for op, calls in self.entries.items()})
+            compat.sac_restore(self.cached.storage, self.entries)
         return self.cached.__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
@@ -146,20 +145,23 @@ def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
         if mode == "full":
             marked = lambda: (contextlib.nullcontext(), Recomputing(block))  # noqa: E731
             return checkpoint(forward, *args, use_reentrant=False, context_fn=marked, **kwargs)
-        kept: list[torch.Tensor] = []
+        caches: list[Any] = []  # the checkpoint's cache, read once its forward has run
 
         def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> CheckpointPolicy:
-            if keeps(op, *a, **kw):
-                kept.extend(t for t in tree_leaves(ctx.op_output) if isinstance(t, torch.Tensor))
-                return CheckpointPolicy.MUST_SAVE
-            return CheckpointPolicy.PREFER_RECOMPUTE
+            return (
+                CheckpointPolicy.MUST_SAVE
+                if keeps(op, *a, **kw)
+                else CheckpointPolicy.PREFER_RECOMPUTE
+            )
 
         def contexts() -> tuple[Any, Any]:
             caching, cached = create_selective_checkpoint_contexts(policy)
+            caches.append(cached.storage)
             return caching, Recomputing(block, _Replayable(cached))
 
         y = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-        return _Show.apply(y, *(t.detach() for t in kept)) if kept else y
+        kept = compat.sac_kept_tensors(caches[0]) if caches else []
+        return _Show.apply(y, *kept) if kept else y
 
     run.recomputed = mode  # type: ignore[attr-defined]
     return run

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.comm import compat
 from paratrain.comm.group import CommGroup
 from paratrain.parallel.mixed_precision import DynamicLossScaler
 
@@ -204,12 +205,12 @@ def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Te
     norm over a whole flat buffer rounds measurably worse), then squared in float64."""
     if not tensors:
         return torch.zeros(0, dtype=torch.float64, device=device)
-    return torch.stack(torch._foreach_norm(tensors)).double().pow(2)
+    return torch.stack(compat.foreach_norm(tensors)).double().pow(2)
 
 
 def scale_(tensors: list[torch.Tensor], factor: float) -> None:
     if tensors and factor != 1.0:
-        torch._foreach_mul_(tensors, factor)
+        compat.foreach_mul_(tensors, factor)
 
 
 def all_reduce_in_place(tensors: list[torch.Tensor], group: CommGroup) -> None:

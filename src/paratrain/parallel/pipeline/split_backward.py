@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
-from torch.utils.checkpoint import GraphExecGroup
+
+from paratrain.comm import compat
 
 
 @dataclass
@@ -69,7 +70,7 @@ class WeightGrad:
         # One recomputation of a checkpointed region (use_reentrant=False) for all of
         # BW's calls, not one per call: they share one graph-exec group, which requires
         # that no two of them run the same node; a weight used twice breaks that.
-        with contextlib.nullcontext() if self._retain else GraphExecGroup():
+        with contextlib.nullcontext() if self._retain else compat.graph_exec_group():
             self._run(calls)
 
     def _run(self, calls: list[_Call]) -> None:
