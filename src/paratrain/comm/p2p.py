@@ -45,6 +45,33 @@ def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
     return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
 
 
+def sendrecv(
+    send: torch.Tensor, dst: int, into: torch.Tensor, src: int, group: CommGroup
+) -> tuple[Handle, Handle]:
+    """Start sending `send` to group rank `dst` and receiving into `into` from `src` as one
+    group call (`batch_isend_irecv`); (receive, send) handles, recorded as a recv and a send.
+
+    NCCL runs unbatched point-to-point calls between two ranks in issue order on one
+    stream, each blocking it until matched: two ranks that each post a receive from the
+    other before their send (a ring of two, where left is right) wait for ever. One group
+    call progresses both together, on any backend.
+    """
+    out = send.contiguous()
+    send_record = begin(group, "send", "native", describe(out), peer=dst, overlapped=True)
+    recv_record = begin(group, "recv", "native", describe(into), peer=src, overlapped=True)
+    ops = [
+        dist.P2POp(dist.irecv, into, _check_peer(group, src, "source"), group.pg),
+        dist.P2POp(dist.isend, out, _check_peer(group, dst, "destination"), group.pg),
+    ]
+    works = dist.batch_isend_irecv(ops)
+    # gloo: a work per op, each to be waited for once (a second wait waits for a second
+    # message). NCCL: one work for the group call, which both handles may wait for.
+    recv_works, send_works = ([w] for w in works) if len(works) == 2 else (works, works)
+    received = Handle(group, recv_record, recv_works, Traffic(0, _nbytes(into), 0), into)
+    sent = Handle(group, send_record, send_works, Traffic(_nbytes(out), 0, 1), out)
+    return received, sent
+
+
 def recv_any(tensor: torch.Tensor, group: CommGroup) -> int:
     """Receive into `tensor` from whichever group rank sends first; return that rank.
 

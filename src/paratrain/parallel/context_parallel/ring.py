@@ -13,8 +13,8 @@ returns home, where rank j adds its own share: cp - 1 more messages of the same 
 backward moves twice forward's bytes (docs/context-parallel.md).
 
 Why this order: every transfer is posted before the compute of the current step, so it
-runs while the rank computes; the wait comes after. On gloo, isend and irecv progress in
-the backend's threads.
+runs while the rank computes; the wait comes after. The send and the receive of a step
+are one group call, as NCCL needs when left and right are the same rank (cp 2).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from paratrain.parallel.context_parallel.layout import chunk_length, chunks_of, 
 def _pass_on(t: torch.Tensor, group: CommGroup) -> tuple[comm.Handle, comm.Handle]:
     """Send `t` to the next rank and receive the previous rank's into a new buffer."""
     left, right = (group.rank - 1) % group.size, (group.rank + 1) % group.size
-    incoming = comm.irecv(torch.empty_like(t), group, src=left)
-    return incoming, comm.isend(t, group, dst=right)
+    # One group call: with cp 2 left is right, and a receive posted alone ahead of the
+    # send would block NCCL's stream for that pair on both ranks (comm/p2p.py: sendrecv).
+    return comm.sendrecv(t, right, torch.empty_like(t), left, group)
 
 
 def _arrived(handles: tuple[comm.Handle, comm.Handle]) -> torch.Tensor:
