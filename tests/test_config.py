@@ -258,6 +258,7 @@ INEFFECTIVE = {
     "parallel.cp_method": (["--cp-method", "alltoall"], [], ["--cp", "2"]),
     "parallel.comm_timeout_s": (["--comm-timeout-s", "60"], ["--nproc", "1"], []),
     "parallel.comm_algo": (["--comm-algo", "ring"], ["--nproc", "1"], []),
+    "parallel.comm_order": (["--comm-order", "nccl"], ["--nproc", "1"], []),
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
     "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
     "parallel.staleness_bound": (["--staleness-bound", "2"], [], ASYNC),
@@ -298,6 +299,21 @@ def test_a_flag_without_effect_is_refused_and_with_its_setting_accepted(key, cap
     assert flag[0] in err or key.split(".")[1] in err, err  # names the flag
     code, err = _dry_run([*on, *flag], capsys)
     assert code == 0, err
+
+
+def test_comm_order_nccl_is_refused_with_cuda(capsys, monkeypatch):
+    """On cuda the backend is NCCL, which orders its calls itself: the flag has no effect.
+    No GPU here: the check is reached as on a machine with two."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    code, err = _dry_run(["--device", "cuda", "--comm-order", "nccl"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith(
+        "--comm-order nccl has no effect here: it needs more than one process on gloo "
+        "(--device cpu)"
+    ), err
 
 
 def test_a_default_given_explicitly_is_never_refused(capsys):

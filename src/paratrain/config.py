@@ -23,6 +23,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")  # parallel/recompute.py
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO2_ACCUMULATE = ("full", "shard")
 COMM_ALGOS = ("native", "ring", "tree")
+COMM_ORDERS = ("gloo", "nccl")  # comm/ordering.py
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
@@ -113,6 +114,12 @@ class ParallelConfig:
     )
     comm_timeout_s: float = param(300.0, "Seconds before a collective that never completes fails.")
     comm_algo: str = param("native", f"Default collective algorithm: {one_of(COMM_ALGOS)}.")
+    comm_order: str = param(
+        "gloo",
+        "Order of communication calls on gloo: gloo (its own, forgiving) or nccl (each call"
+        " waits its turn as on NCCL's streams, so a program that would deadlock on GPUs"
+        " fails here with a report; docs/comm.md).",
+    )
     bucket_mb: float = param(25.0, "Gradient bucket size in MiB; 0 puts the whole model in one.")
     dp_mode: str = param("sync", "Data parallel: sync (all-reduce) or async (parameter server).")
     dc_lambda: float = param(0.0, "Async: DC-ASGD delay compensation strength (0 = off).")
@@ -306,6 +313,11 @@ EFFECTS: dict[str, Effect | None] = {
     "parallel.comm_algo": Effect(
         lambda c: _world(c) > 1 and c.parallel.dp_mode == "sync",
         "more than one process in --dp-mode sync",
+    ),
+    # NCCL orders its calls itself: the order is enforced on gloo groups only.
+    "parallel.comm_order": Effect(
+        lambda c: _world(c) > 1 and c.parallel.backend == "gloo",
+        "more than one process on gloo (--device cpu)",
     ),
     "parallel.bucket_mb": Effect(
         lambda c: c.parallel.dp_mode == "sync" and c.parallel.zero != 3 and c.parallel.dp > 1,

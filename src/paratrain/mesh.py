@@ -31,7 +31,7 @@ and the parameter server's receive-from-any, which NCCL does not have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -197,14 +197,17 @@ class Mesh:
             base, alias = same_as.get(kind, ("", False))
             groups[kind] = groups[base] if alias else cls._build_axis(shape, kind, rank, common)
         groups["control"] = cls._build_control(world, rank, common)
+        _share_streams(list(groups.values()))
         return cls(shape, rank, groups, ledger, watchdog, options, torch.device(device))
 
     @staticmethod
     def _build_control(world: int, rank: int, common: dict) -> CommGroup:
-        """The host-side group over every rank: gloo whatever the axes' backend."""
+        """The host-side group over every rank: gloo whatever the axes' backend, so in
+        gloo's order even when the axes run in NCCL's (`CommOptions.order`)."""
         ranks = list(range(world))
         pg = dist.new_group(ranks, backend="gloo") if world > 1 else None
-        return CommGroup("control", pg, ranks, rank, **common)
+        options = replace(common["options"], order="gloo")
+        return CommGroup("control", pg, ranks, rank, **{**common, "options": options})
 
     @staticmethod
     def _build_axis(shape: MeshShape, axis: str, rank: int, common: dict) -> CommGroup:
@@ -264,3 +267,19 @@ class Mesh:
     def __repr__(self) -> str:
         coords = ", ".join(f"{a}={self.coord(a)}/{self.size(a)}" for a in AXES)
         return f"Mesh(rank {self.global_rank}: {coords})"
+
+
+def _share_streams(groups: list[CommGroup]) -> None:
+    """Under NCCL's order, groups over one process group (an axis as large as the world is
+    the world's) take their calls in turn on one set of streams, as NCCL queues a process
+    group's calls on one stream per communicator; two sets would let two threads issue
+    gloo collectives on one process group in different orders on different ranks."""
+    owners: list[CommGroup] = []
+    for group in {id(g): g for g in groups}.values():  # an alias is the same group
+        if group.pg is None or group.options.order != "nccl":
+            continue
+        owner = next((o for o in owners if o.pg is group.pg), None)
+        if owner is None:
+            owners.append(group)
+        elif owner is not group:
+            group.share_streams(owner)

@@ -16,6 +16,7 @@ from paratrain.config import (
     ARCHS,
     BACKENDS,
     COMM_ALGOS,
+    COMM_ORDERS,
     COMPUTE_DTYPES,
     CP_METHODS,
     DC_MODES,
@@ -129,6 +130,8 @@ def _check_comm(cfg: RunConfig) -> None:
     p, t = cfg.parallel, cfg.train
     if p.comm_algo not in COMM_ALGOS:
         raise ValueError(f"--comm-algo {p.comm_algo!r}; valid: {', '.join(COMM_ALGOS)}")
+    if p.comm_order not in COMM_ORDERS:
+        raise ValueError(f"--comm-order {p.comm_order!r}; valid: {', '.join(COMM_ORDERS)}")
     if not p.bucket_mb >= 0:
         raise ValueError(f"--bucket-mb {p.bucket_mb} must be zero (one bucket) or positive")
     if p.dp_mode not in DP_MODES:

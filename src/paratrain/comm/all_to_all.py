@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paratrain.comm import ordering
 from paratrain.comm.call import Done, Handle, begin, describe, issued, run_ours
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
@@ -56,10 +57,11 @@ def all_to_all(
     if chosen == "pairwise":
         run = lambda: _pairwise(inp, out, ins, outs, group, record)  # noqa: E731
         return run_ours(group, record, run, async_op, then=lambda: out)
-    work = dist.all_to_all_single(out, inp, outs, ins, group=group.pg, async_op=True)
+    start = lambda: dist.all_to_all_single(out, inp, outs, ins, group=group.pg, async_op=True)  # noqa: E731
+    works = ordering.issue(group, record, start)
     row = inp.shape[1:].numel() * inp.element_size()  # bytes per row of dimension 0
     traffic = pairwise_all_to_all([n * row for n in ins], [n * row for n in outs], group.rank)
-    return issued(Handle(group, record, [work], traffic, result=out), async_op)
+    return issued(Handle(group, record, works, traffic, result=out), async_op)
 
 
 def _choose(algo: str | None) -> str:

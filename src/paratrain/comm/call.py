@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain.comm import ordering
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.progress import ThreadWork
@@ -75,7 +76,7 @@ class Handle:
         self,
         group: CommGroup,
         record: CallRecord,
-        works: Sequence[dist.Work | ThreadWork | None],
+        works: Sequence[dist.Work | ThreadWork | ordering.StreamWork | None],
         traffic: Traffic | None,
         result: Any = None,
         then: Callable[[], Any] | None = None,
@@ -145,10 +146,13 @@ def run_ours(
     then: Callable[[], Any] | None = None,
 ) -> Any:
     """Run one of our algorithms (`call` returns what it sent) on the group's thread; one
-    waited for at once runs in the caller's thread if nothing is queued (progress.py)."""
+    waited for at once runs in the caller's thread if nothing is queued (progress.py).
+    Under NCCL's order, as one call of the group's collective stream (ordering.py)."""
+    stream = ordering.ordered(group)
     if async_op and group.options.overlap:
-        return Handle(group, record, [group.progress.submit(call)], None, then=then)
+        work = ordering.run_ours(group, record, call) if stream else group.progress.submit(call)
+        return Handle(group, record, [work], None, then=then)
     blocked_from = time.perf_counter()  # the caller waits from here, whoever runs it
-    work = group.progress.run_here(call)
+    work = ordering.run_ours(group, record, call) if stream else group.progress.run_here(call)
     handle = Handle(group, record, [work], None, then=then, blocked_from=blocked_from)
     return issued(handle, async_op)

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
+from paratrain.comm.ordering import Streams
 from paratrain.comm.progress import Progress
-from paratrain.config import COMM_ALGOS
+from paratrain.config import COMM_ALGOS, COMM_ORDERS
 
 if TYPE_CHECKING:
     from paratrain.comm.watchdog import Watchdog
@@ -28,12 +29,18 @@ class CommOptions:
     # machine, so that communication is long enough to time and, as on a real link, costs
     # waiting rather than CPU. For measurements only; 0 in training.
     link_latency_s: float = 0.0
+    # "nccl": every call waits its turn as ProcessGroupNCCL would order it, on gloo, so
+    # that a program that would deadlock on GPUs deadlocks here too and is reported
+    # (comm/ordering.py). Tests ask for it with CommOptions(order="nccl").
+    order: str = "gloo"
 
     def __post_init__(self) -> None:
         if self.algo not in COMM_ALGOS:
             raise ValueError(f"comm algo {self.algo!r}; valid: {', '.join(COMM_ALGOS)}")
         if self.timeout_s <= 0:
             raise ValueError(f"comm timeout {self.timeout_s} s must be positive")
+        if self.order not in COMM_ORDERS:
+            raise ValueError(f"comm order {self.order!r}; valid: {', '.join(COMM_ORDERS)}")
         if self.link_latency_s < 0:
             raise ValueError(f"link latency {self.link_latency_s} s must be >= 0")
 
@@ -67,7 +74,13 @@ class CommGroup:
         # NCCL queues its work on a CUDA stream and returns at once: waiting and timing
         # must synchronise with the device (wait.py), and its tensors live on the GPU.
         self.asynchronous_to_host = pg is not None and dist.get_backend(pg) == "nccl"
+        if self.asynchronous_to_host and self.options.order == "nccl":
+            raise ValueError(
+                f"comm order nccl on group {name!r}, whose backend is NCCL: NCCL orders its "
+                "calls itself; the order is for gloo groups"
+            )
         self._progress: Progress | None = None
+        self._streams: Streams | None = None
         self.link_free_at = 0.0  # the simulated slower network's queue (wait.py)
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -78,6 +91,21 @@ class CommGroup:
         if self._progress is None:
             self._progress = Progress(self.name, self.device)
         return self._progress
+
+    @property
+    def streams(self) -> Streams:
+        """Under NCCL's order, the streams this group's calls wait their turn on
+        (ordering.py), created on first use."""
+        if self._streams is None:
+            self._streams = Streams(self.name, self.rank, self.ranks)
+        return self._streams
+
+    def share_streams(self, other: CommGroup) -> None:
+        """Take turns on `other`'s streams: both groups run over one process group."""
+        if other.pg is not self.pg:
+            raise ValueError(f"groups {self.name} and {other.name} have different process groups")
+        self._streams = other.streams
+        self._streams.also_serve(self.name)
 
     @classmethod
     def world(

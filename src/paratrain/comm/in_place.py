@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paratrain.comm import ring, tree
+from paratrain.comm import ordering, ring, tree
 from paratrain.comm.algos import choose_algo
 from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
@@ -56,11 +56,15 @@ def all_reduce(
         finish(group, record, Traffic(0, 0, 0))
         return Done(tensor) if async_op else tensor
     if algo == "native":
-        work = dist.all_reduce(flat, op=NATIVE_OPS[op], group=group.pg, async_op=True)
+        works = ordering.issue(
+            group,
+            record,
+            lambda: dist.all_reduce(flat, op=NATIVE_OPS[op], group=group.pg, async_op=True),
+        )
         traffic = native_traffic(
             "all_reduce", _nbytes(tensor), group.size, group.rank, chunk_bytes=sizes
         )
-        return issued(Handle(group, record, [work], traffic, then=done), async_op)
+        return issued(Handle(group, record, works, traffic, then=done), async_op)
     algorithm = ring.all_reduce_ if algo == "ring" else tree.all_reduce_
     return run_ours(group, record, lambda: algorithm(flat, group, record, op), async_op, done)
 
@@ -78,7 +82,8 @@ def broadcast(
     if tensor.numel() == 0:
         traffic = Traffic(0, 0, 0)
     elif algo == "native":
-        wait_works(group, record, [dist.broadcast(flat, src=root, group=group.pg, async_op=True)])
+        start = lambda: dist.broadcast(flat, src=root, group=group.pg, async_op=True)  # noqa: E731
+        wait_works(group, record, ordering.issue(group, record, start))
         traffic = native_traffic("broadcast", _nbytes(tensor), group.size, group.rank, src)
     else:
         run_ours(group, record, lambda: tree.broadcast_(flat, group, record, root=src), False)
@@ -103,10 +108,9 @@ def reduce(
     if tensor.numel() == 0:
         traffic = Traffic(0, 0, 0)
     elif algo == "native":
-        work = dist.reduce(
-            flat, dst=group.to_global(dst), op=NATIVE_OPS[op], group=group.pg, async_op=True
-        )
-        wait_works(group, record, [work])
+        root, native_op = group.to_global(dst), NATIVE_OPS[op]
+        start = lambda: dist.reduce(flat, root, native_op, group=group.pg, async_op=True)  # noqa: E731
+        wait_works(group, record, ordering.issue(group, record, start))
         if op == "avg" and group.rank == dst:
             finish_avg_(flat, group.size)
         traffic = native_traffic("reduce", _nbytes(tensor), group.size, group.rank, dst)

@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from paratrain.comm import ordering
 from paratrain.comm.call import Handle, begin, describe
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
@@ -33,7 +34,10 @@ def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
     """Start sending `tensor` to group rank `dst`; wait() on the handle before reusing it."""
     peer = _check_peer(group, dst, "destination")
     record = begin(group, "send", "native", describe(tensor), peer=dst, overlapped=True)
-    work = dist.isend(tensor.contiguous(), dst=peer, group=group.pg)
+    if ordering.ordered(group):  # on the pair's stream, complete once received
+        work = ordering.send(group, record, tensor.contiguous(), dst)
+    else:
+        work = dist.isend(tensor.contiguous(), dst=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(_nbytes(tensor), 0, 1), tensor)
 
 
@@ -41,7 +45,10 @@ def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
     """Start receiving into `tensor` from group rank `src`; wait() returns the tensor."""
     peer = _check_peer(group, src, "source")
     record = begin(group, "recv", "native", describe(tensor), peer=src, overlapped=True)
-    work = dist.irecv(tensor, src=peer, group=group.pg)
+    if ordering.ordered(group):  # on the pair's stream, blocking it until matched
+        work = ordering.recv(group, record, tensor, src)
+    else:
+        work = dist.irecv(tensor, src=peer, group=group.pg)
     return Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
 
 
@@ -59,13 +66,13 @@ def sendrecv(
     out = send.contiguous()
     send_record = begin(group, "send", "native", describe(out), peer=dst, overlapped=True)
     recv_record = begin(group, "recv", "native", describe(into), peer=src, overlapped=True)
-    ops = [
-        dist.P2POp(dist.irecv, into, _check_peer(group, src, "source"), group.pg),
-        dist.P2POp(dist.isend, out, _check_peer(group, dst, "destination"), group.pg),
-    ]
-    works = dist.batch_isend_irecv(ops)
-    # gloo: a work per op, each to be waited for once (a second wait waits for a second
-    # message). NCCL: one work for the group call, which both handles may wait for.
+    _check_peer(group, src, "source"), _check_peer(group, dst, "destination")
+    if ordering.ordered(group):  # one call of the group's collective stream
+        works = [ordering.batch(group, send_record, [(out, dst)], [(into, src)])]
+    else:
+        works = _post(group, [(out, dst)], [(into, src)])
+    # gloo: a work per op (receive first), each to be waited for once (a second wait waits
+    # for a second message). NCCL, or NCCL's order: one work, which both handles wait for.
     recv_works, send_works = ([w] for w in works) if len(works) == 2 else (works, works)
     received = Handle(group, recv_record, recv_works, Traffic(0, _nbytes(into), 0), into)
     sent = Handle(group, send_record, send_works, Traffic(_nbytes(out), 0, 1), out)
@@ -75,8 +82,15 @@ def sendrecv(
 def recv_any(tensor: torch.Tensor, group: CommGroup) -> int:
     """Receive into `tensor` from whichever group rank sends first; return that rank.
 
-    What a parameter server needs: it serves workers in the order they push.
+    What a parameter server needs: it serves workers in the order they push. NCCL has no
+    receive from any source (ProcessGroupNCCL's recvAnysource throws): under its order
+    this fails at once.
     """
+    if ordering.ordered(group):
+        raise ValueError(
+            f"recv_any (receive from any source) on group {group.name!r} under comm order "
+            "nccl: NCCL has none; receive from a named rank"
+        )
     record = begin(group, "recv", "native", describe(tensor))
     work = dist.irecv(tensor, src=None, group=group.pg)
     handle = Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
@@ -103,20 +117,55 @@ def exchange(
     Posting both sides before waiting is what keeps a ring from deadlocking: every rank
     sends right and receives left in the same step. Under NCCL a send blocks its stream
     until the peer's receive is posted, so the step's messages go in one
-    `batch_isend_irecv` (one NCCL group call); gloo posts them one by one.
+    `batch_isend_irecv` (one NCCL group call); gloo posts them one by one. Under NCCL's
+    order the batch is a call of the group's collective stream (ordering.py): run in place
+    on that stream's thread (our algorithms run there), else queued and waited for.
     """
     # Chunk sizes are known on both sides, so both skip the same empty messages.
     sends = [(t, dst) for t, dst in sends if t.numel() > 0]
     recvs = [(t, src) for t, src in recvs if t.numel() > 0]
+    start = time.perf_counter()
+    if not ordering.ordered(group):
+        wait_works(group, record, _post(group, sends, recvs))
+    elif group.streams.collective.is_current():
+        wait_works(group, record, ordering.post_batch(group, sends, recvs))
+    else:
+        wait_works(group, record, [ordering.batch(group, record, sends, recvs)])
+    hold_until(group, start + group.options.link_latency_s)  # each step on our thread
+    return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
+
+
+def _post(group: CommGroup, sends: list, recvs: list) -> list[dist.Work]:
     ops = [dist.P2POp(dist.irecv, t, group.to_global(src), group.pg) for t, src in recvs]
     ops += [
         dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), group.pg) for t, dst in sends
     ]
-    start = time.perf_counter()
-    works = dist.batch_isend_irecv(ops) if ops else []
-    wait_works(group, record, works)
-    hold_until(group, start + group.options.link_latency_s)  # each step on our thread
-    return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def batch(
+    group: CommGroup,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> Handle:
+    """Post sends and receives (tensor, group rank) as one batch, torch's
+    `batch_isend_irecv`: one NCCL group call, whose parts progress together. wait() on the
+    handle before reusing the tensors; it returns None."""
+    for _, peer in sends + recvs:
+        _check_peer(group, peer, "peer")
+    sends = [(t, dst) for t, dst in sends if t.numel() > 0]
+    recvs = [(t, src) for t, src in recvs if t.numel() > 0]
+    parts = [f"send {describe(t)} to {d}" for t, d in sends]
+    shapes = "; ".join(parts + [f"recv {describe(t)} from {s}" for t, s in recvs]) or "-"
+    record = begin(group, "batch_p2p", "native", shapes, overlapped=True)
+    traffic = Traffic(
+        sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends)
+    )
+    if ordering.ordered(group):
+        works = [ordering.batch(group, record, sends, recvs)]
+    else:
+        works = _post(group, sends, recvs)
+    return Handle(group, record, works, traffic)
 
 
 def add(a: Traffic, b: Traffic) -> Traffic:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain.comm import ordering
 from paratrain.comm.call import begin, describe, finish
 from paratrain.comm.group import CommGroup
 from paratrain.comm.p2p import exchange
@@ -77,7 +78,8 @@ def barrier(group: CommGroup) -> None:
     if group.size == 1:
         return
     record = begin(group, "barrier", "native", "-")
-    wait_works(group, record, [dist.barrier(group=group.pg, async_op=True)])
+    start = lambda: dist.barrier(group=group.pg, async_op=True)  # noqa: E731
+    wait_works(group, record, ordering.issue(group, record, start))
     finish(group, record, Traffic(0, 0, group.size - 1))
 
 
@@ -87,9 +89,13 @@ def broadcast_object(obj: Any, group: CommGroup, src: int = 0) -> Any:
         return obj
     record = begin(group, "broadcast_object", "native", type(obj).__name__)
     holder = [obj]
-    try:
-        dist.broadcast_object_list(holder, src=group.to_global(src), group=group.pg)
+    root = group.to_global(src)
+    try:  # blocking: under NCCL's order, on the collective stream's thread (ordering.py)
+        works = ordering.issue(
+            group, record, lambda: dist.broadcast_object_list(holder, src=root, group=group.pg)
+        )
     except RuntimeError as e:
         raise failure(group, record, e) from e
+    wait_works(group, record, works)
     finish(group, record, Traffic(0, 0, 0))  # pickled size is not known to us; not counted
     return holder[0]

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from paratrain.comm import compat
+from paratrain.comm import compat, ordering
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import native_traffic
@@ -29,10 +29,9 @@ def _encode(text: str, device: torch.device) -> torch.Tensor:
 def verify_same_call(group: CommGroup, record: CallRecord) -> None:
     mine = f"#{record.seq} {record.signature}"
     everyone = torch.empty(WIDTH * group.size, dtype=torch.uint8, device=group.device)
-    work = compat.all_gather_single(
-        everyone, _encode(mine, group.device), group=group.pg, async_op=True
-    )
-    wait_works(group, record, [work])
+    encoded = _encode(mine, group.device)
+    start = lambda: compat.all_gather_single(everyone, encoded, group=group.pg, async_op=True)  # noqa: E731
+    wait_works(group, record, ordering.issue(group, record, start))
     traffic = native_traffic("all_gather", WIDTH * group.size, group.size, group.rank)
     group.ledger.count(group.name, "check", traffic)
     calls = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from paratrain.comm import compat, ring
+from paratrain.comm import compat, ordering, ring
 from paratrain.comm.algos import choose_algo
 from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
@@ -47,14 +47,17 @@ def all_gather_flat(
             out.split(sizes)[group.rank].copy_(tensor.reshape(-1))
             gather = lambda: ring.all_gather_(out, sizes, group, record)  # noqa: E731
             return run_ours(group, record, gather, True, then=lambda: out)
-        work = compat.all_gather_single(
-            out, tensor.reshape(-1).contiguous(), group=group.pg, async_op=True
+        mine = tensor.reshape(-1).contiguous()
+        works = ordering.issue(
+            group,
+            record,
+            lambda: compat.all_gather_single(out, mine, group=group.pg, async_op=True),
         )
         chunk_bytes = [n * tensor.element_size() for n in sizes]
         traffic = native_traffic(
             "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
         )
-        return issued(Handle(group, record, [work], traffic, result=out), True)
+        return issued(Handle(group, record, works, traffic, result=out), True)
     result = _all_gather(tensor, group, algo, sizes, out)[0]
     return Done(result) if async_op else result
 
@@ -130,8 +133,8 @@ def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[lis
     """Every rank's element count, exchanged where the tensors live (the group's backend)."""
     mine = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
     everyone = torch.empty(group.size, dtype=torch.int64, device=tensor.device)
-    work = compat.all_gather_single(everyone, mine, group=group.pg, async_op=True)
-    wait_works(group, record, [work])
+    start = lambda: compat.all_gather_single(everyone, mine, group=group.pg, async_op=True)  # noqa: E731
+    wait_works(group, record, ordering.issue(group, record, start))
     traffic = native_traffic("all_gather", 8 * group.size, group.size, group.rank)
     return [int(n) for n in everyone], traffic
 
@@ -139,15 +142,16 @@ def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[lis
 def _native_all_gather_padded(flat, sizes, out, group, record) -> None:
     """gloo gathers equal sizes only: pad every piece to the largest, then trim."""
     if len(set(sizes)) == 1:
-        work = compat.all_gather_single(out, flat.contiguous(), group=group.pg, async_op=True)
-        wait_works(group, record, [work])
+        mine = flat.contiguous()
+        start = lambda: compat.all_gather_single(out, mine, group=group.pg, async_op=True)  # noqa: E731
+        wait_works(group, record, ordering.issue(group, record, start))
         return
     longest = max(sizes)
     padded = flat.new_zeros(longest)
     padded[: flat.numel()] = flat
     gathered = flat.new_empty(longest * group.size)
-    work = compat.all_gather_single(gathered, padded, group=group.pg, async_op=True)
-    wait_works(group, record, [work])
+    start = lambda: compat.all_gather_single(gathered, padded, group=group.pg, async_op=True)  # noqa: E731
+    wait_works(group, record, ordering.issue(group, record, start))
     for piece, (n, dest) in zip(
         gathered.split(longest), zip(sizes, out.split(sizes), strict=True), strict=True
     ):
@@ -214,9 +218,7 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
         return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=True)
     padded, longest = _pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
-    work = compat.reduce_scatter_single(
-        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
-    )
+    works = ordering.issue(group, record, _reduce_scatter_call(out, padded, op, group))
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     traffic = native_traffic(
         "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
@@ -228,7 +230,7 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
             finish_avg_(mine, group.size)
         return mine
 
-    return issued(Handle(group, record, [work], traffic, then=done), True)
+    return issued(Handle(group, record, works, traffic, then=done), True)
 
 
 def _ring_reduce_scatter(flat, sizes, group, record, op, async_op):
@@ -254,13 +256,18 @@ def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int
     return padded, longest
 
 
+def _reduce_scatter_call(out, padded, op, group):
+    return lambda: compat.reduce_scatter_single(
+        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
+    )
+
+
 def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
     padded, longest = _pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
-    work = compat.reduce_scatter_single(
-        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
+    wait_works(
+        group, record, ordering.issue(group, record, _reduce_scatter_call(out, padded, op, group))
     )
-    wait_works(group, record, [work])
     mine = out[: sizes[group.rank]].clone()
     if op == "avg":
         finish_avg_(mine, group.size)

@@ -90,6 +90,9 @@ def failure(group: CommGroup, record: CallRecord, err: BaseException) -> CommErr
         f"{group.ranks}): {record.op}({record.algo}){peer} call #{record.seq} "
         f"{record.shapes}{step} failed after {elapsed:.1f} s: {cause}"
     )
+    detail = getattr(err, "detail", "")  # under NCCL's order, the stream (ordering.py)
+    if detail:
+        head += "\n" + detail
     if group.watchdog is None:
         return CommError(head + "\n(no watchdog on this group: no comparison of ledgers)")
     return CommError(head + "\n" + group.watchdog.divergence_report(group.name, group.ranks))

@@ -40,7 +40,7 @@ def evaluate_on_mesh(
     """This rank's part of the evaluation (collective); rank 0 returns the scores."""
     init_process_group(cfg, env)
     p = cfg.parallel
-    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
     mesh = Mesh.build(
         dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=rank_device(cfg, env)
     )

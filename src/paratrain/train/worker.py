@@ -134,7 +134,7 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // env.local_world_size))
     init_process_group(cfg, env)
     p = cfg.parallel
-    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo)
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
     mesh = Mesh.build(
         dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=rank_device(cfg, env)
     )

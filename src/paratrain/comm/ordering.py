@@ -1,0 +1,283 @@
+"""NCCL's stream order enforced on gloo (`CommOptions(order="nccl")`, `--comm-order nccl`).
+
+Gloo forgives what NCCL does not: it buffers a send until the peer asks for it and
+progresses every point-to-point call on its own. ProcessGroupNCCL instead queues each call
+on a CUDA stream, where it runs after the calls before it and blocks the calls after it
+until it completes (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, `pointToPoint` and
+`collective`; docs/comm.md, "NCCL's ordering on gloo"):
+- a group's collectives share the stream of its device communicator (key: the device);
+- an unbatched send or recv uses the communicator of its pair, key "low:high", and that
+  pair's stream: one per peer, in issue order;
+- a batch (`batch_isend_irecv`, our `exchange`) is one NCCL group call whose parts
+  progress together; it runs on the device communicator, so on the collectives' stream;
+- a send completes only once the peer's matching receive runs, and the reverse.
+
+Here each stream is a queue served by one thread that issues the gloo call and waits for
+it before taking the next, so a call reaches gloo only when it would run on NCCL's
+stream. Matching then needs nothing more: gloo's TCP transport holds a send until the
+receiver has posted the matching receive (a rendezvous, not a buffer: a blocking send
+ahead of the peer's receive hangs on plain gloo too, tests/test_comm_order.py checks it),
+and a receive completes only when the data arrives. So a send completes once its receive
+runs on the peer's stream, as on NCCL, at no extra message. Batched messages travel under
+their own tag, so they match only batched messages, as on NCCL's separate
+communicators. A caller that waits on a call blocked in its stream gets `StreamBlocked`
+after the group's timeout, naming the stream and the calls queued on it ahead of the one
+waited for (wait.py adds it to the hang report).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from paratrain.comm.group import CommGroup
+    from paratrain.comm.ledger import CallRecord
+
+BATCH_TAG = 0x5EB  # batched messages: never match an unbatched send or recv (tag 0)
+# The stream's thread waits on gloo longer than the caller does, so that the caller's
+# timeout fires first and reports the stream as it stands.
+WORKER_WAIT_FACTOR = 2.0
+
+
+def ordered(group: CommGroup) -> bool:
+    """Whether the group runs under NCCL's order (its options say so)."""
+    return group.options.order == "nccl"
+
+
+class StreamBlocked(RuntimeError):
+    """A call that did not complete in time under NCCL's order; `detail` shows its stream."""
+
+    def __init__(self, cause: str, detail: str) -> None:
+        super().__init__(cause)
+        self.detail = detail
+
+
+class StreamWork:
+    """One call on a `Stream`, waited on like a backend's `dist.Work`."""
+
+    def __init__(self, stream: Stream, label: str, blocked_on: str) -> None:
+        self.stream, self.label, self.blocked_on = stream, label, blocked_on
+        self.started: float | None = None  # when the stream's thread took it
+        self.traffic: Any = None  # what one of our algorithms sent, once done (call.py)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = None if timeout is None else timeout.total_seconds()
+        if not self._done.wait(seconds):
+            raise StreamBlocked(
+                f"timed out after {seconds:g} s under NCCL's order: {self.label} did not "
+                f"complete on stream {self.stream.name!r}",
+                self.stream.report(self),
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def execute(self, run: Callable[[], Any]) -> None:
+        """Run the call here (the stream's thread) and record how it ended."""
+        self.started = time.perf_counter()
+        try:
+            self.traffic = run()
+        except BaseException as e:  # handed to the waiter, who raises it
+            self._error = e
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+
+class Stream:
+    """Calls in issue order, one at a time, each run to completion by one daemon thread.
+
+    After a call fails, the later ones fail at once with its error, as NCCL's communicator
+    is aborted after an error.
+    """
+
+    def __init__(self, name: str, what: str) -> None:
+        self.name, self.what = name, what
+        self._entries: deque[tuple[StreamWork, Callable[[], Any]]] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def submit(self, label: str, run: Callable[[], Any], blocked_on: str) -> StreamWork:
+        work = StreamWork(self, label, blocked_on)
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name=f"stream-{self.name}", daemon=True
+                )
+                self._thread.start()
+            self._entries.append((work, run))
+            self._cv.notify()
+        return work
+
+    def is_current(self) -> bool:
+        """Whether the caller is this stream's own thread (running one of its calls)."""
+        return threading.current_thread() is self._thread
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while not self._entries:
+                    self._cv.wait()
+                work, run = self._entries[0]  # stays listed while it runs: the report shows it
+            if self._failed is None:
+                work.execute(run)
+                self._failed = work._error
+            else:
+                work.fail(self._failed)
+            with self._cv:
+                self._entries.popleft()
+
+    def report(self, waited: StreamWork) -> str:
+        """The stream's calls in issue order, the one waited for marked, those ahead counted."""
+        with self._cv:
+            works = [w for w, _ in self._entries]
+        now = time.perf_counter()
+        lines = []
+        for w in works:
+            state = "queued"
+            if w.started is not None:
+                state = f"running for {now - w.started:.1f} s, {w.blocked_on}"
+            lines.append(f"  {w.label}: {state}" + ("  <- waited for" if w is waited else ""))
+        ahead = works.index(waited) if waited in works else 0
+        head = (
+            f"stream {self.name!r} ({self.what}): {ahead} call(s) queued ahead of "
+            f"{waited.label}" + (":" if lines else "")
+        )
+        return "\n".join([head, *lines])
+
+
+class Streams:
+    """One group's streams: its collectives' (with batched send/recv), and one per pair."""
+
+    def __init__(self, group_name: str, rank: int, ranks: Sequence[int]) -> None:
+        self._group, self._rank, self._ranks = group_name, rank, list(ranks)
+        self.collective = Stream("", "")
+        self._name_collective()
+        self._pairs: dict[int, Stream] = {}
+        self._lock = threading.Lock()
+
+    def _name_collective(self) -> None:
+        self.collective.name = f"collectives of {self._group}"
+        self.collective.what = (
+            f"group {self._group!r} {self._ranks}: its collectives and batched send/recv, "
+            "one at a time in issue order"
+        )
+
+    def also_serve(self, group_name: str) -> None:
+        """Another group over the same process group shares these streams: named with it."""
+        self._group += f"/{group_name}"
+        self._name_collective()
+
+    def pair(self, peer: int) -> Stream:
+        """The stream of unbatched send/recv between this rank and group rank `peer`."""
+        with self._lock:
+            if peer not in self._pairs:
+                low, high = sorted((self._rank, peer))
+                self._pairs[peer] = Stream(
+                    f"pair {low}:{high} of {self._group}",
+                    f"unbatched send/recv between ranks {self._ranks[low]} and "
+                    f"{self._ranks[high]}, one at a time in issue order",
+                )
+            return self._pairs[peer]
+
+
+def label(record: CallRecord, direction: str = "") -> str:
+    """'send #4 float32[4] to rank 0': how a call is named on its stream."""
+    algo = "" if record.algo == "native" else f"({record.algo})"
+    return f"{record.op}{algo} #{record.seq} {record.shapes}{direction}"
+
+
+def _complete(group: CommGroup, works: Sequence[Any]) -> None:
+    """On a stream's thread: wait for gloo's works (RuntimeError after the bound)."""
+    bound = timedelta(seconds=group.options.timeout_s * WORKER_WAIT_FACTOR)
+    for work in works:
+        if work is not None:
+            work.wait(timeout=bound)
+
+
+def issue(group: CommGroup, record: CallRecord, call: Callable[[], Any]) -> list[Any]:
+    """Start a native collective: now (gloo's order), or as the next call on the group's
+    collective stream, which issues it and waits for it (NCCL's). `call` returns a work,
+    or None when it blocked until done (object collectives)."""
+    if not ordered(group):
+        return [call()]
+    run = lambda: _complete(group, [call()])  # noqa: E731
+    return [group.streams.collective.submit(label(record), run, "waiting for the group")]
+
+
+def run_ours(group: CommGroup, record: CallRecord, call: Callable[[], Any]) -> StreamWork:
+    """One of our algorithms as one call of the collective stream (returns its traffic)."""
+    return group.streams.collective.submit(label(record), call, "waiting for the group")
+
+
+def send(group: CommGroup, record: CallRecord, tensor: torch.Tensor, dst: int) -> StreamWork:
+    """An unbatched send on its pair's stream, complete once group rank `dst` has posted
+    the receive (gloo's rendezvous), that is, once that receive runs on its stream."""
+    peer = group.to_global(dst)
+
+    def run() -> None:
+        _complete(group, [dist.isend(tensor, dst=peer, group=group.pg)])
+
+    where = f" to rank {peer}"
+    blocked = f"no matching receive from rank {peer} yet"
+    return group.streams.pair(dst).submit(label(record, where), run, blocked)
+
+
+def recv(group: CommGroup, record: CallRecord, tensor: torch.Tensor, src: int) -> StreamWork:
+    """An unbatched receive on its pair's stream, blocking it until the data arrives."""
+    peer = group.to_global(src)
+
+    def run() -> None:
+        _complete(group, [dist.irecv(tensor, src=peer, group=group.pg)])
+
+    where = f" from rank {peer}"
+    blocked = f"no matching send from rank {peer} yet"
+    return group.streams.pair(src).submit(label(record, where), run, blocked)
+
+
+def post_batch(
+    group: CommGroup,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> list[Any]:
+    """Post one batch (peers are group ranks), all parts together as in one NCCL group
+    call; return its works."""
+    pg = group.pg
+    ops = [dist.P2POp(dist.irecv, t, group.to_global(s), pg, tag=BATCH_TAG) for t, s in recvs]
+    ops += [
+        dist.P2POp(dist.isend, t.contiguous(), group.to_global(d), pg, tag=BATCH_TAG)
+        for t, d in sends
+    ]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def batch(
+    group: CommGroup,
+    record: CallRecord,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> StreamWork:
+    """A batch as the next call of the collective stream (from any thread but its own)."""
+
+    def run() -> None:
+        _complete(group, post_batch(group, sends, recvs))
+
+    peers = sorted({group.to_global(p) for _, p in sends + recvs})
+    blocked = f"its parts not all matched by ranks {peers}"
+    return group.streams.collective.submit(label(record), run, blocked)
