@@ -21,7 +21,9 @@ from paratrain.parallel.pipeline import (
     check_schedule,
     render_grid,
 )
+from paratrain.parallel.pipeline.batches import Batch, plan_calls
 from paratrain.parallel.pipeline.schedules import RECV_B, RECV_F, SEND_B, SEND_F, B, F
+from paratrain.parallel.pipeline.stream_check import check_streams
 from paratrain.plan.pipeline import bubble_fraction
 
 
@@ -184,3 +186,53 @@ def test_forward_only_schedule_for_evaluation():
         sim = check_schedule(build_schedule("forward", s, k, v))
         assert all(len(row) == k * v for row in sim.slots)
         assert sim.peak_in_flight == (0,) * s  # nothing is kept for a backward
+
+
+def nccl_cases():
+    """The range issue 28 names: pp 2-8, K 1-16, chunks 1-4, every schedule."""
+    for name in SCHEDULES:
+        for s in range(2, 9):
+            for k in range(1, 17):
+                for v in range(1, 5) if name == "interleaved" else (1,):
+                    try:
+                        yield build_schedule(name, s, k, v)
+                    except ValueError:  # refused combination (K not a multiple of S, ...)
+                        continue
+
+
+def test_every_schedule_completes_on_nccl_streams():
+    """The runtime's group calls (batches.py) complete under NCCL's stream semantics for
+    every schedule in the range; check_schedule runs this proof before every step."""
+    schedules = list(nccl_cases())
+    assert len(schedules) > 400
+    for schedule in schedules:
+        check_streams(schedule)
+
+
+def test_receives_posted_ahead_are_found_to_hang_on_nccl_streams():
+    """The runtime as it was (issue 28): each message its own call, and stage 1 posting
+    all its receives at its first RECV. gloo ran it; NCCL's streams would not."""
+    schedule = build_schedule("1f1b", 2, 4)
+    first = (Batch(0, (), ((0, ("act", m, 0)),)) for m in range(4))
+    stage1 = tuple(first) + tuple(Batch(4 * m + 4, ((0, ("grad", m, 0)),), ()) for m in range(4))
+    stage0 = []
+    for i, a in enumerate(schedule.stages[0]):
+        if a.kind == SEND_F:
+            stage0.append(Batch(i + 1, ((1, ("act", a.microbatch, 0)),), ()))
+        elif a.kind == RECV_B:
+            stage0.append(Batch(i, (), ((1, ("grad", a.microbatch, 0)),)))
+    with pytest.raises(ScheduleError, match="would hang on NCCL's streams"):
+        check_streams(schedule, (tuple(stage0), stage1))
+    check_streams(schedule)  # the calls plan_calls places for it complete
+
+
+def test_group_calls_of_1f1b_pair_each_send_with_the_next_receive():
+    """pp 2, K 4: after the first activation, every call of stage 0 sends an activation
+    and receives a gradient, and stage 1's calls mirror it (torch's pipelining fuses the
+    same pairs)."""
+    zero, one = plan_calls(build_schedule("1f1b", 2, 4))
+    assert [(len(c.sends), len(c.recvs)) for c in zero] == [(1, 0), (1, 1), (1, 1), (1, 1), (0, 1)]
+    assert [(len(c.sends), len(c.recvs)) for c in one] == [(0, 1), (1, 1), (1, 1), (1, 1), (1, 0)]
+    for mine, theirs in zip(zero, one, strict=True):
+        assert [k for _, k in mine.sends] == [k for _, k in theirs.recvs]
+        assert [k for _, k in mine.recvs] == [k for _, k in theirs.sends]

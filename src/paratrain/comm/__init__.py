@@ -16,7 +16,7 @@ from paratrain.comm.call import Done, Handle
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.in_place import all_reduce, broadcast, reduce
 from paratrain.comm.ledger import Ledger, OpTotals
-from paratrain.comm.p2p import irecv, isend, recv, recv_any, send, sendrecv
+from paratrain.comm.p2p import irecv, isend, post, recv, recv_any, send, sendrecv
 from paratrain.comm.report import gather_report
 from paratrain.comm.rooted import barrier, broadcast_object, gather, scatter
 from paratrain.comm.sharded import all_gather, all_gather_flat, reduce_scatter
@@ -41,6 +41,7 @@ __all__ = [
     "gather_report",
     "irecv",
     "isend",
+    "post",
     "recv",
     "recv_any",
     "reduce",

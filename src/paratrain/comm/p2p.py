@@ -56,26 +56,52 @@ def sendrecv(
     send: torch.Tensor, dst: int, into: torch.Tensor, src: int, group: CommGroup
 ) -> tuple[Handle, Handle]:
     """Start sending `send` to group rank `dst` and receiving into `into` from `src` as one
-    group call (`batch_isend_irecv`); (receive, send) handles, recorded as a recv and a send.
+    group call; (receive, send) handles (see `post`).
 
     NCCL runs unbatched point-to-point calls between two ranks in issue order on one
     stream, each blocking it until matched: two ranks that each post a receive from the
     other before their send (a ring of two, where left is right) wait for ever. One group
     call progresses both together, on any backend.
     """
-    out = send.contiguous()
-    send_record = begin(group, "send", "native", describe(out), peer=dst, overlapped=True)
-    recv_record = begin(group, "recv", "native", describe(into), peer=src, overlapped=True)
-    _check_peer(group, src, "source"), _check_peer(group, dst, "destination")
+    (received,), (sent,) = post(group, [(send, dst)], [(into, src)])
+    return received, sent
+
+
+def post(
+    group: CommGroup,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> tuple[list[Handle], list[Handle]]:
+    """Start sends and receives (tensor, group rank) as one group call, torch's
+    `batch_isend_irecv` (one NCCL group call, whose parts progress together); a handle per
+    receive (wait() returns its tensor) and per send, each recorded in the ledger as an
+    unbatched recv or send is."""
+    for _, peer in sends + recvs:
+        _check_peer(group, peer, "peer")
+    sends = [(t.contiguous(), dst) for t, dst in sends]
+    send_records = [
+        begin(group, "send", "native", describe(t), peer=d, overlapped=True) for t, d in sends
+    ]
+    recv_records = [
+        begin(group, "recv", "native", describe(t), peer=s, overlapped=True) for t, s in recvs
+    ]
     if ordering.ordered(group):  # one call of the group's collective stream
-        works = [ordering.batch(group, send_record, [(out, dst)], [(into, src)])]
+        works = [ordering.batch(group, (send_records + recv_records)[0], sends, recvs)]
     else:
-        works = _post(group, [(out, dst)], [(into, src)])
-    # gloo: a work per op (receive first), each to be waited for once (a second wait waits
-    # for a second message). NCCL, or NCCL's order: one work, which both handles wait for.
-    recv_works, send_works = ([w] for w in works) if len(works) == 2 else (works, works)
-    received = Handle(group, recv_record, recv_works, Traffic(0, _nbytes(into), 0), into)
-    sent = Handle(group, send_record, send_works, Traffic(_nbytes(out), 0, 1), out)
+        works = _post(group, sends, recvs)  # receives first
+    # gloo: a work per op, each to be waited for once (a second wait waits for a second
+    # message). NCCL, or NCCL's order: one work for the call, which every handle waits for.
+    each = len(works) == len(sends) + len(recvs)
+    recv_works = [[w] for w in works[: len(recvs)]] if each else [works] * len(recvs)
+    send_works = [[w] for w in works[len(recvs) :]] if each else [works] * len(sends)
+    received = [
+        Handle(group, r, w, Traffic(0, _nbytes(t), 0), t)
+        for r, w, (t, _) in zip(recv_records, recv_works, recvs, strict=True)
+    ]
+    sent = [
+        Handle(group, r, w, Traffic(_nbytes(t), 0, 1), t)
+        for r, w, (t, _) in zip(send_records, send_works, sends, strict=True)
+    ]
     return received, sent
 
 

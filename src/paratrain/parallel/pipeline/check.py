@@ -150,6 +150,9 @@ def check_schedule(schedule: Schedule, costs: Costs | None = None) -> Simulation
                 progressed = True
         if not progressed:
             raise ScheduleError(_explain_wait(schedule, stages))
+    from paratrain.parallel.pipeline.stream_check import check_streams  # it builds on Costs
+
+    check_streams(schedule)  # and the runtime's group calls complete under NCCL's order
     for (src, dst), pending in channels.items():
         if pending:
             key = next(iter(pending))

@@ -5,17 +5,14 @@ The stage walks its action list in order. Activations and their gradients travel
 has the shape (b, T, hidden) known to all stages from the micro-batches and the model
 width, so receive buffers are allocated without any handshake.
 
-Sends are posted (isend) and waited for at the end of the step; a receive blocks until
-its message is there. Messages between two stages arrive in the sender's order, which need
-not be the order this stage uses them (interleaved schedules with S = 2 mix activations and
-gradients on one link), so receives are posted in the *sender's* order, read from the
-schedule, and a message that arrives early waits in its buffer until its RECV action.
-This is exactly the model the checker simulates, so a checked schedule cannot hang here.
-Each RECV also keeps the next receives from the same stage posted (`receives_ahead`; by
-default all of the step's, as torch's pipelining holds a receive buffer per micro-batch):
-gloo writes a message only into a posted receive, so a message then arrives during the
-compute in between rather than inside its RECV. The cost is the posted buffers, one
-(b, T, hidden) activation or gradient each.
+Messages travel in the group calls that batches.py places (`plan_calls`): two
+neighbouring stages exchange, in one `batch_isend_irecv` each, everything either has
+computed for the other, in its send order, so that the two calls match exactly, as
+NCCL's streams need (a receive posted alone ahead of a send deadlocks there, issue 28).
+A call is issued before the action it is placed at; its receives are waited for at once
+(a message that arrives before its RECV waits in its buffer), its sends at the end of the
+step. SEND and RECV actions move no data themselves. check_schedule proves the calls
+complete under NCCL's stream semantics (stream_check.py) as well as under gloo's.
 
 Activation memory is measured, not derived from the schedule: each training forward runs
 under an `ActivationMeter` (saved-tensor pack hook), which records the storages autograd
@@ -48,6 +45,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.measure.activations import ActivationMeter
+from paratrain.parallel.pipeline.batches import Batch, plan_calls
 from paratrain.parallel.pipeline.check import check_schedule
 from paratrain.parallel.pipeline.schedules import (
     BI,
@@ -92,7 +90,6 @@ class PipelineRuntime:
         dtype: torch.dtype = torch.float32,
         measure_activations: bool = True,
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = whole_rows,
-        receives_ahead: int | None = None,
         stage_loss: StageLoss | None = None,
     ) -> None:
         if group.size != schedule.num_stages:
@@ -112,18 +109,12 @@ class PipelineRuntime:
         # A micro-batch -> (inputs, targets) of this rank's tokens: all of them, or under
         # context parallelism its chunks, so that stages pass sequence-sharded activations.
         self.split = split
-        # Receives kept posted per neighbour beyond the one waited for (None: every one of
-        # the step's). One ahead measured 1.033 (1F1B) and 1.038 (interleaved) of torch's
-        # step in bench pp, all of them 0.949-0.964 and 0.925-0.929 (docs/benchmarks.md).
-        if receives_ahead is not None and receives_ahead < 1:
-            raise ValueError(f"receives_ahead {receives_ahead}: at least 1, or None for all")
-        self.receives_ahead = receives_ahead
         # Terms of the loss a chunk short of the last computes (same on every stage: it
         # decides the step's last collective). The last chunk's forward includes its own.
         self.stage_loss = stage_loss
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
-        self._channel_orders: dict[tuple[str, int], dict[int, list[tuple]]] = {}
+        self._calls: dict[Schedule, dict[int, list[Batch]]] = {}  # per action index
 
     # -- public API -----------------------------------------------------------------
     def run_step(self, micro_batches: list[torch.Tensor]) -> float:
@@ -162,8 +153,12 @@ class PipelineRuntime:
         handlers = {F: self._forward, B: self._backward, BI: self._backward_input,
                     BW: self._backward_weight, SEND_F: self._send, SEND_B: self._send,
                     RECV_F: self._recv, RECV_B: self._recv}  # fmt: skip
-        for a in schedule.stages[self.stage]:
+        calls = self._calls_of(schedule)
+        actions = schedule.stages[self.stage]
+        for i, a in enumerate(actions):
             start = time.perf_counter()
+            for call in calls.get(i, ()):
+                self._issue(call, st)
             handlers[a.kind](a, st, schedule)
             trace.events.append(Event(a, start, time.perf_counter()))
             trace.peak_in_flight = max(trace.peak_in_flight, len(st.saved))
@@ -172,6 +167,8 @@ class PipelineRuntime:
                 trace.activation_bytes[key] = sum(st.storages[key].values())
                 held = held_bytes(st)
                 trace.peak_in_flight_bytes = max(trace.peak_in_flight_bytes, held)
+        for call in calls.get(len(actions), ()):
+            self._issue(call, st)
         for handle in st.sends:
             handle.wait()
         trace.end = time.perf_counter()
@@ -216,9 +213,12 @@ class PipelineRuntime:
             st.storages[(a.microbatch, a.chunk)] = meter.storages if meter else {}
 
     def _hand_over(self, st: StepState, key: tuple, tensor: torch.Tensor, step: int) -> None:
-        """Queue for the SEND action, or with one stage pass straight to the next chunk."""
-        if self.schedule.num_stages > 1:
-            st.outbox[key] = tensor
+        """Queue for its group call, by the receiver's key (message_key), or with one stage
+        pass straight to the next chunk."""
+        s_ = self.schedule.num_stages
+        if s_ > 1:
+            send = SEND_F if key[0] == "act" else SEND_B
+            st.outbox[message_key(send, key[1], key[2], self.stage, s_)[1]] = tensor
         else:
             st.inbox[(key[0], key[1], key[2] + step)] = tensor
 
@@ -250,46 +250,33 @@ class PipelineRuntime:
         st.weight_grad.pop((a.microbatch, a.chunk)).run()
 
     def _send(self, a: Action, st: StepState, sch: Schedule) -> None:
-        dst, _ = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
-        kind = "act" if a.kind == SEND_F else "grad"
-        tensor = st.outbox.pop((kind, a.microbatch, a.chunk))
-        st.sends.append(comm.isend(tensor.contiguous(), self.group, dst))
+        """Nothing to do: the message leaves in the group call after it (_issue)."""
 
     def _recv(self, a: Action, st: StepState, sch: Schedule) -> None:
         _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
-        order = self._channel_order(sch, a.peer)
-        # Post receives in the sender's order up to and including the one needed now.
-        while key not in st.posted:
-            if not self._post_next(st, a.peer, order):
-                raise RuntimeError(f"stage {self.stage}: {a} is never sent by stage {a.peer}")
-        st.inbox[key] = st.posted.pop(key).wait()
-        st.received[a.peer] = st.received.get(a.peer, 0) + 1
-        # And the next ones: gloo writes a message only into a posted receive, so posted
-        # now they travel while this stage computes instead of inside the next RECVs.
-        ahead = self.receives_ahead if self.receives_ahead is not None else len(order)
-        while st.next_expected[a.peer] - st.received[a.peer] < ahead:
-            if not self._post_next(st, a.peer, order):
-                break
+        if key not in st.inbox:  # plan_calls receives every message by its RECV
+            raise RuntimeError(f"stage {self.stage}: {a} has not arrived by its RECV")
 
-    def _post_next(self, st: StepState, src: int, order: list[tuple]) -> bool:
-        """Post the receive of `src`'s next message to this stage; False after its last."""
-        i = st.next_expected.get(src, 0)
-        if i >= len(order):
-            return False
-        buf = torch.empty(self._shape, dtype=self.dtype, device=self.device)
-        st.posted[order[i]] = comm.irecv(buf, self.group, src)
-        st.next_expected[src] = i + 1
-        return True
+    def _issue(self, call: Batch, st: StepState) -> None:
+        """One group call: its sends leave, its receives are waited for."""
+        sends = [(st.outbox.pop(key), peer) for peer, key in call.sends]
+        buffers = [
+            torch.empty(self._shape, dtype=self.dtype, device=self.device) for _ in call.recvs
+        ]
+        received, sent = comm.post(
+            self.group,
+            sends,
+            [(buf, peer) for buf, (peer, _) in zip(buffers, call.recvs, strict=True)],
+        )
+        st.sends.extend(sent)
+        for (_, key), handle in zip(call.recvs, received, strict=True):
+            st.inbox[key] = handle.wait()
 
-    def _channel_order(self, sch: Schedule, src: int) -> list[tuple]:
-        """Keys of the messages `src` sends to this stage, in its send order."""
-        cache = self._channel_orders.setdefault((sch.name, sch.num_microbatches), {})
-        if src not in cache:
-            keys = []
-            for a in sch.stages[src]:
-                if a.kind in (SEND_F, SEND_B):
-                    dst, key = message_key(a.kind, a.microbatch, a.chunk, src, sch.num_stages)
-                    if dst == self.stage:
-                        keys.append(key)
-            cache[src] = keys
-        return cache[src]
+    def _calls_of(self, schedule: Schedule) -> dict[int, list[Batch]]:
+        """This stage's group calls by the index of the action they go before."""
+        if schedule not in self._calls:
+            by_index: dict[int, list[Batch]] = {}
+            for call in plan_calls(schedule)[self.stage]:
+                by_index.setdefault(call.at, []).append(call)
+            self._calls[schedule] = by_index
+        return self._calls[schedule]
