@@ -2,9 +2,47 @@
 processes forked from a warm forkserver, rendezvous through a FileStore (no ports), with a
 per-test timeout and the failing rank's traceback in the error. It lives in the package
 (`paratrain.bench.harness.spawn`) because the benchmarks start their ranks the same way.
+
+Every multi-rank test runs under NCCL's ordering rules (`CommOptions(order="nccl")`,
+comm/ordering.py) unless it asks otherwise: in each rank, a `CommOptions` built without
+an `order` takes "nccl", so a program that would deadlock on NCCL hangs here and is
+reported (issue 28). A test that must measure gloo itself (timing, overlap) passes
+`order="gloo"` and says why; options built with an explicit order keep it.
 """
 
-from paratrain.bench.harness.spawn import RankFailed
-from paratrain.bench.harness.spawn import run_ranks as run_distributed
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from paratrain.bench.harness.spawn import RankFailed, run_ranks
+
+ORDERS = ("gloo", "nccl")
+
+
+class _UnderOrder:
+    """fn in a rank whose CommOptions default to `order` (picklable for the forkserver)."""
+
+    def __init__(self, fn: Callable[..., Any], order: str) -> None:
+        self.fn, self.order = fn, order
+
+    def __call__(self, rank: int, world_size: int, *args: Any) -> Any:
+        from paratrain.comm.group import CommOptions
+
+        names = [f.name for f in dataclasses.fields(CommOptions)]
+        defaults = list(CommOptions.__init__.__defaults__)
+        defaults[names.index("order")] = self.order
+        CommOptions.__init__.__defaults__ = tuple(defaults)  # this rank's process only
+        return self.fn(rank, world_size, *args)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, order: str = "nccl",
+                    **kwargs: Any) -> list[Any]:  # fmt: skip
+    """run_ranks(fn, ...) with CommOptions defaulting to `order` in every rank."""
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}; valid: {', '.join(ORDERS)}")
+    return run_ranks(_UnderOrder(fn, order), world_size, *args, **kwargs)
+
 
 __all__ = ["RankFailed", "run_distributed"]

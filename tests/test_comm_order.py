@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from paratrain import comm
-from paratrain.comm import ordering, p2p
+from paratrain.comm import p2p, streams
 from paratrain.comm.group import CommOptions
 from paratrain.mesh import Mesh
 from tests.distributed import run_distributed
@@ -31,14 +31,14 @@ REPORTED_WITHIN_S = TIMEOUT_S + 12
 
 def _run_at_once(self, label, run, blocked_on):
     """Stream.submit without the order: the call starts now, on a thread of its own."""
-    work = ordering.StreamWork(self, label, blocked_on)
+    work = streams.StreamWork(self, label, blocked_on)
     threading.Thread(target=work.execute, args=(run,), daemon=True).start()
     return work
 
 
 def _group(mode: str, **options):
     if mode == "unordered":
-        ordering.Stream.submit = _run_at_once  # this rank's process only
+        streams.Stream.submit = _run_at_once  # this rank's process only
     order = "gloo" if mode == "gloo" else "nccl"
     mesh = Mesh.build(dp=2, options=CommOptions(timeout_s=TIMEOUT_S, order=order, **options))
     group = mesh.group("dp")

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
-from paratrain.comm.ordering import Streams
 from paratrain.comm.progress import Progress
+from paratrain.comm.streams import Streams
 from paratrain.config import COMM_ALGOS, COMM_ORDERS
 
 if TYPE_CHECKING:

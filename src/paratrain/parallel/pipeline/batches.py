@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paratrain.parallel.pipeline.check import Costs
 from paratrain.parallel.pipeline.schedules import (
     COMPUTE,
     RECV_B,
     RECV_F,
+    Costs,
     Schedule,
     message_key,
 )

@@ -34,26 +34,14 @@ from paratrain.parallel.pipeline.schedules import (
     SEND_F,
     Action,
     B,
+    Costs,
     F,
     Schedule,
+    ScheduleError,
     message_key,
     virtual_stage,
 )
-
-
-class ScheduleError(ValueError):
-    """A schedule that is incomplete, out of dependency order, or would hang."""
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Time of one compute action on one chunk. The split halves of B cost half each."""
-
-    forward: float = 1.0
-    backward: float = 1.0
-
-    def of(self, kind: str) -> float:
-        return {F: self.forward, B: self.backward}.get(kind, self.backward / 2)
+from paratrain.parallel.pipeline.stream_check import check_streams
 
 
 @dataclass(frozen=True)
@@ -150,8 +138,6 @@ def check_schedule(schedule: Schedule, costs: Costs | None = None) -> Simulation
                 progressed = True
         if not progressed:
             raise ScheduleError(_explain_wait(schedule, stages))
-    from paratrain.parallel.pipeline.stream_check import check_streams  # it builds on Costs
-
     check_streams(schedule)  # and the runtime's group calls complete under NCCL's order
     for (src, dst), pending in channels.items():
         if pending:

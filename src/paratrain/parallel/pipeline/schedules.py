@@ -63,6 +63,21 @@ class Schedule:
         return self.num_stages * self.chunks
 
 
+class ScheduleError(ValueError):
+    """A schedule that is incomplete, out of dependency order, or would hang."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Time of one compute action on one chunk. The split halves of B cost half each."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+
+    def of(self, kind: str) -> float:
+        return {F: self.forward, B: self.backward}.get(kind, self.backward / 2)
+
+
 def virtual_stage(stage: int, chunk: int, num_stages: int) -> int:
     return chunk * num_stages + stage
 

@@ -14,7 +14,7 @@ hang on NCCL: ScheduleError names each stage's running call and its unmatched me
 from __future__ import annotations
 
 from paratrain.parallel.pipeline.batches import Batch, Message, plan_calls
-from paratrain.parallel.pipeline.schedules import Schedule
+from paratrain.parallel.pipeline.schedules import Schedule, ScheduleError
 
 
 class _Stream:
@@ -35,8 +35,6 @@ class _Stream:
 def check_streams(schedule: Schedule, calls: tuple[tuple[Batch, ...], ...] | None = None) -> None:
     """Raise ScheduleError if the runtime's group calls (or `calls`, per stage) would hang
     on NCCL."""
-    from paratrain.parallel.pipeline.check import ScheduleError
-
     s_ = schedule.num_stages
     if s_ == 1:
         return
