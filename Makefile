@@ -29,8 +29,9 @@ test: setup
 # 2.6 GB); it runs on the CPU. Wheels are kept in WHEEL_CACHE, outside the clone, so a
 # machine downloads each file once: `pip download` skips the files already there, then the
 # install reads only that folder.
-# Cost on this machine (2 cores): cold, about 2 minutes of download per release plus its
-# install; warm (the wheels cached), only the install, about 1.5 minutes per release.
+# Cost on this machine (2 shared cores), measured: warm (wheels cached), 3 to 4.5 minutes per
+# release, nearly all of it pip unpacking torch and its nvidia-* wheels; cold, add the
+# download, about 2 minutes per release. A venv already built costs nothing.
 TORCH_VERSIONS := 2.11.0 2.14.1
 WHEEL_CACHE ?= $(HOME)/.cache/paratrain/wheels
 # The equivalence subset (tests marked `equivalence`: every strategy, schedule and attention
