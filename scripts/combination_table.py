@@ -251,6 +251,8 @@ def _ids(decorator: ast.Call, names: dict[str, ast.expr]) -> set[str]:
     items = values.keys if isinstance(values, ast.Dict) else values.elts  # type: ignore[attr-defined]
     out = set()
     for i, item in enumerate(items):
+        if isinstance(item, ast.Call) and getattr(item.func, "attr", "") == "param":
+            item = item.args[0] if len(item.args) == 1 else item  # pytest.param(v, marks=)
         value = item.value if isinstance(item, ast.Constant) else None
         out.add(str(value) if isinstance(value, int | float | str) else f"{argname}{i}")
     return out

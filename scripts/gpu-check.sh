@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
 # The GPU check (issue #15), on a machine with CUDA, from the source tree, on that machine's
-# own PyTorch. Three parts, each with a header line and a time limit:
+# own PyTorch. First every torch name paratrain uses is looked up (paratrain.comm.compat's
+# `missing()`: a release without one stops here, naming it). Then four parts, each with a
+# header line and a time limit:
 #   (a) equivalence: every layout against plain PyTorch on the same GPU, float32
 #       (scripts/gpu_check.py: world 1 with each data-parallel wrapper; NCCL layouts with
-#       two or more GPUs; dp x pp x tp with eight)
+#       two or more GPUs; dp x pp x tp with eight); the report names the layouts skipped
+#       for lack of GPUs
+#   (a') the same layouts at world 2 on the CPU over gloo, on this machine's torch: a
+#       one-GPU machine still trains every strategy with collectives (skipped by --cpu,
+#       whose (a) is this already)
 #   (b) the default `paratrain train` on CUDA (bf16), 50 steps, one rank per GPU (up to 8)
 #   (c) one GPU's throughput on a GPT of about 1B parameters in bf16: tokens/s, MFU, and
 #       model-state bytes (ours, the planner's, max_memory_allocated)
 # then a compact report to paste into docs/benchmarks.md. Exit status 1 if any part failed.
 #
-#   bash scripts/gpu-check.sh                 on the GPU machine (about 2 minutes, one GPU)
+#   bash scripts/gpu-check.sh                 on the GPU machine (at most 5 minutes, one GPU)
 #   bash scripts/gpu-check.sh --cpu           a rehearsal of the same steps on a CPU, tiny
 #   bash scripts/gpu-check.sh --make-wheels   here, before the tree travels to the GPU
 #   PYTHON=/path/to/python bash scripts/gpu-check.sh    another interpreter (default python3)
 #
 # Dependencies: torch is the machine's; paratrain runs from src/ (PYTHONPATH=src:., the root
 # for tests/). Of paratrain's other dependencies these parts import only tomli_w (config)
-# and tqdm (progress), both pure Python; matplotlib draws loss.png if present (the run says
-# when it is not); safetensors (export) is not needed. Missing ones are installed from
+# and tqdm (progress), both pure Python, and numpy (train/data.py, train/data_checks.py;
+# checked by importing every module the parts use with nothing but torch on the path);
+# matplotlib draws loss.png if present (the run says when it is not); safetensors (export)
+# is not needed. Missing ones are installed from
 # scripts/wheels/ into a temporary folder put on PYTHONPATH (`pip install --no-index
 # --find-links scripts/wheels --no-deps --target`, or the wheels themselves on the path
-# where there is no pip). The wheels are made here, on the development machine, by
-# `--make-wheels` (`pip download` of py3-none-any wheels, which any Python 3 takes);
-# scripts/wheels/ is git-ignored, so the device run must carry it.
+# where there is no pip: numpy then cannot be had). The wheels are made here, on the
+# development machine, by `--make-wheels`: `pip download` of py3-none-any wheels, which
+# any Python 3 takes, and numpy's manylinux2014 binary wheel for the GPU machine's Python
+# (GPU_PYTHON_VERSION, default 3.12); scripts/wheels/ is git-ignored, so the device run
+# must carry it.
+#
+# The report (for docs/benchmarks.md) is printed at the end and kept, with every part's log,
+# in the folder named on the first line (OUT/report.md).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
@@ -30,7 +43,9 @@ WHEELS=scripts/wheels
 
 if [[ ${1:-} == --make-wheels ]]; then
     mkdir -p "$WHEELS"
-    exec "$PY" -m pip download --no-deps --only-binary=:all: --dest "$WHEELS" tomli-w tqdm
+    "$PY" -m pip download --no-deps --only-binary=:all: --dest "$WHEELS" tomli-w tqdm || exit 2
+    exec "$PY" -m pip download --no-deps --only-binary=:all: --dest "$WHEELS" \
+        --python-version "${GPU_PYTHON_VERSION:-3.12}" --platform manylinux2014_x86_64 numpy
 fi
 DEVICE=cuda
 [[ ${1:-} == --cpu ]] && DEVICE=cpu
@@ -73,7 +88,7 @@ install() {  # install DIST...: from the wheels into DEPS; without pip, pure-Pyt
     done
 }
 export PYTHONPATH="$PYTHONPATH:$DEPS"
-NEEDED=(tomli_w=tomli-w tqdm=tqdm)
+NEEDED=(tomli_w=tomli-w tqdm=tqdm numpy=numpy)
 MISSING=$(missing "${NEEDED[@]}")
 if [[ -n $MISSING ]]; then
     echo "missing:" $MISSING "- installing from $WHEELS/"
@@ -85,7 +100,19 @@ if [[ -n $MISSING ]]; then
         exit 2
     fi
 fi
-# --- the three parts ---------------------------------------------------------------------
+# --- every torch name paratrain uses, before anything runs ------------------------------
+if ! "$PY" -W ignore -c '
+import sys
+from paratrain.comm import compat
+problems = compat.missing()
+print(*problems, sep="\n", file=sys.stderr)
+sys.exit(1 if problems else 0)'; then
+    echo "gpu-check: torch $TORCH_VERSION lacks the names above (src/paratrain/comm/compat.py)" >&2
+    exit 2
+fi
+echo "torch names: every one of paratrain.comm.compat resolves on torch $TORCH_VERSION"
+
+# --- the parts -----------------------------------------------------------------------------
 declare -A STATUS
 part() {  # part NAME LIMIT_S COMMAND...: a header, the output kept in OUT/NAME.log
     local name=$1 limit=$2 start=$SECONDS
@@ -101,7 +128,7 @@ if [[ $DEVICE == cuda ]]; then
     NPROC=1
     for n in 2 4 8; do ((NGPU >= n)) && NPROC=$n; done
     MICRO=$((NPROC > 2 ? 16 / NPROC : 8))  # the default global batch 16 over NPROC replicas
-    EQ_LIMIT=$((NGPU >= 2 ? 240 : 90))  # one GPU: 90 + 80 + 100 s at most
+    EQ_LIMIT=$((NGPU >= 2 ? 240 : 60))  # one GPU: 60 + 80 + 60 + 100 s at most: 5 minutes
     STEPS=50
     THROUGHPUT=()
 else
@@ -111,14 +138,19 @@ fi
 # float32 in full: no TF32 in cuBLAS, whatever this PyTorch build or image defaults to.
 NVIDIA_TF32_OVERRIDE=0 part equivalence "$EQ_LIMIT" "$PY" scripts/gpu_check.py equivalence \
     --device "$DEVICE"
+if [[ $DEVICE == cuda ]]; then  # 2 ranks over gloo: what a single GPU cannot train
+    part equivalence-cpu 80 "$PY" scripts/gpu_check.py equivalence --device cpu --world 2
+else
+    STATUS[equivalence-cpu]=skipped
+fi
 TRAIN=(train --device "$DEVICE" --nproc "$NPROC" --micro-batch "$MICRO" --steps "$STEPS")
-part train 80 "$PY" -m paratrain "${TRAIN[@]}" --out "$OUT/train-run" --json
+part train 60 "$PY" -m paratrain "${TRAIN[@]}" --out "$OUT/train-run" --json
 part throughput 100 "$PY" -m paratrain.bench.gpu.throughput --device "$DEVICE" ${THROUGHPUT[@]+"${THROUGHPUT[@]}"}
 
 # --- the report --------------------------------------------------------------------------
 echo
 echo "=================== report (for docs/benchmarks.md) ==================="
-"$PY" - "$OUT" "$DEVICE" "paratrain ${TRAIN[*]}" <<'EOF'
+"$PY" - "$OUT" "$DEVICE" "paratrain ${TRAIN[*]}" <<'EOF' | tee "$OUT/report.md"
 import datetime, json, platform, subprocess, sys
 from pathlib import Path
 
@@ -147,7 +179,11 @@ print(f"### GPU check, {datetime.date.today()}: {gpu}")
 print(f"torch {torch.__version__}, Python {platform.python_version()}, "
       f"commit {commit.stdout.strip() or 'unknown'}")
 print("\n(a) equivalence")
-print("\n".join(line for line in log("equivalence") if line.startswith(("|", "tolerances", "equivalence"))) or "no output")
+EQ_LINES = ("|", "tolerances", "equivalence", "skipped")
+print("\n".join(line for line in log("equivalence") if line.startswith(EQ_LINES)) or "no output")
+if device == "cuda":
+    print("\n(a') equivalence on the CPU, 2 ranks over gloo, this torch")
+    print("\n".join(line for line in log("equivalence-cpu") if line.startswith(EQ_LINES)) or "no output")
 print(f"\n(b) `{train_command}` (defaults otherwise)")
 train = log("train")
 summary = last_json(train)
@@ -166,12 +202,12 @@ print("\n".join(line for line in log("throughput") if not line.startswith("{")) 
 EOF
 echo
 FAILED=0
-for name in equivalence train throughput; do
+for name in equivalence equivalence-cpu train throughput; do
     case ${STATUS[$name]} in
     0) echo "$name: ok" ;;
     skipped) echo "$name: skipped" ;;
     *) echo "$name: FAILED (exit ${STATUS[$name]})" && FAILED=1 ;;
     esac
 done
-echo "logs: $OUT"
+echo "report: $OUT/report.md; logs: $OUT"
 exit $FAILED

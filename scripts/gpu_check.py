@@ -257,6 +257,19 @@ def default_worlds(device_type: str) -> list[int]:
     return [1] + [w for w in (2, 8) if gpus >= w]
 
 
+def skipped_lines(device_type: str, worlds: list[int]) -> list[str]:
+    """One line per world of GPU layouts this machine has too few GPUs for."""
+    if device_type != "cuda":
+        return []
+    gpus = torch.cuda.device_count()
+    return [
+        f"skipped for lack of GPUs (world {w} needs {w}, this machine has {gpus}): "
+        + ", ".join(x.title for x in LAYOUTS[w])
+        for w in sorted(LAYOUTS)
+        if w not in worlds and w > gpus
+    ]
+
+
 def equivalence(args: argparse.Namespace) -> int:
     keys = args.layouts.split(",") if args.layouts else None
     known = {x.key for layouts in LAYOUTS.values() for x in layouts}
@@ -281,6 +294,8 @@ def equivalence(args: argparse.Namespace) -> int:
             print(outcome.row(), flush=True)
             outcomes.append(outcome)
     failed = sum(bool(o.error) for o in outcomes)
+    for line in skipped_lines(args.device, worlds):
+        print(line)
     print(
         "tolerances (in brackets): loss and grad norm relative, parameters absolute, derived "
         "on this device from a float64 reference (tests/equivalence.py: Tolerance)"

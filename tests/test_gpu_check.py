@@ -114,3 +114,13 @@ def test_model_flops_of_the_1b_config():
 )
 def test_datasheet_peak_by_device_name(name, peak):
     assert throughput.peak_bf16_flops(name) == peak
+
+
+def test_the_report_names_the_layouts_skipped_for_lack_of_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    worlds = gpu_check.default_worlds("cuda")
+    assert worlds == [1, 2]
+    (line,) = gpu_check.skipped_lines("cuda", worlds)
+    assert line.startswith("skipped for lack of GPUs (world 8 needs 8, this machine has 2)")
+    assert gpu_check.LAYOUTS[8][0].title in line
+    assert gpu_check.skipped_lines("cpu", [2]) == []

@@ -112,7 +112,7 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("num_stages", sorted(CASES))
+@pytest.mark.parametrize("num_stages", [1, pytest.param(2, marks=pytest.mark.equivalence), 4])
 def test_pipeline_matches_single_process(num_stages):
     data = tiny_data()
     cases = [(name, pipeline_config(num_stages, k, v), v) for name, k, v in CASES[num_stages]]

@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch._ops import HigherOrderOperator as HigherOrderOperator
+from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
 
 # The single-tensor all-gather and reduce-scatter were renamed in torch 2.13
 # (`all_gather_single`, `reduce_scatter_single`); 2.11 and 2.12 know only the old names,
@@ -71,3 +74,108 @@ def graph_exec_group() -> Any:
     from torch.utils.checkpoint import GraphExecGroup
 
     return GraphExecGroup()
+
+
+def queue_backward_callback(callback: Any) -> None:
+    """Run `callback` once the current backward pass ends (the autograd engine's private
+    queue, in every supported release; what DDP's reducer uses)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# The base class of every dropout layer (Dropout, Dropout1d/2d/3d, AlphaDropout): private,
+# in every supported release.
+DropoutBase: type[nn.Module] = nn.modules.dropout._DropoutNd
+
+# Dispatcher-level interception, for counting a PyTorch peer's collectives (bench only):
+# HigherOrderOperator (torch._ops) and TorchDispatchMode (torch.utils._python_dispatch),
+# imported above; `import torch` loads both modules itself, so naming them costs nothing.
+# --- heavy or rarely used: imported on first use -------------------------------------------
+
+
+def dynamo_config() -> Any:
+    """torch._dynamo.config (its import costs seconds: only --compile needs it). Its
+    `recompile_limit` and `accumulated_recompile_limit` are named so in every supported
+    release."""
+    import torch._dynamo.config
+
+    return torch._dynamo.config
+
+
+def dynamo_counters() -> Any:
+    """torch._dynamo.utils.counters: graph breaks by reason, frames compiled or not."""
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def inductor_config() -> Any:
+    """torch._inductor.config (its `cpp.cxx`: the C++ compilers tried on the CPU)."""
+    from torch._inductor import config
+
+    return config
+
+
+def inductor_compile_fx() -> Any:
+    """Inductor's backend entry point, torch._inductor.compile_fx.compile_fx."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx
+
+
+def profiler_event_kinds() -> tuple[Any, Any]:
+    """(RecordScope, _EventType) of the profiler's event tree (torch._C._profiler)."""
+    from torch._C._profiler import RecordScope, _EventType
+
+    return RecordScope, _EventType
+
+
+def context_parallel_unshard() -> Any:
+    """PyTorch's own context parallelism's inverse of its sharding (a private module of an
+    experimental package, in every supported release): the GPU benchmark's peer."""
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    return context_parallel_unshard
+
+
+def _dropout_base_is_dropouts() -> None:
+    if not issubclass(nn.Dropout, DropoutBase):
+        raise TypeError(f"nn.Dropout is not a {DropoutBase}")
+
+
+# What each name must provide on the installed torch: the attributes we read, resolved.
+_CHECKS: dict[str, Any] = {
+    "all_gather_single": lambda: all_gather_single,
+    "reduce_scatter_single": lambda: reduce_scatter_single,
+    "foreach_norm": lambda: foreach_norm([torch.ones(2)]),
+    "foreach_mul_": lambda: foreach_mul_([torch.ones(2)], 2.0),
+    "default_store": lambda: dist.distributed_c10d._get_default_store,
+    "queue_backward_callback": lambda: torch.autograd.Variable._execution_engine.queue_callback,
+    "DropoutBase": _dropout_base_is_dropouts,
+    "graph_exec_group": graph_exec_group,
+    "dynamo_config": lambda: (
+        dynamo_config().recompile_limit,
+        dynamo_config().accumulated_recompile_limit,
+    ),
+    "dynamo_counters": lambda: (dynamo_counters()["graph_break"], dynamo_counters()["frames"]),
+    "inductor_config": lambda: inductor_config().cpp.cxx,
+    "inductor_compile_fx": inductor_compile_fx,
+    "profiler_event_kinds": lambda: (
+        profiler_event_kinds()[0].USER_SCOPE,
+        profiler_event_kinds()[1].Allocation,
+        profiler_event_kinds()[1].TorchOp,
+    ),
+    "context_parallel_unshard": context_parallel_unshard,
+}
+
+
+def missing() -> list[str]:
+    """Every name of this module the installed torch cannot give, as "name: error"; empty
+    when all resolve. tests/test_compat.py and scripts/gpu-check.sh ask before anything
+    runs. (The selective checkpoint cache's layout is checked by use: test_recompute.py.)"""
+    problems = []
+    for name, check in _CHECKS.items():
+        try:
+            check()
+        except Exception as e:  # whatever the failure, it is this name's report
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+    return problems

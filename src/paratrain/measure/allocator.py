@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._C._profiler import RecordScope, _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from paratrain.comm import compat
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,14 @@ class AllocatorMeter:
 
     def _read(self, roots: list[Any]) -> None:
         """The level and the blocks from the allocation events; the named ranges."""
+        RecordScope, EventType = compat.profiler_event_kinds()  # noqa: N806
         events, stack = [], list(roots)
         while stack:
             e = stack.pop()
             stack.extend(e.children)
-            if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            if e.tag == EventType.Allocation and e.extra_fields.device.type == "cpu":
                 events.append(e)
-            elif e.tag == _EventType.TorchOp and e.extra_fields.scope == RecordScope.USER_SCOPE:
+            elif e.tag == EventType.TorchOp and e.extra_fields.scope == RecordScope.USER_SCOPE:
                 self.ranges.setdefault(e.name, []).append((e.start_time_ns, e.end_time_ns))
         for spans in self.ranges.values():
             spans.sort()
@@ -254,9 +256,10 @@ def _kept(block: Block, scope: str | None, where: BlockFilter) -> bool:
 
 def _scopes(event: Any) -> frozenset[str]:
     """Names of the ranges and ops an allocation was made in, innermost to outermost."""
+    event_type = compat.profiler_event_kinds()[1]
     names, e = [], event.parent
     while e is not None:
-        if e.tag == _EventType.TorchOp:
+        if e.tag == event_type.TorchOp:
             names.append(e.name)
         e = e.parent
     return frozenset(names)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.comm import compat
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
 from paratrain.parallel.zero_flat import FlatShard
 
@@ -119,7 +120,7 @@ class ShardedAdamW:
             s.optimized.grad = s.grad if s.grad.dtype == opt.dtype else s.grad.to(opt.dtype)
         lr = self.inner.param_groups[0]["lr"]
         if self.weight_decay and self._decayed:
-            torch._foreach_mul_(self._decayed, 1.0 - lr * self.weight_decay)
+            compat.foreach_mul_(self._decayed, 1.0 - lr * self.weight_decay)
         self.inner.step()
         for s in self.shards:
             s.optimized.grad = None

@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch._dynamo.config as dynamo_config
 from torch import nn
+
+from paratrain.comm import compat
 
 INDUCTOR_OPTIONS = {"fallback_random": True}
 SEAM = "torch.compiler.disable"  # in dynamo's reason for a break at one of our seams
@@ -54,9 +55,7 @@ SEAM = "torch.compiler.disable"  # in dynamo's reason for a break at one of our 
 
 def cpp_compilers() -> tuple[str, ...]:
     """The C++ compilers inductor tries on the CPU, in its order (its config reads $CXX)."""
-    from torch._inductor import config
-
-    return tuple(c for c in config.cpp.cxx if c)
+    return tuple(c for c in compat.inductor_config().cpp.cxx if c)
 
 
 def find_cpp_compiler(candidates: Sequence[str]) -> str | None:
@@ -73,14 +72,12 @@ class BlockCompile:
     seconds: float = 0.0  # wall time of this block's forwards that compiled something
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        from torch._inductor.compile_fx import compile_fx
-
         self.graphs += 1
         # As many compile workers as the rank has threads (its share of the cores): with
         # one, inductor compiles in the rank's own process and starts no worker pool,
         # which on 2 cores cost 25 s of the first compile (measured).
         options = {**INDUCTOR_OPTIONS, "compile_threads": torch.get_num_threads()}
-        return compile_fx(gm, example_inputs, config_patches=options)
+        return compat.inductor_compile_fx()(gm, example_inputs, config_patches=options)
 
     def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(compiled)
@@ -119,8 +116,7 @@ class CompileReport:
 
 
 def _dynamo_counts() -> tuple[Counter, int]:
-    from torch._dynamo.utils import counters
-
+    counters = compat.dynamo_counters()
     breaks = Counter({reason: n for reason, n in counters["graph_break"].items()})
     frames = counters["frames"]
     return breaks, frames["total"] - frames["ok"]
@@ -171,6 +167,7 @@ def compile_blocks(blocks: Sequence[tuple[str, nn.Module]]) -> CompiledBlocks:
     # dynamo's limit of 8 entries per code object the rest run eager: a 12-block model
     # compiled 0 graphs for some blocks. The limits grow by room for these blocks.
     room = ENTRIES_PER_BLOCK * len(blocks)
+    dynamo_config = compat.dynamo_config()
     dynamo_config.recompile_limit += room
     dynamo_config.accumulated_recompile_limit += room
     done = []

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.comm import compat
 from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
@@ -178,7 +179,7 @@ class FullyShardedDataParallel(FlatShardReplica):
         u.ready.add(i)
         if not self._flush_queued:  # each backward ends with every unit reduced
             self._flush_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+            compat.queue_backward_callback(self._flush)
         self._launch_ready()
 
     def _launch_ready(self, force: bool = False) -> None:

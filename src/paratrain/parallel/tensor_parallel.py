@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.comm import regions
+from paratrain.comm import compat, regions
 from paratrain.comm.group import CommGroup
 from paratrain.parallel.tensor_parallel_layers import (
     ColumnParallelLinear,
@@ -264,7 +264,7 @@ def _draws(module: nn.Module) -> bool:
     as attention's `dropout` rate). Only then does its region need its own stream: a fork
     without draws changes nothing, and under --compile each fork is a graph break."""
     for m in module.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+        if isinstance(m, compat.DropoutBase) and m.p > 0:
             return True
         rate = getattr(m, "dropout", None)
         if isinstance(rate, float | int) and rate > 0:
@@ -275,7 +275,7 @@ def _draws(module: nn.Module) -> bool:
 def _check_dropout_covered(model: nn.Module, matches: dict[str, str]) -> None:
     covered = [n for n, s in matches.items() if s in ("replicated", "split", "attention")]
     for name, module in model.named_modules():
-        if not isinstance(module, nn.modules.dropout._DropoutNd):
+        if not isinstance(module, compat.DropoutBase):
             continue
         if not any(name == c or name.startswith(c + ".") for c in covered):
             raise ValueError(

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.comm import compat
 from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
@@ -170,7 +171,7 @@ class ZeroDataParallel(FlatShardReplica):
             # A parameter unused in this backward would leave its bucket incomplete:
             # flush everything at the end of each backward so micro-batches stay apart.
             self._flush_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+            compat.queue_backward_callback(self._flush)
         bucket.ready.add(i)
         self._launch_ready()
 

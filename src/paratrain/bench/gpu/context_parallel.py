@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from paratrain.bench.harness.pairs import ratio_summary, time_pairs
 from paratrain.bench.harness.spawn import run_ranks
+from paratrain.comm import compat
 
 WORLD = 2
 TOLERANCE = 2e-2  # bf16, relative to the largest magnitude
@@ -52,7 +53,6 @@ def _attention(x: torch.Tensor, w: torch.Tensor, weights: list[torch.Tensor], he
 def _rank(rank: int, world: int, shape: dict[str, int], pairs: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 
     device = torch.device("cuda", rank)
     mesh = init_device_mesh("cuda", (world,))
@@ -67,7 +67,7 @@ def _rank(rank: int, world: int, shape: dict[str, int], pairs: int) -> dict[str,
         xs, ws = x.clone(), w.clone()  # torch shards its buffers in place
         with context_parallel(mesh, buffers=[xs, ws], buffer_seq_dims=[1, 1]):
             out = _attention(xs, ws, torch_cp, heads)
-        return context_parallel_unshard(mesh, [out], [1])[0]
+        return compat.context_parallel_unshard()(mesh, [out], [1])[0]
 
     got = cp_step()
     grads = [m.grad.float() for m in torch_cp]

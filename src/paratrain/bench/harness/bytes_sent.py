@@ -12,9 +12,7 @@ the world group.
 
 from __future__ import annotations
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
+from paratrain.comm import compat
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.traffic import native_traffic
 
@@ -41,7 +39,7 @@ def call_size(namespace: str, name: str, args: tuple, group_size: int) -> tuple[
     return op, nbytes * (group_size if is_chunk else 1), root
 
 
-class PeerTraffic(TorchDispatchMode):
+class PeerTraffic(compat.TorchDispatchMode):
     """Bytes this rank sends in the peer's collectives while the mode is active, by op.
 
     `sent`: {op: bytes}; `unsized`: {op: calls} of any other collective (none for these
@@ -58,13 +56,13 @@ class PeerTraffic(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         from torch.distributed.tensor import DTensor
 
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if isinstance(func, compat.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor desugar into plain ops first
         out = func(*args, **(kwargs or {}))
         if func.namespace in ("c10d", "_c10d_functional"):
-            self._record(func.namespace, func._overloadpacket.__name__, args)
+            self._record(func.namespace, func.overloadpacket.__name__, args)
         return out
 
     def _record(self, namespace: str, name: str, args: tuple) -> None:
