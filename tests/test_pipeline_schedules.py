@@ -226,13 +226,18 @@ def test_receives_posted_ahead_are_found_to_hang_on_nccl_streams():
     check_streams(schedule)  # the calls plan_calls places for it complete
 
 
-def test_group_calls_of_1f1b_pair_each_send_with_the_next_receive():
-    """pp 2, K 4: after the first activation, every call of stage 0 sends an activation
-    and receives a gradient, and stage 1's calls mirror it (torch's pipelining fuses the
-    same pairs)."""
-    zero, one = plan_calls(build_schedule("1f1b", 2, 4))
-    assert [(len(c.sends), len(c.recvs)) for c in zero] == [(1, 0), (1, 1), (1, 1), (1, 1), (0, 1)]
-    assert [(len(c.sends), len(c.recvs)) for c in one] == [(0, 1), (1, 1), (1, 1), (1, 1), (1, 0)]
-    for mine, theirs in zip(zero, one, strict=True):
-        assert [k for _, k in mine.sends] == [k for _, k in theirs.recvs]
-        assert [k for _, k in mine.recvs] == [k for _, k in theirs.sends]
+def test_each_message_leaves_after_its_send_and_is_posted_by_its_receive():
+    """pp 2, K 4, 1F1B: one call per message on each side; the sender's right after its
+    SEND, the receiver's no later than its RECV, so it travels during compute."""
+    schedule = build_schedule("1f1b", 2, 4)
+    calls = plan_calls(schedule)
+    for stage, mine in enumerate(calls):
+        actions = schedule.stages[stage]
+        sent = [c for c in mine if c.sends]
+        assert all(len(c.sends) == 1 and not c.recvs for c in sent)
+        assert [actions[c.at - 1].kind for c in sent] == [SEND_F if stage == 0 else SEND_B] * 4
+        for call in (c for c in mine if c.recvs):
+            (_, key), want = call.recvs[0], RECV_B if stage == 0 else RECV_F
+            at = next(i for i, a in enumerate(actions) if a.kind == want and
+                      (a.microbatch, a.chunk) == key[1:])  # fmt: skip
+            assert call.at <= at

@@ -54,9 +54,7 @@ class _Stage:
     pc: int = 0
     clock: float = 0.0
     waiting: bool = False  # stopped at a RECV whose message has not come
-    # peer -> (key, the pc after its SEND, the clock then), in send order
-    outbox: dict[int, list[tuple[tuple, int, float]]] = field(default_factory=dict)
-    inbox: set[tuple] = field(default_factory=set)
+    inbox: dict[tuple, float] = field(default_factory=dict)  # key -> when it was sent
     calls: list[Batch] = field(default_factory=list)
 
     @property
@@ -81,37 +79,24 @@ def plan_calls(schedule: Schedule, costs: Costs | None = None) -> tuple[tuple[Ba
             st.pc += 1
         elif a.kind in (RECV_F, RECV_B):
             _, key = message_key(a.kind, a.microbatch, a.chunk, index, s_)
-            pending = [k for k, _, _ in stages[a.peer].outbox.get(index, [])]
-            if key not in st.inbox and key in pending:
-                _exchange(stages, index, a.peer)
             if key in st.inbox:
-                st.inbox.discard(key)
+                st.clock = max(st.clock, st.inbox.pop(key))
                 st.pc += 1
             else:
                 st.waiting = True
         else:
             dst, key = message_key(a.kind, a.microbatch, a.chunk, index, s_)
             st.pc += 1
-            st.outbox.setdefault(dst, []).append((key, st.pc, st.clock))
-            if stages[dst].waiting:
-                _exchange(stages, index, dst)
+            _exchange(st, index, stages[dst], dst, key)
     return tuple(tuple(st.calls) for st in stages)
 
 
-def _exchange(stages: list[_Stage], a: int, b: int) -> None:
-    """Stages a (at its next action) and b each issue one call carrying all they hold for
-    each other. If b only sends, its call goes right after its last SEND of them (not
-    before its last call): the message left when it was computed."""
-    ab, ba = stages[a].outbox.pop(b, []), stages[b].outbox.pop(a, [])
-    mine, theirs = stages[a], stages[b]
-    at_b = theirs.pc
-    if not ab and ba:
-        at_b = max(ba[-1][1], theirs.calls[-1].at if theirs.calls else 0)
-    for st, at, peer, sends, recvs in ((mine, mine.pc, b, ab, ba), (theirs, at_b, a, ba, ab)):
-        st.calls.append(
-            Batch(at, tuple((peer, k) for k, _, _ in sends), tuple((peer, k) for k, _, _ in recvs))
-        )
-        st.inbox.update(k for k, _, _ in recvs)
-        if recvs:  # a receiver waits until the last of them was sent
-            st.clock = max(st.clock, max(clock for _, _, clock in recvs))
-        st.waiting = False
+def _exchange(sender: _Stage, src: int, receiver: _Stage, dst: int, key: tuple) -> None:
+    """One message, sent in a call right after its SEND and received in a call posted as
+    early as the receiver's order of calls allows: right after its previous call, so that
+    the message travels during compute (gloo moves a message only into a posted receive).
+    The receiver waits for it only at the message's RECV."""
+    sender.calls.append(Batch(sender.pc, ((dst, key),), ()))
+    receiver.calls.append(Batch(receiver.calls[-1].at if receiver.calls else 0, (), ((src, key),)))
+    receiver.inbox[key] = sender.clock
+    receiver.waiting = False

@@ -254,11 +254,13 @@ class PipelineRuntime:
 
     def _recv(self, a: Action, st: StepState, sch: Schedule) -> None:
         _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
-        if key not in st.inbox:  # plan_calls receives every message by its RECV
-            raise RuntimeError(f"stage {self.stage}: {a} has not arrived by its RECV")
+        if key not in st.posted:  # plan_calls posts every receive by its RECV
+            raise RuntimeError(f"stage {self.stage}: {a} was never posted")
+        st.inbox[key] = st.posted.pop(key).wait()
 
     def _issue(self, call: Batch, st: StepState) -> None:
-        """One group call: its sends leave, its receives are waited for."""
+        """One group call, in flight: its receives are waited for at their RECV, its sends
+        at the end of the step."""
         sends = [(st.outbox.pop(key), peer) for peer, key in call.sends]
         buffers = [
             torch.empty(self._shape, dtype=self.dtype, device=self.device) for _ in call.recvs
@@ -270,7 +272,7 @@ class PipelineRuntime:
         )
         st.sends.extend(sent)
         for (_, key), handle in zip(call.recvs, received, strict=True):
-            st.inbox[key] = handle.wait()
+            st.posted[key] = handle
 
     def _calls_of(self, schedule: Schedule) -> dict[int, list[Batch]]:
         """This stage's group calls by the index of the action they go before."""

@@ -22,6 +22,7 @@ class StepState:
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
         self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
         self.weight_grad: dict[tuple[int, int], WeightGrad] = {}  # BW's work, kept by BI
+        self.posted: dict[tuple, comm.Handle] = {}  # receives in flight, by message key
         self.sends: list[comm.Handle] = []
         self.loss_sum = torch.zeros((), device=device)
         self.params: list[list[nn.Parameter]] = []  # per chunk, those that train (BI's)

@@ -5,28 +5,55 @@ NCCL is stricter, and this pass models it for the group calls the runtime issues
 (batches.py: plan_calls): each stage's group calls run one at a time on the pp group's stream, in
 issue order; a call completes once every one of its messages is matched by the peer's
 call then running on the peer's stream (the k-th message from i to j with j's k-th
-receive from i); the host issues calls in its action order and waits for a call that
-receives before it goes on (what it receives is needed by the next compute), while a
-call that only sends is left in flight. If no stream can progress, the schedule would
-hang on NCCL: ScheduleError names each stage's running call and its unmatched messages.
+receive from i); the host issues each call before the action it is placed at and goes on
+at once, waiting only at a RECV for the call that receives its message. If no stream can
+progress, the schedule would hang on NCCL: ScheduleError names each stage's running call
+and its unmatched messages.
 """
 
 from __future__ import annotations
 
 from paratrain.parallel.pipeline.batches import Batch, Message, plan_calls
-from paratrain.parallel.pipeline.schedules import Schedule, ScheduleError
+from paratrain.parallel.pipeline.schedules import (
+    RECV_B,
+    RECV_F,
+    Schedule,
+    ScheduleError,
+    message_key,
+)
 
 
 class _Stream:
-    def __init__(self, batches: tuple[Batch, ...]) -> None:
-        self.batches = batches
+    """A stage's host (its actions) and its stream (its calls, run in order)."""
+
+    def __init__(self, batches: tuple[Batch, ...], schedule: Schedule, stage: int) -> None:
+        self.batches, self.schedule, self.stage = batches, schedule, stage
+        self.actions = schedule.stages[stage]
+        self.pc = 0  # the host's next action
         self.issued = 0  # calls the host has issued
         self.done = 0  # calls completed, in order: batches[done] is running if issued
         self.matched: set[tuple[str, int]] = set()  # of the running call: ('send'|'recv', i)
+        self.receiving = {key: b for b, call in enumerate(batches) for _, key in call.recvs}
 
-    def blocked_host(self) -> bool:
-        """The host waits for an issued call that receives and has not completed."""
-        return any(self.batches[b].recvs for b in range(self.done, self.issued))
+    def advance_host(self) -> bool:
+        """Issue calls and run actions until a RECV whose call has not completed."""
+        progressed = False
+        while True:
+            while self.issued < len(self.batches) and self.batches[self.issued].at <= self.pc:
+                self.issued += 1
+                progressed = True
+            if self.pc == len(self.actions):
+                return progressed
+            a = self.actions[self.pc]
+            if a.kind in (RECV_F, RECV_B):
+                s_ = self.schedule.num_stages
+                _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, s_)
+                if key not in self.receiving:
+                    raise ScheduleError(f"stage {self.stage}: {a} is received by no call")
+                if self.receiving[key] >= self.done:
+                    return progressed
+            self.pc += 1
+            progressed = True
 
     def running(self) -> Batch | None:
         return self.batches[self.done] if self.done < self.issued else None
@@ -38,16 +65,14 @@ def check_streams(schedule: Schedule, calls: tuple[tuple[Batch, ...], ...] | Non
     s_ = schedule.num_stages
     if s_ == 1:
         return
-    streams = [_Stream(c) for c in (calls or plan_calls(schedule))]
+    streams = [_Stream(c, schedule, s) for s, c in enumerate(calls or plan_calls(schedule))]
     # Per ordered pair (src, dst): messages matched so far; NCCL pairs them in order.
     paired: dict[tuple[int, int], int] = {}
     ordinal = [_ordinals(st.batches, s) for s, st in enumerate(streams)]
-    while not all(st.done == len(st.batches) for st in streams):
+    while not all(st.done == len(st.batches) and st.pc == len(st.actions) for st in streams):
         progressed = False
         for st in streams:
-            while st.issued < len(st.batches) and not st.blocked_host():
-                st.issued += 1
-                progressed = True
+            progressed |= st.advance_host()
         for src in range(s_):
             call = streams[src].running()
             if call is None:
