@@ -23,7 +23,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10 -n 2 --dist loadfile
 
 # --- the other supported PyTorch releases (pyproject.toml: torch>=2.11,<=2.14.1) -----------
-# One virtual environment per release, .venv-torch-V (git-ignored), from the package index:
+# One virtual environment per release, TORCH_VENVS/venv-torch-V, from the package index:
 # torch==V, paratrain editable with its test extras, and constraints.txt's other pins. PyPI's
 # torch for Linux x86_64 is a CUDA build (2.11.0 with its nvidia-* and cuda-* wheels is about
 # 2.6 GB); it runs on the CPU. Wheels are kept in WHEEL_CACHE, outside the clone, so a
@@ -31,31 +31,39 @@ test: setup
 # install reads only that folder.
 # Cost on this machine (2 shared cores), measured: warm (wheels cached), 3 to 4.5 minutes per
 # release, nearly all of it pip unpacking torch and its nvidia-* wheels; cold, add the
-# download, about 2 minutes per release. A venv already built costs nothing.
+# download, about 2 minutes per release. A venv already built costs seconds (the editable
+# install of this clone).
 TORCH_VERSIONS := 2.11.0 2.14.1
 WHEEL_CACHE ?= $(HOME)/.cache/paratrain/wheels
+# The venvs live outside the clone too, built once per machine (TORCH_VENVS/venv-torch-V);
+# each clone then only installs itself into them, editable (seconds).
+TORCH_VENVS ?= $(HOME)/.cache/paratrain
 # The equivalence subset (tests marked `equivalence`: every strategy, schedule and attention
 # once against plain PyTorch, and a resume), two test files at a time.
 EQUIVALENCE := -m equivalence -ra -n 2 --dist loadfile
 
-.venv-torch-%/.installed: pyproject.toml constraints.txt
-	test -x .venv-torch-$*/bin/python || $(PYTHON) -m venv .venv-torch-$*
-	grep -v '^torch==' constraints.txt > .venv-torch-$*/constraints.txt
+$(TORCH_VENVS)/venv-torch-%/.base:
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	grep -v '^torch==' constraints.txt > $(@D)/constraints.txt
 	mkdir -p $(WHEEL_CACHE)
-	.venv-torch-$*/bin/pip download --quiet --dest $(WHEEL_CACHE) \
-	    --constraint .venv-torch-$*/constraints.txt 'torch==$*' '.[test]' 'setuptools>=68' wheel
-	.venv-torch-$*/bin/pip install --quiet --no-index --find-links $(WHEEL_CACHE) \
-	    --constraint .venv-torch-$*/constraints.txt 'torch==$*' --editable '.[test]'
-	.venv-torch-$*/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$*', \
-	    torch.__version__; print('torch', torch.__version__, 'on the CPU:', torch.ones(2) @ torch.ones(2))"
+	$(@D)/bin/python -m pip download --quiet --dest $(WHEEL_CACHE) \
+	    --constraint $(@D)/constraints.txt 'torch==$*' '.[test]' 'setuptools>=68' wheel
+	$(@D)/bin/python -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) \
+	    --constraint $(@D)/constraints.txt 'torch==$*' '.[test]'
 	touch $@
 
 # A stamp is the venv's, not an intermediate file of `venv-torch-V`: make must keep it.
-.PRECIOUS: .venv-torch-%/.installed
-venv-torch-%: .venv-torch-%/.installed ;
+.PRECIOUS: $(TORCH_VENVS)/venv-torch-%/.base
+venv-torch-%: $(TORCH_VENVS)/venv-torch-%/.base
+	$(TORCH_VENVS)/venv-torch-$*/bin/python -m pip install --quiet --no-index \
+	    --find-links $(WHEEL_CACHE) --constraint $(TORCH_VENVS)/venv-torch-$*/constraints.txt \
+	    'torch==$*' --editable '.[test]'
+	$(TORCH_VENVS)/venv-torch-$*/bin/python -c "import torch; \
+	    assert torch.__version__.split('+')[0] == '$*', torch.__version__; \
+	    print('torch', torch.__version__, 'on the CPU:', torch.ones(2) @ torch.ones(2))"
 
-test-torch-%: .venv-torch-%/.installed
-	.venv-torch-$*/bin/python -m pytest $(EQUIVALENCE)
+test-torch-%: venv-torch-%
+	$(TORCH_VENVS)/venv-torch-$*/bin/python -m pytest $(EQUIVALENCE)
 
 # torch 2.13 on its most portable CPU kernels (no AVX2/AVX-512): another summation order.
 test-aten-default: setup
@@ -68,4 +76,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests
 
 clean:
-	rm -rf $(VENV) .venv-torch-* runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache  # the venvs of other releases stay: TORCH_VENVS

@@ -25,6 +25,8 @@ FACTORIES = {
 
 # (file, function, factory) -> why it stays on the host
 HOST_SIDE = {
+    ("comm/compat.py", "", "ones"):
+        "a two-element probe that the installed torch has _foreach_norm/_foreach_mul_",
     ("comm/same_call.py", "_encode", "frombuffer"):
         "the call's signature as bytes; moved to the group's device on the next line",
     ("parallel/async_sgd.py", "ParameterServer.reply", "tensor"):

@@ -146,8 +146,8 @@ def _dropout_base_is_dropouts() -> None:
 _CHECKS: dict[str, Any] = {
     "all_gather_single": lambda: all_gather_single,
     "reduce_scatter_single": lambda: reduce_scatter_single,
-    "foreach_norm": lambda: foreach_norm([torch.ones(2)]),
-    "foreach_mul_": lambda: foreach_mul_([torch.ones(2)], 2.0),
+    "foreach_norm": lambda: foreach_norm([torch.ones(2, device="cpu")]),
+    "foreach_mul_": lambda: foreach_mul_([torch.ones(2, device="cpu")], 2.0),
     "default_store": lambda: dist.distributed_c10d._get_default_store,
     "queue_backward_callback": lambda: torch.autograd.Variable._execution_engine.queue_callback,
     "DropoutBase": _dropout_base_is_dropouts,
