@@ -102,13 +102,14 @@ def batch_then_collective(rank, group):
     all-reduces, then receives the batch."""
     t = torch.full((4,), float(rank + 1))
     if rank == 0:
-        h = p2p.batch(group, [(torch.arange(4.0), 1)], [])  # #2
+        _, (h,) = p2p.post(group, [(torch.arange(4.0), 1)], [])  # #2
         comm.all_reduce(t, group)  # #3: behind the batch on the same stream
         h.wait()
         return t.tolist()
     comm.all_reduce(t, group)  # #2
     got = torch.empty(4)
-    p2p.batch(group, [], [(got, 0)]).wait()
+    (h,), _ = p2p.post(group, [], [(got, 0)])
+    h.wait()
     return t.tolist() + got.tolist()
 
 
@@ -177,7 +178,7 @@ def test_a_batch_ahead_of_a_collective_deadlocks_under_nccl_order():
         in zero
     )
     assert "1 call(s) queued ahead of all_reduce #3 float32[4]:" in zero
-    assert "batch_p2p #2 send float32[4] to 1: running for" in zero
+    assert "send #2 float32[4]: running for" in zero
     assert "its parts not all matched by ranks [1]" in zero
     assert "0 call(s) queued ahead of all_reduce #2 float32[4]" in one
 
@@ -223,7 +224,8 @@ def batch_both_ways(rank, world_size, order):
     group = _group(order)
     peer = 1 - rank
     got = torch.empty(3)
-    p2p.batch(group, [(torch.full((3,), float(rank)), peer)], [(got, peer)]).wait()
+    (received,), (sent,) = p2p.post(group, [(torch.full((3,), float(rank)), peer)], [(got, peer)])
+    received.wait(), sent.wait()
     return got.tolist()
 
 

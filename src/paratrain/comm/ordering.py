@@ -84,25 +84,26 @@ def send(group: CommGroup, record: CallRecord, tensor: torch.Tensor, dst: int) -
     """An unbatched send on its pair's stream, complete once group rank `dst` has posted
     the receive (gloo's rendezvous), that is, once that receive runs on its stream."""
     peer = group.to_global(dst)
-
-    def run() -> None:
-        _complete(group, [dist.isend(tensor, dst=peer, group=group.pg)])
-
-    where = f" to rank {peer}"
-    blocked = f"no matching receive from rank {peer} yet"
-    return group.streams.pair(dst).submit(label(record, where), run, blocked)
+    start = lambda: dist.isend(tensor, dst=peer, group=group.pg)  # noqa: E731
+    return _on_pair(group, record, dst, start, f" to rank {peer}", "receive from")
 
 
 def recv(group: CommGroup, record: CallRecord, tensor: torch.Tensor, src: int) -> StreamWork:
     """An unbatched receive on its pair's stream, blocking it until the data arrives."""
     peer = group.to_global(src)
+    start = lambda: dist.irecv(tensor, src=peer, group=group.pg)  # noqa: E731
+    return _on_pair(group, record, src, start, f" from rank {peer}", "send from")
 
-    def run() -> None:
-        _complete(group, [dist.irecv(tensor, src=peer, group=group.pg)])
 
-    where = f" from rank {peer}"
-    blocked = f"no matching send from rank {peer} yet"
-    return group.streams.pair(src).submit(label(record, where), run, blocked)
+def _on_pair(
+    group: CommGroup, record: CallRecord, peer: int, start: Callable[[], Any], where: str,
+    missing: str,
+) -> StreamWork:  # fmt: skip
+    """The call `start` issues, as the next on the stream of the pair with group rank
+    `peer`, which it blocks until it is matched."""
+    blocked = f"no matching {missing} rank {group.to_global(peer)} yet"
+    run = lambda: _complete(group, [start()])  # noqa: E731
+    return group.streams.pair(peer).submit(label(record, where), run, blocked)
 
 
 def post_batch(

@@ -169,30 +169,5 @@ def _post(group: CommGroup, sends: list, recvs: list) -> list[dist.Work]:
     return dist.batch_isend_irecv(ops) if ops else []
 
 
-def batch(
-    group: CommGroup,
-    sends: list[tuple[torch.Tensor, int]],
-    recvs: list[tuple[torch.Tensor, int]],
-) -> Handle:
-    """Post sends and receives (tensor, group rank) as one batch, torch's
-    `batch_isend_irecv`: one NCCL group call, whose parts progress together. wait() on the
-    handle before reusing the tensors; it returns None."""
-    for _, peer in sends + recvs:
-        _check_peer(group, peer, "peer")
-    sends = [(t, dst) for t, dst in sends if t.numel() > 0]
-    recvs = [(t, src) for t, src in recvs if t.numel() > 0]
-    parts = [f"send {describe(t)} to {d}" for t, d in sends]
-    shapes = "; ".join(parts + [f"recv {describe(t)} from {s}" for t, s in recvs]) or "-"
-    record = begin(group, "batch_p2p", "native", shapes, overlapped=True)
-    traffic = Traffic(
-        sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends)
-    )
-    if ordering.ordered(group):
-        works = [ordering.batch(group, record, sends, recvs)]
-    else:
-        works = _post(group, sends, recvs)
-    return Handle(group, record, works, traffic)
-
-
 def add(a: Traffic, b: Traffic) -> Traffic:
     return Traffic(a.sent + b.sent, a.recv + b.recv, a.messages + b.messages)
