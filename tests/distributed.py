@@ -7,13 +7,17 @@ Every multi-rank test runs under NCCL's ordering rules (`CommOptions(order="nccl
 comm/ordering.py) unless it asks otherwise: in each rank, a `CommOptions` built without
 an `order` takes "nccl", so a program that would deadlock on NCCL hangs here and is
 reported (issue 28). A test that must measure gloo itself (timing, overlap) passes
-`order="gloo"` and says why; options built with an explicit order keep it.
+`order="gloo"` and says why; options built with an explicit order keep it. A test that
+runs `paratrain train` as a command passes its arguments through `under_nccl_order`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from paratrain.bench.harness.spawn import RankFailed, run_ranks
@@ -45,4 +49,28 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, order: 
     return run_ranks(_UnderOrder(fn, order), world_size, *args, **kwargs)
 
 
-__all__ = ["RankFailed", "run_distributed"]
+def under_nccl_order(argv: Sequence[str], cwd: Path | str = ".") -> list[str]:
+    """`paratrain train ...`'s arguments (run in `cwd`) with `--comm-order nccl` added where
+    it has an effect (more than one process on gloo, config.EFFECTS) and no order was given;
+    any other command, or one that `paratrain train` refuses (a test of the refusal), as
+    given."""
+    from paratrain import cli
+    from paratrain.config import EFFECTS
+    from paratrain.validate import resolve
+
+    argv = list(argv)
+    if argv[:1] != ["train"] or "--comm-order" in argv:
+        return argv
+    try:
+        # in cwd: relative paths are the command's; stderr: argparse's usage, on a refusal
+        with contextlib.chdir(cwd), contextlib.redirect_stderr(io.StringIO()):
+            cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
+            resolve(cfg, cfg.parallel.nproc)
+    except (ValueError, OSError, SystemExit):
+        return argv
+    if not EFFECTS["parallel.comm_order"].applies(cfg):
+        return argv
+    return [*argv, "--comm-order", "nccl"]
+
+
+__all__ = ["RankFailed", "run_distributed", "under_nccl_order"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.train import checkpoint as ck
+from tests.distributed import under_nccl_order
 
 STEPS = 12
 RUN = [
@@ -29,8 +30,9 @@ SLOW = ["--straggler", "1:40"]
 
 
 def start(*args: str, cwd: Path) -> subprocess.Popen:
+    """`paratrain train ARGS` started in cwd; a multi-process run under NCCL's order."""
     return subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "train", *args],
+        [sys.executable, "-m", "paratrain", *under_nccl_order(["train", *args], cwd)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

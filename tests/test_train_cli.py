@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed import under_nccl_order
+
 SMALL = [
     "--n-layer",
     "2",
@@ -34,8 +36,9 @@ SMALL = [
 
 
 def paratrain(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`paratrain ARGS` in cwd, which must succeed; a multi-process run under NCCL's order."""
     proc = subprocess.run(
-        [sys.executable, "-m", "paratrain", *args],
+        [sys.executable, "-m", "paratrain", *under_nccl_order(args, cwd)],
         capture_output=True,
         text=True,
         timeout=timeout,
