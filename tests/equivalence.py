@@ -80,7 +80,8 @@ class Tolerance:
     @classmethod
     def measured(cls, exact: RunRecord, orders: list[RunRecord]) -> Tolerance:
         def spread(values: list[float], exact_values: list[float]) -> float:
-            return max(abs(v - e) / abs(e) for v, e in zip(values, exact_values, strict=True))
+            pairs = zip(values, exact_values, strict=True)
+            return max((abs(v - e) / abs(e) for v, e in pairs), default=0.0)  # none: floor
 
         floor = FLOOR_ULPS * FLOAT32_UNIT
         loss = max(spread(r.losses, exact.losses) for r in orders)
