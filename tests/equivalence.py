@@ -80,7 +80,8 @@ class Tolerance:
     @classmethod
     def measured(cls, exact: RunRecord, orders: list[RunRecord]) -> Tolerance:
         def spread(values: list[float], exact_values: list[float]) -> float:
-            return max(abs(v - e) / abs(e) for v, e in zip(values, exact_values, strict=True))
+            pairs = zip(values, exact_values, strict=True)
+            return max((abs(v - e) / abs(e) for v, e in pairs), default=0.0)  # none: floor
 
         floor = FLOOR_ULPS * FLOAT32_UNIT
         loss = max(spread(r.losses, exact.losses) for r in orders)
@@ -115,16 +116,20 @@ def reference_lr(step: int, cfg: RunConfig) -> float:
 
 
 def reference_training(
-    cfg: RunConfig, data: TokenData, tie_embeddings: bool = False, device: str = "cpu"
+    cfg: RunConfig,
+    data: TokenData,
+    tie_embeddings: bool = False,
+    device: str = "cpu",
+    orders: tuple[int, ...] = SPREAD_ORDERS,
 ) -> tuple[RunRecord, dict]:
     """Plain PyTorch on one process; returns the float32 record, with the tolerance that
     a run compared with it is held to (measured against float64: Tolerance), and the
     initial state (both on the CPU). On another `device` (scripts/gpu_check.py) the weights
     are still drawn on the CPU, as paratrain's `build_model` draws them, then moved with
-    every batch."""
-    runs = [
-        plain_training(cfg, data, tie_embeddings, device, torch.float32, k) for k in SPREAD_ORDERS
-    ]
+    every batch. `orders`: the accumulation orders whose spread sets the tolerance, the
+    first the record's; (1,) where micro-batches are not a reordering of the same sums (a
+    mixture of experts' capacity is per micro-batch: tests/test_moe_training.py)."""
+    runs = [plain_training(cfg, data, tie_embeddings, device, torch.float32, k) for k in orders]
     exact, _ = plain_training(cfg, data, tie_embeddings, device, torch.float64, 1)
     (record, initial) = runs[0]
     record.tolerance = Tolerance.measured(exact, [r for r, _ in runs])
@@ -175,6 +180,9 @@ def plain_training(
             step_loss += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
         opt.step()
+        for m in model.modules():  # a mixture of experts' balancing bias: the model's own
+            if hasattr(m, "balance_bias"):  # per-step update (models/moe.py), after the step
+                m.balance_bias()
         losses.append(step_loss)
         norms.append(norm.item())
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

@@ -2,13 +2,16 @@
 
 One launch of 4 processes trains each layout through `paratrain.train.loop.train` (what
 `paratrain train` runs) and compares with plain PyTorch on one process
-(tests/equivalence.py's reference): every step's loss and gradient norm within 1e-5
-relative, every final parameter within 1e-4. The layouts: GPT and Llama (rotary positions,
-grouped-query attention), ring and all-to-all attention, cp 2 with dp 2 (ZeRO 0-3), with
-tp 2 (and sequence parallelism), with pp 2, and cp 4. Not exact: ring attention merges
-blocks by the log-sum-exp rule, all-to-all attention and the dp_cp reduction reorder the
-sums, so results differ by rounding (measured: losses within 1.4e-7 relative, gradient
-norms within 2.9e-7, parameters within 1.3e-5).
+(tests/equivalence.py's reference and `assert_layout_equivalent`): every step's loss and
+gradient norm, and every final parameter, within the reference's tolerance, derived on
+the machine that runs the test from float32 against float64 (`Tolerance`). The layouts:
+GPT and Llama (rotary positions, grouped-query attention), ring and all-to-all attention,
+cp 2 with dp 2 (ZeRO 0-3), with tp 2 (and sequence parallelism), with pp 2, and cp 4.
+Not exact: ring attention merges blocks by the log-sum-exp rule, all-to-all attention
+and the dp_cp reduction reorder the sums, so results differ by rounding (measured:
+losses within 1.4e-7 relative, gradient norms within 2.9e-7, parameters within 1.3e-5
+(2.7e-6 for Llama); derived on an AMD EPYC: 3.8e-6, 3.8e-6, and 9.5e-6 (Llama) to
+7.7e-5 (GPT)).
 
 The same launch measures activation memory with saved-tensor hooks at cp 1, 2 and 4.
 """
@@ -31,8 +34,8 @@ from paratrain.train.data import load_tokens, validation_batches
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import (
-    MIN_PARAM_MOVE,
     References,
+    assert_layout_equivalent,
     reference_training,
     tiny_config,
     tiny_data,
@@ -41,8 +44,6 @@ from tests.equivalence import (
 from tests.test_mode_pairs import LLAMA
 from tests.test_train_cli import last_json, losses, paratrain
 
-LOSS_RTOL = 1e-5
-PARAM_ATOL = 1e-4
 CLIP = 0.5  # below every norm of these runs (about 1.6 to 5): clipping is active
 
 # Each layout on 4 processes: the model, then [parallel] and [train] fields. The
@@ -176,27 +177,17 @@ def test_context_tensor_and_data_parallel_together_match_single_process():
 
 
 def check_layouts(layouts: list, configs: list, per_rank: list[list], data) -> None:
-    """Every layout's per-step losses and gradient norms, and its final parameters, against
-    one process training the same data (tests/equivalence.py's reference)."""
+    """Every layout's per-step losses and gradient norms, and its final parameters (the
+    ranks' put together), against one process training the same data, within its derived
+    tolerance; clipping active on every step, every rank reporting the same losses and
+    norms, the parameters moved (tests/equivalence.py: assert_layout_equivalent)."""
     references = References(data)
     for i, (layout, cfg) in enumerate(zip(layouts, configs, strict=True)):
-        reference, initial = references(cfg)
-        records = [records[i] for records in per_rank]
-        for record in records:  # every rank reports the same step losses
-            assert record.losses == records[0].losses, layout
-        pairs = zip(records[0].losses, reference.losses, strict=True)
-        for step, (a, b) in enumerate(pairs, start=1):
-            assert math.isclose(a, b, rel_tol=LOSS_RTOL), (layout, step, a, b)
-        pairs = zip(records[0].grad_norms, reference.grad_norms, strict=True)
-        for step, (a, b) in enumerate(pairs, start=1):
-            assert b > CLIP and math.isclose(a, b, rel_tol=LOSS_RTOL), (layout, step, a, b)
-        state = {k: v for record in records for k, v in record.state.items()}
-        assert state.keys() == reference.state.keys(), layout
-        for name, ref in reference.state.items():
-            diff = (state[name] - ref).abs().max().item()
-            assert diff <= PARAM_ATOL, (layout, name, diff)
-        moved = max((ref - initial[n]).abs().max().item() for n, ref in reference.state.items())
-        assert moved > MIN_PARAM_MOVE
+        try:
+            assert_layout_equivalent([r[i] for r in per_rank], cfg, data, CLIP, references)
+        except AssertionError as e:
+            e.add_note(f"layout {layout}")
+            raise
 
 
 def check_activation_memory(per_rank: list[dict[int, int]]) -> None:
@@ -225,15 +216,17 @@ def test_paratrain_train_cp_2_matches_single_process(tmp_path):
     assert (cfg.parallel.cp, cfg.parallel.cp_method, cfg.parallel.dp) == (2, "ring", 1)
     data = load_tokens(str(text), cfg.data.val_fraction)
     reference, _ = reference_training(cfg, data)
+    tol = reference.tolerance
     for a, b in zip(losses(out), reference.losses, strict=True):
-        assert math.isclose(a, b, rel_tol=LOSS_RTOL), (a, b)
+        assert math.isclose(a, b, rel_tol=tol.loss_rtol), (a, b)
     weights = read_model(checkpoint.latest_checkpoint(out).path)
     for name, ref in reference.state.items():
-        assert (weights[name] - ref).abs().max().item() <= PARAM_ATOL, name
+        assert (weights[name] - ref).abs().max().item() <= tol.param_atol, name
     model = plain_model(cfg.model)
     model.load_state_dict(reference.state)
     t = cfg.train
     batches = validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches)
     with torch.no_grad():
         val = sum(model(b[:, :-1], b[:, 1:]).item() for b in batches) / len(batches)
-    assert math.isclose(last_json(proc)["val_loss"], val, rel_tol=LOSS_RTOL)
+    # The validation loss is the loss of the same two trajectories one step on: its tolerance.
+    assert math.isclose(last_json(proc)["val_loss"], val, rel_tol=tol.loss_rtol)

@@ -30,7 +30,7 @@ from paratrain.config import RunConfig
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
-LOSS_RTOL = 1e-4
+LOSS_RTOL = 1e-4  # per step, ours vs the peers' mean: reordered float32 sums (harness/pairs.py)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything
 PEER = (
     "DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb={}), "

@@ -66,6 +66,17 @@ def ratio_summary(ours_s: Sequence[float], peer_s: Sequence[float]) -> dict[str,
     }
 
 
+# The benches' LOSS_RTOL (bench/*/: zero, dp, overhead, pp, tp), one argument for all: the
+# two sides train the same weights on the same batches with the same float32 operations,
+# ours adding some sums in another order (split over ranks, our collectives, the loss
+# scaled per micro-batch). A sum of K terms reordered moves by at most 2·K·u·Σ|terms|
+# (u = 2^-24, Higham's γ_K), typically √K·u: for these models' K (at most a few thousand)
+# 1e-7 to 3e-6 of a well-conditioned loss at step 1. Later steps add the weights'
+# difference, which AdamW amplifies (a near-zero gradient's rounding can flip a whole
+# step of lr), so no a-priori bound holds over the steps: the rtol screens "comparable"
+# runs, it is no equivalence test (tests/ derives those from float64). 1e-4 sits over an
+# order above the reordering's size after the benches' few dozen steps and two below what
+# a wrong scale or a lost micro-batch moves the loss (1e-2 and more).
 def check_losses(
     ours: Sequence[float], peer: Sequence[float], rtol: float, where: str = ""
 ) -> float:

@@ -18,7 +18,8 @@ from paratrain.parallel.pipeline.schedule_command import bubble_formula
 
 log = logging.getLogger(__name__)
 # Same weights, batches and arithmetic up to the order of float32 additions (torch divides
-# the accumulated gradient by K, ours each micro-batch's loss), amplified a little by AdamW.
+# the accumulated gradient by K, ours each micro-batch's loss), amplified a little by AdamW:
+# the bound and why it holds, bench/harness/pairs.py.
 LOSS_RTOL = 1e-4
 
 
