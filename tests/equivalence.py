@@ -99,6 +99,15 @@ class Tolerance:
         )
 
 
+def spread_bound(values: torch.Tensor, exact: torch.Tensor) -> float:
+    """What another float32 evaluation of `values` may differ from them by: their distance
+    from `exact` (the same computed in float64) times SPREAD_FACTOR, at least FLOOR_ULPS
+    float32 units of the largest exact value (the rule of Tolerance's parameters)."""
+    spread = (values.double() - exact.double()).abs().max().item()
+    floor = FLOOR_ULPS * FLOAT32_UNIT * exact.abs().max().item()
+    return SPREAD_FACTOR * max(spread, floor)
+
+
 @dataclass
 class RunRecord:
     losses: list[float]
