@@ -103,7 +103,17 @@ MODES = [
     Mode("restarts", "restarts", ("--max-restarts", "1"), "`--max-restarts 1`"),
     Mode("compile", "compile", ("--compile",), "`--compile`: each block compiled (inductor)"),
     Mode("cuda", "device", ("--device", "cuda"), "`--device cuda`"),
+    Mode(
+        "nccl-order",
+        "order",
+        ("--comm-order", "nccl"),
+        "`--comm-order nccl`: NCCL's call order on gloo; every multi-rank test trains under it",
+    ),
 ]
+# Every multi-rank test runs under NCCL's order (tests/distributed.py; the tests' own
+# `paratrain train` commands through under_nccl_order): a layout a test trains on 2 or more
+# processes is trained under it too.
+UNDER_NCCL_ORDER = "nccl-order"
 BY_KEY = {m.key: m for m in MODES}
 # One mode of each pair includes the other (ZeRO and async are data parallel, sequence
 # parallelism is tensor parallel): the pair is the larger one alone.
@@ -290,7 +300,11 @@ def missing_tests() -> list[str]:
 
 
 def tests_for(modes: tuple[str, ...]) -> list[str]:
-    return [name for name, layouts in COVERAGE.items() if any(set(modes) <= s for s in layouts)]
+    def trains(layout: set[str]) -> bool:
+        world = int(command(tuple(layout))[-1])  # command() ends with --nproc N
+        return set(modes) <= (layout | {UNDER_NCCL_ORDER} if world > 1 else layout)
+
+    return [name for name, layouts in COVERAGE.items() if any(trains(s) for s in layouts)]
 
 
 def _name(modes: tuple[str, ...]) -> str:

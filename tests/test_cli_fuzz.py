@@ -28,8 +28,8 @@ NUMERIC_FLAGS = ["--nproc", "--dp", "--pp", "--tp", "--zero", "--chunks", "--ste
                  "--bucket-mb", "--loss-scale", "--val-fraction", "--comm-timeout-s",
                  "--prefetch", "--ffn-hidden", "--rope-theta", "--dc-lambda"]  # fmt: skip
 WORD_FLAGS = ["--schedule", "--dtype", "--device", "--backend", "--comm-algo",
-              "--zero2-accumulate", "--dp-mode", "--lr-scaling", "--recompute", "--model",
-              "--arch", "--activation", "--straggler"]  # fmt: skip
+              "--comm-order", "--zero2-accumulate", "--dp-mode", "--lr-scaling", "--recompute",
+              "--model", "--arch", "--activation", "--straggler"]  # fmt: skip
 
 COMMAND_LINES, TRAINED = 300, 25  # examples per run of each property (docs/reliability.md)
 MAX_FLAGS = 6
