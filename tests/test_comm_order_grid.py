@@ -54,8 +54,8 @@ def layout_config(modes: tuple[str, ...]):
 
     argv = [a.replace("{dir}/text.txt", textwrap.__file__) for a in table.command(modes)]
     argv = ["train", *argv, "--steps", str(STEPS), "--seq-len", "16", "--val-batches", "0"]
-    if "fp16" in modes:  # a scale at which the step is taken (2**16 overflows: skipped)
-        argv += ["--loss-scale", "1"]
+    if "fp16" in modes:  # so the step is taken: at 2**16 (the default) and at 1024 some
+        argv += ["--loss-scale", "1"]  # gradient entry of this model overflows float16
     args = cli.build_parser().parse_args(argv)
     cfg = resolve(cli.config_from_args(args), int(args.__dict__["parallel.nproc"]))
     # Two micro-batches per replica and stage (a pipeline's whole schedule runs): smaller

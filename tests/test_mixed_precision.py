@@ -98,6 +98,20 @@ def test_fp16_loss_scale_skips_overflowing_steps_and_recovers():
         assert losses[-1] < losses[0] - 1.0  # and it trains
 
 
+def test_a_float16_gradient_with_a_norm_beyond_float16_is_no_overflow():
+    """Every entry finite, the norm 1e5 > 65504 (float16's largest): a finite norm, so the
+    step is taken; an inf entry still makes it inf (the overflow that skips a step)."""
+    from paratrain.parallel.replica import squared_norms
+
+    big = torch.full((10_000,), 1000.0, dtype=torch.float16)
+    squares = squared_norms([big, torch.ones(4), big[:4]], torch.device("cpu"))
+    # 10,000 float32 additions: within their bound n * 2**-24 of the exact 1e10
+    assert math.isclose(squares[0].item(), 1e10, rel_tol=10_000 * 2.0**-24)
+    assert squares[1:].tolist() == [4.0, 4e6]  # small sums of integers: exact
+    big[7] = float("inf")
+    assert squared_norms([big], torch.device("cpu")).isinf().all()
+
+
 def test_dynamic_loss_scaler_halves_on_overflow_and_doubles_after_good_steps():
     scaler = DynamicLossScaler(initial=1024.0, growth_interval=3)
     scaler.update(found_inf=True)

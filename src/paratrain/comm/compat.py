@@ -24,10 +24,12 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's 2-norm in one fused call (torch._foreach_norm: private, in every
-    supported release)."""
-    return list(torch._foreach_norm(tensors))
+def foreach_norm(
+    tensors: list[torch.Tensor], dtype: torch.dtype | None = None
+) -> list[torch.Tensor]:
+    """Each tensor's 2-norm in one fused call, in `dtype` (None: each tensor's own)
+    (torch._foreach_norm: private, in every supported release, with its dtype)."""
+    return list(torch._foreach_norm(tensors, dtype=dtype))
 
 
 def foreach_mul_(tensors: list[torch.Tensor], factor: Any) -> None:

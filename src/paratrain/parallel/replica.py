@@ -201,11 +201,21 @@ def device_of(module: nn.Module) -> torch.device:
 
 def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """(len(tensors),) float64: each tensor's squared L2 norm. Norms are taken per tensor
-    in its own dtype (one fused kernel, as torch.nn.utils.clip_grad_norm_ does; one fp32
-    norm over a whole flat buffer rounds measurably worse), then squared in float64."""
+    in its own dtype (one fused kernel per dtype, as torch.nn.utils.clip_grad_norm_ does;
+    one fp32 norm over a whole flat buffer rounds measurably worse), float16's in float32
+    (a float16 norm above 65504 is inf though every entry is finite: the step would be
+    skipped as an overflow), then squared in float64."""
     if not tensors:
         return torch.zeros(0, dtype=torch.float64, device=device)
-    return torch.stack(compat.foreach_norm(tensors)).double().pow(2)
+    norms: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for dtype in {t.dtype for t in tensors}:  # one fused call per dtype
+        where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        wide = torch.float32 if dtype == torch.float16 else None
+        for i, norm in zip(
+            where, compat.foreach_norm([tensors[i] for i in where], wide), strict=True
+        ):
+            norms[i] = norm
+    return torch.stack([n.double() for n in norms]).pow(2)
 
 
 def scale_(tensors: list[torch.Tensor], factor: float) -> None:
