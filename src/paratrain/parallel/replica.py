@@ -207,15 +207,13 @@ def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Te
     skipped as an overflow), then squared in float64."""
     if not tensors:
         return torch.zeros(0, dtype=torch.float64, device=device)
-    norms: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    norms: dict[int, torch.Tensor] = {}  # index -> its norm
     for dtype in {t.dtype for t in tensors}:  # one fused call per dtype
         where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
         wide = torch.float32 if dtype == torch.float16 else None
-        for i, norm in zip(
-            where, compat.foreach_norm([tensors[i] for i in where], wide), strict=True
-        ):
-            norms[i] = norm
-    return torch.stack([n.double() for n in norms]).pow(2)
+        found = compat.foreach_norm([tensors[i] for i in where], wide)
+        norms.update(zip(where, found, strict=True))
+    return torch.stack([norms[i].double() for i in range(len(tensors))]).pow(2)
 
 
 def scale_(tensors: list[torch.Tensor], factor: float) -> None:
