@@ -10,6 +10,7 @@ multiples of one micro-batch's bytes.
 
 from __future__ import annotations
 
+from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule
 from paratrain.train.data import BatchSampler
@@ -25,7 +26,9 @@ def measure(rank, world_size, cfg, data, cases, meter=True):
     for name, k in cases:
         chunks = build_stage(cfg, group.rank, world_size, 1)
         schedule = build_schedule(name, world_size, k, 1)
-        runtime = PipelineRuntime(chunks, schedule, group, 32, measure_activations=meter)
+        runtime = PipelineRuntime(
+            chunks, schedule, group, 32, meter=ActivationMeter if meter else None
+        )
         sampler = BatchSampler(data.train, t.seq_len, t.micro_batch * k, t.seed)
         micro = [m.clone() for m in sampler.global_batch_at(0).split(t.micro_batch)]
         runtime.run_step(micro)

@@ -13,6 +13,7 @@ import pytest
 
 from paratrain.measure.chrome_trace import chrome_trace, write_chrome_trace
 from paratrain.measure.gantt import write_gantt
+from paratrain.measure.pipeline_spans import spans_from_simulation, spans_from_traces
 from paratrain.measure.spans import idle_fractions, span_name
 from paratrain.parallel.pipeline import (
     Action,
@@ -20,8 +21,6 @@ from paratrain.parallel.pipeline import (
     StepTrace,
     build_schedule,
     check_schedule,
-    spans_from_simulation,
-    spans_from_traces,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

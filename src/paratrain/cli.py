@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     from paratrain.bench.command import add_bench_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="benchmarks against PyTorch-native peers"))
-    from paratrain.parallel.pipeline.schedule_command import add_schedule_arguments
+    from paratrain.commands.schedule import add_schedule_arguments
 
     add_schedule_arguments(sub.add_parser("schedule", help="simulate a pipeline schedule"))
     add_run_tool_parsers(sub)
@@ -306,7 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from paratrain.parallel.pipeline.schedule_command import run_schedule
+    from paratrain.commands.schedule import run_schedule
 
     return run_schedule(args)
 

@@ -2,7 +2,7 @@
 
 The common currency of the timeline files (chrome_trace.py, gantt.py). A pipeline's
 simulated schedule and the steps its runtime recorded are both converted to Spans
-(parallel/pipeline/span_convert.py), so a simulated and a measured chart are drawn by the same
+(pipeline_spans.py), so a simulated and a measured chart are drawn by the same
 code and can be put side by side.
 
 Names follow the pipeline's text grid: `F3` is the forward of micro-batch 3, `B3` its

@@ -41,15 +41,31 @@ def bubble_slots(stages: int, microbatches: int, chunks: int = 1, schedule: str 
     return 3 * (stages - 1)
 
 
-def bubble_fraction(stages: int, microbatches: int, chunks: int = 1, schedule: str = "") -> float:
+def bubble_fraction(
+    stages: int, microbatches: int, chunks: int = 1, schedule: str = "", backward: float = 2.0
+) -> float:
     """Idle fraction of a pipeline step: (S - 1) / (v K + S - 1); 0 without a pipeline.
 
-    ZB-H1: (S - 1 + max(0, S - K)) / (3 K + S - 1 + max(0, S - K)) with F = B = W.
+    ZB-H1, with one chunk's forward F = 1 and its whole backward `backward` (B + W, each
+    half of it; 2 is the planner's F = B = W): a stage idles (S - 1) F + max(0, S - K) W
+    and is busy K (F + B + W), so (S - 1 + max(0, S - K) W) / (K (1 + backward) + idle).
+    Only ZB-H1's bubble depends on the backward's cost; the others' is a ratio of counts.
     """
-    idle = bubble_slots(stages, microbatches, chunks, schedule)
-    if schedule != "zb-h1":  # the exact ratio, free of the factor 3
+    _check(stages, microbatches, chunks)
+    if schedule != "zb-h1":
         return (stages - 1) / (chunks * microbatches + stages - 1)
-    return idle / (3 * chunks * microbatches + idle)
+    if backward <= 0:
+        raise ValueError(f"backward cost {backward}; valid: > 0")
+    idle = stages - 1 + max(0, stages - microbatches) * backward / 2
+    return idle / (chunks * microbatches * (1 + backward) + idle)
+
+
+# How the formula reads, per schedule, for reports beside a simulated or measured bubble.
+FORMULA_READS = {
+    "interleaved": "(S-1)/(vK+S-1)",
+    "zb-h1": "(S-1+max(0,S-K)W)/(K(F+B+W)+idle), F=1",
+}
+DEFAULT_FORMULA_READS = "(S-1)/(K+S-1)"
 
 
 def bubble_time(

@@ -29,6 +29,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.config import RunConfig, compute_dtype
+from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
@@ -199,7 +200,7 @@ def _pipeline_engine(
         pp,
         hidden_size=cfg.model.d_model,
         dtype=dtype,
-        measure_activations=cfg.train.trace,
+        meter=ActivationMeter if cfg.train.trace else None,
         split=split,
         stage_loss=aux_loss if cfg.model.num_experts else None,  # MoE balancing losses
     )

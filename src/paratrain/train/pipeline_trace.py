@@ -19,8 +19,8 @@ from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
+from paratrain.measure.pipeline_spans import spans_from_traces
 from paratrain.mesh import Mesh
-from paratrain.parallel.pipeline.span_convert import spans_from_traces
 from paratrain.parallel.pipeline.step_trace import StepTrace
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ from paratrain.bench.harness.pairs import check_losses, ratio_summary
 from paratrain.bench.pp.peer import PEER
 from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
-from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule, spans_from_traces
-from paratrain.parallel.pipeline.schedule_command import bubble_formula
+from paratrain.measure.pipeline_spans import spans_from_traces
+from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule
+from paratrain.plan.pipeline import bubble_fraction
 
 log = logging.getLogger(__name__)
 # Same weights, batches and arithmetic up to the order of float32 additions (torch divides
@@ -46,7 +47,7 @@ def summarise(name: str, k: int, per_rank: list[dict[str, Any]]) -> dict[str, An
         "bubble_measured": statistics.fmean(bubbles),
         "bubble_measured_per_stage": bubbles,
         "bubble_simulated": sim.bubble_fraction(),  # backward = 2 x forward
-        "bubble_formula": bubble_formula(name, world, k, v, 2.0)[0],
+        "bubble_formula": bubble_fraction(world, k, v, name, backward=2.0),
         "peak_in_flight": [r["peak_in_flight"] for r in per_rank],
         "peak_in_flight_simulated": list(sim.peak_in_flight),
         "max_loss_rel_diff": worst,

@@ -7,9 +7,11 @@
     loss = runtime.run_step(micro_batches)           # gradients accumulated over K
     val = runtime.run_forward(val_batches)           # forward-only schedule
 
-The same schedule is drawn: `render_grid(simulation)` as text (grid.py), and a simulation
-or the runtime's recorded `StepTrace`s (step_trace.py) as spans (spans.py) for
-measure/'s Chrome trace and Gantt chart; `paratrain schedule` is schedule_command.py.
+The same schedule is drawn: `render_grid(simulation)` as text (grid.py); a simulation or
+the runtime's recorded `StepTrace`s (step_trace.py) become spans for a Chrome trace and a
+Gantt chart in measure/ (pipeline_spans.py); `paratrain schedule` is commands/schedule.py.
+This package imports nothing from measure/, train/ or a command: a meter of the saved
+activations is handed to the runtime (`meter=`).
 See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
 """
 
@@ -26,7 +28,6 @@ from paratrain.parallel.pipeline.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from paratrain.parallel.pipeline.span_convert import spans_from_simulation, spans_from_traces
 from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
@@ -50,8 +51,6 @@ __all__ = [
     "interleaved_1f1b",
     "one_f_one_b",
     "render_grid",
-    "spans_from_simulation",
-    "spans_from_traces",
     "split_into_stages",
     "stage_layout",
     "zb_h1",

@@ -15,12 +15,14 @@ step. SEND and RECV actions move no data themselves. check_schedule proves the c
 complete under NCCL's stream semantics (stream_check.py) as well as under gloo's.
 
 Activation memory is measured, not derived from the schedule: each training forward runs
-under an `ActivationMeter` (saved-tensor pack hook), which records the storages autograd
+under the `meter` given (measure/activations.py's `ActivationMeter`, a saved-tensor pack
+hook, handed in by the caller: this package imports no instrument), which records the
+storages autograd
 keeps for that (micro-batch, chunk)'s backward. They count as held from the forward until
 the backward that frees them (`B`, or `BW` when split: the weight gradient still needs the
 layer inputs); the bytes held are those of the union of the storages of the pairs in
-flight, so a storage shared by two micro-batches counts once. `measure_activations=False`
-skips the meter (and its Python call per saved tensor) when nobody reads those bytes.
+flight, so a storage shared by two micro-batches counts once. Without a meter (the
+default) the traces' activation bytes stay 0 and no Python call per saved tensor is paid.
 
 Split backward (ZB-H1): `BI` computes dL/dx and keeps each weight consumer's output
 gradient, `BW` computes the weight gradients from those, so no node's work is done twice
@@ -39,12 +41,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.measure.activations import ActivationMeter
 from paratrain.parallel.pipeline.batches import Batch, plan_calls
 from paratrain.parallel.pipeline.check import check_schedule
 from paratrain.parallel.pipeline.schedules import (
@@ -68,6 +70,17 @@ from paratrain.parallel.pipeline.step_state import StepState, held_bytes
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
 
 
+class SavedTensorMeter(Protocol):
+    """What the runtime reads of a meter over one chunk's forward: the storages autograd
+    saved for backward, data_ptr -> bytes (measure/activations.py: ActivationMeter)."""
+
+    storages: dict[int, int]
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
 def whole_rows(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of T + 1 ids -> (inputs, targets), (b, T) each; padding (-100) reads id 0."""
     return batch[:, :-1].clamp(min=0), batch[:, 1:]
@@ -88,7 +101,7 @@ class PipelineRuntime:
         group: comm.CommGroup,
         hidden_size: int,
         dtype: torch.dtype = torch.float32,
-        measure_activations: bool = True,
+        meter: Callable[[nn.Module], SavedTensorMeter] | None = None,
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = whole_rows,
         stage_loss: StageLoss | None = None,
     ) -> None:
@@ -105,7 +118,7 @@ class PipelineRuntime:
         self.device = next(chunks[0].parameters()).device  # where activations arrive
         # The saved-tensor meter costs a Python call per saved tensor (a tenth of a
         # forward here); without it the traces' activation bytes stay 0.
-        self.measure_activations = measure_activations
+        self.meter = meter
         # A micro-batch -> (inputs, targets) of this rank's tokens: all of them, or under
         # context parallelism its chunks, so that stages pass sequence-sharded activations.
         self.split = split
@@ -194,7 +207,7 @@ class PipelineRuntime:
             x = st.inbox.pop(("act", a.microbatch, a.chunk))  # (b, T, C)
             x.requires_grad_(st.train)
         chunk = self.chunks[a.chunk]
-        meter = ActivationMeter(chunk) if st.train and self.measure_activations else None
+        meter = self.meter(chunk) if st.train and self.meter is not None else None
         with meter or contextlib.nullcontext():
             if vs == last:
                 loss = chunk(x, targets)  # mean over this micro-batch's tokens

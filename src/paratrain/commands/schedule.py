@@ -1,5 +1,8 @@
 """`paratrain schedule`: simulate a pipeline schedule without starting any worker.
 
+The first of commands/ (each a module with its arguments and its run); the others still
+live where cli.py says.
+
 Builds the schedule, proves it with `check_schedule` (the same object the runtime would
 execute), and shows its simulated timeline as the text grid, the bubble in slots beside the
 closed-form formula, the peak in-flight activations per stage, and optionally the same PNG
@@ -16,10 +19,11 @@ from typing import Any
 from paratrain.config import SCHEDULES
 from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
+from paratrain.measure.pipeline_spans import spans_from_simulation
 from paratrain.parallel.pipeline.check import Costs, Simulation, check_schedule
 from paratrain.parallel.pipeline.grid import render_grid
 from paratrain.parallel.pipeline.schedules import build_schedule
-from paratrain.parallel.pipeline.span_convert import spans_from_simulation
+from paratrain.plan import pipeline
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,24 +51,6 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON result as last line")
 
 
-def bubble_formula(
-    name: str, stages: int, microbatches: int, chunks: int, backward: float
-) -> tuple[float, str]:
-    """The closed-form bubble fraction of the step and how it reads, for comparison.
-
-    GPipe and 1F1B (S-1)/(K+S-1); interleaved (S-1)/(vK+S-1) (arXiv:2104.04473, 2.2.2);
-    ZB-H1 idles (S-1) forwards per stage out of K(F+B) + (S-1)F (arXiv:2401.10241, 3.1,
-    with BI = BW = B/2), which holds for K >= S.
-    """
-    s, k, v = stages, microbatches, chunks
-    if name == "interleaved":
-        return (s - 1) / (v * k + s - 1), "(S-1)/(vK+S-1)"
-    if name == "zb-h1":
-        note = "" if k >= s else ", valid for K >= S only"
-        return (s - 1) / (k * (1 + backward) + s - 1), f"(S-1)F/(K(F+B)+(S-1)F){note}"
-    return (s - 1) / (k + s - 1), "(S-1)/(K+S-1)"
-
-
 def simulate(args: argparse.Namespace) -> Simulation:
     """The checked simulation of the requested schedule; ValueError on bad input."""
     if args.backward_cost <= 0:
@@ -79,7 +65,8 @@ def simulate(args: argparse.Namespace) -> Simulation:
 def summarise(sim: Simulation) -> dict[str, Any]:
     sch = sim.schedule
     s, k, v = sch.num_stages, sch.num_microbatches, sch.chunks
-    formula, reads = bubble_formula(sch.name, s, k, v, sim.costs.backward)
+    formula = pipeline.bubble_fraction(s, k, v, sch.name, sim.costs.backward)
+    reads = pipeline.FORMULA_READS.get(sch.name, pipeline.DEFAULT_FORMULA_READS)
     return {
         "schedule": sch.name,
         "stages": s,
