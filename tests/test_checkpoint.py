@@ -142,7 +142,7 @@ def train_and_return_full_state(rank, world_size, run_dir):
     cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.zero = 1, 2, 2
     mesh = Mesh.build(dp=1, tp=2)
     result = train_loop(cfg, mesh, tiny_data(), run_dir=Path(run_dir))
-    from paratrain.parallel.tensor_parallel_state import full_state_dict
+    from paratrain.parallel.tensor_parallel.state import full_state_dict
 
     return full_state_dict(result.model, mesh.group("tp"))
 

@@ -37,7 +37,7 @@ HOST_SIDE = {
         "header buffer from the server, over the gloo control group",
     ("parallel/async_sgd.py", "work", "tensor"):
         "header (version, batch, loss, tokens, stop) to the server, over the gloo control group",
-    ("parallel/tensor_parallel_rng.py", "_cpu_state", "Generator"):
+    ("parallel/tensor_parallel/rng.py", "_cpu_state", "Generator"):
         "the CPU random stream's state; CUDA streams are seeded on their device",
     ("train/preemption.py", "Preemption.__call__", "tensor"):
         "the SIGTERM flag, agreed over the gloo control group",

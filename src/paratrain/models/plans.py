@@ -162,7 +162,7 @@ LLAMA_FSDP_UNITS: tuple[tuple[str, ...], ...] = (("tok_emb",), ("blocks.*",), ("
 class ModelPlan:
     """Everything the strategies need to know about a model, as module names.
 
-    tensor_parallel: module-name pattern -> style (parallel/tensor_parallel.py: STYLES).
+    tensor_parallel: module-name pattern -> style (parallel/tensor_parallel/apply.py: STYLES).
     fsdp_units: the FSDP / ZeRO-3 units, in forward order ("x.*": one unit per child).
     pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
     pipeline_first / pipeline_last: the modules only the first / last stage holds.

@@ -32,7 +32,7 @@ Two tensor-parallel terms depend on how this runtime works, so they are counted 
   it and the MLP are repeated too: 1.5 all-reduces' bytes per block (2 with dropout);
 - sequence parallelism leaves the gradients of the replicated parameters (LayerNorms, the
   row-parallel biases, the position embedding) partial: one all-reduce of them per step
-  (parallel/tensor_parallel_state.py).
+  (parallel/tensor_parallel/state.py).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.parallel.tensor_parallel_rng import RngTracker
+from paratrain.parallel.tensor_parallel.rng import RngTracker
 from paratrain.train.checkpoint_planner import (
     CheckpointMismatch,
     ShardedSavePlanner,

@@ -38,7 +38,7 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.expert_parallel import expert_placements
 from paratrain.parallel.replica import MOMENTS, Replica, StatePiece
-from paratrain.parallel.tensor_parallel_state import sharded_parameters
+from paratrain.parallel.tensor_parallel.state import sharded_parameters
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.replica import GradSquares, Replica
-from paratrain.parallel.tensor_parallel_rng import RngTracker
-from paratrain.parallel.tensor_parallel_state import (
+from paratrain.parallel.tensor_parallel.rng import RngTracker
+from paratrain.parallel.tensor_parallel.state import (
     sequence_parallel_parameters,
     sharded_parameters,
 )

@@ -38,20 +38,20 @@ from torch import nn
 
 from paratrain.comm import compat, regions
 from paratrain.comm.group import CommGroup
-from paratrain.parallel.tensor_parallel_layers import (
+from paratrain.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
     shard_size,
 )
-from paratrain.parallel.tensor_parallel_loss import VocabParallelCrossEntropy
-from paratrain.parallel.tensor_parallel_rng import (
+from paratrain.parallel.tensor_parallel.loss import VocabParallelCrossEntropy
+from paratrain.parallel.tensor_parallel.rng import (
     REPLICATED,
     SPLIT,
     RngTracker,
     fork_during_forward,
 )
-from paratrain.parallel.tensor_parallel_state import (
+from paratrain.parallel.tensor_parallel.state import (
     full_state_dict,
     sequence_parallel_parameters,
     sharded_parameters,
