@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from paratrain.bench.planner.bubbles import BUBBLE_TOLERANCE, runtime_bubble
-from paratrain.bench.planner.cases import CASES, model_spec, small_config, workload_for
+from paratrain.bench.planner.cases import CASES, small_config
 from paratrain.bench.planner.on_wire import PREAMBLE_BOUND, wire_rows
 from paratrain.measure.activations import ActivationMeter
 from paratrain.models.gpt import Block, GPTConfig
 from paratrain.plan import memory
 from paratrain.plan.rank_traffic import Coords, bytes_by_axis, rank_traffic
+from paratrain.plan.run_inputs import planner_inputs
 
 FP32 = 4
 
@@ -27,7 +28,7 @@ FP32 = 4
 def _canned(case_name: str, wire_bytes: int, calls: int) -> tuple:
     case = CASES[case_name]
     cfg = small_config(case, 2)
-    model, w = model_spec(cfg), workload_for(cfg)
+    model, w, _, _ = planner_inputs(cfg)
     step = {"wire": {"world+dp": [wire_bytes, 0]}, "calls": {("dp", "all_reduce"): calls}}
     m = {"coords": {"pp": 0, "dp": 0, "tp": 0}, "steps": [step, step]}
     return case, m, model, w
@@ -36,9 +37,7 @@ def _canned(case_name: str, wire_bytes: int, calls: int) -> tuple:
 def _dp_formula(case_name: str) -> int:
     case = CASES[case_name]
     cfg = small_config(case, 2)
-    terms = rank_traffic(
-        model_spec(cfg), workload_for(cfg), case.layout, case.microbatches, Coords()
-    )
+    terms = rank_traffic(*planner_inputs(cfg)[:2], case.layout, case.microbatches, Coords())
     return bytes_by_axis(terms)["dp"]
 
 

@@ -46,19 +46,16 @@ from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
-from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
+from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_experts import Experts, expert_model_state, run_model
+from paratrain.plan.rank_experts import Experts, expert_model_state
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
 from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
+from paratrain.plan.run_inputs import planner_inputs
 
 log = logging.getLogger(__name__)
 STATE_KINDS = ("params", "grads", "optimizer", "master")
 MB = 1e6
-EP_NOTE = (
-    "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
-    "layer and pass; the run's routing moves more or less"
-)
 
 
 @dataclass
@@ -80,43 +77,6 @@ class Prediction:
             "activation_bytes": [None if a is None else round(a) for a in self.activation_bytes],
             "bubble_fraction": self.bubble,
         }
-
-
-def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
-    """The run's model, workload and layout as the planner takes them, and any caveats."""
-    m, t, p = cfg.model, cfg.train, cfg.parallel
-    model, experts = run_model(m, t.seq_len)
-    workload = Workload(
-        micro_batch=t.micro_batch,
-        global_batch=t.global_batch,
-        precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
-        recompute=t.recompute,
-        bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
-        zero2_accumulate=p.zero2_accumulate,
-    )
-    notes = []
-    if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
-        notes.append("experts: activations counted as the dense model's")
-        if p.ep > 1:
-            notes.append(EP_NOTE)
-    schedule = p.schedule if p.pp > 1 else ""
-    if schedule and schedule not in SCHEDULES:  # a runtime schedule the planner lacks
-        notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
-        schedule = "1f1b"
-    if p.sequence_parallel:
-        notes.append("sequence parallel: activations counted without it")
-    layout = Layout(
-        dp=p.dp,
-        tp=p.tp,
-        pp=p.pp,
-        zero=p.zero,
-        schedule=schedule,
-        chunks=p.chunks,
-        cp=p.cp,
-        cp_method=p.cp_method,
-        ep=p.ep,
-    )
-    return model, workload, layout, notes
 
 
 def predict(cfg: RunConfig) -> Prediction:

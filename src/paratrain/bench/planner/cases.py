@@ -2,8 +2,9 @@
 
 A case is a layout (plan/layout.py) with K micro-batches of MICRO_BATCH sequences per
 replica; `small_config` turns it into the RunConfig that `paratrain.train.loop.train`
-runs in gloo processes (`record.run_case`), and `model_spec` / `workload_for` into the planner's
-inputs for the same run. run.py compares the two, row by row.
+runs in gloo processes (`record.run_case`), and plan/run_inputs.py's `planner_inputs` (the
+conversion `paratrain train`'s prediction uses) into the planner's inputs for the same
+run. run.py compares the two, row by row.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from dataclasses import dataclass, replace
 
 from paratrain.config import RunConfig
 from paratrain.models.presets import preset
-from paratrain.plan.layout import PRECISIONS, Layout, Workload
-from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_experts import Experts, run_model
+from paratrain.plan.layout import Layout
+from paratrain.plan.rank_experts import Experts
 
 TIMEOUT_S = 600.0
 MICRO_BATCH = 2
@@ -101,23 +101,5 @@ def small_config(case: Case, steps: int) -> RunConfig:
     return resolve(cfg, lay.world)
 
 
-def model_spec(cfg: RunConfig) -> ModelSpec:
-    """The planner's model; for a mixture of experts the dense one of its shape, which
-    `experts_of` completes (plan/rank_experts.py)."""
-    return run_model(cfg.model, cfg.train.seq_len)[0]
-
-
 def experts_of(cfg: RunConfig) -> Experts | None:
-    return run_model(cfg.model, cfg.train.seq_len)[1]
-
-
-def workload_for(cfg: RunConfig) -> Workload:
-    """fp32 AdamW, the CPU runtime's precision; one gradient bucket per chunk."""
-    return Workload(
-        micro_batch=cfg.train.micro_batch,
-        global_batch=cfg.train.global_batch,
-        precision=PRECISIONS["fp32"],
-        recompute=cfg.train.recompute,
-        bucket_bytes=2**62,
-        zero2_accumulate=cfg.parallel.zero2_accumulate,
-    )
+    return Experts.of(cfg.model)

@@ -36,20 +36,19 @@ from paratrain.bench.planner.cases import (
     CASES,
     Case,
     Row,
-    model_spec,
     small_config,
-    workload_for,
 )
 from paratrain.bench.planner.held import activation_rows, state_rows
 from paratrain.bench.planner.on_wire import wire_rows
 from paratrain.bench.planner.record import run_case
 from paratrain.bench.planner.sent import traffic_rows
+from paratrain.plan.run_inputs import planner_inputs
 
 
 def compare(case: Case, measured: list[dict[str, Any]], steps: int) -> list[Row]:
     """Rows of predicted against measured; rows equal on several ranks are merged."""
     cfg = small_config(case, steps)
-    model, w = model_spec(cfg), workload_for(cfg)
+    model, w, _, _ = planner_inputs(cfg)
     rows: list[Row] = []
     for rank, m in enumerate(measured):
         mine = state_rows(case, m, model, w) + traffic_rows(case, m, model, w)

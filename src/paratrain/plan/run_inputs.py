@@ -1,0 +1,55 @@
+"""A run configuration as the planner's inputs: the one conversion, used by `paratrain
+train`'s prediction (train/prediction.py) and by `plan --validate`'s cases (bench/planner/).
+
+The planner models a subset of what the runtime runs; what it approximates is returned as
+notes, printed beside the prediction.
+"""
+
+from __future__ import annotations
+
+from paratrain.config import RunConfig
+from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_experts import run_model
+
+EP_NOTE = (
+    "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
+    "layer and pass; the run's routing moves more or less"
+)
+
+
+def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[str]]:
+    """The run's model, workload and layout as the planner takes them, and any caveats."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    model, experts = run_model(m, t.seq_len)
+    workload = Workload(
+        micro_batch=t.micro_batch,
+        global_batch=t.global_batch,
+        precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
+        recompute=t.recompute,
+        bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
+        zero2_accumulate=p.zero2_accumulate,
+    )
+    notes = []
+    if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
+        notes.append("experts: activations counted as the dense model's")
+        if p.ep > 1:
+            notes.append(EP_NOTE)
+    schedule = p.schedule if p.pp > 1 else ""
+    if schedule and schedule not in SCHEDULES:  # a runtime schedule the planner lacks
+        notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
+        schedule = "1f1b"
+    if p.sequence_parallel:
+        notes.append("sequence parallel: activations counted without it")
+    layout = Layout(
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        zero=p.zero,
+        schedule=schedule,
+        chunks=p.chunks,
+        cp=p.cp,
+        cp_method=p.cp_method,
+        ep=p.ep,
+    )
+    return model, workload, layout, notes
