@@ -160,7 +160,8 @@ LLAMA_FSDP_UNITS: tuple[tuple[str, ...], ...] = (("tok_emb",), ("blocks.*",), ("
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """Everything the strategies need to know about a model, as module names.
+    """Everything the strategies need to know about a model, as module names: patterns in
+    module_names.py's grammar, where `*` is one name component ("blocks.*.mlp").
 
     tensor_parallel: module-name pattern -> style (parallel/tensor_parallel/apply.py: STYLES).
     fsdp_units: the FSDP / ZeRO-3 units, in forward order ("x.*": one unit per child).

@@ -21,6 +21,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from paratrain import comm
+from paratrain.module_names import matching
 from paratrain.parallel.mixed_precision import MixedPrecision
 from paratrain.parallel.zero_flat import FlatLayout, FlatShard, make_shard
 
@@ -30,12 +31,12 @@ GATHER_SCOPE = "fsdp.gather"
 
 
 def expand_units(model: nn.Module, spec: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Module names per unit, "blocks.*" expanded; modules that are None are skipped."""
+    """Module names per unit: a unit of one pattern (module_names.py) becomes one unit per
+    module it matches ("blocks.*": one per block); modules that are None are skipped."""
     units: list[list[str]] = []
     for names in spec:
-        if len(names) == 1 and names[0].endswith(".*"):
-            parent = model.get_submodule(names[0][:-2])
-            units += [[f"{names[0][:-2]}.{child}"] for child, _ in parent.named_children()]
+        if len(names) == 1 and "*" in names[0]:
+            units += [[name] for name in matching(model, names[0])]
             continue
         present = [n for n in names if _has_module(model, n)]
         if present:

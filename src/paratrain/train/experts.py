@@ -26,14 +26,14 @@ from paratrain import comm
 from paratrain.mesh import Mesh
 from paratrain.models.moe import MoEFeedForward
 from paratrain.models.plans import EXPERTS, ModelPlan
+from paratrain.module_names import matching
 from paratrain.parallel.expert_parallel import GroupBatch, apply_expert_parallel
 from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 
 
 def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:
     """The model's MoE layers, by name ("blocks.*.mlp": one per block); [] when dense."""
-    head, _, tail = plan.moe_layers.partition(".*.")
-    names = [f"{head}.{child}.{tail}" for child, _ in model.get_submodule(head).named_children()]
+    names = matching(model, plan.moe_layers)
     return [n for n in names if isinstance(model.get_submodule(n), MoEFeedForward)]
 
 

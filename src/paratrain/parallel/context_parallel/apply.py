@@ -18,13 +18,13 @@ which it needs no balancing for (docs/context-parallel.md).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from paratrain.comm.group import CommGroup
+from paratrain.module_names import matching
 from paratrain.parallel.context_parallel import layout
 from paratrain.parallel.context_parallel.ring import ring_attention
 from paratrain.parallel.context_parallel.ulysses import ulysses_attention
@@ -89,18 +89,13 @@ def apply_context_parallel(
         raise ValueError(f"context parallel method {method!r}; valid: {', '.join(METHODS)}")
     pieces = ((attention, ContextParallelAttention), (positions, ContextParallelPositions))
     for pattern, make in pieces:
-        names = _matching(model, pattern)
+        names = matching(model, pattern)
         if not names:
             raise ValueError(f"context parallel plan: {pattern!r} matches no module of the model")
         for name in names:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, make(group, method))
     return model
-
-
-def _matching(model: nn.Module, pattern: str) -> list[str]:
-    regex = re.compile("[^.]+".join(re.escape(part) for part in pattern.split("*")) + "$")
-    return [n for n, _ in model.named_modules() if n and regex.match(n)]
 
 
 @dataclass(frozen=True)

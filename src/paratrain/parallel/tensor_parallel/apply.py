@@ -29,7 +29,6 @@ would depend on the process's own random state.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +37,7 @@ from torch import nn
 
 from paratrain.comm import compat, regions
 from paratrain.comm.group import CommGroup
+from paratrain.module_names import matching
 from paratrain.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -151,8 +151,7 @@ def _tie_again(model: nn.Module, tied: list[list[tuple[str, str]]]) -> None:
 
 
 def match_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
-    """{module name: style} for every module a pattern names; `*` is one name component."""
-    names = [name for name, _ in model.named_modules() if name]
+    """{module name: style} for every module a pattern names (module_names.py's grammar)."""
     matches: dict[str, str] = {}
     for pattern, style in plan.items():
         if style not in STYLES:
@@ -160,8 +159,7 @@ def match_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
                 f"tensor parallel plan: {pattern!r}: unknown style {style!r}; "
                 f"valid: {', '.join(STYLES)}"
             )
-        regex = re.compile("[^.]+".join(re.escape(part) for part in pattern.split("*")) + "$")
-        hits = [n for n in names if regex.match(n)]
+        hits = matching(model, pattern)
         if not hits:
             raise ValueError(f"tensor parallel plan: {pattern!r} matches no module of the model")
         for name in hits:
