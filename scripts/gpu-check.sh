@@ -22,7 +22,7 @@
 #
 # Dependencies: torch is the machine's; paratrain runs from src/ (PYTHONPATH=src:., the root
 # for tests/). Of paratrain's other dependencies these parts import only tomli_w (config)
-# and tqdm (progress), both pure Python, and numpy (train/data.py, train/data_checks.py;
+# and tqdm (progress), both pure Python, and numpy (data/tokens.py, data/checks.py;
 # checked by importing every module the parts use with nothing but torch on the path);
 # matplotlib draws loss.png if present (the run says when it is not); safetensors (export)
 # is not needed. Missing ones are installed from

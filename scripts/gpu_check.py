@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from tests import equivalence as eq  # noqa: E402
 
 from paratrain.config import RunConfig  # noqa: E402
-from paratrain.train.data import TokenData  # noqa: E402
+from paratrain.data.tokens import TokenData  # noqa: E402
 from paratrain.validate import resolve  # noqa: E402
 
 CLIP = 0.5  # below the reference's gradient norms (about 1 to 3): every step clips

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from paratrain.config import RunConfig
-from paratrain.train.data import BatchSampler, TokenData
+from paratrain.data.tokens import BatchSampler, TokenData
 
 # Tolerances are derived on the machine that runs the test, from a float64 reference, not
 # fitted to one CPU's figures. A float32 run differs from the exact (float64) trajectory by

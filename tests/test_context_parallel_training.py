@@ -27,10 +27,10 @@ import pytest
 import torch
 
 from paratrain.config_toml import from_toml_text
+from paratrain.data.tokens import load_tokens, validation_batches
 from paratrain.models.registry import plain_model
 from paratrain.train import checkpoint
 from paratrain.train.checkpoint_model import read_model
-from paratrain.train.data import load_tokens, validation_batches
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import (
@@ -132,11 +132,11 @@ def cp_runs(rank, world_size, runs, data, memory_cfg):
 
 def activation_bytes(cfg) -> dict[int, int]:
     """Bytes this rank's forward saves for backward at cp 1, 2 and 4 (ring attention)."""
+    from paratrain.data.tokens import BatchSampler
     from paratrain.measure.activations import ActivationMeter
     from paratrain.mesh import Mesh
     from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
     from paratrain.train.build import build_model, plan_of
-    from paratrain.train.data import BatchSampler
 
     t, plan = cfg.train, plan_of(cfg)
     batch = BatchSampler(tiny_data().train, t.seq_len, t.micro_batch, t.seed).global_batch_at(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paratrain.train.data import BatchSampler, load_tokens, validation_batches
+from paratrain.data.tokens import BatchSampler, load_tokens, validation_batches
 
 
 def test_default_data_is_the_stdlib_split_by_file():

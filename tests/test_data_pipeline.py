@@ -19,16 +19,16 @@ import pytest
 import torch
 
 from paratrain.cli import main
-from paratrain.models.generate import next_token
-from paratrain.train.data import BatchSampler, load_tokens
-from paratrain.train.prepare import ShardedTokens, prepare
-from paratrain.train.tokenizer import (
+from paratrain.data.prepare import ShardedTokens, prepare
+from paratrain.data.tokenizer import (
     EOT,
     load_tokenizer,
     padded_vocab,
     text_files,
     train_tokenizer,
 )
+from paratrain.data.tokens import BatchSampler, load_tokens
+from paratrain.models.generate import next_token
 
 CORPUS = Path(json.__file__).parent  # the json package's sources: a few files of real text
 
@@ -133,7 +133,7 @@ def test_a_large_json_lines_file_is_cut_into_jobs_that_encode_like_the_whole_fil
 
 PREPARE = """import sys
 from pathlib import Path
-from paratrain.train.prepare import prepare
+from paratrain.data.prepare import prepare
 data, tok, out = map(Path, sys.argv[1:4])
 prepare(data, tok, out, 0.1, 1, progress=False, job_bytes=int(sys.argv[4]))
 """

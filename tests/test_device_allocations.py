@@ -16,7 +16,7 @@ from pathlib import Path
 import paratrain
 
 ROOT = Path(paratrain.__file__).parent
-RUNTIME = ["comm", "parallel", "train", "models", "mesh.py"]
+RUNTIME = ["comm", "parallel", "train", "data", "models", "mesh.py"]
 FACTORIES = {
     "arange", "as_tensor", "empty", "empty_strided", "eye", "frombuffer", "from_numpy",
     "full", "Generator", "linspace", "ones", "rand", "randint", "randn", "randperm",
@@ -47,13 +47,13 @@ HOST_SIDE = {
         "the allocator's byte counts for the summary, gathered over the gloo control group",
     ("train/checkpoint_model.py", "read_model", "empty"):
         "tensors read from a checkpoint file into host memory, to be written to a file",
-    ("train/data.py", "_bytes", "frombuffer"):
+    ("data/tokens.py", "_bytes", "frombuffer"):
         "the token stream read from disk; batches move to the device in `on_device`",
-    ("train/data.py", "load_tokens", "frombuffer"):
+    ("data/tokens.py", "load_tokens", "frombuffer"):
         "the token stream read from disk; batches move to the device in `on_device`",
-    ("train/data.py", "_encoded", "tensor"):
+    ("data/tokens.py", "_encoded", "tensor"):
         "the token stream encoded with a tokenizer; batches move to the device in `on_device`",
-    ("train/prepare.py", "ShardedTokens.__getitem__", "from_numpy"):
+    ("data/prepare.py", "ShardedTokens.__getitem__", "from_numpy"):
         "windows read from memory-mapped shards; batches move to the device in `on_device`",
     ("train/inspect_run.py", "sample", "Generator"):
         "sample runs the model in one process on the host: its draws come from a CPU stream",
@@ -61,9 +61,9 @@ HOST_SIDE = {
         "the prompt's ids, for the model sample runs on the host",
     ("train/inspect_run.py", "eval_windows", "full"):
         "eval's windows, for the model it runs on the host",
-    ("train/data.py", "BatchSampler._order", "Generator"):
+    ("data/tokens.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",
-    ("train/data.py", "BatchSampler._order", "randperm"):
+    ("data/tokens.py", "BatchSampler._order", "randperm"):
         "the data order, drawn on the host so it is the same on every device",
 }  # fmt: skip
 

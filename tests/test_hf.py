@@ -156,7 +156,7 @@ def train_from(rank, world, cfg, data):
 
 
 def test_a_run_starts_from_an_imports_weights_on_any_mesh(tmp_path):
-    from paratrain.train.data import BatchSampler
+    from paratrain.data.tokens import BatchSampler
     from paratrain.validate import resolve
     from tests.distributed import run_distributed
     from tests.equivalence import tiny_config, tiny_data

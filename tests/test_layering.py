@@ -101,7 +101,7 @@ def _under(module: str, package: str) -> bool:
 def test_the_graph_sees_imports_inside_functions():
     # train/worker.py imports the data loader at the top; a function-level import in the
     # CLI (the launcher starts workers lazily) must be seen too.
-    assert "paratrain.train.data" in GRAPH["paratrain.train.worker"]
+    assert "paratrain.data.tokens" in GRAPH["paratrain.train.worker"]
     assert any(_under(m, "paratrain.train") for m in GRAPH["paratrain.cli"])
 
 
@@ -134,6 +134,9 @@ FORBIDDEN = [
     ("paratrain.train", "paratrain.validate", "input checks run before workers start"),
     ("paratrain.train", "paratrain.bench", "training never depends on a benchmark"),
     ("paratrain.config", "paratrain.", "the configuration is a leaf"),
+    ("paratrain.data", "paratrain.train", "data is read before and apart from training"),
+    ("paratrain.data", "paratrain.parallel", "data knows no strategy"),
+    ("paratrain.data", "paratrain.comm", "data knows no process group"),
 ]
 
 

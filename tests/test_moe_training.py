@@ -37,10 +37,10 @@ import torch
 
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
+from paratrain.data.tokens import load_tokens
 from paratrain.models.presets import preset
 from paratrain.train.checkpoint import latest_checkpoint
 from paratrain.train.checkpoint_model import read_model
-from paratrain.train.data import load_tokens
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import RunRecord, assert_equivalent, reference_training

@@ -10,10 +10,10 @@ multiples of one micro-batch's bytes.
 
 from __future__ import annotations
 
+from paratrain.data.tokens import BatchSampler
 from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule
-from paratrain.train.data import BatchSampler
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_data
 from tests.test_pipeline_equivalence import build_stage, pipeline_config

@@ -24,12 +24,12 @@ import copy
 import pytest
 import torch
 
+from paratrain.data.tokens import BatchSampler
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
 from paratrain.train.build import data_parallel, pipeline_plan
-from paratrain.train.data import BatchSampler
 from paratrain.train.engine import PipelineEngine
 from paratrain.train.optim import LrSchedule
 from paratrain.train.step import train_step

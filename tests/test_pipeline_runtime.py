@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from paratrain.comm import CommOptions
+from paratrain.data.tokens import BatchSampler, validation_batches
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule
 from paratrain.parallel.pipeline.schedules import COMPUTE, SEND_B, SEND_F
-from paratrain.train.data import BatchSampler, validation_batches
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_data
 from tests.test_pipeline_equivalence import build_stage, pipeline_config

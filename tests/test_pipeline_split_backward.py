@@ -17,13 +17,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from paratrain.data.tokens import BatchSampler
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.pipeline import PipelineRuntime, build_schedule, split_into_stages
 from paratrain.parallel.pipeline.split_backward import backward_input
 from paratrain.train.build import pipeline_plan
-from paratrain.train.data import BatchSampler
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_data
 from tests.test_pipeline_equivalence import build_stage, pipeline_config

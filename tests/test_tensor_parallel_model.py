@@ -17,12 +17,12 @@ import math
 import pytest
 import torch
 
+from paratrain.data.tokens import BatchSampler
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT, GPTConfig
 from paratrain.models.plans import GPT_TP_PLAN
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel, full_state_dict
 from paratrain.train.build import data_parallel
-from paratrain.train.data import BatchSampler
 from paratrain.train.engine import FlatEngine
 from paratrain.train.step import train_step
 from tests.distributed import run_distributed

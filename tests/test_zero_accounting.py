@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.data.tokens import BatchSampler
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import count_parameters
 from paratrain.parallel.fsdp import FullyShardedDataParallel
@@ -32,7 +33,6 @@ from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
 from paratrain.train.build import build_model
-from paratrain.train.data import BatchSampler
 from paratrain.train.engine import FlatEngine
 from paratrain.train.step import train_step
 from tests.distributed import run_distributed

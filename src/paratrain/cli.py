@@ -147,8 +147,8 @@ def explicit_fields(args: argparse.Namespace) -> dict[str, str]:
 def _vocabulary_for_the_data(cfg: RunConfig) -> None:
     """With a tokenizer (--tokenizer or a prepared directory's), a vocabulary that covers it,
     padded for tensor parallelism, unless one was given (then checked against the data)."""
-    from paratrain.train.data_checks import tokenizer_vocab
-    from paratrain.train.tokenizer import padded_vocab
+    from paratrain.data.checks import tokenizer_vocab
+    from paratrain.data.tokenizer import padded_vocab
 
     vocab = tokenizer_vocab(cfg)
     if vocab is not None and cfg.model.vocab_size < vocab:
@@ -209,7 +209,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
     data = ""
     if env is None:  # the data, whole and sufficient, before any worker starts
-        from paratrain.train.data_checks import check_data
+        from paratrain.data.checks import check_data
 
         data = check_data(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from paratrain.config import RunConfig
+from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.async_sgd import (
@@ -43,7 +44,6 @@ from paratrain.train.async_checkpoint import load_server, save_server
 from paratrain.train.build import build_model, recompute_blocks, seed_rank_stream
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.clip import clip_to, global_grad_norm
-from paratrain.train.data import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.train.engine import FlatEngine
 from paratrain.train.metrics import StepMetrics, TrainResult
 from paratrain.train.optim import LrSchedule

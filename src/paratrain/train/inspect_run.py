@@ -19,13 +19,13 @@ from torch import nn
 
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
+from paratrain.data.prepare import is_prepared
+from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.train import checkpoint
 from paratrain.train.build import build_model
 from paratrain.train.checkpoint_model import load_weights, read_model
-from paratrain.train.data import load_tokens
-from paratrain.train.prepare import is_prepared
 
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
 

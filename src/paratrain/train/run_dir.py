@@ -16,7 +16,7 @@ import torch
 import paratrain
 from paratrain.config import RunConfig
 from paratrain.config_toml import to_toml
-from paratrain.train.data import TokenData
+from paratrain.data.tokens import TokenData
 from paratrain.train.metrics import StepMetrics
 
 log = logging.getLogger(__name__)

@@ -112,7 +112,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
-    from paratrain.train.tokenizer import train_tokenizer
+    from paratrain.data.tokenizer import train_tokenizer
 
     vocab = train_tokenizer(Path(args.data), args.vocab_size, Path(args.out))
     print(f"wrote {args.out}: byte-level BPE of {vocab:,} ids", flush=True)
@@ -120,7 +120,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from paratrain.train.prepare import prepare
+    from paratrain.data.prepare import prepare
 
     if args.workers < 0:
         raise ValueError(f"--workers {args.workers}: 0 (one per core) or more")

@@ -16,13 +16,13 @@ from paratrain import comm
 from paratrain.comm.algos import algorithms_line
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
+from paratrain.data.tokens import keep_tokenizer, load_tokens
 from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.async_loop import train_async
 from paratrain.train.build import count_params
 from paratrain.train.cuda_memory import cuda_memory
-from paratrain.train.data import keep_tokenizer, load_tokens
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.pipeline_trace import record_trace

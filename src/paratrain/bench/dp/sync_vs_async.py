@@ -13,9 +13,9 @@ import time
 
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
+from paratrain.data.tokens import load_tokens
 from paratrain.mesh import Mesh
 from paratrain.train.async_loop import train_async
-from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 
 log = logging.getLogger(__name__)

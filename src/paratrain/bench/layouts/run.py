@@ -15,8 +15,8 @@ from typing import Any
 
 from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
+from paratrain.data.tokens import load_tokens
 from paratrain.mesh import Mesh
-from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 from paratrain.validate import resolve
 

@@ -21,11 +21,11 @@ import torch
 from paratrain.bench.harness.pairs import check_losses
 from paratrain.bench.harness.sides import torch_step
 from paratrain.config import RunConfig
+from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.mesh import Mesh
 from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.train.build import build_model, compile_units
-from paratrain.train.data import BatchSampler, load_tokens
 from paratrain.train.engine import FlatEngine
 from paratrain.train.optim import learning_rate
 from paratrain.train.step import train_step

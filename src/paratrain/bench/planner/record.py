@@ -55,7 +55,7 @@ from paratrain.parallel.pipeline.schedules import (
 
 
 def random_tokens(vocab: int, n: int = 20_000) -> Any:
-    from paratrain.train.data import TokenData
+    from paratrain.data.tokens import TokenData
 
     ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0))
     return TokenData(ids.to(torch.uint8), ids[:0].to(torch.uint8), 256, "random", "random")

@@ -25,8 +25,8 @@ from paratrain.bench.pp.compare import compare_schedules
 from paratrain.bench.pp.peer import PEER
 from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, summarise, table
 from paratrain.config import RunConfig
+from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.parallel.pipeline import build_schedule
-from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
 WORLD = 2

@@ -36,8 +36,8 @@ from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.tp.compare import compare_modes
 from paratrain.bench.tp.report import log_report, summarize
 from paratrain.config import RunConfig
+from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.models.plans import check_tensor_parallel
-from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything

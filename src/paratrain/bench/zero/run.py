@@ -35,8 +35,8 @@ from paratrain.bench.zero.compare import DTYPE, WARMUP, compare_stage
 from paratrain.bench.zero.peer import PEERS
 from paratrain.bench.zero.report import log_summary, plot_state_bytes, summarize
 from paratrain.config import RunConfig
+from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.train.build import build_model
-from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
 DP = 2  # on 2 cores only 2-rank timings mean anything

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from paratrain.train.tokenizer import EOT, eot_id, load_tokenizer, text_files
+from paratrain.data.tokenizer import EOT, eot_id, load_tokenizer, text_files
 
 META = "meta.json"
 TOKENIZER_COPY = "tokenizer.json"

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from paratrain.train.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_meta
-from paratrain.train.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
+from paratrain.data.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_meta
+from paratrain.data.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 
 @dataclass(frozen=True)
