@@ -260,7 +260,7 @@ def table() -> str:
 
 def effects_table() -> str:
     """config.EFFECTS as a table: each flag that matters only in some configurations."""
-    from paratrain.cli import flag_for
+    from paratrain.commands.config_flags import flag_for
     from paratrain.config import EFFECTS
 
     rows = ["| flag | has an effect only with |", "|---|---|"]

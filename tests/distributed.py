@@ -55,6 +55,7 @@ def under_nccl_order(argv: Sequence[str], cwd: Path | str = ".") -> list[str]:
     any other command, or one that `paratrain train` refuses (a test of the refusal), as
     given."""
     from paratrain import cli
+    from paratrain.commands.config_flags import config_from_args
     from paratrain.config import EFFECTS
     from paratrain.validate import resolve
 
@@ -64,7 +65,7 @@ def under_nccl_order(argv: Sequence[str], cwd: Path | str = ".") -> list[str]:
     try:
         # in cwd: relative paths are the command's; stderr: argparse's usage, on a refusal
         with contextlib.chdir(cwd), contextlib.redirect_stderr(io.StringIO()):
-            cfg = cli.config_from_args(cli.build_parser().parse_args(argv))
+            cfg = config_from_args(cli.build_parser().parse_args(argv))
             resolve(cfg, cfg.parallel.nproc)
     except (ValueError, OSError, SystemExit):
         return argv

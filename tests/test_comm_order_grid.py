@@ -50,6 +50,7 @@ def layout_config(modes: tuple[str, ...]):
     """`paratrain train`'s resolved configuration for these modes (combination_table's
     command), checked as the command checks it, for STEPS steps without validation."""
     from paratrain import cli
+    from paratrain.commands.config_flags import config_from_args, explicit_fields
     from paratrain.validate import check_effective, resolve
 
     argv = [a.replace("{dir}/text.txt", textwrap.__file__) for a in table.command(modes)]
@@ -57,14 +58,14 @@ def layout_config(modes: tuple[str, ...]):
     if "fp16" in modes:  # so the step is taken: at 2**16 (the default) and at 1024 some
         argv += ["--loss-scale", "1"]  # gradient entry of this model overflows float16
     args = cli.build_parser().parse_args(argv)
-    cfg = resolve(cli.config_from_args(args), int(args.__dict__["parallel.nproc"]))
+    cfg = resolve(config_from_args(args), int(args.__dict__["parallel.nproc"]))
     # Two micro-batches per replica and stage (a pipeline's whole schedule runs): smaller
     # than the command's 16, as a test of the order needs no more.
     p, t = cfg.parallel, cfg.train
     batch = t.micro_batch * p.dp * 2 * p.pp
     args = cli.build_parser().parse_args([*argv, "--global-batch", str(batch)])
-    cfg = resolve(cli.config_from_args(args), p.nproc)
-    check_effective(cfg, cli.explicit_fields(args))
+    cfg = resolve(config_from_args(args), p.nproc)
+    check_effective(cfg, explicit_fields(args))
     m = cfg.model  # smaller than the presets (the order is what is tested): 4 heads of 8
     m.d_model, m.n_layer = 32, max(2, cfg.parallel.pp * cfg.parallel.chunks)
     m.ffn_hidden = 64 if m.arch == "llama" else m.ffn_hidden

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from paratrain.cli import build_parser, config_from_args, main
+from paratrain.cli import build_parser, main
+from paratrain.commands.config_flags import config_from_args
 from paratrain.config import EFFECTS, SECTIONS, RunConfig
 from paratrain.config_toml import apply_overrides, from_toml_text, to_toml
 from paratrain.validate import resolve

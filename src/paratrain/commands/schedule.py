@@ -1,8 +1,5 @@
 """`paratrain schedule`: simulate a pipeline schedule without starting any worker.
 
-The first of commands/ (each a module with its arguments and its run); the others still
-live where cli.py says.
-
 Builds the schedule, proves it with `check_schedule` (the same object the runtime would
 execute), and shows its simulated timeline as the text grid, the bubble in slots beside the
 closed-form formula, the peak in-flight activations per stage, and optionally the same PNG
@@ -25,8 +22,10 @@ from paratrain.parallel.pipeline.grid import render_grid
 from paratrain.parallel.pipeline.schedules import build_schedule
 from paratrain.plan import pipeline
 
+HELP = "simulate a pipeline schedule"
 
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule", default="1f1b", choices=list(SCHEDULES), help="schedule (default 1f1b)"
     )
@@ -82,7 +81,7 @@ def summarise(sim: Simulation) -> dict[str, Any]:
     }
 
 
-def run_schedule(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     sim = simulate(args)
     result = summarise(sim)
     print(render_grid(sim))

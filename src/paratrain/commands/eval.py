@@ -1,0 +1,26 @@
+"""`paratrain eval RUN --data D`: a run's loss and perplexity on a data file, in this
+process or on a mesh of workers (the work: paratrain/eval_command.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "a run's loss and perplexity on a data file"
+
+
+def add_arguments(ev: argparse.ArgumentParser) -> None:
+    ev.add_argument("run_dir", help="the run directory (its latest checkpoint is read)")
+    ev.add_argument("--data", required=True, help="text file, folder of text, or .bin of ids")
+    ev.add_argument("--seq-len", type=int, help="window length (default: the run's seq_len)")
+    ev.add_argument("--json", action="store_true", help="print a JSON object as last line")
+    ev.add_argument("--nproc", type=int, default=1, help="worker processes (a mesh if > 1)")
+    ev.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    ev.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    ev.add_argument("--zero", type=int, default=0, help="ZeRO stage (3: sharded parameters)")
+    ev.add_argument("--device", default="auto", help="cpu, cuda or auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    from paratrain.eval_command import eval_command  # launches workers, as train does
+
+    return eval_command(args)

@@ -1,0 +1,33 @@
+"""`paratrain prepare`: text tokenized into memory-mapped token shards (data/prepare.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "tokenize text into memory-mapped token shards"
+
+
+def add_arguments(prep: argparse.ArgumentParser) -> None:
+    prep.add_argument("--data", required=True, help="text file, JSON-lines or a folder")
+    prep.add_argument("--tokenizer", required=True, help="a tokenizer.json with <|endoftext|>")
+    prep.add_argument("--out", required=True, help="the data directory (resumed if interrupted)")
+    prep.add_argument("--val-fraction", type=float, default=0.05, help="documents held out")
+    prep.add_argument("--workers", type=int, default=0, help="processes; 0: one per core")
+
+
+def run(args: argparse.Namespace) -> int:
+    from paratrain.data.prepare import prepare
+
+    if args.workers < 0:
+        raise ValueError(f"--workers {args.workers}: 0 (one per core) or more")
+    meta = prepare(
+        Path(args.data), Path(args.tokenizer), Path(args.out), args.val_fraction, args.workers
+    )
+    n, d = meta["tokens"], meta["documents"]
+    print(
+        f"wrote {args.out}: {n['train']:,} train tokens ({d['train']:,} documents), "
+        f"{n['val']:,} held out ({d['val']:,}), {meta['dtype']}",
+        flush=True,
+    )
+    return 0
