@@ -14,13 +14,20 @@ from typing import NoReturn
 from paratrain.commands import COMMANDS, command
 
 
+DESCRIPTION = (
+    "Train PyTorch models across many processes: data, tensor, pipeline, context and "
+    "expert parallelism, ZeRO and FSDP, each checked against one process. "
+    "`paratrain COMMAND --help` for a command's flags."
+)
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="paratrain", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="paratrain", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name in COMMANDS:
         module = command(name)
