@@ -7,7 +7,8 @@ import: at the top, inside functions, and under TYPE_CHECKING. Checked:
 - the layering of docs/architecture.md: the planner is pure (plan/ imports nothing from
   bench/ or train/); strategies never import a model (parallel/ nothing from models/);
   the comm layer imports nothing above it; models/ import nothing distributed; training
-  code does not borrow from the input checker (validate.py) or the benchmarks.
+  code does not borrow from the input checker (validate.py) or the benchmarks; the
+  configuration and the spawner (spawn.py) are leaves.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ FORBIDDEN = [
     ("paratrain.train", "paratrain.validate", "input checks run before workers start"),
     ("paratrain.train", "paratrain.bench", "training never depends on a benchmark"),
     ("paratrain.config", "paratrain.", "the configuration is a leaf"),
+    ("paratrain.spawn", "paratrain.", "the spawner is a leaf: benches and tests share it"),
 ]
 
 

@@ -25,8 +25,8 @@ from paratrain.bench.dp.overlap import run_overlap
 from paratrain.bench.dp.sync_vs_async import run_straggler
 from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
 from paratrain.bench.harness.sides import norm_only
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
+from paratrain.spawn import run_ranks
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)

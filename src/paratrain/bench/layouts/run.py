@@ -13,9 +13,9 @@ import logging
 import statistics
 from typing import Any
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.spawn import run_ranks
 from paratrain.train.data import load_tokens
 from paratrain.train.loop import train
 from paratrain.validate import resolve

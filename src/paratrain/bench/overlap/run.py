@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import statistics
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.overlap.measure import MECHANISMS, Workload, measure
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.planner.cases import SLOW_UNIT_S, TIMEOUT_S, Case, small_config
 from paratrain.bench.planner.on_wire import per_group, probe_sockets
 from paratrain.bench.planner.slowdown import Slowdown
@@ -52,6 +51,7 @@ from paratrain.parallel.pipeline.schedules import (
     B,
     F,
 )
+from paratrain.spawn import run_ranks
 
 
 def random_tokens(vocab: int, n: int = 20_000) -> Any:

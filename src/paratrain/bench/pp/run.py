@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.pp.compare import compare_schedules
 from paratrain.bench.pp.peer import PEER
 from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, summarise, table
 from paratrain.config import RunConfig
 from paratrain.parallel.pipeline import build_schedule
+from paratrain.spawn import run_ranks
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from paratrain.bench.harness.sides import norm_only
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.tp.compare import compare_modes
 from paratrain.bench.tp.report import log_report, summarize
 from paratrain.config import RunConfig
 from paratrain.models.plans import check_tensor_parallel
+from paratrain.spawn import run_ranks
 from paratrain.train.data import BatchSampler, load_tokens
 
 log = logging.getLogger(__name__)
