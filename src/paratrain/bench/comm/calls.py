@@ -22,7 +22,7 @@ from paratrain.bench.comm.sweep import Sweep
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.traffic import chunk_sizes
-from paratrain.comm.watchdog import default_store
+from paratrain.comm.watchdog import default_store_or_none
 from paratrain.measure.wire import WireMeter, store_ports
 from paratrain.spawn import RankFailed, run_ranks
 
@@ -63,7 +63,7 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
     nothing else of this process sends meanwhile, so the bytes are the call's.
     """
     ledger = Ledger()
-    exclude = store_ports(default_store())
+    exclude = store_ports(default_store_or_none())
     oversubscribed = dist.get_world_size() > usable_cores()
     group = CommGroup.world(ledger, name="bench", options=CommOptions(timeout_s=sweep.timeout_s))
     out = []

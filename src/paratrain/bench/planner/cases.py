@@ -14,7 +14,7 @@ from paratrain.config import RunConfig
 from paratrain.models.presets import preset
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_experts import Experts, run_model
+from paratrain.plan.rank_experts import ExpertCounts, run_model
 
 TIMEOUT_S = 600.0
 MICRO_BATCH = 2
@@ -107,7 +107,7 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
     return run_model(cfg.model, cfg.train.seq_len)[0]
 
 
-def experts_of(cfg: RunConfig) -> Experts | None:
+def experts_of(cfg: RunConfig) -> ExpertCounts | None:
     return run_model(cfg.model, cfg.train.seq_len)[1]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from paratrain.bench.pp.compare import compare_schedules
 from paratrain.bench.pp.peer import PEER
-from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, summarise, table
+from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, schedules_table, summarise
 from paratrain.config import RunConfig
 from paratrain.parallel.pipeline import build_schedule
 from paratrain.spawn import run_ranks
@@ -99,5 +99,5 @@ def run_pp_bench(
             draw(entry, per_rank, Path(out))
         results.append(entry)
         log_entry(entry)
-    log.info(table(results))
+    log.info(schedules_table(results))
     return {"schedules": results, "loss_rtol": LOSS_RTOL, "world_size": WORLD}
