@@ -9,7 +9,7 @@ Worlds (default on CUDA: 1, then 2 with two or more GPUs, then 8 with eight; on 
   process with no process group: the allocation and sharding paths, without collectives.
 - 2: DataParallel, ZeRO-1, ZeRO-2, FSDP at dp = 2; tensor parallel with sequence
   parallelism at tp = 2; pipeline 1F1B at pp = 2. NCCL with one GPU per rank (gloo on the
-  CPU), ranks started by the tests' harness (paratrain.bench.harness.spawn).
+  CPU), ranks started by the spawner the tests use (paratrain.spawn).
 - 8: dp 2 x pp 2 x tp 2, 1F1B.
 
 Every layout goes through `paratrain.train.loop.train`, what `paratrain train` runs, on

@@ -1,7 +1,7 @@
 """The multi-process test harness: `run_distributed(fn, k)` runs fn(rank, k, *args) in k gloo
 processes forked from a warm forkserver, rendezvous through a FileStore (no ports), with a
-per-test timeout and the failing rank's traceback in the error. It lives in the package
-(`paratrain.bench.harness.spawn`) because the benchmarks start their ranks the same way.
+per-test timeout and the failing rank's traceback in the error. The spawner lives in the
+package (`paratrain.spawn`) because the benchmarks start their ranks the same way.
 
 Every multi-rank test runs under NCCL's ordering rules (`CommOptions(order="nccl")`,
 comm/ordering.py) unless it asks otherwise: in each rank, a `CommOptions` built without
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from paratrain.bench.harness.spawn import RankFailed, run_ranks
+from paratrain.spawn import RankFailed, run_ranks
 
 ORDERS = ("gloo", "nccl")
 

@@ -29,7 +29,7 @@ import pytest
 from paratrain import cli
 from paratrain.bench.zero.compare import LOSS_RTOL
 from paratrain.bench.zero.formulas import formula_state
-from paratrain.bench.zero.report import check_losses
+from paratrain.bench.zero.report import check_stage_losses
 from paratrain.bench.zero.run import run_zero_bench
 from tests.equivalence import tiny_config, tiny_data
 
@@ -94,7 +94,7 @@ def test_closed_forms_for_float32_and_mixed_precision():
 def test_diverging_losses_fail_the_bench():
     results = [{"losses": [(5.0, 5.0), (3.0, 3.1)]}] * 2
     with pytest.raises(RuntimeError, match="losses differ"):
-        check_losses(1, results)
+        check_stage_losses(1, results)
 
 
 def test_too_few_pairs_and_unknown_stages_are_one_line_errors(capsys):

@@ -103,7 +103,7 @@ def save_then_crash(rank, world_size, run_dir):
 
 
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    from paratrain.bench.harness.spawn import RankFailed
+    from paratrain.spawn import RankFailed
 
     with pytest.raises(RankFailed):
         run_distributed(save_then_crash, 2, str(tmp_path), timeout=120)

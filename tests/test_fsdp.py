@@ -16,7 +16,7 @@ from paratrain.models.gpt import GPT
 from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.fsdp_units import GATHER_SCOPE, expand_units
-from paratrain.train.build import build_model, gpt_config
+from paratrain.train.build import build_model, run_gpt_config
 from tests.distributed import run_distributed
 from tests.equivalence import RunRecord, Tolerance, tiny_config
 
@@ -205,7 +205,7 @@ def test_full_state_dict_loads_into_a_single_process_model():
     cfg = tiny_config()
     expected = build_model(cfg).state_dict()
     state = run_distributed(checkpoint, 2)[1]
-    plain = GPT(gpt_config(cfg))
+    plain = GPT(run_gpt_config(cfg))
     plain.load_state_dict(copy.deepcopy(state))
     for name, value in expected.items():
         assert torch.equal(plain.state_dict()[name], value), name

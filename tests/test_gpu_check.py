@@ -18,7 +18,7 @@ from scripts import gpu_check
 
 from paratrain.bench.gpu import throughput
 from paratrain.models.gpt import GPT
-from paratrain.train.build import gpt_config
+from paratrain.train.build import run_gpt_config
 from tests import equivalence as eq
 
 CPU = torch.device("cpu")
@@ -90,7 +90,7 @@ def test_model_flops_of_the_1b_config():
     """PaLM's 6N + 12·L·d·T with N the parameters of matrix products (not the embeddings)."""
     cfg = throughput.throughput_config("cpu")  # the 1B shape; the device does not matter here
     with torch.device("meta"):
-        model = GPT(gpt_config(cfg))
+        model = GPT(run_gpt_config(cfg))
     n = throughput.matmul_params(model)
     assert sum(p.numel() for p in model.parameters()) == 1_015_975_936
     assert n == 1_015_975_936 - 50304 * 2048 - 2048 * 2048

@@ -7,7 +7,8 @@ import: at the top, inside functions, and under TYPE_CHECKING. Checked:
 - the layering of docs/architecture.md: the planner is pure (plan/ imports nothing from
   bench/ or train/); strategies never import a model (parallel/ nothing from models/);
   the comm layer imports nothing above it; models/ import nothing distributed; training
-  code does not borrow from the input checker (validate.py) or the benchmarks.
+  code does not borrow from the input checker (validate.py) or the benchmarks; the
+  configuration and the spawner (spawn.py) are leaves.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ FORBIDDEN = [
     ("paratrain.data", "paratrain.train", "data is read before and apart from training"),
     ("paratrain.data", "paratrain.parallel", "data knows no strategy"),
     ("paratrain.data", "paratrain.comm", "data knows no process group"),
+    ("paratrain.spawn", "paratrain.", "the spawner is a leaf: benches and tests share it"),
 ]
 
 
@@ -161,3 +163,72 @@ def test_models_import_nothing_distributed():
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n.startswith("torch.distributed") for n in names), module
+
+
+def _public_definitions(module: str) -> set[str]:
+    """The classes and functions `module` defines at the top level, not starting with '_'."""
+    tree = ast.parse(MODULES[module].read_text())
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {n.name for n in tree.body if isinstance(n, kinds) and not n.name.startswith("_")}
+
+
+def _bench(module: str) -> str | None:
+    """The bench folder of a module under bench/ (not harness/, which every bench shares)."""
+    parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "bench" and parts[2] != "harness":
+        return parts[2]
+    return None
+
+
+# Names several modules may define, and why. Keep it short: a new duplicate gets a name
+# that says what it is, not a line here.
+SHARED_NAMES = {
+    # the entry point of a runnable module (`python -m ...`, the console script)
+    "main": "each runnable module's entry point",
+    # comm/ring.py and comm/tree.py are interchangeable algorithm modules, always called
+    # through the module (`ring.all_reduce_`, `tree.all_reduce_`)
+    "all_reduce_": "the same operation in each algorithm module",
+    # comm/ordering.py is the stream-level twin of p2p.py and call.py: its send, recv and
+    # run_ours are only ever called as `ordering.X` from those modules
+    "send": "ordering.send: the stream-level twin of p2p.send",
+    "recv": "ordering.recv: the stream-level twin of p2p.recv",
+    "run_ours": "ordering.run_ours: the stream-level twin of call.run_ours",
+}
+
+
+# What every commands/ module defines: cli.py calls them as command(name).run(args).
+COMMAND_PROTOCOL = {"add_arguments", "run"}
+
+
+def _duplicates() -> dict[str, list[str]]:
+    """Public top-level names defined in more than one module, with the modules. Two
+    benches (bench/X and bench/Y) may share a name: each bench folder is a namespace of
+    its own (a `summarize` or `measure` per bench) and no bench imports another's."""
+    where: dict[str, list[str]] = {}
+    for module in sorted(MODULES):
+        for name in _public_definitions(module):
+            where.setdefault(name, []).append(module)
+    out = {}
+    for name, modules in where.items():
+        if len(modules) < 2 or name in SHARED_NAMES:
+            continue
+        if name in COMMAND_PROTOCOL and all(_under(m, "paratrain.commands") for m in modules):
+            continue  # every command module's, called through the registry (cli.py)
+        benches = [_bench(m) for m in modules]
+        if None not in benches and len(set(benches)) == len(benches):
+            continue  # one per bench folder
+        out[name] = modules
+    return out
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    assert _duplicates() == {}
+
+
+def test_the_shared_names_are_still_shared():
+    # an allowlist entry whose duplicate is gone must go too
+    counts: dict[str, int] = {}
+    for module in MODULES:
+        for name in _public_definitions(module):
+            counts[name] = counts.get(name, 0) + 1
+    assert [n for n in SHARED_NAMES if counts.get(n, 0) < 2] == []

@@ -21,14 +21,14 @@ import statistics
 
 import pytest
 
-from paratrain.bench.overlap.measure import MECHANISMS, Workload, measure
+from paratrain.bench.overlap.measure import MECHANISMS, LinearStack, measure
 from tests.distributed import run_distributed
 
-WORKLOAD = Workload(pairs=7)
+WORKLOAD = LinearStack(pairs=7)
 GOAL = 0.5
 
 
-def hidden(mechanism: str, algo: str, workload: Workload) -> tuple[float, list[float]]:
+def hidden(mechanism: str, algo: str, workload: LinearStack) -> tuple[float, list[float]]:
     """The median fraction hidden as the training thread saw it (both ranks), and every
     pair's fraction from step times."""
     ranks = run_distributed(measure, 2, mechanism, algo, workload)
@@ -47,5 +47,5 @@ def test_half_the_communication_hides_behind_compute(mechanism):
 
 
 def test_without_overlap_nothing_appears_hidden():
-    by_wait, pairs = hidden("dp-buckets", "ring", Workload(pairs=7, control=True))
+    by_wait, pairs = hidden("dp-buckets", "ring", LinearStack(pairs=7, control=True))
     assert abs(by_wait) < GOAL - 0.2, (by_wait, pairs)

@@ -24,9 +24,9 @@ from paratrain.plan.published import (
 )
 from paratrain.plan.published_check import (
     TOLERANCE,
-    compare,
+    compare_published,
     fit_efficiency,
-    predict,
+    predict_published,
     predicted_tflops,
     ranking,
     ranking_agrees,
@@ -37,7 +37,7 @@ A100 = "a100-80gb-nvlink300-ib25"
 
 
 def test_every_published_run_within_tolerance():
-    rows = compare()
+    rows = compare_published()
     assert len(rows) == len(PUBLISHED_RUNS) == 11
     off = {r.run.name: f"{r.error:+.1%}" for r in rows if abs(r.error) > TOLERANCE}
     assert not off, f"off by more than {TOLERANCE:.0%}: {off}"
@@ -81,7 +81,7 @@ def test_narayanan_eq3_by_hand():
 
 def test_model_tflops_and_mfu_are_flops_over_step_time():
     run = NARAYANAN_TABLE_1[-1]
-    est = predict(run)
+    est = predict_published(run)
     flops = ptime.model_training_flops(run.model(), run.global_batch * run.seq_len, "full")
     expected = flops / (run.gpus * est.time.total_s) / 1e12
     assert est.model_tflops_per_gpu == pytest.approx(expected)

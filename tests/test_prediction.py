@@ -1,6 +1,6 @@
 """`paratrain train`'s own prediction (train/prediction.py) against what the run measures.
 
-The distributed tests run the same Tracker the worker installs around `train`, on a tiny
+The distributed tests run the same PredictionTracker the worker installs around `train`, on a tiny
 GPT (dp = 2, and dp = 3 under ZeRO), with the default 25 MiB gradient bucket and
 validation at the end: the summary's predicted and measured model-state bytes and bytes
 sent per step by group must be equal, on every rank. Both are deterministic (tensor sizes,
@@ -23,7 +23,12 @@ from paratrain.mesh import Mesh
 from paratrain.models.presets import preset
 from paratrain.plan.rank_memory import padding_bytes
 from paratrain.train.loop import train
-from paratrain.train.prediction import Tracker, describe, planner_inputs, predict
+from paratrain.train.prediction import (
+    PredictionTracker,
+    describe_prediction,
+    planner_inputs,
+    predict,
+)
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
@@ -40,12 +45,12 @@ def config(dp: int = 2, pp: int = 1, tp: int = 1, **parallel: object) -> RunConf
 
 
 def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
-    """Train under the Tracker the worker installs: the result, the summary's predicted
+    """Train under the PredictionTracker the worker installs: the result, the summary's predicted
     and measured numbers (collective, as in the worker) and the mesh, for the caller to
     read and close."""
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, ledger=ledger)
-    tracker = Tracker(cfg, mesh)
+    tracker = PredictionTracker(cfg, mesh)
     try:
         result = train(cfg, mesh, data, tracker.step_done)
     finally:
@@ -115,7 +120,7 @@ def test_zero2_default_accumulates_into_the_shard_predicted_exactly_dp3():
         assert measured["model_state_bytes"] == full.model_state
         for shard, whole in zip(measured["bytes_sent_per_step"], full.bytes_per_step, strict=True):
             assert shard["dp"] - whole["dp"] == 114_352
-    assert "accumulate shard" in describe(predict(cfg))[1]
+    assert "accumulate shard" in describe_prediction(predict(cfg))[1]
 
 
 def test_prediction_per_rank_for_a_3d_layout():
@@ -128,7 +133,7 @@ def test_prediction_per_rank_for_a_3d_layout():
     for sent in pred.bytes_per_step:
         assert sent["dp"] > 0 and sent["tp"] > 0 and sent["pp"] > 0
     assert pred.bubble == 1 / (cfg.train.microbatches + 1)
-    lines = describe(pred)
+    lines = describe_prediction(pred)
     assert len(lines) == 2 and "plan (rank 0)" in lines[0] and "bubble 0." in lines[1]
 
 
@@ -139,7 +144,7 @@ def test_async_data_parallel_is_not_predicted():
     class OneRank:
         global_rank = 0
 
-    tracker = Tracker(cfg, OneRank())  # type: ignore[arg-type]
+    tracker = PredictionTracker(cfg, OneRank())  # type: ignore[arg-type]
     assert tracker.prediction is None and tracker.compare(None) == {}  # type: ignore[arg-type]
 
 

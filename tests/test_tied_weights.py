@@ -20,7 +20,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT
 from paratrain.parallel.tensor_parallel import full_state_dict
-from paratrain.train.build import build_engine, data_parallel, gpt_config
+from paratrain.train.build import build_engine, data_parallel, run_gpt_config
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
@@ -34,7 +34,7 @@ from tests.equivalence import (
 
 def tied_gpt(cfg: RunConfig) -> GPT:
     torch.manual_seed(cfg.train.seed)
-    return GPT(dataclasses.replace(gpt_config(cfg), tie_embeddings=True))
+    return GPT(dataclasses.replace(run_gpt_config(cfg), tie_embeddings=True))
 
 
 def layout(dp=1, pp=1, tp=1, zero=0, sp=False, schedule="1f1b") -> RunConfig:

@@ -53,10 +53,10 @@ def test_offsets_against_a_known_transfer():
     server, client, accepted = _loopback_pair()
     with server, client, accepted:
         ends = client.getsockname(), accepted.getsockname()
-        before = wire.settle()
+        before = wire.settled_counters()
         _send_all(client, accepted, 3_000_001)  # several 64 KB segments
         _send_all(accepted, client, 1234)
-        moved = wire.deltas(before, wire.settle())
+        moved = wire.deltas(before, wire.settled_counters())
     by_local = {d.local: d for d in moved.values()}
     out, back = by_local[ends[0]], by_local[ends[1]]
     assert (out.acked, out.sent, out.received, out.retrans) == (3_000_001, 3_000_001, 1234, 0)

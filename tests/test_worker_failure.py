@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from paratrain.launch import failure_line, root_failure
 from paratrain.train.checkpoint import COMMIT_FILE, META_FILE, checkpoint_path
 from paratrain.train.failed_start import before_start, undo_failed_start
-from paratrain.train.failure import INTERNAL_ERROR, USER_ERROR, describe, report_failure
+from paratrain.train.failure import INTERNAL_ERROR, USER_ERROR, describe_failure, report_failure
 from tests.distributed import run_distributed
 
 
@@ -39,14 +39,16 @@ def test_when_every_rank_fails_at_once_exactly_one_prints():
 
 
 def test_user_errors_are_one_line_and_internal_errors_carry_the_traceback():
-    status, text = describe(ValueError("--lr must be positive"), rank=3)
+    status, text = describe_failure(ValueError("--lr must be positive"), rank=3)
     assert status == USER_ERROR and text == "paratrain train: error (rank 3): --lr must be positive"
-    status, text = describe(torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB"), rank=1)
+    status, text = describe_failure(
+        torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB"), rank=1
+    )
     assert status == USER_ERROR and "\n" not in text and "out of memory" in text
     try:
         {}["missing"]
     except KeyError as e:
-        status, text = describe(e, rank=0)
+        status, text = describe_failure(e, rank=0)
     assert status == INTERNAL_ERROR and "Traceback" in text and "KeyError" in text
 
 

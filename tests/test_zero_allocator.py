@@ -43,7 +43,7 @@ import gc
 import torch
 from torch import nn
 
-from paratrain.measure.allocator import AllocatorMeter, Block
+from paratrain.measure.allocator import Allocation, AllocatorMeter
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import count_parameters
 from paratrain.parallel.fsdp_units import GATHER_SCOPE
@@ -93,7 +93,7 @@ def activations(cfg, dtype: str, batch: torch.Tensor) -> int:
     return meter.peak()
 
 
-def outside_collectives(block: Block) -> bool:
+def outside_collectives(block: Allocation) -> bool:
     """Not allocated inside a collective, where the buffers are gloo's own copies."""
     return not any(name.startswith(("c10d::", "gloo:")) for name in block.scopes)
 

@@ -13,7 +13,6 @@ from typing import NoReturn
 
 from paratrain.commands import COMMANDS, command
 
-
 DESCRIPTION = (
     "Train PyTorch models across many processes: data, tensor, pipeline, context and "
     "expert parallelism, ZeRO and FSDP, each checked against one process. "

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
-from paratrain.comm.watchdog import Watchdog, default_store
+from paratrain.comm.watchdog import Watchdog, default_store_or_none
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost
 DERIVED = ("dp_cp", "ep", "expert_dp")  # groups made of the axes' ranks (module docstring)
@@ -185,7 +185,7 @@ class Mesh:
                 f"the degrees must multiply to {world}"
             )
         rank = dist.get_rank() if dist.is_initialized() else 0
-        store = default_store() if world > 1 else None
+        store = default_store_or_none() if world > 1 else None
         watchdog = Watchdog(ledger, store, rank) if store is not None else None
         common = {"ledger": ledger, "options": options, "watchdog": watchdog}
         groups = {"world": CommGroup.world(**common)}

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain.comm.ledger import Ledger
-from paratrain.comm.progress import Progress
+from paratrain.comm.progress import ProgressThread
 from paratrain.comm.streams import Streams
 from paratrain.config import COMM_ALGOS, COMM_ORDERS
 
@@ -79,17 +79,17 @@ class CommGroup:
                 f"comm order nccl on group {name!r}, whose backend is NCCL: NCCL orders its "
                 "calls itself; the order is for gloo groups"
             )
-        self._progress: Progress | None = None
+        self._progress: ProgressThread | None = None
         self._streams: Streams | None = None
         self.link_free_at = 0.0  # the simulated slower network's queue (wait.py)
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     @property
-    def progress(self) -> Progress:
+    def progress(self) -> ProgressThread:
         """The thread that runs this group's calls of our algorithms (progress.py), started
         on first use: groups that only use native collectives never have one."""
         if self._progress is None:
-            self._progress = Progress(self.name, self.device)
+            self._progress = ProgressThread(self.name, self.device)
         return self._progress
 
     @property

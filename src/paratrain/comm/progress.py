@@ -29,7 +29,7 @@ POLL_S = 1.0  # how often a waiter checks that the thread is still alive
 
 
 class ThreadWork:
-    """One call queued on a `Progress` thread, waited on like a backend's `dist.Work`."""
+    """One call queued on a `ProgressThread`, waited on like a backend's `dist.Work`."""
 
     def __init__(self, thread: threading.Thread) -> None:
         self._thread = thread
@@ -59,7 +59,7 @@ class ThreadWork:
         self._done.set()
 
 
-class Progress:
+class ProgressThread:
     """A daemon thread that runs one group's calls of our algorithms, first in, first out.
 
     After a call fails, later calls fail at once with the same error instead of each

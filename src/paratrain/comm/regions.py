@@ -13,7 +13,7 @@ Sequence parallelism (Korthikanti et al., arXiv:2205.05198, section 4.2.2) repla
 another conjugate pair along the sequence dimension, each moving half an all-reduce:
 `gather_sequence` (all-gather forward, reduce-scatter backward; the paper's g) and
 `reduce_scatter_sequence` (reduce-scatter forward, all-gather backward; its g-bar).
-`gather` and `split` along any dimension complete the set (a column-parallel output
+`gather_slices` and `split` along any dimension complete the set (a column-parallel output
 gathered on request, an input split for a row-parallel layer).
 
 Every collective goes through `paratrain.comm`, so the ledger counts it; a group of one
@@ -173,7 +173,7 @@ def g(x: torch.Tensor, group: CommGroup) -> torch.Tensor:
 
 
 @torch.compiler.disable
-def gather(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
+def gather_slices(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
     """Concatenate the ranks' slices along dim; backward keeps the local slice."""
     return x if group.size == 1 else _Gather.apply(x, dim, group)
 

@@ -143,7 +143,7 @@ def first_divergence(
     return "\n".join(lines)
 
 
-def default_store() -> dist.Store | None:
+def default_store_or_none() -> dist.Store | None:
     """The rendezvous store of the default process group, where the watchdog publishes."""
     try:
         return compat.default_store()

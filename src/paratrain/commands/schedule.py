@@ -61,7 +61,7 @@ def simulate(args: argparse.Namespace) -> Simulation:
     return check_schedule(schedule, Costs(forward=1.0, backward=args.backward_cost))
 
 
-def summarise(sim: Simulation) -> dict[str, Any]:
+def schedule_summary(sim: Simulation) -> dict[str, Any]:
     sch = sim.schedule
     s, k, v = sch.num_stages, sch.num_microbatches, sch.chunks
     formula = pipeline.bubble_fraction(s, k, v, sch.name, sim.costs.backward)
@@ -83,7 +83,7 @@ def summarise(sim: Simulation) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     sim = simulate(args)
-    result = summarise(sim)
+    result = schedule_summary(sim)
     print(render_grid(sim))
     per_stage = ", ".join(f"{b:.3f}" for b in result["bubble_per_stage"])
     print(

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from paratrain.data.prepare import is_prepared, read_meta
+from paratrain.data.prepare import is_prepared, read_data_meta
 from paratrain.data.tokenizer import load_tokenizer
 from paratrain.data.tokens import TEXT_SUFFIXES, data_tokenizer, is_val_file
 
@@ -29,7 +29,7 @@ def tokenizer_vocab(cfg: Any) -> int | None:
     """The vocabulary of the data's tokenizer (--tokenizer's or a prepared directory's);
     None for bytes and .bin ids. Cheap: what the CLI pads the model's vocabulary to."""
     if is_prepared(cfg.data.path):
-        return int(read_meta(Path(cfg.data.path))["vocab_size"])
+        return int(read_data_meta(Path(cfg.data.path))["vocab_size"])
     source = data_tokenizer(cfg)
     return None if source is None else int(load_tokenizer(source).get_vocab_size())
 
@@ -122,7 +122,7 @@ def _check_enough(path: str, sizes: tuple[int, int], cfg: Any, upper_bound: bool
 
 
 def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> None:
-    meta = read_meta(path)  # every shard's size against the index
+    meta = read_data_meta(path)  # every shard's size against the index
     if tokenizer:
         digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()
         if digest != meta["tokenizer_sha256"]:

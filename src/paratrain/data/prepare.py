@@ -66,7 +66,7 @@ def _held_out(key: str, val_fraction: float) -> bool:
 
 
 @dataclass(frozen=True)
-class Piece:
+class FileRange:
     """Bytes [start, end) of one input file: all of it, or a run of whole lines."""
 
     source: str  # the input file
@@ -81,25 +81,25 @@ class Piece:
         return self.end - self.start
 
 
-def _pieces(f: Path, key: str, job_bytes: int) -> list[Piece]:
+def _pieces(f: Path, key: str, job_bytes: int) -> list[FileRange]:
     size = f.stat().st_size
     if f.suffix != ".jsonl" or size <= job_bytes:
-        return [Piece(str(f), key, 0, size)]
+        return [FileRange(str(f), key, 0, size)]
     pieces, start, first_doc, first_line = [], 0, 0, 1
     at, docs, lines = 0, 0, 0
     with f.open("rb") as rows:
         for row in rows:  # lines end at b"\n" only, as _documents reads them
             if at - start >= job_bytes:
-                pieces.append(Piece(str(f), key, start, at, first_doc, first_line))
+                pieces.append(FileRange(str(f), key, start, at, first_doc, first_line))
                 start, first_doc, first_line = at, docs, lines + 1
             at, docs, lines = at + len(row), docs + bool(row.strip()), lines + 1
-    return [*pieces, Piece(str(f), key, start, at, first_doc, first_line)]
+    return [*pieces, FileRange(str(f), key, start, at, first_doc, first_line)]
 
 
-def _group(pieces: list[Piece], job_bytes: int) -> list[tuple[Piece, ...]]:
+def _group(pieces: list[FileRange], job_bytes: int) -> list[tuple[FileRange, ...]]:
     """Consecutive pieces, in order, up to job_bytes a job (a larger piece alone)."""
-    jobs: list[tuple[Piece, ...]] = []
-    current: list[Piece] = []
+    jobs: list[tuple[FileRange, ...]] = []
+    current: list[FileRange] = []
     held = 0  # current's bytes
     for p in pieces:
         if current and held + p.size > job_bytes:
@@ -110,7 +110,7 @@ def _group(pieces: list[Piece], job_bytes: int) -> list[tuple[Piece, ...]]:
     return [*jobs, tuple(current)] if current else jobs
 
 
-def _documents(p: Piece) -> Iterator[tuple[str, str]]:
+def _documents(p: FileRange) -> Iterator[tuple[str, str]]:
     """(split key, text) of each document of a piece: a text file is one document, a
     JSON-lines line one unless blank."""
     f = Path(p.source)
@@ -140,7 +140,7 @@ def _text(row: bytes, f: Path, number: int) -> str:
 @dataclass(frozen=True)
 class Job:
     index: int
-    pieces: tuple[Piece, ...]
+    pieces: tuple[FileRange, ...]
     out: str
     dtype: str
     val_fraction: float
@@ -320,7 +320,7 @@ class ShardedTokens:
         return torch.from_numpy(joined)
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_data_meta(path: Path) -> dict[str, Any]:
     """A prepared data set's meta.json, every shard checked whole; ValueError otherwise."""
     if not (path / META).is_file():
         raise ValueError(f"--data {str(path)!r}: no {META}; run paratrain prepare (again)")

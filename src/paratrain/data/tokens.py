@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from paratrain.data.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_meta
+from paratrain.data.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_data_meta
 from paratrain.data.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 
@@ -111,7 +111,7 @@ def load_tokens(path: str, val_fraction: float = 0.05, tokenizer: str = "") -> T
 
 
 def _prepared(path: Path) -> TokenData:
-    meta = read_meta(path)
+    meta = read_data_meta(path)
     splits = {
         s: ShardedTokens([path / shard[s]["file"] for shard in meta["shards"]], meta["dtype"])
         for s in ("train", "val")

@@ -42,7 +42,7 @@ from paratrain.comm import compat
 
 
 @dataclass(frozen=True)
-class Block:
+class Allocation:
     """One allocation made inside the region: its bytes, when, and the names of the ranges
     and ops it was allocated in."""
 
@@ -55,7 +55,7 @@ class Block:
 
 # Which blocks a level counts (None: all). Only the blocks: a level with a filter is built
 # from the allocations and frees the profiler saw, not from the allocator's total.
-BlockFilter = Callable[[Block], bool] | None
+AllocationFilter = Callable[[Allocation], bool] | None
 
 
 class AllocatorMeter:
@@ -65,7 +65,7 @@ class AllocatorMeter:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self.blocks: list[Block] = []
+        self.blocks: list[Allocation] = []
         self.ranges: dict[str, list[tuple[int, int]]] = {}  # name -> [(start_ns, end_ns)]
         self.all_threads = False  # whether the level counts frees on every thread
         self._times: list[int] = []  # the level's samples: times and bytes above the start
@@ -156,14 +156,14 @@ class AllocatorMeter:
             level = e.extra_fields.total_allocated - base if self.all_threads else level + size
             self._times.append(t)
             self._levels.append(level)
-        self.blocks += [Block(p, n, s, None, sc) for p, (n, s, sc) in live.items()]
+        self.blocks += [Allocation(p, n, s, None, sc) for p, (n, s, sc) in live.items()]
         self.blocks.sort(key=lambda b: b.start_ns)
 
     def _close(self, live: dict, ptr: int, t: int) -> None:
         nbytes, start, scopes = live.pop(ptr)
-        self.blocks.append(Block(ptr, nbytes, start, t, scopes))
+        self.blocks.append(Allocation(ptr, nbytes, start, t, scopes))
 
-    def _timeline(self, scope: str | None, where: BlockFilter) -> tuple[list[int], list[int]]:
+    def _timeline(self, scope: str | None, where: AllocationFilter) -> tuple[list[int], list[int]]:
         """Sample times and the level after each: the allocator's, or that of the blocks
         allocated in `scope` for which `where` holds."""
         if scope is None and where is None:
@@ -187,7 +187,7 @@ class AllocatorMeter:
             raise ValueError(f"{what} needs the profiler's allocation events: CPU only")
 
     def peak(
-        self, scope: str | None = None, during: str | None = None, where: BlockFilter = None
+        self, scope: str | None = None, during: str | None = None, where: AllocationFilter = None
     ) -> int:
         """Most bytes alive at once above the start (of blocks allocated in `scope`, and
         for which `where` holds), over the region or inside the ranges named `during`."""
@@ -198,7 +198,7 @@ class AllocatorMeter:
         return self._peak_at(scope, during, where)[0]
 
     def _peak_at(
-        self, scope: str | None, during: str | None, where: BlockFilter = None
+        self, scope: str | None, during: str | None, where: AllocationFilter = None
     ) -> tuple[int, int, int]:
         """(peak, time of the peak, start of the window that holds it)."""
         times, levels = self._timeline(scope, where)
@@ -217,7 +217,7 @@ class AllocatorMeter:
                 best = max(best, (levels[j], times[j], start))
         return best
 
-    def held(self, scope: str | None = None, where: BlockFilter = None) -> int:
+    def held(self, scope: str | None = None, where: AllocationFilter = None) -> int:
         """Bytes alive at the end above the start (of blocks allocated in `scope`, and for
         which `where` holds)."""
         if self._cuda:
@@ -232,8 +232,8 @@ class AllocatorMeter:
         scope: str | None = None,
         during: str | None = None,
         fresh: bool = False,
-        where: BlockFilter = None,
-    ) -> list[Block]:
+        where: AllocationFilter = None,
+    ) -> list[Allocation]:
         """The blocks alive at the moment of `peak(scope, during, where)`: what it is made of.
 
         fresh: only those allocated since the window holding the peak opened. A block whose
@@ -250,7 +250,7 @@ class AllocatorMeter:
         ]
 
 
-def _kept(block: Block, scope: str | None, where: BlockFilter) -> bool:
+def _kept(block: Allocation, scope: str | None, where: AllocationFilter) -> bool:
     return (scope is None or scope in block.scopes) and (where is None or where(block))
 
 

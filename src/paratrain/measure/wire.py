@@ -18,7 +18,7 @@ checks them against a known transfer over loopback.
 
 Every TCP socket of the process is counted, found through /proc/self/fd. The caller names
 the ports to leave out (a TCPStore's port: its client socket talks to the store, not to a
-peer), and `settle` waits until everything written is acknowledged, so that a reading
+peer), and `settled_counters` waits until everything written is acknowledged, so that a reading
 taken right after a collective includes its last bytes.
 """
 
@@ -120,7 +120,9 @@ def tcp_sockets(exclude_ports: Iterable[int] = ()) -> dict[int, TcpCounters]:
     return out
 
 
-def settle(exclude_ports: Iterable[int] = (), timeout_s: float = 10.0) -> dict[int, TcpCounters]:
+def settled_counters(
+    exclude_ports: Iterable[int] = (), timeout_s: float = 10.0
+) -> dict[int, TcpCounters]:
     """Wait until every byte written is sent and acknowledged; the counters then.
 
     A collective can return on this rank before the peer's ACK of its last segment is
@@ -197,12 +199,12 @@ class WireMeter:
         self.moved: dict[int, WireDelta] = {}
 
     def __enter__(self) -> WireMeter:
-        self._before = settle(self.exclude_ports, self.timeout_s)
+        self._before = settled_counters(self.exclude_ports, self.timeout_s)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
-            self.moved = deltas(self._before, settle(self.exclude_ports, self.timeout_s))
+            self.moved = deltas(self._before, settled_counters(self.exclude_ports, self.timeout_s))
 
     @property
     def acked(self) -> int:

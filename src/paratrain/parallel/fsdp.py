@@ -47,7 +47,7 @@ from paratrain.comm import compat
 from paratrain.parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel import broadcast_parameters
 from paratrain.parallel.flat_replica import FlatShardReplica
-from paratrain.parallel.fsdp_units import FlatUnit, Tracker
+from paratrain.parallel.fsdp_units import FlatUnit, GatheredBytes
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
 from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.replica import MemoryReport, count_memory
@@ -81,7 +81,7 @@ class FullyShardedDataParallel(FlatShardReplica):
         self.module, self.group, self.prefetch, self.reduce_op = module, group, prefetch, reduce_op
         self.precision, self.share = precision or MixedPrecision(), share
         broadcast_parameters(module, group, share)
-        self.tracker = Tracker()
+        self.tracker = GatheredBytes()
         self.events: list[tuple] = []  # (kind, unit, ...) in order: gathers, forward ends
         self.units = self._build_units(units)
         self._unit_of = {id(p): u for u in self.units for p in u.params}

@@ -51,7 +51,7 @@ def _has_module(model: nn.Module, name: str) -> bool:
         return False
 
 
-class Tracker:
+class GatheredBytes:
     """Bytes of full parameters alive now (gathered, or being gathered), and the peak."""
 
     def __init__(self) -> None:
@@ -77,7 +77,7 @@ class FlatUnit:
         named_params: list[tuple[str, nn.Parameter]],
         group: comm.CommGroup,
         precision: MixedPrecision,
-        tracker: Tracker,
+        tracker: GatheredBytes,
     ) -> None:
         self.index, self.name, self.modules = index, name, modules
         self.params = [p for _, p in named_params]

@@ -26,7 +26,7 @@ def ep_traffic(
     per_pass = moe.all_to_all_bytes(model, tokens, ep, layout.tp, elem, workload.moe_imbalance)
     link = axis_link("ep", layout, cluster)
     fwd_passes = passes - 1
-    counts = calls * fwd_passes * moe.counts_bytes(model, ep)
+    counts = calls * fwd_passes * moe.moe_counts_bytes(model, ep)
     tokens_sent = round(calls * passes * per_pass)
     return [
         CommEntry("all_to_all", "ep", link, "expert counts", counts, calls * fwd_passes * (ep - 1)),

@@ -130,5 +130,5 @@ def all_to_all_bytes(m: Any, tokens: float, ep: int, tp: int, elem: int, imbalan
     return (1 + iota) * m.top_k * tokens * m.d_model * elem * (ep - 1) / ep / tp
 
 
-def counts_bytes(m: Any, ep: int) -> int:
+def moe_counts_bytes(m: Any, ep: int) -> int:
     return (ep - 1) * (m.num_experts // ep) * COUNT_BYTES

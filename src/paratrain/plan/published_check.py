@@ -23,13 +23,13 @@ from paratrain.plan.published import (
 TOLERANCE = 0.15  # the issue's goal: every row within 15% of its published figure
 
 
-def predict(run: PublishedRun, efficiency: float | None = None) -> Estimate:
+def predict_published(run: PublishedRun, efficiency: float | None = None) -> Estimate:
     """The planner's estimate of the run; `efficiency` replaces its preset's."""
     return estimate(run.model(), run.cluster_spec(efficiency), run.workload(), run.layout())
 
 
 def predicted_tflops(run: PublishedRun, efficiency: float | None = None) -> float:
-    tflops = predict(run, efficiency).model_tflops_per_gpu
+    tflops = predict_published(run, efficiency).model_tflops_per_gpu
     assert tflops is not None, f"{run.name}: no step time"
     return tflops
 
@@ -46,7 +46,7 @@ def fit_efficiency(run: PublishedRun, digits: int = 4) -> float:
 
 
 @dataclass(frozen=True)
-class Row:
+class PublishedRow:
     run: PublishedRun
     label: str
     predicted: float
@@ -57,11 +57,11 @@ class Row:
         return self.predicted / self.run.tflops_per_gpu - 1  # type: ignore[operator]
 
 
-def compare(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> list[Row]:
-    return [Row(r, r.layout().label, predicted_tflops(r)) for r in runs]
+def compare_published(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> list[PublishedRow]:
+    return [PublishedRow(r, r.layout().label, predicted_tflops(r)) for r in runs]
 
 
-def comparison_table(rows: list[Row]) -> str:
+def comparison_table(rows: list[PublishedRow]) -> str:
     """Markdown: run, layout, published, predicted, error; the calibration runs marked."""
     fitted = {r.name for r in CALIBRATION_RUNS.values()}
     lines = [
@@ -104,7 +104,7 @@ def ranking_report() -> tuple[list[str], bool]:
 def run_published() -> int:
     """Print the comparison and the rankings; 1 if a row is off by more than TOLERANCE or
     a ranking disagrees."""
-    rows = compare()
+    rows = compare_published()
     print(comparison_table(rows))
     off = [r.run.name for r in rows if abs(r.error) > TOLERANCE]
     lines, ranks_ok = ranking_report()

@@ -62,7 +62,7 @@ BUFFER_BYTES = 4  # the router's bias and the layer's load, float32
 
 
 @dataclass(frozen=True)
-class Experts:
+class ExpertCounts:
     """A run's mixture of experts, as the per-rank counts need it (config.ModelConfig)."""
 
     num_experts: int
@@ -73,7 +73,7 @@ class Experts:
     mlp_replicated: int  # ... and those it replicates (models/plans.py)
 
     @classmethod
-    def of(cls, m: ModelConfig) -> Experts | None:
+    def of(cls, m: ModelConfig) -> ExpertCounts | None:
         if not m.num_experts:
             return None
         h, f = m.d_model, ffn_width(m)
@@ -85,10 +85,10 @@ class Experts:
         return cls(m.num_experts, m.top_k, expert, feed_forward_params(m), split, replicated)
 
 
-def run_model(m: ModelConfig, seq_len: int) -> tuple[ModelSpec, Experts | None]:
+def run_model(m: ModelConfig, seq_len: int) -> tuple[ModelSpec, ExpertCounts | None]:
     """A run's [model] as the per-rank counts take it: the spec (for a mixture of experts,
-    the dense model of the same shape, whose MLPs `Experts` replaces) and its experts."""
-    experts = Experts.of(m)
+    the dense model of the same shape, whose MLPs `ExpertCounts` replaces) and its experts."""
+    experts = ExpertCounts.of(m)
     return spec_of(replace(m, num_experts=0) if experts else m, seq_len), experts
 
 
@@ -108,7 +108,7 @@ class Share:
         return list(self.buffers or (self.params,))
 
 
-def shares(model: ModelSpec, experts: Experts, layout: Layout, at: Coords) -> list[Share]:
+def shares(model: ModelSpec, experts: ExpertCounts, layout: Layout, at: Coords) -> list[Share]:
     """The rank's shares (module docstring), per chunk of its pipeline stage: each chunk is
     wrapped on its own. `model` is the dense model of the same shape."""
     pieces = virtual_stage_layers(model.n_layer or 0, layout.pp, layout.chunks)
@@ -143,7 +143,7 @@ def share_layout(share: Share, layout: Layout) -> Layout:
 
 
 def expert_model_state(
-    model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, at: Coords
+    model: ModelSpec, experts: ExpertCounts, workload: Workload, layout: Layout, at: Coords
 ) -> ModelState:
     """Model-state bytes of a rank, itemised as the runtime records them: its shares'."""
     states = []
@@ -169,7 +169,7 @@ def tp_activation_bytes(
 
 
 def moe_terms(
-    model: ModelSpec, experts: Experts, workload: Workload, layout: Layout, k: int, at: Coords
+    model: ModelSpec, experts: ExpertCounts, workload: Workload, layout: Layout, k: int, at: Coords
 ) -> list[RankTraffic]:
     """Routing, buffers and expert traffic of a rank (module docstring)."""
     forwards = k * stage_layers(model.n_layer or 0, at.stage, layout.pp, layout.chunks)

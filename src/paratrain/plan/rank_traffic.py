@@ -46,7 +46,7 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
-    Experts,
+    ExpertCounts,
     moe_terms,
     share_layout,
     shares,
@@ -123,7 +123,7 @@ def _dp_gradients(
 
 def _share_gradients(
     model: ModelSpec,
-    experts: Experts,
+    experts: ExpertCounts,
     workload: Workload,
     layout: Layout,
     microbatches: int,
@@ -214,7 +214,7 @@ def rank_traffic(
     at: Coords,
     sequence_parallel: bool = False,
     dropout: float = 0.0,
-    experts: Experts | None = None,
+    experts: ExpertCounts | None = None,
 ) -> list[RankTraffic]:
     """Everything a rank sends per optimizer step: the planner's terms, then bookkeeping.
 

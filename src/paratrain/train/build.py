@@ -59,7 +59,8 @@ from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 from paratrain.train.experts import apply_experts
 
 
-def gpt_config(cfg: RunConfig) -> GPTConfig:
+def run_gpt_config(cfg: RunConfig) -> GPTConfig:
+    """The GPT configuration of a run's [model] fields (models.registry.gpt_config)."""
     return registry.gpt_config(cfg.model)
 
 

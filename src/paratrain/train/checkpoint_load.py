@@ -2,9 +2,10 @@
 
 `load` restores everything a resumed run needs: the model (parameters and persistent
 buffers), AdamW's moments and step, and (on the layout that saved them) the random states.
-`load_weights` reads only the model, for evaluation on any layout. Each rank reads only its
-own boxes (train/checkpoint_state.py). A checkpoint written before buffers were saved loads
-with the buffers as built, and one warning line (checkpoint_buffers.py).
+`load_engine_weights` reads only the model into the engine, for evaluation on any layout
+(checkpoint_model.load_weights copies whole tensors into a plain model instead). Each rank
+reads only its own boxes (train/checkpoint_state.py). A checkpoint written before buffers
+were saved loads with the buffers as built, and one warning line (checkpoint_buffers.py).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def load(
     return meta
 
 
-def load_weights(ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig) -> None:
+def load_engine_weights(
+    ckpt: Checkpoint, engine: Any, optimizer: Any, mesh: Mesh, cfg: RunConfig
+) -> None:
     """Load only the model's values (fp32 masters where they exist) of `ckpt`, on any
     layout, global batch or sequence length; the optimizer only names the pieces."""
     check_compatible(read_meta(ckpt.path), cfg, ckpt.path, train=())

@@ -14,7 +14,7 @@ from paratrain.config import RunConfig
 from paratrain.config_toml import to_toml
 from paratrain.mesh import AXES, MeshShape
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
-from paratrain.train.prediction import MB, describe, predict
+from paratrain.train.prediction import MB, describe_prediction, predict
 
 
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
@@ -39,5 +39,7 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
             line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
         lines.append(line)
     lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]
-    lines += ["", "# plan"] + (describe(pred) if pred is not None else ["async: not predicted"])
+    lines += ["", "# plan"] + (
+        describe_prediction(pred) if pred is not None else ["async: not predicted"]
+    )
     return lines

@@ -22,7 +22,7 @@ from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
 from paratrain.train import checkpoint
 from paratrain.train.build import build_engine, build_model
-from paratrain.train.checkpoint_load import load_weights
+from paratrain.train.checkpoint_load import load_engine_weights
 from paratrain.train.inspect_run import (
     eval_seq_len,
     eval_tokens,
@@ -50,7 +50,7 @@ def evaluate_on_mesh(
         optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
         ckpt = checkpoint.latest_checkpoint(run_dir)
         assert ckpt is not None  # checked before launch
-        load_weights(ckpt, engine, optimizer, mesh, cfg)
+        load_engine_weights(ckpt, engine, optimizer, mesh, cfg)
         windows = eval_windows(eval_tokens(cfg, run_dir, data), eval_seq_len(cfg, seq_len))
         batches = on_device(list(windows.split(t.micro_batch)), mesh.device)
         loss = engine.evaluate(batches)

@@ -20,12 +20,12 @@ from typing import Any, NoReturn
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from paratrain.comm.watchdog import default_store
+from paratrain.comm.watchdog import default_store_or_none
 
 USER_ERROR, INTERNAL_ERROR = 2, 1
 
 
-def describe(exc: BaseException, rank: int, command: str = "train") -> tuple[int, str]:
+def describe_failure(exc: BaseException, rank: int, command: str = "train") -> tuple[int, str]:
     """(exit status, what to print) for an exception that ended this rank's work."""
     if isinstance(exc, ValueError):
         return USER_ERROR, f"paratrain {command}: error (rank {rank}): {exc}"
@@ -42,7 +42,7 @@ def describe(exc: BaseException, rank: int, command: str = "train") -> tuple[int
 def first_to_fail(key: str) -> bool:
     """True for the first rank to ask (per `key`); True as well when there is no store to
     ask (no process group yet, or its server gone): better printed twice than never."""
-    store = default_store()
+    store = default_store_or_none()
     if store is None:
         return True
     try:
@@ -55,7 +55,7 @@ def report_failure(
     exc: BaseException, rank: int, restart_count: int = 0, command: str = "train"
 ) -> int:
     """Print `exc` if this rank failed first; return the exit status either way."""
-    status, text = describe(exc, rank, command)
+    status, text = describe_failure(exc, rank, command)
     if first_to_fail(f"paratrain/failed/attempt_{restart_count}"):
         print(text, file=sys.stderr, flush=True)
         try:

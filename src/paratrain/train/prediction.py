@@ -48,7 +48,7 @@ from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import memory, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_experts import Experts, expert_model_state
+from paratrain.plan.rank_experts import ExpertCounts, expert_model_state
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
 from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
 from paratrain.plan.run_inputs import planner_inputs
@@ -82,7 +82,7 @@ class Prediction:
 def predict(cfg: RunConfig) -> Prediction:
     """Every rank's prediction, from the planner's pure formulas."""
     model, workload, layout, notes = planner_inputs(cfg)
-    experts = Experts.of(cfg.model)
+    experts = ExpertCounts.of(cfg.model)
     shape = MeshShape(dp=layout.dp, pp=layout.pp, tp=layout.tp, cp=layout.cp, ep=layout.ep)
     k = cfg.train.microbatches
     states, sent, acts, routed = [], [], [], []
@@ -108,11 +108,11 @@ def predict(cfg: RunConfig) -> Prediction:
     bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
-        notes.append(zero2_note(model, workload, layout, k))
+        notes.append(zero2_accumulation_note(model, workload, layout, k))
     return Prediction(states, sent, acts, bubble, notes, routed)
 
 
-def zero2_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:
+def zero2_accumulation_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:
     """What ZeRO-2's accumulation option costs in this run, beyond the step-boundary record."""
     if workload.zero2_accumulate == "shard":
         return f"ZeRO-2 accumulate shard: a gradient reduce-scatter after each of K = {k}"
@@ -123,7 +123,7 @@ def zero2_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> 
     )
 
 
-def describe(pred: Prediction, rank: int = 0) -> list[str]:
+def describe_prediction(pred: Prediction, rank: int = 0) -> list[str]:
     """One or two log lines: what the planner expects of `rank`."""
     state, sent, act = pred.model_state[rank], pred.bytes_per_step[rank], pred.activation_bytes
     groups = ", ".join(f"{a} {sent[a] / MB:.3f}" for a in AXES if sent[a])
@@ -143,7 +143,7 @@ def describe(pred: Prediction, rank: int = 0) -> list[str]:
     return [first, second]
 
 
-class Tracker:
+class PredictionTracker:
     """Installed around `train`: the prediction at the start, the measurement at the end.
 
     `step_done` (called from the loop's on_step) marks each step's end with the ledger's
@@ -159,7 +159,7 @@ class Tracker:
         if self.prediction is not None:
             self.marks.append(self._ledger())
             if mesh.global_rank == 0:
-                for line in describe(self.prediction):
+                for line in describe_prediction(self.prediction):
                     log.info(line)
 
     def _ledger(self) -> dict[str, int]:

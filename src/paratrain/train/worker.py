@@ -26,7 +26,7 @@ from paratrain.train.cuda_memory import cuda_memory
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.pipeline_trace import record_trace
-from paratrain.train.prediction import Tracker
+from paratrain.train.prediction import PredictionTracker
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
 from paratrain.train.tensorboard import TensorBoardWriter
@@ -100,7 +100,7 @@ def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
     return Path(answer)
 
 
-def summarize(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def run_summary(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     """The whole run's summary: every step in metrics.jsonl, also those before a resume."""
     metrics = rd.read_step_metrics(run_dir)
     steady = metrics[1:] or metrics  # the first step pays for warm-up allocations
@@ -206,7 +206,7 @@ def _train_and_record(
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
     progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
 
-    tracker = Tracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
+    tracker = PredictionTracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
 
     def on_step(m: Any) -> None:
         tracker.step_done()  # first: the step's traffic ends here
@@ -238,7 +238,7 @@ def _train_and_record(
     if not is_writer:
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
-    summary = summarize(result, cfg, run_dir) | compared | traced | memory
+    summary = run_summary(result, cfg, run_dir) | compared | traced | memory
     summary["params"] = count_params(cfg)
     measured = compared.get("measured", {}).get("model_state_bytes")
     summary["model_state_bytes_per_rank"] = [r["total"] for r in measured] if measured else None

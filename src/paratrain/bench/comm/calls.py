@@ -1,9 +1,9 @@
 """What each rank of `paratrain bench comm` runs: every collective of the sweep, timed and
 counted, in one gloo process per rank.
 
-The ranks are started by the benches' harness (`bench/harness/spawn.py`: a forkserver with
-torch preloaded, a FileStore rendezvous in a fresh temporary directory, results pickled
-back through a queue); a rank that fails or hangs is named in one line.
+The ranks are started by the spawner the benches and tests share (`paratrain/spawn.py`: a
+forkserver with torch preloaded, a FileStore rendezvous in a fresh temporary directory,
+results pickled back through a queue); a rank that fails or hangs is named in one line.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch.distributed as dist
 from paratrain import comm
 from paratrain.bench.comm.fit import ELEMENT_BYTES
 from paratrain.bench.comm.sweep import Sweep
-from paratrain.bench.harness.spawn import RankFailed, run_ranks
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.traffic import chunk_sizes
-from paratrain.comm.watchdog import default_store
+from paratrain.comm.watchdog import default_store_or_none
 from paratrain.measure.wire import WireMeter, store_ports
+from paratrain.spawn import RankFailed, run_ranks
 
 
 def _call(op: str, algo: str, nbytes: int, group: CommGroup) -> Callable[[], Any]:
@@ -63,7 +63,7 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
     nothing else of this process sends meanwhile, so the bytes are the call's.
     """
     ledger = Ledger()
-    exclude = store_ports(default_store())
+    exclude = store_ports(default_store_or_none())
     oversubscribed = dist.get_world_size() > usable_cores()
     group = CommGroup.world(ledger, name="bench", options=CommOptions(timeout_s=sweep.timeout_s))
     out = []

@@ -18,13 +18,13 @@ from typing import Any
 
 from paratrain.bench.cp.compare import METHODS, compare_methods
 from paratrain.bench.harness.pairs import ratio_summary
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.parallel.context_parallel.cost import (
     ring_bytes,
     ring_messages,
     ulysses_bytes,
     ulysses_messages,
 )
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything

@@ -14,10 +14,10 @@ import time
 import torch
 
 from paratrain import comm
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.spawn import run_ranks
 from paratrain.train.build import build_model
 
 log = logging.getLogger(__name__)

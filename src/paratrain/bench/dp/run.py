@@ -25,9 +25,9 @@ from paratrain.bench.dp.overlap import run_overlap
 from paratrain.bench.dp.sync_vs_async import run_straggler
 from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
 from paratrain.bench.harness.sides import norm_only
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # per step, ours vs the peers' mean: reordered float32 sums (harness/pairs.py)

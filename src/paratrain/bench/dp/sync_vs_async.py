@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.data.tokens import load_tokens
 from paratrain.mesh import Mesh
+from paratrain.spawn import run_ranks
 from paratrain.train.async_loop import train_async
 from paratrain.train.loop import train
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from paratrain.bench.harness.pairs import ratio_summary, time_pairs
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.comm import compat
+from paratrain.spawn import run_ranks
 
 WORLD = 2
 TOLERANCE = 2e-2  # bf16, relative to the largest magnitude

@@ -41,7 +41,7 @@ import torch
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT
-from paratrain.train.build import build_engine, gpt_config
+from paratrain.train.build import build_engine, run_gpt_config
 from paratrain.train.prediction import predict
 from paratrain.train.step import train_step
 from paratrain.validate import resolve
@@ -104,7 +104,7 @@ def measure(cfg: RunConfig, steps: int = 20, warmup: int = 3) -> dict[str, Any]:
     mesh = Mesh.build(dp=1, device=device)
     torch.manual_seed(t.seed)
     with torch.device(device):  # drawn where it computes: a 1B model is slow to init on a CPU
-        model = GPT(gpt_config(cfg))
+        model = GPT(run_gpt_config(cfg))
     n_matmul = matmul_params(model)
     n_params = sum(p.numel() for p in model.parameters())
     engine = build_engine(cfg, mesh, model=model)

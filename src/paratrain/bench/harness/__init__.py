@@ -1,7 +1,6 @@
-"""What the benchmarks share (and the multi-process tests, through tests/distributed.py).
+"""What the benchmarks share. Their ranks are started by `paratrain.spawn` (src/paratrain/
+spawn.py), the spawner the multi-process tests use too.
 
-    spawn.py       run a function in k gloo processes from a warm forkserver: results back
-                   by rank, a failing rank's traceback, a hung rank named
     sides.py       the two sides of a comparison: our engine and `train_step` (OurSide);
                    the peer's plain-PyTorch step (torch_step) with torch's global-norm clip
     pairs.py       alternating timed pairs, the ratio's median and spread, the loss check

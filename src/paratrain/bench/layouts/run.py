@@ -13,10 +13,10 @@ import logging
 import statistics
 from typing import Any
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.config import RunConfig
 from paratrain.data.tokens import load_tokens
 from paratrain.mesh import Mesh
+from paratrain.spawn import run_ranks
 from paratrain.train.loop import train
 from paratrain.validate import resolve
 

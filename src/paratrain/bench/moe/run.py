@@ -16,9 +16,9 @@ import logging
 from typing import Any
 
 from paratrain.bench.harness.pairs import ratio_summary
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.moe.compare import sweep
 from paratrain.parallel.expert_parallel.cost import counts_bytes, expected_token_bytes, token_bytes
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything

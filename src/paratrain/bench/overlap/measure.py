@@ -37,7 +37,7 @@ from paratrain.parallel.zero import ZeroDataParallel
 
 
 @dataclass(frozen=True)
-class Workload:
+class LinearStack:
     """A stack of wide linear layers: each a bucket (DP, ZeRO-2) or a unit (FSDP) of its
     own, so communication can start after the first layer's gradients.
 
@@ -61,7 +61,7 @@ class Workload:
         return (self.width * self.width + self.width) * 4 / 2**20
 
 
-def build_model(w: Workload) -> nn.Sequential:
+def build_stack(w: LinearStack) -> nn.Sequential:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(w.layers):
@@ -73,14 +73,14 @@ def build_model(w: Workload) -> nn.Sequential:
 class Mechanism:
     """How one mechanism wraps the workload's model, and where its communication is."""
 
-    wrap: Callable[[nn.Module, Workload, comm.CommGroup], nn.Module]
+    wrap: Callable[[nn.Module, LinearStack, comm.CommGroup], nn.Module]
     # Message steps per layer, in units of k - 1 at k ranks: a bucket's all-reduce 2,
     # ZeRO-2's reduce-scatter 1, FSDP's forward and backward gathers and reduce-scatter 3.
     steps_per_layer: int
     in_forward: bool  # FSDP gathers in forward too: the timed window starts there
 
 
-def _fsdp_units(w: Workload) -> list[list[str]]:
+def _fsdp_units(w: LinearStack) -> list[list[str]]:
     return [[str(i), str(i + 1)] for i in range(0, 2 * w.layers, 2)]  # Linear and its Tanh
 
 
@@ -133,19 +133,19 @@ def _groups(
     }
 
 
-def link_latency(mechanism: Mechanism, w: Workload, world: int, x: torch.Tensor) -> float:
+def link_latency(mechanism: Mechanism, w: LinearStack, world: int, x: torch.Tensor) -> float:
     """Seconds per message step that make communication `w.comm_share` of the compute
     window: the fastest of three steps without communication cost, agreed by all ranks."""
     ledger = comm.Ledger()
     group = _groups(ledger, "native", 0.0)[False]
-    model = mechanism.wrap(build_model(w), w, group)
+    model = mechanism.wrap(build_stack(w), w, group)
     compute = min(_step(model, mechanism, x, ledger, group.name)[0] for _ in range(3))
     steps = mechanism.steps_per_layer * (world - 1) * w.layers
     latency = torch.tensor([w.comm_share * compute / steps], dtype=torch.float64)
     return float(comm.all_reduce(latency, group, op="min"))
 
 
-def measure(rank: int, world: int, mechanism: str, algo: str, w: Workload) -> dict:
+def measure(rank: int, world: int, mechanism: str, algo: str, w: LinearStack) -> dict:
     """Alternate `w.pairs` steps with overlap on and off (after one warm-up each)."""
     x = torch.randn(w.batch, w.width, generator=torch.Generator().manual_seed(rank))
     if mechanism not in MECHANISMS:
@@ -154,7 +154,7 @@ def measure(rank: int, world: int, mechanism: str, algo: str, w: Workload) -> di
     latency = link_latency(how, w, world, x)
     ledger = comm.Ledger()
     groups = _groups(ledger, algo, latency, w.control)
-    models = {on: how.wrap(build_model(w), w, g) for on, g in groups.items()}
+    models = {on: how.wrap(build_stack(w), w, g) for on, g in groups.items()}
     runs: dict[bool, list[tuple]] = {True: [], False: []}
     for i in range(w.pairs + 1):
         for on in (True, False) if i % 2 else (False, True):  # neither side always first

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import statistics
 
-from paratrain.bench.harness.spawn import run_ranks
-from paratrain.bench.overlap.measure import MECHANISMS, Workload, measure
+from paratrain.bench.overlap.measure import MECHANISMS, LinearStack, measure
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2
@@ -29,7 +29,7 @@ def run_overlap_bench(pairs: int, mechanisms: list[str], algos: list[str]) -> tu
     for algo in algos:
         if algo not in ALGOS:
             raise ValueError(f"--algos {algo!r}; valid: {', '.join(ALGOS)}")
-    workload = Workload(pairs=pairs)
+    workload = LinearStack(pairs=pairs)
     log.info(
         "overlap: %d linear layers of %d, batch %d, %d ranks; link latency set so that "
         "communication is %.0f%% of the compute it can hide behind; %d alternating pairs",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from paratrain.config import RunConfig
 from paratrain.models.presets import preset
 from paratrain.plan.layout import Layout
-from paratrain.plan.rank_experts import Experts
+from paratrain.plan.rank_experts import ExpertCounts
 
 TIMEOUT_S = 600.0
 MICRO_BATCH = 2
@@ -101,5 +101,5 @@ def small_config(case: Case, steps: int) -> RunConfig:
     return resolve(cfg, lay.world)
 
 
-def experts_of(cfg: RunConfig) -> Experts | None:
-    return Experts.of(cfg.model)
+def experts_of(cfg: RunConfig) -> ExpertCounts | None:
+    return ExpertCounts.of(cfg.model)

@@ -49,9 +49,9 @@ def probe_sockets(mesh: Mesh, exclude_ports: tuple[int, ...] = ()) -> dict[int, 
             distinct.setdefault(id(g.pg), (g, []))[1].append(name)
     owner: dict[int, str] = {}
     for g, names in distinct.values():
-        before = wire.settle(exclude_ports)
+        before = wire.settled_counters(exclude_ports)
         comm.all_reduce(torch.ones(256), g)
-        moved = wire.deltas(before, wire.settle(exclude_ports))
+        moved = wire.deltas(before, wire.settled_counters(exclude_ports))
         for inode in moved:
             owner.setdefault(inode, "+".join(names))
         comm.barrier(mesh.group("world"))

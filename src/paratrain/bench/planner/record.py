@@ -32,11 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.planner.cases import SLOW_UNIT_S, TIMEOUT_S, Case, small_config
 from paratrain.bench.planner.on_wire import per_group, probe_sockets
 from paratrain.bench.planner.slowdown import Slowdown
-from paratrain.comm.watchdog import default_store
+from paratrain.comm.watchdog import default_store_or_none
 from paratrain.config import RunConfig
 from paratrain.measure import wire
 from paratrain.measure.activations import ActivationMeter
@@ -52,6 +51,7 @@ from paratrain.parallel.pipeline.schedules import (
     B,
     F,
 )
+from paratrain.spawn import run_ranks
 
 
 def random_tokens(vocab: int, n: int = 20_000) -> Any:
@@ -203,7 +203,7 @@ def measure_rank(rank: int, world: int, cfg: RunConfig, unit_s: float = 0.0) -> 
 
     p = cfg.parallel
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
-    exclude = wire.store_ports(default_store())  # a TCPStore's socket is not a peer's
+    exclude = wire.store_ports(default_store_or_none())  # a TCPStore's socket is not a peer's
     owner = probe_sockets(mesh, exclude)
     kept: dict[str, Any] = {}
     steps: list[dict[str, Any]] = []
@@ -215,10 +215,10 @@ def measure_rank(rank: int, world: int, cfg: RunConfig, unit_s: float = 0.0) -> 
             Slowdown(engine.modules, unit_s, split_backward=p.schedule == "zb-h1")
         kept["before"] = ledger_bytes(mesh)  # set-up done, the first step not begun
         kept["calls"] = ledger_calls(mesh)
-        kept["wire"] = wire.settle(exclude)
+        kept["wire"] = wire.settled_counters(exclude)
 
     def on_step(_: Any) -> None:
-        now, calls, sockets = ledger_bytes(mesh), ledger_calls(mesh), wire.settle(exclude)
+        now, calls, sockets = ledger_bytes(mesh), ledger_calls(mesh), wire.settled_counters(exclude)
         sent = {k: v - kept["before"].get(k, 0) for k, v in now.items()}
         moved = wire.deltas(kept["wire"], sockets)
         step: dict[str, Any] = {

@@ -83,7 +83,7 @@ def log_entry(e: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def table(results: list[dict[str, Any]]) -> str:
+def schedules_table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| schedule | torch peer | ours (s) | torch (s) | ratio [IQR] | bubble measured "
         "| simulated | peak in-flight |",

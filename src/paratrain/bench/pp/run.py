@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.pp.compare import compare_schedules
 from paratrain.bench.pp.peer import PEER
-from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, summarise, table
+from paratrain.bench.pp.report import LOSS_RTOL, draw, log_entry, schedules_table, summarise
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.parallel.pipeline import build_schedule
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2
@@ -99,5 +99,5 @@ def run_pp_bench(
             draw(entry, per_rank, Path(out))
         results.append(entry)
         log_entry(entry)
-    log.info(table(results))
+    log.info(schedules_table(results))
     return {"schedules": results, "loss_rtol": LOSS_RTOL, "world_size": WORLD}

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from paratrain.bench.harness.sides import norm_only
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.tp.compare import compare_modes
 from paratrain.bench.tp.report import log_report, summarize
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.models.plans import check_tensor_parallel
+from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything

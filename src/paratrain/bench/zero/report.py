@@ -25,14 +25,14 @@ def _state(kinds: dict[str, int]) -> int:
     return sum(kinds.get(k, 0) for k in STATE_KINDS)
 
 
-def check_losses(zero: int, results: list[dict]) -> float:
+def check_stage_losses(zero: int, results: list[dict]) -> float:
     """The largest relative loss difference over the steps; RuntimeError above LOSS_RTOL."""
     return check_mean_losses([r["losses"] for r in results], LOSS_RTOL, f"stage {zero}: ")
 
 
 def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[str, Any]:
     """One stage's JSON entry from every rank's result; raises if the losses differ."""
-    worst = check_losses(zero, results)
+    worst = check_stage_losses(zero, results)
     formula = formula_state(n_params, zero, dp)
     times = results[0]["times"]  # rank 0's clock; both ranks wait on the same collectives
     ours_sent = [sum(r["ours_sent"].values()) for r in results]

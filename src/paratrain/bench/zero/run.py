@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from paratrain.bench.harness.sides import norm_only
-from paratrain.bench.harness.spawn import run_ranks
 from paratrain.bench.zero.compare import DTYPE, WARMUP, compare_stage
 from paratrain.bench.zero.peer import PEERS
 from paratrain.bench.zero.report import log_summary, plot_state_bytes, summarize
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
+from paratrain.spawn import run_ranks
 from paratrain.train.build import build_model
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from paratrain.parallel.expert_parallel.apply import apply_expert_parallel
 from paratrain.parallel.expert_parallel.batch import GroupBatch
 from paratrain.parallel.expert_parallel.dispatch import (
     ExpertParallel,
-    all_to_all,
+    all_to_all_rows,
     expert_parameters,
     expert_placements,
     shard_experts,
@@ -30,7 +30,7 @@ __all__ = [
     "ExpertGroups",
     "ExpertParallel",
     "GroupBatch",
-    "all_to_all",
+    "all_to_all_rows",
     "apply_expert_parallel",
     "expert_groups",
     "expert_parameters",

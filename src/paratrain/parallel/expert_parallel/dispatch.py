@@ -45,7 +45,7 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
-def all_to_all(
+def all_to_all_rows(
     x: torch.Tensor, sends: list[int], recvs: list[int], group: CommGroup, algo: str | None = None
 ) -> torch.Tensor:
     """Differentiable all-to-all of rows: sends[p] rows of x to rank p, recvs[p] from it."""
@@ -82,7 +82,7 @@ class ExpertParallel(nn.Module):
         mine = counts.view(ep, per_rank)  # (ep, E/ep): rows for each rank's experts
         arrived = comm.all_to_all(mine, self.group, algo=self.algo)  # (ep sources, E/ep)
         sends, recvs = mine.sum(1).tolist(), arrived.sum(1).tolist()
-        rows = all_to_all(x, sends, recvs, self.group, self.algo)  # (sum recvs, C)
+        rows = all_to_all_rows(x, sends, recvs, self.group, self.algo)  # (sum recvs, C)
         # Arrival order is (source, expert); the experts need (expert, source).
         source = torch.arange(ep, device=x.device).repeat_interleave(per_rank)  # per block
         expert = torch.arange(per_rank, device=x.device).repeat(ep)  # in arrival order
@@ -90,7 +90,7 @@ class ExpertParallel(nn.Module):
         order = key.argsort(stable=True)
         y = self.local(rows[order], arrived.sum(0))  # (sum recvs, C), expert order
         back = torch.empty_like(y).index_copy(0, order, y)  # arrival order again
-        return all_to_all(back, recvs, sends, self.group, self.algo)  # (M, C)
+        return all_to_all_rows(back, recvs, sends, self.group, self.algo)  # (M, C)
 
     def extra_repr(self) -> str:
         mine = expert_range(self.num_experts, self.group.rank, self.group.size)

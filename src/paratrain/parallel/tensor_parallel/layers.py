@@ -79,7 +79,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = regions.f(x, self.group)
         y = F.linear(x, self.weight, self.bias)  # (B, T, C_out / tp)
-        return regions.gather(y, self.group, dim=-1) if self.gather_output else y
+        return regions.gather_slices(y, self.group, dim=-1) if self.gather_output else y
 
     def extra_repr(self) -> str:
         return (

@@ -58,5 +58,5 @@ def full_state_dict(model: nn.Module, group: CommGroup) -> dict[str, torch.Tenso
             continue
         # Not differentiable here (detached); the same gather along a dimension as the
         # layers use for their outputs.
-        state[name] = regions.gather(tensor.detach(), group, dim=sharded[name][1]).clone()
+        state[name] = regions.gather_slices(tensor.detach(), group, dim=sharded[name][1]).clone()
     return state

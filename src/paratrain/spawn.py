@@ -1,5 +1,9 @@
-"""Run a function in k processes (gloo on CPU, or NCCL with one GPU per rank): the harness
-of multi-process tests and benches.
+"""Run a function in k processes (gloo on CPU, or NCCL with one GPU per rank): the spawner
+that the benches (`bench/`: every `paratrain bench X` that starts ranks), the multi-process
+tests (tests/distributed.py, tests/test_checkpoint.py) and scripts/gpu_check.py (through
+tests/distributed.py) share. It
+imports nothing from paratrain (the forkserver preloads paratrain by name, in PRELOAD), so
+any package may use it.
 
 - Ranks are forked from a forkserver that has torch and paratrain imported already, so a
   4-rank test costs about a second of start-up instead of 4 s of `import torch` per rank.
