@@ -73,7 +73,7 @@ def _run(d: Path) -> None:
 
 def _damaged(change: Callable[[Path], None]) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
-        from paratrain.train.checkpoint import latest_checkpoint
+        from paratrain.checkpoint import latest_checkpoint
 
         _run(d)
         change(latest_checkpoint(d / "run").path)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from paratrain import checkpoint as ck
+from paratrain.checkpoint.planner import CheckpointMismatch
 from paratrain.config import RunConfig
-from paratrain.train import checkpoint as ck
-from paratrain.train.checkpoint_planner import CheckpointMismatch
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
@@ -41,8 +41,8 @@ def async_config(world_size: int, **train) -> RunConfig:
 def _loads_back_bitwise(result, run_dir: Path, mesh, cfg) -> bool:
     """The last checkpoint, loaded into a fresh model and optimizer, equals the live state
     the server ended with (the last save follows the last update)."""
+    from paratrain.checkpoint.server import load_server
     from paratrain.parallel.adamw import adamw
-    from paratrain.train.async_checkpoint import load_server
     from paratrain.train.build import build_model
 
     t = cfg.train

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from paratrain.train import checkpoint as ck
-from paratrain.train.checkpoint_state import flat_range_boxes
+from paratrain import checkpoint as ck
+from paratrain.checkpoint.state import flat_range_boxes
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from paratrain import checkpoint
+from paratrain.checkpoint.whole_model import read_model
 from paratrain.config_toml import from_toml_text
 from paratrain.data.tokens import load_tokens, validation_batches
 from paratrain.models.registry import plain_model
-from paratrain.train import checkpoint
-from paratrain.train.checkpoint_model import read_model
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import (

@@ -16,7 +16,7 @@ from pathlib import Path
 import paratrain
 
 ROOT = Path(paratrain.__file__).parent
-RUNTIME = ["comm", "parallel", "train", "data", "models", "mesh.py"]
+RUNTIME = ["comm", "parallel", "train", "checkpoint", "data", "models", "mesh.py"]
 FACTORIES = {
     "arange", "as_tensor", "empty", "empty_strided", "eye", "frombuffer", "from_numpy",
     "full", "Generator", "linspace", "ones", "rand", "randint", "randn", "randperm",
@@ -45,7 +45,7 @@ HOST_SIDE = {
         "byte counts for the report, gathered over the gloo control group",
     ("train/cuda_memory.py", "cuda_memory", "tensor"):
         "the allocator's byte counts for the summary, gathered over the gloo control group",
-    ("train/checkpoint_model.py", "read_model", "empty"):
+    ("checkpoint/whole_model.py", "read_model", "empty"):
         "tensors read from a checkpoint file into host memory, to be written to a file",
     ("data/tokens.py", "_bytes", "frombuffer"):
         "the token stream read from disk; batches move to the device in `on_device`",

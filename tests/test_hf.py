@@ -24,12 +24,12 @@ import pytest
 import torch
 import transformers
 
+from paratrain import checkpoint
+from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.cli import main
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
-from paratrain.train import checkpoint
 from paratrain.train.build import build_model
-from paratrain.train.checkpoint_model import load_weights, read_model
 
 TOL = 1e-10
 

@@ -136,6 +136,7 @@ FORBIDDEN = [
     ("paratrain.train", "paratrain.bench", "training never depends on a benchmark"),
     ("paratrain.config", "paratrain.", "the configuration is a leaf"),
     ("paratrain.data", "paratrain.train", "data is read before and apart from training"),
+    ("paratrain.checkpoint", "paratrain.train", "checkpoints are read apart from training"),
     ("paratrain.data", "paratrain.parallel", "data knows no strategy"),
     ("paratrain.data", "paratrain.comm", "data knows no process group"),
     ("paratrain.spawn", "paratrain.", "the spawner is a leaf: benches and tests share it"),

@@ -176,9 +176,9 @@ def test_one_worker_async_matches_single_process():
 def resumed_runs(rank, world_size, configs, data, run_dir):
     """Each layout's uninterrupted run (saving at SAVED_AT) and its run resumed from there,
     in another run directory; this rank's records of both."""
+    from paratrain import checkpoint as ck
     from paratrain.comm import CommOptions
     from paratrain.mesh import Mesh
-    from paratrain.train import checkpoint as ck
     from paratrain.train.loop import train
 
     out = []

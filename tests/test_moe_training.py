@@ -35,12 +35,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from paratrain.checkpoint import latest_checkpoint
+from paratrain.checkpoint.whole_model import read_model
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
 from paratrain.data.tokens import load_tokens
 from paratrain.models.presets import preset
-from paratrain.train.checkpoint import latest_checkpoint
-from paratrain.train.checkpoint_model import read_model
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import RunRecord, assert_equivalent, reference_training
@@ -278,14 +278,14 @@ def run_and_resume(rank, world, runs, data, root):
     import logging
     from pathlib import Path
 
+    from paratrain import checkpoint as ck
     from paratrain.mesh import Mesh
-    from paratrain.train import checkpoint as ck
     from paratrain.train.loop import train
 
     warned: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: warned.append(record.getMessage())
-    logging.getLogger("paratrain.train.checkpoint_load").addHandler(handler)
+    logging.getLogger("paratrain.checkpoint.load").addHandler(handler)
     out = []
     for cfg, where, source in runs:
         p, start = cfg.parallel, {}
@@ -307,7 +307,7 @@ def without_buffers(saved: Path, copy: Path) -> None:
     import pickle
     import shutil
 
-    from paratrain.train.checkpoint_state import BUFFER
+    from paratrain.checkpoint.state import BUFFER
 
     shutil.copytree(saved, copy)
     with (copy / ".metadata").open("rb") as f:
@@ -330,9 +330,9 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     the biases equal exactly (the update adds ±γ from integer loads).
     --init-from and export carry the bias; a checkpoint written before buffers were saved
     loads with the bias at 0 and one warning line."""
-    from paratrain.train import checkpoint as ck
+    from paratrain import checkpoint as ck
+    from paratrain.checkpoint.whole_model import check_init_source
     from paratrain.train.build import build_model
-    from paratrain.train.checkpoint_model import check_init_source
     from paratrain.train.export import export_safetensors, load_exported
     from paratrain.validate_experts import check_experts
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.train import checkpoint as ck
+from paratrain import checkpoint as ck
 from tests.distributed import under_nccl_order
 
 STEPS = 12

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from paratrain.checkpoint import COMMIT_FILE, META_FILE, checkpoint_path
 from paratrain.launch import failure_line, root_failure
-from paratrain.train.checkpoint import COMMIT_FILE, META_FILE, checkpoint_path
 from paratrain.train.failed_start import before_start, undo_failed_start
 from paratrain.train.failure import INTERNAL_ERROR, USER_ERROR, describe_failure, report_failure
 from tests.distributed import run_distributed

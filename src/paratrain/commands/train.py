@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.launched_worker:  # our launcher's workers read the config it wrote
         check_effective(cfg, explicit_fields(args))
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
-        from paratrain.train.checkpoint import find_resumable
+        from paratrain.checkpoint import find_resumable
 
         if find_resumable(Path(cfg.train.resume), cfg) is None:
             raise ValueError(
@@ -81,12 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
         data = check_data(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model
-        from paratrain.train.checkpoint_model import check_init_source
+        from paratrain.checkpoint.whole_model import check_init_source
 
         check_init_source(cfg.train.init_from, cfg.model)
     elif cfg.train.init_from and not args.launched_worker and env["rank"] == 0:  # torchrun's
-        from paratrain.train.checkpoint import latest_checkpoint
-        from paratrain.train.checkpoint_model import note_absent_buffers
+        from paratrain.checkpoint import latest_checkpoint
+        from paratrain.checkpoint.whole_model import note_absent_buffers
 
         source = latest_checkpoint(Path(cfg.train.init_from))
         if source is not None:  # else build_model says there is none
@@ -153,7 +153,7 @@ STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated 
 
 
 def report_stopped(run_dir: Path, why: str) -> int:
-    from paratrain.train.checkpoint import latest_checkpoint
+    from paratrain.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     where = f"checkpoint of step {ckpt.step} in {ckpt.path}" if ckpt else "no checkpoint"

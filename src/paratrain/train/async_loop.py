@@ -7,7 +7,7 @@ curves of sync and async runs line up by samples seen.
 
 Checkpoints, resume and preemption mirror the synchronous loop (train/loop.py), at step
 boundaries, that is every W updates: the server saves its model, AdamW state, version and
-each worker's batch (train/async_checkpoint.py) every --checkpoint-every steps, after the
+each worker's batch (checkpoint/server.py) every --checkpoint-every steps, after the
 last, and when asked to stop. The workers are never in lockstep, so a stop is not agreed
 by a collective as in train/preemption.py: each rank reads its own SIGTERM flag, a
 worker's rides to the server in its next push header, and the server, having seen either,
@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from paratrain.checkpoint import Checkpoint
+from paratrain.checkpoint.server import load_server, save_server
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.mesh import Mesh
@@ -40,9 +42,7 @@ from paratrain.parallel.async_sgd import (
 )
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.replica import WholeGradients
-from paratrain.train.async_checkpoint import load_server, save_server
 from paratrain.train.build import build_model, recompute_blocks, seed_rank_stream
-from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.clip import clip_to, global_grad_norm
 from paratrain.train.engine import FlatEngine
 from paratrain.train.metrics import StepMetrics, TrainResult

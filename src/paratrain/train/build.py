@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from paratrain import comm
+from paratrain import checkpoint, comm
+from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig, compute_dtype
 from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
@@ -53,8 +54,6 @@ from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.replica import Replica
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.parallel.zero import ZeroDataParallel
-from paratrain.train import checkpoint
-from paratrain.train.checkpoint_model import load_weights, read_model
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 from paratrain.train.experts import apply_experts
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from paratrain import checkpoint
+from paratrain.checkpoint.load import load_engine_weights
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig
 from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
-from paratrain.train import checkpoint
 from paratrain.train.build import build_engine, build_model
-from paratrain.train.checkpoint_load import load_engine_weights
 from paratrain.train.inspect_run import (
     eval_seq_len,
     eval_tokens,

@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from paratrain import checkpoint
+from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import ModelConfig, RunConfig
-from paratrain.train import checkpoint
 from paratrain.train.build import build_model
-from paratrain.train.checkpoint_model import load_weights, read_model
 
 EXPORT_FILE = "model.safetensors"
 META_KEY = "paratrain"

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from paratrain.train.checkpoint import CHECKPOINTS, latest_checkpoint
+from paratrain.checkpoint import CHECKPOINTS, latest_checkpoint
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from paratrain import checkpoint
+from paratrain.checkpoint.whole_model import load_weights, read_model, write_model
 from paratrain.config import RunConfig
 from paratrain.models import hf
-from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
-from paratrain.train.checkpoint_model import load_weights, read_model, write_model
 from paratrain.train.export import pick_checkpoint
 
 CONFIG = "config.json"

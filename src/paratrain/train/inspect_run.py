@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain import checkpoint
+from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
 from paratrain.data.prepare import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
 from paratrain.models.gpt import IGNORE_INDEX
-from paratrain.train import checkpoint
 from paratrain.train.build import build_model
-from paratrain.train.checkpoint_model import load_weights, read_model
 
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain import checkpoint
+from paratrain.checkpoint import Checkpoint
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.mesh import Mesh
-from paratrain.train import checkpoint
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
-from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.engine import Engine
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
 from paratrain.train.optim import LrSchedule, Rewarmup, peak_lr

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from paratrain import checkpoint
+from paratrain.checkpoint import Checkpoint
+from paratrain.checkpoint import load as checkpoint_load
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.train import checkpoint, checkpoint_load
 from paratrain.train.build import seed_rank_stream
-from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.optim import Rewarmup
 
 log = logging.getLogger(__name__)

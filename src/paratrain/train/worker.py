@@ -12,13 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain import comm
+from paratrain import checkpoint, comm
 from paratrain.comm.algos import algorithms_line
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
 from paratrain.data.tokens import keep_tokenizer, load_tokens
 from paratrain.mesh import Mesh
-from paratrain.train import checkpoint
 from paratrain.train import run_dir as rd
 from paratrain.train.async_loop import train_async
 from paratrain.train.build import count_params

@@ -4,8 +4,8 @@
 buffers), AdamW's moments and step, and (on the layout that saved them) the random states.
 `load_engine_weights` reads only the model into the engine, for evaluation on any layout
 (checkpoint_model.load_weights copies whole tensors into a plain model instead). Each rank
-reads only its own boxes (train/checkpoint_state.py). A checkpoint written before buffers
-were saved loads with the buffers as built, and one warning line (checkpoint_buffers.py).
+reads only its own boxes (checkpoint/state.py). A checkpoint written before buffers
+were saved loads with the buffers as built, and one warning line (buffers.py).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from paratrain.config import RunConfig
-from paratrain.mesh import Mesh
-from paratrain.train.checkpoint import (
+from paratrain.checkpoint import (
     Checkpoint,
     check_compatible,
     layout_of,
     read_meta,
     set_rng_state,
 )
-from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
-from paratrain.train.checkpoint_planner import CheckpointMismatch, ShardedLoadPlanner
-from paratrain.train.checkpoint_state import BUFFER, rank_state
+from paratrain.checkpoint.buffers import absent_buffers, absent_note
+from paratrain.checkpoint.planner import CheckpointMismatch, ShardedLoadPlanner
+from paratrain.checkpoint.state import BUFFER, rank_state
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ not state: it is empty at every step boundary.
 
 DTensor says the same for even dim-0 shards (FSDP2); a flat range that cuts rows is not a
 DTensor placement, hence these boxes, which torch.distributed.checkpoint stores as chunks
-(`checkpoint_planner.py`). Every box's `data` is a view of live storage: saving reads the
+(`planner.py`). Every box's `data` is a view of live storage: saving reads the
 training state without copying it, loading writes into it in place.
 """
 

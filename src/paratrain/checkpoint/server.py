@@ -1,6 +1,6 @@
 """Checkpoints of asynchronous (parameter-server) runs: the server saves and loads alone.
 
-Everything else is the synchronous checkpoint's (checkpoint.py): the run directory's
+Everything else is the synchronous checkpoint's (store.py): the run directory's
 `checkpoints/step_<n>/`, paratrain.json written first and DCP's `.metadata` renamed into
 place last (the commit point), the completeness check, retention (--keep-checkpoints), and
 the model and AdamW's moments under the plain model's names, so that export, eval,
@@ -31,15 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain import checkpoint
+from paratrain.checkpoint import Checkpoint
+from paratrain.checkpoint.buffers import absent_buffers, absent_note
+from paratrain.checkpoint.load import read_entries
+from paratrain.checkpoint.state import RankState, rank_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.async_sgd import ParameterServer, ServerState
 from paratrain.parallel.replica import WholeGradients
-from paratrain.train import checkpoint
-from paratrain.train.checkpoint import Checkpoint
-from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
-from paratrain.train.checkpoint_load import read_entries
-from paratrain.train.checkpoint_state import RankState, rank_state
 
 log = logging.getLogger(__name__)
 

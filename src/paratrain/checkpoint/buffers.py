@@ -1,6 +1,6 @@
 """Checkpoints written before they held buffers: what they lack, and the one line saying so.
 
-Since buffers are saved (`buffer.<name>`, checkpoint_state.py), a checkpoint of a model with
+Since buffers are saved (`buffer.<name>`, state.py), a checkpoint of a model with
 persistent buffers holds them; one written before does not. Such a checkpoint still loads
 (resume, restarts, --init-from, eval, export): the buffers it lacks keep the values the
 model was built with, and one warning line names them. Accepted rather than refused
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader
 
-from paratrain.train.checkpoint_state import BUFFER
+from paratrain.checkpoint.state import BUFFER
 
 
 def saved_keys(path: Path) -> set[str]:

@@ -13,7 +13,7 @@ The last `keep` complete checkpoints are kept.
 
 What is saved: every parameter (fp32: the master copy under mixed precision) and AdamW's
 two moments per parameter, as global tensors under the plain model's names, and the
-model's persistent buffers (a router's balancing bias; checkpoint_state.py), so any mesh
+model's persistent buffers (a router's balancing bias; state.py), so any mesh
 can load them; AdamW's step count, the training step
 (which is also the data position: batches are a pure function of seed and step) in
 paratrain.json; each rank's random state (`rng.rank<r>`), restored when the layout is the
@@ -41,14 +41,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from paratrain import comm
-from paratrain.config import RunConfig
-from paratrain.mesh import Mesh
-from paratrain.parallel.tensor_parallel.rng import RngTracker
-from paratrain.train.checkpoint_planner import (
+from paratrain.checkpoint.planner import (
     CheckpointMismatch,
     ShardedSavePlanner,
 )
-from paratrain.train.checkpoint_state import rank_state
+from paratrain.checkpoint.state import rank_state
+from paratrain.config import RunConfig
+from paratrain.mesh import Mesh
+from paratrain.parallel.tensor_parallel.rng import RngTracker
 
 log = logging.getLogger(__name__)
 

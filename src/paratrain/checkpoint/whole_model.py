@@ -22,11 +22,11 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from paratrain import checkpoint
+from paratrain.checkpoint.buffers import absent_buffers, absent_note
+from paratrain.checkpoint.state import BUFFER, persistent_buffers
 from paratrain.models import registry
 from paratrain.parallel.replica import complete_state_dict
-from paratrain.train import checkpoint
-from paratrain.train.checkpoint_buffers import absent_buffers, absent_note
-from paratrain.train.checkpoint_state import BUFFER, persistent_buffers
 
 log = logging.getLogger(__name__)
 

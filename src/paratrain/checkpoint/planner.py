@@ -2,7 +2,7 @@
 
 DCP's own planners understand plain tensors (stored whole, deduplicated across ranks by
 key) and DTensors (one even chunk per rank). A ZeRO shard of a parameter is neither: it
-is a few boxes (checkpoint_state.py). These planners extend DCP's defaults by one case:
+is a few boxes (state.py). These planners extend DCP's defaults by one case:
 a `Sharded` value writes one chunk per box, each keyed by its global offsets, and on load
 asks DCP for exactly its boxes, which DCP assembles from whatever chunks the saving mesh
 wrote (its resharding algorithm). Identical boxes written by several ranks (replicated
@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.planner_helpers import (
     create_read_items_for_chunk_list,
 )
 
-from paratrain.train.checkpoint_state import Sharded
+from paratrain.checkpoint.state import Sharded
 
 
 class CheckpointMismatch(ValueError):
