@@ -42,7 +42,7 @@ def _loads_back_bitwise(result, run_dir: Path, mesh, cfg) -> bool:
     """The last checkpoint, loaded into a fresh model and optimizer, equals the live state
     the server ended with (the last save follows the last update)."""
     from paratrain.checkpoint.server import load_server
-    from paratrain.parallel.adamw import adamw
+    from paratrain.parallel.data_parallel.adamw import adamw
     from paratrain.train.build import build_model
 
     t = cfg.train
@@ -219,7 +219,7 @@ def a_worker_leaves(rank, world_size, timeout_s):
 
     from paratrain.comm.group import CommOptions
     from paratrain.mesh import Mesh
-    from paratrain.parallel.async_sgd import serve, work
+    from paratrain.parallel.data_parallel.async_sgd import serve, work
     from paratrain.train.build import build_model
 
     cfg = async_config(world_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from paratrain.mesh import Mesh
-from paratrain.parallel.dc_asgd import dc_asgd_correct
+from paratrain.parallel.data_parallel.dc_asgd import dc_asgd_correct
 from paratrain.train.async_loop import train_async
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data

@@ -13,8 +13,8 @@ from paratrain import comm
 from paratrain.comm.traffic import ring_all_reduce
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import IGNORE_INDEX
-from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.train.build import build_model
 from paratrain.train.engine import FlatEngine
 from paratrain.train.step import train_step

@@ -20,8 +20,8 @@ from torch import nn
 
 from paratrain.comm.watchdog import default_store_or_none
 from paratrain.mesh import Mesh
-from paratrain.parallel.async_sgd import serve, work
-from paratrain.parallel.dc_asgd import DelayCompensation, dc_asgd_correct
+from paratrain.parallel.data_parallel.async_sgd import serve, work
+from paratrain.parallel.data_parallel.dc_asgd import DelayCompensation, dc_asgd_correct
 from tests.distributed import run_distributed
 
 F64 = torch.float64

@@ -29,13 +29,13 @@ HOST_SIDE = {
         "a two-element probe that the installed torch has _foreach_norm/_foreach_mul_",
     ("comm/same_call.py", "_encode", "frombuffer"):
         "the call's signature as bytes; moved to the group's device on the next line",
-    ("parallel/async_sgd.py", "ParameterServer.reply", "tensor"):
+    ("parallel/data_parallel/async_sgd.py", "ParameterServer.reply", "tensor"):
         "header (version, next batch): host-side control message over the gloo group",
-    ("parallel/async_sgd.py", "_Inbox.expect", "empty"):
+    ("parallel/data_parallel/async_sgd.py", "_Inbox.expect", "empty"):
         "header buffer of a worker's next push, over the gloo control group",
-    ("parallel/async_sgd.py", "work", "empty"):
+    ("parallel/data_parallel/async_sgd.py", "work", "empty"):
         "header buffer from the server, over the gloo control group",
-    ("parallel/async_sgd.py", "work", "tensor"):
+    ("parallel/data_parallel/async_sgd.py", "work", "tensor"):
         "header (version, batch, loss, tokens, stop) to the server, over the gloo control group",
     ("parallel/tensor_parallel/rng.py", "_cpu_state", "Generator"):
         "the CPU random stream's state; CUDA streams are seeded on their device",

@@ -14,8 +14,8 @@ from paratrain.measure.allocator import AllocatorMeter
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import GPT
 from paratrain.models.plans import GPT_PLAN
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.fsdp_units import GATHER_SCOPE, expand_units
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.fsdp_units import GATHER_SCOPE, expand_units
 from paratrain.train.build import build_model, run_gpt_config
 from tests.distributed import run_distributed
 from tests.equivalence import RunRecord, Tolerance, tiny_config

@@ -131,7 +131,7 @@ def test_full_recompute_and_sequence_parallel_terms():
 def test_fsdp_units_are_the_models_units(n_layer):
     from paratrain.models.gpt import GPT, GPTConfig
     from paratrain.models.plans import GPT_PLAN
-    from paratrain.parallel.fsdp_units import expand_units
+    from paratrain.parallel.data_parallel.fsdp_units import expand_units
 
     gpt = GPT(GPTConfig(256, n_layer, 4, 64, 32))
     counted = [

@@ -1,5 +1,6 @@
-"""Every data-parallel wrapper answers the one `Replica` protocol (parallel/replica.py),
-with the protocol's signatures, so the training step never needs to know which it has."""
+"""Every data-parallel wrapper answers the one `Replica` protocol
+(parallel/data_parallel/replica.py), with the protocol's signatures, so the training step
+never needs to know which it has."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_PLAN
 from paratrain.parallel.data_parallel import DataParallel
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.fsdp_units import expand_units
-from paratrain.parallel.replica import Replica
-from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.replica import Replica
+from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 from paratrain.train.build import build_model
 from tests.equivalence import tiny_config
 

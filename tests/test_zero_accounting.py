@@ -28,8 +28,8 @@ from paratrain import comm
 from paratrain.data.tokens import BatchSampler
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import count_parameters
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
 from paratrain.train.build import build_model

@@ -46,7 +46,7 @@ from torch import nn
 from paratrain.measure.allocator import Allocation, AllocatorMeter
 from paratrain.mesh import Mesh
 from paratrain.models.gpt import count_parameters
-from paratrain.parallel.fsdp_units import GATHER_SCOPE
+from paratrain.parallel.data_parallel.fsdp_units import GATHER_SCOPE
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
 from paratrain.train.build import build_model

@@ -19,10 +19,10 @@ import torch
 
 from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_PLAN
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 from paratrain.parallel.mixed_precision import MixedPrecision
-from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train.build import build_model
 from paratrain.train.engine import FlatEngine
 from tests.distributed import run_distributed

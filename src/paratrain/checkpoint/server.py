@@ -11,7 +11,7 @@ nothing that outlives a batch (their parameters come from the server, their drop
 seeded per batch), so a save never waits for a worker: DCP runs without a process group.
 Saves happen at step boundaries (version = workers * step), so `step_<n>` means what it
 means in a synchronous run: n steps of G sequences done. paratrain.json adds
-`"dp_mode": "async"` and the server's state (parallel/async_sgd.py, `ServerState`):
+`"dp_mode": "async"` and the server's state (parallel/data_parallel/async_sgd.py, `ServerState`):
 
     "async": {"version": 12, "next_batch": 14, "assigned": {"1": 12, "2": 13},
               "dc_mean_square": false}
@@ -38,8 +38,8 @@ from paratrain.checkpoint.load import read_entries
 from paratrain.checkpoint.state import RankState, rank_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.parallel.async_sgd import ParameterServer, ServerState
-from paratrain.parallel.replica import WholeGradients
+from paratrain.parallel.data_parallel.async_sgd import ParameterServer, ServerState
+from paratrain.parallel.data_parallel.replica import WholeGradients
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.data_parallel.replica import MOMENTS, Replica, StatePiece
 from paratrain.parallel.expert_parallel import expert_placements
-from paratrain.parallel.replica import MOMENTS, Replica, StatePiece
 from paratrain.parallel.tensor_parallel.state import sharded_parameters
 
 

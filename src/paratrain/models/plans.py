@@ -146,8 +146,8 @@ def check_context_parallel(
         )
 
 
-# FSDP / ZeRO-3 units (paratrain.parallel.fsdp): each entry is one unit whose parameters
-# are gathered together just before its forward (and its backward) and freed right after.
+# FSDP / ZeRO-3 units (paratrain.parallel.data_parallel.fsdp): each entry is one unit whose
+# parameters are gathered together just before its forward (and its backward) and freed right after.
 # "blocks.*" expands to one unit per block, in order; the embeddings and the final norm
 # with the head are a unit each. Parameters named by no unit form a root unit.
 GPT_FSDP_UNITS: tuple[tuple[str, ...], ...] = (

@@ -17,11 +17,11 @@ ZeRO-2 with accumulate "shard" (the default, the runtime's and DeepSpeed's) redu
 gradients into the shard after every micro-batch (K-fold traffic, comm.py), so its model
 state is the table's row, 2N + 14N/k with mixed-precision Adam (the seeds, ZeRO's
 figure 1). With K > 1 micro-batches and accumulate "full" it also holds the whole
-gradient, n x grad bytes, from the first micro-batch's backward until the one
-reduce-scatter after the last (parallel/zero.py): `grad_accumulation`, a transient item
-counted in the total (it is alive at the peak, during the last backward) but not at the
-step boundary. Beside the ceil(n / k) shard it makes the peak exceed ZeRO-1's by that
-shard. With "shard", and for K = 1, the item is 0.
+gradient, n x grad bytes, from the first micro-batch's backward until the one reduce-scatter
+after the last (parallel/data_parallel/zero.py): `grad_accumulation`, a transient item
+counted in the total (it is alive at the peak, during the last backward) but not at the step
+boundary. Beside the ceil(n / k) shard it makes the peak exceed ZeRO-1's by that shard. With
+"shard", and for K = 1, the item is 0.
 
 Activations per transformer layer and micro-batch (Korthikanti et al., arXiv:2205.05198,
 section 4, 16-bit activations): s b h (34 + 5 a s / h) bytes; with tensor parallelism of

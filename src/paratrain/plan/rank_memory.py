@@ -10,7 +10,7 @@ does the same for the bytes each rank sends).
 
 Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
 multiple of k on its own, k = dp x cp since the cp ranks hold the same parameters
-(parallel/zero_flat.py): `flat_buffers`, `held_model_state` and `padding_bytes` count
+(parallel/data_parallel/zero_flat.py): `flat_buffers`, `held_model_state` and `padding_bytes` count
 it, and `rank_model_state` itemises as the runtime records it.
 ZeRO-2 follows `Workload.zero2_accumulate` as the runtime follows
 `parallel.zero2_accumulate`: with "full" it holds the whole gradient between the
@@ -66,10 +66,11 @@ def flat_buffers(
     """Per chunk on `stage` (each chunk is wrapped on its own), the parameter counts of the
     flat buffers that ZeRO shards, each padded to a multiple of k on its own.
 
-    ZeRO-1/2 (parallel/zero.py): one buffer per chunk. ZeRO-3 (parallel/fsdp.py): one per
-    FSDP unit of the model's plan (models/plans.py): the embeddings, each block, the final
-    norm with the head; a weight tied between the two ends forms a root unit of its own
-    (and a unit left with no parameter is none). A model given by its count alone: one
+    ZeRO-1/2 (parallel/data_parallel/zero.py): one buffer per chunk. ZeRO-3
+    (parallel/data_parallel/fsdp.py): one per FSDP unit of the model's plan
+    (models/plans.py): the embeddings, each block, the final norm with the head; a
+    weight tied between the two ends forms a root unit of its own (and a unit left with
+    no parameter is none). A model given by its count alone: one
     buffer per chunk. `block_delta`: parameters each block holds beyond the model's (a
     mixture of experts' dense share: its MoE less the dense MLP and the split experts).
     """
@@ -95,8 +96,8 @@ def flat_buffers(
 
 def tied_root(model: ModelSpec, layout: Layout, stage: int = 0) -> int:
     """ZeRO-3's root unit on `stage`: the token table tied to the head when one chunk holds
-    both ends (parallel/fsdp.py gathers it once per forward and keeps it until its gradient
-    arrives, instead of gathering it again for backward); 0 when there is none."""
+    both ends (parallel/data_parallel/fsdp.py gathers it once per forward and keeps it until its
+    gradient arrives, instead of gathering it again for backward); 0 when there is none."""
     if layout.zero < 3 or not exact(model) or not model.tie_embeddings:
         return 0
     s, c = layout.pp, layout.chunks
@@ -187,7 +188,7 @@ def accumulated_gradient_bytes(
     """The transient whole gradient of ZeRO-2 with accumulate "full" and K > 1 on `stage`.
 
     memory.py's `grad_accumulation` for this runtime: the buckets tile each padded flat
-    buffer (parallel/zero_flat.py), k ceil(n / k) elements per chunk in the gradient's
+    buffer (parallel/data_parallel/zero_flat.py), k ceil(n / k) elements per chunk in the gradient's
     (compute) dtype, alive from the first micro-batch's backward until the reduce-scatter
     after the last. Not in `rank_model_state`, which is the step boundary's record.
     """

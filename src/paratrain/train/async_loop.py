@@ -31,8 +31,9 @@ from paratrain.checkpoint.server import load_server, save_server
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation_batches
 from paratrain.mesh import Mesh
-from paratrain.parallel.adamw import adamw
-from paratrain.parallel.async_sgd import (
+from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.data_parallel.adamw import adamw
+from paratrain.parallel.data_parallel.async_sgd import (
     ParameterServer,
     ServerReport,
     ServerState,
@@ -40,8 +41,7 @@ from paratrain.parallel.async_sgd import (
     serve,
     work,
 )
-from paratrain.parallel.data_parallel import DataParallel
-from paratrain.parallel.replica import WholeGradients
+from paratrain.parallel.data_parallel.replica import WholeGradients
 from paratrain.train.build import build_model, recompute_blocks, seed_rank_stream
 from paratrain.train.clip import clip_to, global_grad_norm
 from paratrain.train.engine import FlatEngine

@@ -39,10 +39,12 @@ from paratrain.models.plans import PLANS, ModelPlan
 from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
 from paratrain.parallel.data_parallel import DataParallel
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.data_parallel.replica import Replica
+from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 from paratrain.parallel.mixed_precision import MixedPrecision
-from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.pipeline import (
     PipelinePlan,
     PipelineRuntime,
@@ -51,9 +53,7 @@ from paratrain.parallel.pipeline import (
     split_into_stages,
 )
 from paratrain.parallel.recompute import apply_recomputation
-from paratrain.parallel.replica import Replica
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
-from paratrain.parallel.zero import ZeroDataParallel
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 from paratrain.train.experts import apply_experts
 

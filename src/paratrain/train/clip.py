@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from paratrain import comm
-from paratrain.parallel.replica import GradSquares, Replica
+from paratrain.parallel.data_parallel.replica import GradSquares, Replica
 
 
 def global_grad_norm(

@@ -34,8 +34,8 @@ from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
+from paratrain.parallel.data_parallel.replica import GradSquares, Replica
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
-from paratrain.parallel.replica import GradSquares, Replica
 from paratrain.parallel.tensor_parallel.rng import RngTracker
 from paratrain.parallel.tensor_parallel.state import (
     sequence_parallel_parameters,

@@ -27,8 +27,8 @@ from paratrain.mesh import Mesh
 from paratrain.models.moe import MoEFeedForward
 from paratrain.models.plans import EXPERTS, ModelPlan
 from paratrain.module_names import matching
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.expert_parallel import GroupBatch, apply_expert_parallel
-from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
 
 
 def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:

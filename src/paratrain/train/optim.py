@@ -1,7 +1,7 @@
 """The learning-rate schedule, and the replicas' optimizers driven as one.
 
 The optimizers themselves (AdamW, decay on matrices and embeddings; the sharded AdamW of
-ZeRO) are built by each data-parallel wrapper: parallel/adamw.py.
+ZeRO) are built by each data-parallel wrapper: parallel/data_parallel/adamw.py.
 """
 
 from __future__ import annotations

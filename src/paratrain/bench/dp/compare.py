@@ -20,7 +20,7 @@ from paratrain.bench.harness.pairs import time_pairs
 from paratrain.bench.harness.sides import OurSide, rank_share, torch_step
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.parallel.adamw import adamw
+from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.train.build import build_engine, build_model, compile_units
 
 

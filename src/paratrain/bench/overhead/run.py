@@ -23,8 +23,8 @@ from paratrain.bench.harness.sides import torch_step
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.mesh import Mesh
-from paratrain.parallel.adamw import adamw
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.train.build import build_model, compile_units
 from paratrain.train.engine import FlatEngine
 from paratrain.train.optim import learning_rate

@@ -32,8 +32,8 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.parallel.data_parallel import DataParallel
-from paratrain.parallel.fsdp import FullyShardedDataParallel
-from paratrain.parallel.zero import ZeroDataParallel
+from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 
 
 @dataclass(frozen=True)

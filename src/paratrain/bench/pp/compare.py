@@ -26,7 +26,7 @@ from paratrain.bench.pp.peer import PEER, build_peer, peer_step
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.plans import GPT_PLAN
-from paratrain.parallel.adamw import adamw
+from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.pipeline import split_into_stages
 from paratrain.train.build import build_engine, build_model, compile_units, pipeline_plan
 

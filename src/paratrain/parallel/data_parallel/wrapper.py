@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.adamw import adamw
-from paratrain.parallel.buckets import Bucket, build_buckets
-from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.replica import (
+from paratrain.parallel.data_parallel.adamw import adamw
+from paratrain.parallel.data_parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.data_parallel.replica import (
     GradSquares,
     MemoryReport,
     StatePiece,

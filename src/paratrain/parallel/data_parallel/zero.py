@@ -47,13 +47,19 @@ from torch import nn
 from paratrain import comm
 from paratrain.comm import compat
 from paratrain.config import ZERO2_ACCUMULATE
-from paratrain.parallel.adamw import ShardedAdamW
-from paratrain.parallel.data_parallel import broadcast_parameters
-from paratrain.parallel.flat_replica import FlatShardReplica
+from paratrain.parallel.data_parallel.adamw import ShardedAdamW
+from paratrain.parallel.data_parallel.flat_replica import FlatShardReplica
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.data_parallel.replica import MemoryReport, count_memory
+from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
+from paratrain.parallel.data_parallel.zero_flat import (
+    FlatBucket,
+    FlatLayout,
+    FlatShard,
+    flat_buckets,
+    make_shard,
+)
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
-from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.replica import MemoryReport, count_memory
-from paratrain.parallel.zero_flat import FlatBucket, FlatLayout, FlatShard, flat_buckets, make_shard
 
 
 class ZeroDataParallel(FlatShardReplica):

@@ -22,8 +22,8 @@ from torch.profiler import record_function
 
 from paratrain import comm
 from paratrain.module_names import matching
+from paratrain.parallel.data_parallel.zero_flat import FlatLayout, FlatShard, make_shard
 from paratrain.parallel.mixed_precision import MixedPrecision
-from paratrain.parallel.zero_flat import FlatLayout, FlatShard, make_shard
 
 # The profiler range around each allocation of a unit's full parameters: with it,
 # measure/allocator.py's `peak(scope=GATHER_SCOPE)` is the gathered memory FSDP holds.

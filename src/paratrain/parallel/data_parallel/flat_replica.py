@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.adamw import ShardedAdamW
-from paratrain.parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.replica import (
+from paratrain.parallel.data_parallel.adamw import ShardedAdamW
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.data_parallel.replica import (
     MOMENTS,
     GradSquares,
     StatePiece,
@@ -31,7 +31,7 @@ from paratrain.parallel.replica import (
     scale_,
     squared_norms,
 )
-from paratrain.parallel.zero_flat import FlatShard, Piece
+from paratrain.parallel.data_parallel.zero_flat import FlatShard, Piece
 
 
 class FlatShardReplica(nn.Module, abc.ABC):

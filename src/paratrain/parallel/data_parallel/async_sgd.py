@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.dc_asgd import DelayCompensation
+from paratrain.parallel.data_parallel.dc_asgd import DelayCompensation
 
 STOP = -1.0
 

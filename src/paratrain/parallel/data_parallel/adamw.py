@@ -21,8 +21,8 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.comm import compat
+from paratrain.parallel.data_parallel.zero_flat import FlatShard
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
-from paratrain.parallel.zero_flat import FlatShard
 
 
 def decays(shape: torch.Size | tuple[int, ...]) -> bool:
