@@ -86,17 +86,12 @@ class Tolerance:
         floor = FLOOR_ULPS * FLOAT32_UNIT
         loss = max(spread(r.losses, exact.losses) for r in orders)
         norm = max(spread(r.grad_norms, exact.grad_norms) for r in orders)
+        whole = torch.cat([v.double().flatten() for v in exact.state.values()])
         param = max(
-            (r.state[k].double() - v).abs().max().item()
+            spread_bound(torch.cat([r.state[k].flatten() for k in exact.state]), whole)
             for r in orders
-            for k, v in exact.state.items()
         )
-        scale = max(v.abs().max().item() for v in exact.state.values())
-        return cls(
-            SPREAD_FACTOR * max(loss, floor),
-            SPREAD_FACTOR * max(norm, floor),
-            SPREAD_FACTOR * max(param, floor * scale),
-        )
+        return cls(SPREAD_FACTOR * max(loss, floor), SPREAD_FACTOR * max(norm, floor), param)
 
 
 def spread_bound(values: torch.Tensor, exact: torch.Tensor) -> float:
