@@ -148,7 +148,7 @@ def train_and_return_full_state(rank, world_size, run_dir):
 
 
 def test_export_gives_a_single_process_model_with_the_trained_weights(tmp_path):
-    from paratrain.train.export import export_safetensors, load_exported
+    from paratrain.trained.safetensors_file import export_safetensors, load_exported
 
     expected = run_distributed(train_and_return_full_state, 2, str(tmp_path))[0]
     model = load_exported(export_safetensors(tmp_path))

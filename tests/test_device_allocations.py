@@ -55,11 +55,11 @@ HOST_SIDE = {
         "the token stream encoded with a tokenizer; batches move to the device in `on_device`",
     ("data/prepare.py", "ShardedTokens.__getitem__", "from_numpy"):
         "windows read from memory-mapped shards; batches move to the device in `on_device`",
-    ("train/inspect_run.py", "sample", "Generator"):
+    ("trained/run_model.py", "sample", "Generator"):
         "sample runs the model in one process on the host: its draws come from a CPU stream",
-    ("train/inspect_run.py", "sample", "tensor"):
+    ("trained/run_model.py", "sample", "tensor"):
         "the prompt's ids, for the model sample runs on the host",
-    ("train/inspect_run.py", "eval_windows", "full"):
+    ("trained/run_model.py", "eval_windows", "full"):
         "eval's windows, for the model it runs on the host",
     ("data/tokens.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",

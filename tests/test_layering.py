@@ -134,6 +134,8 @@ FORBIDDEN = [
     ("paratrain.models", "paratrain.comm", "models are plain PyTorch"),
     ("paratrain.train", "paratrain.validate", "input checks run before workers start"),
     ("paratrain.train", "paratrain.bench", "training never depends on a benchmark"),
+    ("paratrain.train", "paratrain.trained", "training never depends on the offline tools"),
+    ("paratrain.trained", "paratrain.commands", "a command uses the offline tools"),
     ("paratrain.config", "paratrain.", "the configuration is a leaf"),
     ("paratrain.data", "paratrain.train", "data is read before and apart from training"),
     ("paratrain.checkpoint", "paratrain.train", "checkpoints are read apart from training"),

@@ -333,7 +333,7 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     from paratrain import checkpoint as ck
     from paratrain.checkpoint.whole_model import check_init_source
     from paratrain.train.build import build_model
-    from paratrain.train.export import export_safetensors, load_exported
+    from paratrain.trained.safetensors_file import export_safetensors, load_exported
     from paratrain.validate_experts import check_experts
 
     data, cfg = load_tokens(DATA), bias_config(2, 1, 2, 0, "native")

@@ -207,7 +207,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(
     assert steps_logged(out) == list(range(1, STEPS + 1))  # each step exactly once
     assert losses(out) == losses(reference)  # same mesh: bitwise
     assert ck.is_complete(ck.checkpoint_path(out, STEPS))
-    from paratrain.train.export import export_safetensors, load_exported
+    from paratrain.trained.safetensors_file import export_safetensors, load_exported
 
     ours = load_exported(export_safetensors(out)).state_dict()
     theirs = load_exported(export_safetensors(reference, tmp_path / "u.st")).state_dict()

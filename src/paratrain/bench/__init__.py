@@ -1,8 +1,6 @@
 """Benchmarks, run as commands (`paratrain bench NAME`), never as timed tests: one folder
 per benchmark, and the measured runs of `paratrain plan --validate`.
 
-    command.py   the flags of every bench, the dispatch from the CLI, and plan --validate's
-                 runs handed to the planner's command
     harness/     what the benches share: rank processes, timed pairs, the two sides' steps,
                  bytes counted on both sides
     gpu/         scripts for a CUDA machine: one GPU's throughput; torch's context parallel
@@ -17,7 +15,7 @@ per benchmark, and the measured runs of `paratrain plan --validate`.
     moe/         expert dispatch and combine against tokens per rank
     planner/     `plan --validate`: the planner's predictions against real runs
 
-How data flows through a bench: command.py turns the flags into the arguments of the
+How data flows through a bench: commands/bench.py turns the flags into the arguments of the
 folder's `run.py`, which reads the batches once and starts the ranks through the harness;
 each rank (the folder's `compare.py`) builds both sides from the same weights, runs them
 pair by pair on the same batches and returns its times, losses and bytes; `run.py` and

@@ -1,22 +1,250 @@
-"""`paratrain bench X`: our implementation against its PyTorch-native peer, alternating
-pairs (the benches: bench/, their flags and dispatch: bench/command.py)."""
+"""`paratrain bench NAME`: our implementation against its PyTorch-native peer, alternating
+pairs; the flags of each benchmark and how it is run (the benches themselves: bench/).
+
+Every bench prints a readable report; `--json` adds one JSON object as the last line of
+stdout. A bench whose two sides disagree (losses beyond tolerance) or whose ranks fail
+raises RuntimeError: one line on stderr and exit status 1. Flags out of range raise
+ValueError, which the CLI turns into one line and status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
 
 HELP = "benchmarks against PyTorch-native peers"
+JSON_HELP = "print a JSON result as last line"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from paratrain.bench.command import add_bench_arguments
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    # The CLI's parser class (one-line errors) for the sub-commands too.
+    benches = bench.add_subparsers(dest="name", required=True, parser_class=type(bench))
+    overhead = benches.add_parser("overhead", help="our training step against a plain loop")
+    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    _compile(overhead)
+    _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
+    dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
+    _pairs(dp, 4)
+    dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
+    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
+    _compile(dp)
+    tp = benches.add_parser("tp", help="tensor parallel against torch DTensor")
+    _pairs(tp, 4)
+    tp.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="both sides sequence parallel (ours; DTensor SequenceParallel)",
+    )
+    _compile(tp)
+    overlap = benches.add_parser("overlap", help="communication hidden behind compute, by time")
+    _pairs(overlap, 4)
+    overlap.add_argument(
+        "--mechanisms", default="dp-buckets,zero2,fsdp-prefetch", help="comma-separated"
+    )
+    overlap.add_argument("--algos", default="native,ring", help="comma-separated")
+    layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
+    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
+    pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
+    _pairs(pp, 2)
+    pp.add_argument(
+        "--schedules",
+        default="",
+        help="ours, comma-separated (default gpipe,1f1b,interleaved,zb-h1; without zb-h1 "
+        "under --compile)",
+    )
+    _compile(pp)
+    pp.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
+    pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
+    zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
+    _pairs(zero, 4)
+    zero.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
+    zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
+    zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
+    cp = benches.add_parser("cp", help="context-parallel attention against one process")
+    _pairs(cp, 2)
+    cp.add_argument("--methods", default="ring,alltoall", help="ours, comma-separated")
+    cp.add_argument("--seq-len", type=int, default=2048, help="tokens of the whole sequence")
+    cp.add_argument("--batch", type=int, default=1, help="sequences")
+    cp.add_argument("--heads", type=int, default=8, help="query heads")
+    cp.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
+    cp.add_argument("--head-dim", type=int, default=64, help="dimension of a head")
+    moe = benches.add_parser("moe", help="expert dispatch and combine against tokens per rank")
+    _pairs(moe, 2)
+    moe.add_argument("--tokens", default="256,1024,4096", help="tokens per rank, a sweep")
+    moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
+    moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
+    moe.add_argument("--top-k", type=int, default=2, help="experts per token")
+    _compile(zero)
+    for parser in benches.choices.values():
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    add_bench_arguments(parser)
+
+def _compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile each block of both sides with torch.compile, as `train --compile`",
+    )
+
+
+def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
+    parser.add_argument(
+        "--pairs", type=int, default=20, help=f"alternating step pairs (at least {minimum})"
+    )
+    parser.set_defaults(min_pairs=minimum)
+
+
+def _comm_flags(parser: argparse.ArgumentParser) -> None:
+    from paratrain.bench.comm import sweep
+
+    parser.add_argument("--ops", default=",".join(sweep.OPS), help="collectives, comma-separated")
+    parser.add_argument(
+        "--algos", default="native,ring,tree,pairwise", help="algorithms to compare"
+    )
+    parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
+    parser.add_argument(
+        "--sizes", default=sweep.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
+    )
+    parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from paratrain.bench.command import run_bench
     from paratrain.commands.logging_setup import setup_logging
 
     setup_logging(0)
-    return run_bench(args)
+    minimum = getattr(args, "min_pairs", 0)
+    if minimum and args.pairs < minimum:
+        what = "quartiles" if minimum >= 4 else "a median"
+        raise ValueError(f"--pairs {args.pairs}: need at least {minimum} pairs for {what}")
+    if getattr(args, "compile", False):
+        _check_cpp_compiler()
+    bench: Callable[[argparse.Namespace], tuple[Any, int]] = RUNNERS[args.name]
+    try:
+        result, status = bench(args)
+    except RuntimeError as e:  # the sides disagree, or a rank failed: its error, one line
+        print(f"paratrain bench {args.name}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return status
+
+
+def _check_cpp_compiler() -> None:
+    from paratrain.parallel.compile import cpp_compilers, find_cpp_compiler
+
+    if find_cpp_compiler(cpp_compilers()) is None:
+        names = ", ".join(cpp_compilers())
+        raise ValueError(f"--compile needs a C++ compiler for inductor: none of {names} on PATH")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """Our default configuration, with --compile for both sides."""
+    from paratrain.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.train.compile = args.compile
+    return cfg
+
+
+def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.overhead.run import run_overhead_bench
+
+    return run_overhead_bench(steps=args.steps, rounds=args.rounds, cfg=_config(args)), 0
+
+
+def _comm(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.comm.run import run_comm_bench
+    from paratrain.bench.comm.sweep import Sweep
+
+    sweep = Sweep.from_flags(args.ops, args.algos, args.world_sizes, args.sizes, args.repeats)
+    return run_comm_bench(sweep, args.out or None)
+
+
+def _dp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.dp.run import run_dp_bench
+
+    return run_dp_bench(args.pairs, args.bucket_mb, args.async_steps, _config(args)), 0
+
+
+def _tp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.tp.run import run_tp_bench
+
+    return run_tp_bench(args.pairs, args.sequence_parallel, _config(args)), 0
+
+
+def _overlap(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.overlap.run import run_overlap_bench
+
+    split = lambda flag: [n.strip() for n in flag.split(",") if n.strip()]  # noqa: E731
+    return run_overlap_bench(args.pairs, split(args.mechanisms), split(args.algos))
+
+
+def _layouts(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.layouts.run import run_layouts_bench
+
+    return run_layouts_bench(args.steps), 0
+
+
+def _pp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.pp.run import run_pp_bench
+
+    default = "gpipe,1f1b,interleaved" + ("" if args.compile else ",zb-h1")
+    names = [n.strip() for n in (args.schedules or default).split(",") if n.strip()]
+    out = args.out or None
+    return run_pp_bench(names, args.pairs, args.microbatches, out, compile=args.compile), 0
+
+
+def _zero(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.zero.run import parse_stages, run_zero_bench
+
+    stages = parse_stages(args.stages)
+    return run_zero_bench(args.pairs, stages, args.out or None, args.dp, _config(args)), 0
+
+
+def _cp(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.cp.run import run_cp_bench
+
+    shape = {
+        "batch": args.batch,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "seq": args.seq_len,
+        "head_dim": args.head_dim,
+    }
+    return run_cp_bench(_names(args.methods), shape, args.pairs), 0
+
+
+def _moe(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.moe.run import run_moe_bench, tokens_sweep
+
+    sweep = tokens_sweep(args.tokens)
+    return run_moe_bench(sweep, args.d_model, args.experts, args.top_k, args.pairs), 0
+
+
+def _names(flag: str) -> list[str]:
+    return [n.strip() for n in flag.split(",") if n.strip()]
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
+    "overhead": _overhead,
+    "comm": _comm,
+    "dp": _dp,
+    "tp": _tp,
+    "overlap": _overlap,
+    "layouts": _layouts,
+    "pp": _pp,
+    "zero": _zero,
+    "cp": _cp,
+    "moe": _moe,
+}

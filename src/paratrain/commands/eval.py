@@ -1,5 +1,5 @@
 """`paratrain eval RUN --data D`: a run's loss and perplexity on a data file, in this
-process or on a mesh of workers (the work: paratrain/eval_command.py)."""
+process or on a mesh of workers (the work: commands/eval_launch.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from paratrain.eval_command import eval_command  # launches workers, as train does
+    from paratrain.commands.eval_launch import evaluate_run  # launches workers, as train does
 
-    return eval_command(args)
+    return evaluate_run(args)

@@ -24,13 +24,13 @@ def add_arguments(export: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from paratrain.train.export import export_safetensors
+    from paratrain.trained.safetensors_file import export_safetensors
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
     if args.format == "hf":
-        from paratrain.train.hf_io import export_hf
+        from paratrain.trained.hf_directory import export_hf
 
         if not args.out:
             raise ValueError("--format hf needs --out DIR, the new Hugging Face directory")

@@ -14,7 +14,7 @@ def add_arguments(imp: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from paratrain.train.hf_io import import_hf
+    from paratrain.trained.hf_directory import import_hf
 
     hf_dir = Path(args.hf_dir)
     if not hf_dir.is_dir():

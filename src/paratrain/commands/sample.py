@@ -25,7 +25,7 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from paratrain.train.inspect_run import sample
+    from paratrain.trained.run_model import sample
 
     text = sample(
         _run_dir(args.run_dir),

@@ -24,7 +24,7 @@ PAD_MULTIPLE = 128  # vocabulary rows: a multiple that every tp up to 128 divide
 def padded_vocab(vocab: int) -> int:
     """The model's vocabulary for a tokenizer of `vocab` ids: rounded up to PAD_MULTIPLE
     so that tensor parallelism splits the embedding and the head evenly. The padding ids
-    never occur in the data; sampling never draws them (inspect_run.py)."""
+    never occur in the data; sampling never draws them (trained/run_model.py)."""
     return -(-vocab // PAD_MULTIPLE) * PAD_MULTIPLE
 
 

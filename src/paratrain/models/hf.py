@@ -1,6 +1,6 @@
 """Hugging Face's GPT2LMHeadModel and LlamaForCausalLM against our GPT and Llama: configs
 and parameter names, both ways. Pure conversion of dicts and tensors; the files are
-train/hf_io.py's.
+trained/hf_directory.py's.
 
 GPT-2 keeps its attention and MLP weights in `Conv1D` layers, (in, out) where nn.Linear
 has (out, in), so they are transposed, and its q, k and v in one `c_attn` of 3d outputs,

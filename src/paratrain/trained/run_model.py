@@ -156,7 +156,7 @@ def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
 def evaluate_file(
     run_dir: Path, data: str, seq_len: int | None = None, batch: int = 8
 ) -> dict[str, float]:
-    """Mean next-token loss over a data file in one process (train/eval_mesh.py: on a
+    """Mean next-token loss over a data file in one process (trained/mesh_eval.py: on a
     mesh), over eval_windows of seq_len + 1 tokens."""
     cfg, model = load_run(run_dir)
     n = eval_seq_len(cfg, seq_len)

@@ -1,10 +1,10 @@
 """A run's loss on a mesh (`paratrain eval RUN --nproc N [--tp T --pp P --zero Z]`,
-started by paratrain/eval_command.py).
+started by commands/eval_launch.py).
 
 For a model too large for one process: each rank builds its part of the model as training
 would on this layout (any layout: checkpoints hold global tensors), loads its part of the
 latest checkpoint through DCP, and the engine's `evaluate` scores the same windows as the
-one-process `eval` (train/inspect_run.py: eval_windows), replica r taking windows
+one-process `eval` (trained/run_model.py: eval_windows), replica r taking windows
 r, r + dp, ...; the loss is the mean over every scored token, so the answer does not
 depend on the layout.
 """
@@ -23,14 +23,14 @@ from paratrain.config import RunConfig
 from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model
-from paratrain.train.inspect_run import (
+from paratrain.train.optim import peak_lr
+from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
+from paratrain.trained.run_model import (
     eval_seq_len,
     eval_tokens,
     eval_windows,
     scores,
 )
-from paratrain.train.optim import peak_lr
-from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
 
 
 @torch.no_grad()

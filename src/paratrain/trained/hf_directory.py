@@ -30,7 +30,7 @@ from paratrain.config import RunConfig
 from paratrain.models import hf
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
-from paratrain.train.export import pick_checkpoint
+from paratrain.trained.safetensors_file import pick_checkpoint
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

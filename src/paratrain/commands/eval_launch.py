@@ -1,9 +1,9 @@
-"""`paratrain eval RUN --data D [--nproc N --tp T --pp P --zero Z --device D]`.
+"""The work of `paratrain eval RUN --data D [--nproc N --tp T --pp P --zero Z --device D]`.
 
-With the default layout it scores in this process (train/inspect_run.py); otherwise the
+With the default layout it scores in this process (trained/run_model.py); otherwise the
 layout is checked as `train` checks one, the data before any worker starts, and N
 workers are launched (or this is one of them, under torchrun), each evaluating its part
-(train/eval_mesh.py). Only one process prints the scores.
+(trained/mesh_eval.py). Only one process prints the scores.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.config import RunConfig
-from paratrain.train.inspect_run import eval_seq_len, eval_tokens, load_config
+from paratrain.trained.run_model import eval_seq_len, eval_tokens, load_config
 from paratrain.validate import resolve
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def mesh_config(run_dir: Path, layout: dict[str, Any]) -> RunConfig:
     return resolve(cfg, p.nproc)
 
 
-def eval_command(args: Any) -> int:
+def evaluate_run(args: Any) -> int:
     """`paratrain eval`: in this process (--nproc 1), or in N workers started here, or as
     one of them (torchrun's environment). Prints the scores from one process only."""
     from paratrain.launch import torchrun_env
@@ -53,7 +53,7 @@ def eval_command(args: Any) -> int:
     if env is not None:
         return _as_worker(args, run_dir, layout, env)
     if layout == DEFAULT_LAYOUT:
-        from paratrain.train.inspect_run import evaluate_file
+        from paratrain.trained.run_model import evaluate_file
 
         print_scores(evaluate_file(run_dir, args.data, args.seq_len), args.json)
         return 0
@@ -80,9 +80,9 @@ def _launch(args: Any, run_dir: Path, layout: dict[str, Any]) -> int:
 
 
 def _as_worker(args: Any, run_dir: Path, layout: dict[str, Any], env: dict[str, Any]) -> int:
-    from paratrain.train.eval_mesh import evaluate_on_mesh
     from paratrain.train.failure import run_then_exit
     from paratrain.train.worker import WorkerEnv
+    from paratrain.trained.mesh_eval import evaluate_on_mesh
 
     def work() -> None:
         cfg = mesh_config(run_dir, layout | {"nproc": env["world_size"]})
