@@ -101,7 +101,7 @@ def test_fp16_loss_scale_skips_overflowing_steps_and_recovers():
 def test_a_float16_gradient_with_a_norm_beyond_float16_is_no_overflow():
     """Every entry finite, the norm 1e5 > 65504 (float16's largest): a finite norm, so the
     step is taken; an inf entry still makes it inf (the overflow that skips a step)."""
-    from paratrain.parallel.data_parallel.replica import squared_norms
+    from paratrain.parallel.data_parallel.grad_lists import squared_norms
 
     big = torch.full((10_000,), 1000.0, dtype=torch.float16)
     squares = squared_norms([big, torch.ones(4), big[:4]], torch.device("cpu"))

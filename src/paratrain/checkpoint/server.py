@@ -39,7 +39,7 @@ from paratrain.checkpoint.state import RankState, rank_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.data_parallel.async_sgd import ParameterServer, ServerState
-from paratrain.parallel.data_parallel.replica import WholeGradients
+from paratrain.parallel.data_parallel.whole_module import WholeGradients
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint.buffers import absent_buffers, absent_note
 from paratrain.checkpoint.state import BUFFER, persistent_buffers
 from paratrain.models import registry
-from paratrain.parallel.data_parallel.replica import complete_state_dict
+from paratrain.parallel.data_parallel.whole_module import complete_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ does the same for the bytes each rank sends).
 
 Under ZeRO each chunk (ZeRO-1/2) or FSDP unit (ZeRO-3) is a flat buffer padded to a
 multiple of k on its own, k = dp x cp since the cp ranks hold the same parameters
-(parallel/data_parallel/zero_flat.py): `flat_buffers`, `held_model_state` and `padding_bytes` count
-it, and `rank_model_state` itemises as the runtime records it.
+(parallel/data_parallel/flat_buffer.py): `flat_buffers`, `held_model_state` and
+`padding_bytes` count it, and `rank_model_state` itemises as the runtime records it.
 ZeRO-2 follows `Workload.zero2_accumulate` as the runtime follows
 `parallel.zero2_accumulate`: with "full" it holds the whole gradient between the
 micro-batches of a step (`accumulated_gradient_bytes`).
@@ -112,7 +112,7 @@ def held_model_state(
     """What the buffers of a rank on `stage` hold, by kind, padding where it lives.
 
     Per flat buffer of n elements over the k = dp x cp ranks of dp_cp, shards of ceil(n / k)
-    (zero_flat.py):
+    (flat_buffer.py):
     ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
     gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
     """
@@ -188,8 +188,8 @@ def accumulated_gradient_bytes(
     """The transient whole gradient of ZeRO-2 with accumulate "full" and K > 1 on `stage`.
 
     memory.py's `grad_accumulation` for this runtime: the buckets tile each padded flat
-    buffer (parallel/data_parallel/zero_flat.py), k ceil(n / k) elements per chunk in the gradient's
-    (compute) dtype, alive from the first micro-batch's backward until the reduce-scatter
+    buffer (parallel/data_parallel/flat_buffer.py), k ceil(n / k) elements per chunk in the
+    gradient's (compute) dtype, alive from the first micro-batch's backward until the reduce-scatter
     after the last. Not in `rank_model_state`, which is the step boundary's record.
     """
     if not holds_whole_gradient(workload, layout, microbatches):

@@ -41,7 +41,7 @@ from paratrain.parallel.data_parallel.async_sgd import (
     serve,
     work,
 )
-from paratrain.parallel.data_parallel.replica import WholeGradients
+from paratrain.parallel.data_parallel.whole_module import WholeGradients
 from paratrain.train.build import build_model, recompute_blocks, seed_rank_stream
 from paratrain.train.clip import clip_to, global_grad_norm
 from paratrain.train.engine import FlatEngine

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from paratrain.parallel.data_parallel.adamw import adamw, param_groups
-from paratrain.parallel.data_parallel.replica import count_memory
+from paratrain.parallel.data_parallel.memory_count import count_memory
 
 KINDS = ("params", "grads", "master", "optimizer", "padding", "other")
 STATE_KINDS = KINDS[:-1]  # model state: everything but step counters and buffers

@@ -1,8 +1,11 @@
 """Data parallelism, one family: every wrapper keeps a replica's gradients in sync over a
 group and answers the `Replica` protocol (replica.py), so the step never asks which one.
+What the wrappers share: grad_lists.py (norms, scaling, one all-reduce over a list),
+whole_module.py (the protocol's answers for gradients kept whole), memory_count.py (bytes
+held, each storage once).
 
 wrapper.py: `DataParallel`, whole gradients all-reduced in buckets (buckets.py) as
-backward produces them; zero.py: ZeRO-1/2 over flat shards (zero_flat.py, flat_replica.py);
+backward produces them; zero.py: ZeRO-1/2 over flat shards (flat_buffer.py, sharded_replica.py);
 fsdp.py: ZeRO-3 / FSDP, parameters gathered per unit (fsdp_units.py); param_share.py:
 which parameters a wrapper syncs, over which group (experts over expert-dp); async_sgd.py
 and dc_asgd.py: the parameter server and delay compensation (--dp-mode async); adamw.py:

@@ -21,7 +21,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.comm import compat
-from paratrain.parallel.data_parallel.zero_flat import FlatShard
+from paratrain.parallel.data_parallel.flat_buffer import FlatShard
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
 
 

@@ -45,16 +45,17 @@ from torch import nn
 from paratrain import comm
 from paratrain.comm import compat
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
-from paratrain.parallel.data_parallel.flat_replica import FlatShardReplica
+from paratrain.parallel.data_parallel.flat_buffer import FlatShard
 from paratrain.parallel.data_parallel.fsdp_units import FlatUnit, GatheredBytes
+from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import MemoryReport, count_memory
+from paratrain.parallel.data_parallel.replica import MemoryReport
+from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
-from paratrain.parallel.data_parallel.zero_flat import FlatShard
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
 
 
-class FullyShardedDataParallel(FlatShardReplica):
+class FullyShardedDataParallel(ShardedReplica):
     """ZeRO-3 of `module` over `group`, gathering by the given units (module names each).
 
     units: lists of module names, in forward order; parameters in none of them form a

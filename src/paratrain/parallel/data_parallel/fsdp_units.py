@@ -22,7 +22,7 @@ from torch.profiler import record_function
 
 from paratrain import comm
 from paratrain.module_names import matching
-from paratrain.parallel.data_parallel.zero_flat import FlatLayout, FlatShard, make_shard
+from paratrain.parallel.data_parallel.flat_buffer import FlatLayout, FlatShard, make_shard
 from paratrain.parallel.mixed_precision import MixedPrecision
 
 # The profiler range around each allocation of a unit's full parameters: with it,

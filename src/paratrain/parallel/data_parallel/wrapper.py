@@ -22,8 +22,7 @@ Usage from a user's own loop:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,14 +31,13 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.data_parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import (
-    GradSquares,
-    MemoryReport,
-    StatePiece,
+from paratrain.parallel.data_parallel.replica import GradSquares, MemoryReport, StatePiece
+from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
+from paratrain.parallel.data_parallel.whole_module import (
     all_reduce_whole_grads_,
     complete_state_dict,
-    count_memory,
     scale_whole_grads_,
     whole_checkpoint_pieces,
     whole_grad_squares,
@@ -63,7 +61,7 @@ def broadcast_parameters(
         offset += t.numel()
 
 
-class DataParallel(nn.Module):
+class DataParallel(SyncSwitch, nn.Module):
     """Wrap any module for data-parallel training over `group` (a `Replica`).
 
     reduce_op: "avg" divides the summed gradients by the group size (DDP's behaviour);
@@ -116,15 +114,6 @@ class DataParallel(nn.Module):
                 for b in buffers:
                     comm.broadcast(b.data, self.group, src=0)
         return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally (in the bucket buffers) without communicating."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         bucket, i = self._bucket_of[id(p)]

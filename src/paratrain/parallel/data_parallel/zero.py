@@ -21,7 +21,7 @@ until the last backward, so its peak exceeds stage 1's by the shard; traffic 2(k
 The flat buffer lists parameters in reverse order of registration, so buckets (contiguous
 ranges of it) fill one after another during backward, as in the DDP wrapper; a bucket's
 reduce-scatter starts from the hook that completes it and overlaps the earlier layers'
-backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (zero_flat.py): a
+backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (flat_buffer.py): a
 bucket's reduce-scatter gives each rank the part of the bucket inside its shard.
 
 Driving it is the `Replica` protocol (replica.py), as for every wrapper; the training
@@ -37,8 +37,6 @@ step (train/step.py) does, in order:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,21 +46,23 @@ from paratrain import comm
 from paratrain.comm import compat
 from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
-from paratrain.parallel.data_parallel.flat_replica import FlatShardReplica
-from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import MemoryReport, count_memory
-from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
-from paratrain.parallel.data_parallel.zero_flat import (
+from paratrain.parallel.data_parallel.flat_buffer import (
     FlatBucket,
     FlatLayout,
     FlatShard,
     flat_buckets,
     make_shard,
 )
+from paratrain.parallel.data_parallel.memory_count import count_memory
+from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
+from paratrain.parallel.data_parallel.replica import MemoryReport
+from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
+from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
+from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
 
 
-class ZeroDataParallel(FlatShardReplica):
+class ZeroDataParallel(SyncSwitch, ShardedReplica):
     """ZeRO stage 0, 1 or 2 of `module` over `group` (see the module docstring).
 
     reduce_op: "sum" for losses already normalised by the global token count (the training
@@ -139,15 +139,6 @@ class ZeroDataParallel(FlatShardReplica):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.module(*args, **kwargs)
         return scale_backward(out, self.scaler.scale) if self.scaler is not None else out
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Accumulate without communicating (stage 2 with accumulate="shard" still does)."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     @property
     def _per_micro_batch(self) -> bool:
@@ -266,7 +257,7 @@ class ZeroDataParallel(FlatShardReplica):
         for b in self.buckets:
             b.buffer = None
 
-    # -- what the shared half of the protocol needs (flat_replica.py) ----------------------
+    # -- what the shared half of the protocol needs (sharded_replica.py) ----------------------
     @property
     def shards(self) -> list[FlatShard]:
         return [self.shard]

@@ -2,7 +2,7 @@
 the gradient exists only as this rank's flat shards.
 
 `ZeroDataParallel` keeps one flat buffer, `FullyShardedDataParallel` one per unit; both
-expose them as `shards` (zero_flat.FlatShard: compute-dtype parameters, reduced gradient,
+expose them as `shards` (flat_buffer.FlatShard: compute-dtype parameters, reduced gradient,
 fp32 master copy) and say over which group they are disjoint (`sharded_over`: the dp
 group, or None for ZeRO stage 0, whose single shard is the whole buffer). Scaling, the
 squared norms, sums over other groups, the optimizer, checkpoint pieces and full weights
@@ -20,21 +20,14 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
+from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
+from paratrain.parallel.data_parallel.grad_lists import all_reduce_in_place, scale_, squared_norms
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import (
-    MOMENTS,
-    GradSquares,
-    StatePiece,
-    adam_state,
-    all_reduce_in_place,
-    complete_state_dict,
-    scale_,
-    squared_norms,
-)
-from paratrain.parallel.data_parallel.zero_flat import FlatShard, Piece
+from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
+from paratrain.parallel.data_parallel.whole_module import adam_state, complete_state_dict
 
 
-class FlatShardReplica(nn.Module, abc.ABC):
+class ShardedReplica(nn.Module, abc.ABC):
     """Base of the sharded wrappers; subclasses set module, group, scaler and implement
     `shards`, `sharded_over` and `_after_update` (what follows an update of the shards)."""
 

@@ -1,0 +1,135 @@
+"""The `Replica` protocol's gradient and checkpoint answers for a module held whole, its
+gradients in `p.grad`: DataParallel's replica, and what the parameter server clips and
+checkpoints (the flat-shard half: sharded_replica.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+from torch import nn
+
+from paratrain.comm.group import CommGroup
+from paratrain.parallel.data_parallel.grad_lists import (
+    all_reduce_in_place,
+    scale_,
+    squared_norms,
+)
+from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
+
+
+class WholeGradients:
+    """The gradient and checkpoint parts of the protocol for a module held whole, its
+    gradients in `p.grad`: what DataParallel does with its replica's, and what the
+    parameter server needs to clip the gradients a worker pushed and to checkpoint."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def grad_squares(self) -> GradSquares:
+        return whole_grad_squares(self.module)
+
+    def scale_grads_(self, factor: float) -> None:
+        scale_whole_grads_(self.module, factor)
+
+    def checkpoint_pieces(
+        self, optimizer: torch.optim.Optimizer
+    ) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        return whole_checkpoint_pieces(self.module, optimizer)
+
+    def after_load(self) -> None:
+        """The whole values were loaded: nothing else holds a copy."""
+
+
+def whole_grads(
+    module: nn.Module, only: Collection[str] | None = None
+) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and gradients of the parameters that have one (each parameter once); with
+    `only`, of those named there (a wrapper holding some of the module's parameters)."""
+    names, grads = [], []
+    for name, p in module.named_parameters():
+        if p.grad is not None and (only is None or name in only):
+            names.append(name)
+            grads.append(p.grad.detach())
+    return names, grads
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """Where a module's parameters live (the first one's device: a replica has one)."""
+    return next(module.parameters()).device
+
+
+def whole_grad_squares(
+    module: nn.Module, only: Collection[str] | None = None, split_over: CommGroup | None = None
+) -> GradSquares:
+    """Per-parameter squared norms of whole gradients held in `p.grad`."""
+    names, grads = whole_grads(module, only)
+    return GradSquares(names, squared_norms(grads, device_of(module)), None, split_over)
+
+
+def scale_whole_grads_(
+    module: nn.Module, factor: float, only: Collection[str] | None = None
+) -> None:
+    scale_(whole_grads(module, only)[1], factor)
+
+
+def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
+    """`Replica.all_reduce_grads_` for gradients kept whole in `p.grad`, concatenated in
+    the order of `names` (in place; a parameter without a gradient contributes zeros,
+    since other ranks may have one)."""
+    named = dict(module.named_parameters())
+    params = [named[n] for n in names if n in named and named[n].requires_grad]
+    if group.size == 1 or not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    all_reduce_in_place([p.grad for p in params], group)
+
+
+def whole_checkpoint_pieces(
+    module: nn.Module, optimizer: torch.optim.Optimizer, only: Collection[str] | None = None
+) -> tuple[list[StatePiece], list[torch.Tensor]]:
+    """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW: each
+    parameter (of `only`, if given) is one piece, [0, numel), with its moments; and
+    AdamW's step counters."""
+    pieces, counters = [], []
+    for name, p in module.named_parameters():
+        if only is not None and name not in only:
+            continue
+        state = adam_state(optimizer, p)
+        counters.append(state["step"])
+        tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}
+        pieces.append(StatePiece(name, p.shape, 0, p.numel(), tensors))
+    return pieces, counters
+
+
+def complete_state_dict(
+    module: nn.Module, values: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`values` (one tensor per parameter, under named_parameters()' first name, and
+    possibly persistent buffers) extended to every key of `module.state_dict()`: a tied
+    parameter's other names alias its value, and buffers not in `values` are copied from
+    the module, so `load_state_dict(strict=True)` works."""
+    canonical = {id(p): name for name, p in module.named_parameters()}
+    out = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if isinstance(tensor, nn.Parameter) and id(tensor) in canonical:
+            out[name] = values[canonical[id(tensor)]]
+        else:
+            out[name] = values[name] if name in values else tensor.detach().clone()
+    return out
+
+
+def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AdamW's state of `param`, created (zeros, step 0) if no step has run yet, so that a
+    checkpoint can be loaded into a freshly built optimizer."""
+    state = optimizer.state[param]
+    if not state:
+        # Where torch's AdamW keeps it: on the host, or beside the parameter when fused.
+        fused = bool(optimizer.defaults.get("fused")) or bool(optimizer.defaults.get("capturable"))
+        host = torch.device("cpu")  # host-side counter, as torch's AdamW keeps it unfused
+        state["step"] = torch.zeros((), device=param.device if fused else host)
+        for key in MOMENTS:
+            state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    return state
