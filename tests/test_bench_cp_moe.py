@@ -2,10 +2,10 @@
 that fail them. No timing is asserted.
 
 bench cp: ring and all-to-all attention at 2 ranks equal single-process attention within
-the bench's float32 tolerance, and the ledger's bytes equal cost.py's formulas (the bench
-itself raises otherwise; the test reads the numbers back). bench moe: the round trip
-through identity experts is exact and the ledger equals the dispatch formula for both
-all-to-all algorithms, at two token counts.
+the bench's float32 tolerance, and the ledger's bytes equal plan/context_cost.py's
+formulas (the bench itself raises otherwise; the test reads the numbers back). bench moe:
+the round trip through identity experts is exact and the ledger equals
+plan/expert_cost.py's dispatch formula for both all-to-all algorithms, at two token counts.
 """
 
 from __future__ import annotations

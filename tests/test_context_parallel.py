@@ -4,7 +4,7 @@ In float64 the ring (plain and load-balanced layouts) and the all-to-all attenti
 the output and the gradients dq, dk, dv of full single-process attention (torch's SDPA on
 the whole sequence) to 1e-12: the blocks are merged in a different order than one softmax
 over all keys, so the results are equal up to rounding, not bitwise. Messages and bytes
-per rank per pass equal cost.py's formulas exactly, as recorded by the ledger; per-rank
+per rank per pass equal plan/context_cost.py's formulas exactly, as recorded by the ledger; per-rank
 attention FLOPs, as torch's FlopCounterMode counts them, are equal across ranks under load
 balancing and not without it.
 """
@@ -30,7 +30,8 @@ from paratrain.parallel.context_parallel import (
     shard,
     ulysses_attention,
 )
-from paratrain.parallel.context_parallel.cost import (
+from paratrain.parallel.context_parallel.layout import chunks_of, visibility
+from paratrain.plan.context_cost import (
     ring_blocks,
     ring_bytes,
     ring_flops,
@@ -224,6 +225,18 @@ def test_balanced_blocks_are_equal_and_plain_ones_grow_with_rank():
         assert {ring_blocks(r, cp, True, True) for r in range(cp)} == {2 * cp + 1}
         assert [ring_blocks(r, cp, True, False) for r in range(cp)] == list(range(1, cp + 1))
         assert ring_blocks(0, cp, False, True) == 4 * cp  # no mask: every chunk
+
+
+def test_ring_blocks_count_the_runtime_layout():
+    """The planner's closed form against the blocks the runtime's layout visits."""
+    for cp in range(1, 9):
+        for causal in (True, False):
+            for balanced in (True, False):
+                every = [c for r in range(cp) for c in chunks_of(r, cp, balanced)]
+                for rank in range(cp):
+                    mine = chunks_of(rank, cp, balanced)
+                    visits = sum(1 for q in mine for kv in every if visibility(q, kv, causal))
+                    assert ring_blocks(rank, cp, causal, balanced) == visits
 
 
 def test_ring_bytes_are_the_issue_formula():

@@ -7,8 +7,8 @@ losses, the routing statistics, the bias after balancing and every gradient afte
 are equal up to rounding, not bitwise: an expert's matmul sees its rows in a different
 batch, and gradients are summed over ranks in another order. Dispatch followed by
 combine moves values only, so that round trip is bitwise exact, forward and backward.
-The ledger's all-to-all bytes per rank equal cost.py's formulas for the token counts that
-the single-process routing implies, so the check is independent of the dispatch's code;
+The ledger's all-to-all bytes per rank equal plan/expert_cost.py's formulas for the token
+counts that the single-process routing implies, so the check is independent of the dispatch's code;
 one configuration runs the pairwise all-to-all, whose bytes the ledger takes from what
 was sent rather than from the native call's split sizes.
 """
@@ -33,7 +33,7 @@ from paratrain.parallel.expert_parallel import (
     expert_range,
     reduce_gradients,
 )
-from paratrain.parallel.expert_parallel.cost import (
+from paratrain.plan.expert_cost import (
     counts_bytes,
     expected_token_bytes,
     token_bytes,

@@ -1,8 +1,8 @@
 """The planner's context parallelism and mixture of experts, on hand-computed cases.
 
-Pure: no process starts. The planner's cp bytes are `parallel/context_parallel/cost.py`'s
+Pure: no process starts. The planner's cp bytes are `plan/context_cost.py`'s
 formulas (which tests/test_context_parallel.py holds to the ledger) for one tp rank; its
-MoE all-to-all bytes at imbalance 1 are `parallel/expert_parallel/cost.py`'s expected
+MoE all-to-all bytes at imbalance 1 are `plan/expert_cost.py`'s expected
 bytes; Mixtral 8x7B's counts are checked against its published 46.7B total and 12.9B
 active parameters at their published precision (0.1B), and exactly against a hand count.
 """
@@ -14,11 +14,11 @@ from dataclasses import replace
 import pytest
 
 from paratrain.cli import main
-from paratrain.parallel.context_parallel.cost import ring_bytes, ulysses_bytes
-from paratrain.parallel.expert_parallel.cost import expected_token_bytes
 from paratrain.plan import context, moe
 from paratrain.plan.cluster import cluster_preset, cluster_with
+from paratrain.plan.context_cost import ring_bytes, ulysses_bytes
 from paratrain.plan.estimate import estimate
+from paratrain.plan.expert_cost import expected_token_bytes
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec, model_preset
 from paratrain.plan.time import llama_flops_per_token, model_training_flops

@@ -1,7 +1,6 @@
 """Context parallelism in the planner: key/value traffic, its overlap with attention, and
-the all-to-all (Ulysses) alternative (docs/context-parallel.md derives the bytes; these are
-`parallel/context_parallel/cost.py`'s formulas for one tp rank, held equal to them by
-tests/test_plan_context.py).
+the all-to-all (Ulysses) alternative (docs/context-parallel.md derives the bytes; they are
+plan/context_cost.py's formulas, the runtime's, for one tp rank's 1/t of the heads).
 
 Per layer, per micro-batch, on one GPU of a cp group of c ranks and a tp group of t (tensor
 parallelism splits the heads, so each tp rank moves 1/t of them); b s tokens, h_kv
@@ -15,12 +14,13 @@ key/value heads of dimension d, e bytes per element:
 Time. A ring step's transfer runs while the rank attends to the block it already has, so
 per step only max(0, transfer - block) is exposed, c - 1 times per pass. The block is
 what our load-balanced causal ring computes per step: two (s/2c)-long chunk pairs, 2 b s^2
-(h/t) d / c^2 FLOPs forward, 5/2 of that backward (it recomputes q k^T: cost.ring_flops).
+(h/t) d / c^2 FLOPs forward, 5/2 of that backward (it recomputes q k^T: context_cost.ring_flops).
 The all-to-all waits for its data: all of it is exposed.
 """
 
 from __future__ import annotations
 
+from paratrain.plan import context_cost
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.comm import CommEntry, axis_link
 from paratrain.plan.layout import Layout, Workload
@@ -28,7 +28,7 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.time import entry_time
 
-BACKWARD_BLOCK = 2.5  # backward matmuls over forward's in a ring block (cost.ring_flops)
+BACKWARD_BLOCK = 2.5  # backward matmuls over forward's in a ring block (context_cost.ring_flops)
 
 
 def head_dim(model: ModelSpec) -> int:
@@ -39,17 +39,18 @@ def kv_heads_of(model: ModelSpec) -> int:
     return model.n_kv_head or model.n_head
 
 
-def ring_message_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
+def ring_hop_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """One hop: this rank's keys and values, 2 b (s/c) (h_kv/t) d e."""
     b, s, e = workload.micro_batch, model.seq_len, workload.precision.activation_bytes
-    return 2 * b * s / layout.cp * kv_heads_of(model) / layout.tp * head_dim(model) * e
+    kv = kv_heads_of(model) / layout.tp
+    return context_cost.ring_message_bytes(b, s, kv, head_dim(model), e, layout.cp)
 
 
 def ulysses_pass_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """Both all-to-alls of one pass: b (s/c) (2h + 2h_kv)/t d e (c - 1)/c."""
-    b, s, e, c = workload.micro_batch, model.seq_len, workload.precision.activation_bytes, layout.cp
-    heads = 2 * model.n_head + 2 * kv_heads_of(model)
-    return b * s / c * heads / layout.tp * head_dim(model) * e * (c - 1) / c
+    b, s, e = workload.micro_batch, model.seq_len, workload.precision.activation_bytes
+    heads, kv = model.n_head / layout.tp, kv_heads_of(model) / layout.tp
+    return context_cost.ulysses_bytes(b, s, heads, kv, head_dim(model), e, layout.cp)
 
 
 def ring_passes(recompute: str) -> tuple[int, int]:
@@ -75,7 +76,7 @@ def cp_traffic(
     fwd, bwd = ring_passes(workload.recompute)
     if layout.cp_method == "ring":
         messages = calls * (c - 1) * (fwd + 2 * bwd)
-        nbytes = messages * ring_message_bytes(model, workload, layout)
+        nbytes = messages * ring_hop_bytes(model, workload, layout)
         return [CommEntry("send", "cp", link, "keys and values (ring)", round(nbytes), messages)]
     passes = calls * (fwd + bwd)
     nbytes = passes * ulysses_pass_bytes(model, workload, layout)
@@ -116,7 +117,7 @@ def ring_buffer_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> f
     own q, k, v and output, already counted."""
     if layout.cp == 1 or layout.cp_method != "ring":
         return 0.0
-    return 2 * ring_message_bytes(model, workload, layout)
+    return 2 * ring_hop_bytes(model, workload, layout)
 
 
 def cp_problems(model: ModelSpec, layout: Layout) -> list[str]:

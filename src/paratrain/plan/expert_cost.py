@@ -1,4 +1,6 @@
-"""What expert-parallel dispatch costs one rank per MoE layer, as formulas (docs/experts.md).
+"""What expert-parallel dispatch costs one rank per MoE layer, as formulas (docs/experts.md);
+the runtime's counts are held to them by tests/test_expert_parallel.py, and plan/moe.py
+charges the planner's imbalance on top of `expected_token_bytes`.
 
 `sends[p]`: rows this rank dispatches to ep rank p (its kept assignments for p's experts);
 `recvs[p]`: rows it receives from p. A row is one token's activation, d·elem bytes.
@@ -24,7 +26,7 @@ def token_bytes(sends: list[int], recvs: list[int], rank: int, d_model: int, ele
     return sum(sends[p] + recvs[p] for p in others) * d_model * elem
 
 
-def expected_token_bytes(tokens: int, top_k: int, ep: int, d_model: int, elem: int) -> float:
+def expected_token_bytes(tokens: float, top_k: int, ep: int, d_model: int, elem: int) -> float:
     """token_bytes when routing is uniform and nothing is dropped: each of the k·N
     assignments of a rank's N tokens leaves it with probability (ep - 1)/ep, and as many
     arrive, 2·k·N·d·elem·(ep - 1)/ep per pass."""

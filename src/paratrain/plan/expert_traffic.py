@@ -8,6 +8,7 @@ from __future__ import annotations
 from paratrain.plan import moe
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.comm import CommEntry, axis_link
+from paratrain.plan.expert_cost import counts_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
@@ -26,7 +27,7 @@ def ep_traffic(
     per_pass = moe.all_to_all_bytes(model, tokens, ep, layout.tp, elem, workload.moe_imbalance)
     link = axis_link("ep", layout, cluster)
     fwd_passes = passes - 1
-    counts = calls * fwd_passes * moe.moe_counts_bytes(model, ep)
+    counts = calls * fwd_passes * counts_bytes(model.num_experts, ep)
     tokens_sent = round(calls * passes * per_pass)
     return [
         CommEntry("all_to_all", "ep", link, "expert counts", counts, calls * fwd_passes * (ep - 1)),

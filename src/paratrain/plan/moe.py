@@ -22,7 +22,7 @@ iota times the mean expert activations; its all-to-all bytes per pass are
     sends (dispatch) + receives sent back (combine) = (1 + iota) k N h e (ep - 1) / ep
 
 for N tokens per rank and e bytes per element: with iota = 1 exactly
-`parallel/expert_parallel/cost.expected_token_bytes`, 2 k N h e (ep - 1) / ep (a rank's
+`plan/expert_cost.expected_token_bytes`, 2 k N h e (ep - 1) / ep (a rank's
 outgoing assignments stay k N (ep - 1) / ep wherever they go; what it receives, and sends
 back in the combine, grows with its load). Backward moves the same token bytes again; full
 recomputation a third time. The counts all-to-all, (ep - 1) E/ep int64, is forward only.
@@ -35,9 +35,9 @@ from dataclasses import replace
 from typing import Any
 
 from paratrain.models.presets import kv_heads
+from paratrain.plan.expert_cost import expected_token_bytes
 
 # `m` below is a plan.model.ModelSpec, typed Any: model.py imports this module (its params).
-COUNT_BYTES = 8  # the per-expert counts travel as int64 (expert_parallel/dispatch.py)
 
 
 def check_moe(m: Any) -> None:
@@ -127,8 +127,5 @@ def all_to_all_bytes(m: Any, tokens: float, ep: int, tp: int, elem: int, imbalan
     if ep == 1:
         return 0.0
     iota = charged_imbalance(m, imbalance)
-    return (1 + iota) * m.top_k * tokens * m.d_model * elem * (ep - 1) / ep / tp
-
-
-def moe_counts_bytes(m: Any, ep: int) -> int:
-    return (ep - 1) * (m.num_experts // ep) * COUNT_BYTES
+    uniform = expected_token_bytes(tokens, m.top_k, ep, m.d_model, elem)  # (1 + 1) k N h e ..
+    return (1 + iota) / 2 * uniform / tp

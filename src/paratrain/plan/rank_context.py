@@ -33,7 +33,7 @@ def cp_terms(
     fwd, bwd = context.ring_passes(workload.recompute)
     if layout.cp_method == "ring":
         messages = calls * (c - 1) * (fwd + 2 * bwd)
-        sent = messages * context.ring_message_bytes(model, workload, layout)
+        sent = messages * context.ring_hop_bytes(model, workload, layout)
         return [
             RankTraffic("cp", "send", "keys and values, and their gradients (ring)", round(sent))
         ]

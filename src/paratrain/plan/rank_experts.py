@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from paratrain.config import ModelConfig
 from paratrain.models.presets import feed_forward_params, ffn_width
 from paratrain.plan import comm
+from paratrain.plan.expert_cost import COUNT_BYTES, counts_bytes, expected_token_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec, spec_of
@@ -57,7 +58,6 @@ from paratrain.plan.rank_memory import (
     tied_root,
 )
 
-COUNT_BYTES = 8  # routing counts travel as int64
 BUFFER_BYTES = 4  # the router's bias and the layer's load, float32
 
 
@@ -192,10 +192,11 @@ def moe_terms(
     ep = layout.ep
     if ep == 1:
         return out
-    counts = calls * (ep - 1) * (e // ep) * COUNT_BYTES
+    counts = calls * counts_bytes(e, ep)
     tokens = workload.micro_batch * (model.seq_len or 0) // layout.cp  # a rank's, whole on tp
     elem = workload.precision.activation_bytes
-    balanced = forwards * passes * 2 * experts.top_k * tokens * model.d_model * elem * (ep - 1) / ep  # type: ignore[operator]
+    per_pass = expected_token_bytes(tokens, experts.top_k, ep, model.d_model, elem)  # type: ignore[arg-type]
+    balanced = forwards * passes * per_pass
     what = "tokens to their experts and back, in every pass (balanced router)"
     out += [
         RankTraffic("ep", "all_to_all", "routing counts", counts),

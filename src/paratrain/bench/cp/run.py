@@ -4,7 +4,7 @@ attention of the same sequence (compare.py says what each side runs).
 Checked, or the bench fails (RuntimeError, exit status 1): the output and dq, dk, dv of
 every rank equal the peer's shard of them within TOLERANCE (float32, relative to the
 largest magnitude), and the ledger's messages and bytes of one forward and backward equal
-`parallel/context_parallel/cost.py`'s formulas. Reported: both sides' median times and the
+`plan/context_cost.py`'s formulas. Reported: both sides' median times and the
 pairwise ratio ours / peer with its spread (alternating pairs, harness/pairs.py), bytes per
 rank, and the bytes autograd saves for backward on each side. Ours splits the work over 2
 processes; the peer runs the whole sequence in each of them, at the same time, so both
@@ -18,7 +18,7 @@ from typing import Any
 
 from paratrain.bench.cp.compare import METHODS, compare_methods
 from paratrain.bench.harness.pairs import ratio_summary
-from paratrain.parallel.context_parallel.cost import (
+from paratrain.plan.context_cost import (
     ring_bytes,
     ring_messages,
     ulysses_bytes,

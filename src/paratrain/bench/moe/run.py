@@ -4,7 +4,7 @@
 Checked, or the bench fails (RuntimeError, exit status 1): the round trip through identity
 experts returns every row and its gradient exactly, and the all-to-all bytes each rank's
 ledger records for one forward and backward equal the formula
-(`parallel/expert_parallel/cost.py`): the counts, (ep - 1) E/ep int64, and twice the token
+(`plan/expert_cost.py`): the counts, (ep - 1) E/ep int64, and twice the token
 rows that leave the rank or arrive at it, for the counts the routing produced. Reported per
 N: both algorithms' median times and the ratio pairwise / native with its spread, bytes
 per rank, and the uniform-routing expectation 2 k N d e (ep - 1)/ep per pass beside it.
@@ -17,7 +17,7 @@ from typing import Any
 
 from paratrain.bench.harness.pairs import ratio_summary
 from paratrain.bench.moe.compare import sweep
-from paratrain.parallel.expert_parallel.cost import counts_bytes, expected_token_bytes, token_bytes
+from paratrain.plan.expert_cost import counts_bytes, expected_token_bytes, token_bytes
 from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)

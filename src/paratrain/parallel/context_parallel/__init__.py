@@ -7,8 +7,10 @@ attention needs every key, and two ways bring them (docs/context-parallel.md):
     blocks.py   attention of one block with its log-sum-exp, the merge rule, its backward
     ring.py     ring attention: keys and values travel around the group (send/recv)
     ulysses.py  all-to-all attention: heads travel instead (two all-to-alls)
-    cost.py     messages, bytes and FLOPs per rank per layer, as formulas
     apply.py    a plain model made context parallel from outside; a rank's tokens of a batch
+
+Its costs as formulas (messages, bytes, FLOPs per rank) are the planner's:
+plan/context_cost.py.
 
 Every function takes the context-parallel `group` explicitly; all traffic goes through comm.
 """

@@ -8,9 +8,9 @@ it (docs/experts.md):
     batch.py     GroupBatch: every shard's routing counts, for capacity and statistics
     apply.py     apply_expert_parallel on named layers
     grads.py     gradient reduction: dense over dp, experts over the expert-dp group
-    cost.py      all-to-all bytes per rank per layer, as formulas
 
-Every function takes its group explicitly; all traffic goes through comm.
+Its costs as formulas (the all-to-all bytes per rank) are the planner's:
+plan/expert_cost.py. Every function takes its group explicitly; all traffic goes through comm.
 """
 
 from paratrain.parallel.expert_parallel.apply import apply_expert_parallel
