@@ -13,13 +13,13 @@ from dataclasses import replace
 import pytest
 
 from paratrain.config import SCHEDULES
+from paratrain.measure.text_timeline import render_grid
 from paratrain.parallel.pipeline import (
     Action,
     Costs,
     ScheduleError,
     build_schedule,
     check_schedule,
-    render_grid,
 )
 from paratrain.parallel.pipeline.batches import Batch, plan_calls
 from paratrain.parallel.pipeline.schedules import RECV_B, RECV_F, SEND_B, SEND_F, B, F

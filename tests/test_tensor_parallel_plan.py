@@ -113,7 +113,7 @@ def test_a_star_matches_exactly_one_name_component():
         "loss_fn",
         "norm",
         "pos_emb",
-        "positions",  # the parameterless positions piece (models/pieces.py)
+        "positions",  # the parameterless positions piece (models/position_dependent.py)
         "tok_emb",
     ]
 

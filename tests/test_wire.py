@@ -1,4 +1,4 @@
-"""Bytes on the wire (measure/wire.py): the kernel's TCP counters, checked against a known
+"""Bytes on the wire (measure/tcp_bytes.py): the kernel's TCP counters, checked against a known
 transfer, then around native gloo collectives between 2 real processes.
 
 The known transfer is asymmetric (N one way, M the other), so reading the wrong field of
@@ -21,7 +21,7 @@ from paratrain import comm
 from paratrain.bench.comm.wire import binomial_children, gloo_model
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import Ledger
-from paratrain.measure import wire
+from paratrain.measure import tcp_bytes as wire
 from tests.distributed import run_distributed
 
 S = 4 << 20  # a native all-reduce of a few MB

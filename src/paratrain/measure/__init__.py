@@ -9,5 +9,6 @@ allocator holds over a region (torch.profiler's memory events on CPU, the CUDA c
 allocator's peak on CUDA), which the ZeRO and FSDP memory tests use; a pipeline's
 simulated or recorded timeline, converted to `Span`s (spans.py; pipeline_spans.py
 converts), is written as a Chrome trace (chrome_trace.py) or a
-Gantt PNG (gantt.py).
+Gantt PNG (gantt.py), and a simulated one drawn as text (text_timeline.py); tcp_bytes.py
+reads the bytes this process put on the wire from the kernel's TCP counters.
 """

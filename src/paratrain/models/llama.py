@@ -24,7 +24,7 @@ from torch import nn
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.models.kv_cache import KVCache, LayerCache
 from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
-from paratrain.models.pieces import CoreAttention, Positions
+from paratrain.models.position_dependent import CoreAttention, Positions
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class GroupedQueryAttention(nn.Module):
         self.k = nn.Linear(cfg.d_model, kv, bias=False)
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        # Replaceable, both: context parallelism swaps them (models/pieces.py).
+        # Replaceable, both: context parallelism swaps them (models/position_dependent.py).
         self.positions, self.core = Positions(), CoreAttention()
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:

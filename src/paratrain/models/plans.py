@@ -168,7 +168,7 @@ class ModelPlan:
     pipeline_blocks: the nn.ModuleDict of blocks the pipeline cuts into stages;
     pipeline_first / pipeline_last: the modules only the first / last stage holds.
     recompute_units: the modules whose activations are recomputed in backward.
-    context_attention: the core attention modules (models/pieces.py) that context
+    context_attention: the core attention modules (models/position_dependent.py) that context
     parallelism replaces by ring or all-to-all attention; context_positions: the
     positions modules it replaces by those of this rank's chunks of the sequence.
     compile_units: the modules compiled one by one under --compile (regional compilation).

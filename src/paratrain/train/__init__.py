@@ -5,6 +5,6 @@ parameter server) runs the steps: build.py makes this rank's engine (engine.py: 
 made parallel), data/ samples the batches, step.py takes one step through the engine
 (clip.py: the one global norm; optim.py: the learning rate), and the loop logs
 (metrics.py, progress.py, prediction.py), checkpoints (checkpoint/, run_dir.py,
-resume.py, preemption.py), evaluates (passes.py), and with --trace writes the pipeline's
+resume.py, preemption.py), evaluates (microbatch_passes.py), and with --trace writes the pipeline's
 timeline (pipeline_trace.py). A finished run's model is used offline by trained/.
 """

@@ -46,8 +46,8 @@ from paratrain.train.build import build_model, recompute_blocks, seed_rank_strea
 from paratrain.train.clip import clip_to, global_grad_norm
 from paratrain.train.engine import FlatEngine
 from paratrain.train.metrics import StepMetrics, TrainResult
+from paratrain.train.microbatch_passes import evaluate
 from paratrain.train.optim import LrSchedule
-from paratrain.train.passes import evaluate
 from paratrain.train.straggler import straggle
 
 log = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ from paratrain.parallel.tensor_parallel.state import (
     sharded_parameters,
 )
 from paratrain.train.clip import global_grad_norm
+from paratrain.train.microbatch_passes import WHOLE, accumulate_gradients, evaluate
 from paratrain.train.optim import OptimizerSet
-from paratrain.train.passes import WHOLE, accumulate_gradients, evaluate
 
 STATE_KINDS = ("params", "grads", "optimizer", "master")  # the planner's model-state kinds
 

@@ -23,7 +23,7 @@ from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.ledger import Ledger
 from paratrain.comm.traffic import chunk_sizes
 from paratrain.comm.watchdog import default_store_or_none
-from paratrain.measure.wire import WireMeter, store_ports
+from paratrain.measure.tcp_bytes import WireMeter, store_ports
 from paratrain.spawn import RankFailed, run_ranks
 
 
@@ -58,7 +58,7 @@ def measure_rank(sweep: Sweep) -> list[dict[str, Any]]:
     No Mesh and no watchdog: the watchdog would publish the ledger to the store several
     times a second during timing. A hang still fails after `timeout_s`, naming the call.
 
-    The warm-up call is also measured on the wire (measure/wire.py: the kernel's TCP
+    The warm-up call is also measured on the wire (measure/tcp_bytes.py: the kernel's TCP
     counters of every socket of this process but the store's, settled before and after):
     nothing else of this process sends meanwhile, so the bytes are the call's.
     """

@@ -1,7 +1,7 @@
 """What `paratrain bench comm` measured on the wire, beside the ledger's bytes.
 
 The ledger counts our ring and tree by the bytes passed to `isend`, and native collectives
-by the bandwidth-optimal formula (docs/comm.md). The wire (measure/wire.py: the kernel's
+by the bandwidth-optimal formula (docs/comm.md). The wire (measure/tcp_bytes.py: the kernel's
 tcpi_bytes_acked of every TCP socket of the rank, the store's excluded) shows what gloo
 really sent. Measured here with gloo over loopback (torch 2.13, 2 to 4 ranks), per rank,
 for a message of S bytes on k ranks:

@@ -2,7 +2,7 @@
 
 The ledger records native collectives from the ring formula, so comparing it with the
 planner compares a formula with a formula. Here each rank reads the kernel's TCP counters
-(measure/wire.py) at the ledger's own points (after set-up, after each step) and the
+(measure/tcp_bytes.py) at the ledger's own points (after set-up, after each step) and the
 predicted bytes are compared with what really crossed the sockets.
 
 Which socket carries which group: gloo opens its own TCP connections for every process
@@ -28,7 +28,7 @@ import torch
 from paratrain import comm
 from paratrain.bench.planner.cases import Case, Row
 from paratrain.bench.planner.sent import rank_terms
-from paratrain.measure import wire
+from paratrain.measure import tcp_bytes as wire
 from paratrain.mesh import Mesh
 from paratrain.plan.layout import Workload
 from paratrain.plan.model import ModelSpec

@@ -37,7 +37,7 @@ from paratrain.bench.planner.on_wire import per_group, probe_sockets
 from paratrain.bench.planner.slowdown import Slowdown
 from paratrain.comm.watchdog import default_store_or_none
 from paratrain.config import RunConfig
-from paratrain.measure import wire
+from paratrain.measure import tcp_bytes as wire
 from paratrain.measure.activations import ActivationMeter
 from paratrain.mesh import Mesh
 from paratrain.parallel.pipeline.schedules import (

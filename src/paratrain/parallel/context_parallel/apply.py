@@ -5,7 +5,7 @@
                            mesh.group("cp"), method="ring")
     inputs, targets = TokenShard.of(mesh.group("cp"), "ring")(batch)   # this rank's tokens
 
-The model's two sequence-dependent pieces (models/pieces.py) are swapped: every core
+The model's two sequence-dependent pieces (models/position_dependent.py) are swapped: every core
 attention for ring or all-to-all attention over the cp group, every positions module for
 the global positions of this rank's chunks (learned absolute positions, rotary angles).
 Everything else works token by token and runs unchanged on the rank's n = s/cp tokens;

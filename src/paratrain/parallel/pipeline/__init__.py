@@ -7,16 +7,15 @@
     loss = runtime.run_step(micro_batches)           # gradients accumulated over K
     val = runtime.run_forward(val_batches)           # forward-only schedule
 
-The same schedule is drawn: `render_grid(simulation)` as text (grid.py); a simulation or
-the runtime's recorded `StepTrace`s (step_trace.py) become spans for a Chrome trace and a
-Gantt chart in measure/ (pipeline_spans.py); `paratrain schedule` is commands/schedule.py.
+The same schedule is drawn in measure/: as text (text_timeline.py: `render_grid`); a
+simulation or the runtime's recorded `StepTrace`s (step_trace.py) become spans for a
+Chrome trace and a Gantt chart (pipeline_spans.py); `paratrain schedule` is commands/schedule.py.
 This package imports nothing from measure/, train/ or a command: a meter of the saved
 activations is handed to the runtime (`meter=`).
 See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
 """
 
 from paratrain.parallel.pipeline.check import Costs, ScheduleError, Simulation, check_schedule
-from paratrain.parallel.pipeline.grid import render_grid
 from paratrain.parallel.pipeline.runtime import PipelineRuntime
 from paratrain.parallel.pipeline.schedules import (
     Action,
@@ -50,7 +49,6 @@ __all__ = [
     "gpipe",
     "interleaved_1f1b",
     "one_f_one_b",
-    "render_grid",
     "split_into_stages",
     "stage_layout",
     "zb_h1",
