@@ -22,6 +22,17 @@ JSON_HELP = "print a JSON result as last line"
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     # The CLI's parser class (one-line errors) for the sub-commands too.
     benches = bench.add_subparsers(dest="name", required=True, parser_class=type(bench))
+    _step_benches(benches)
+    _layout_benches(benches)
+    for parser in benches.choices.values():
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+Subparsers = Any  # argparse's _SubParsersAction, private
+
+
+def _step_benches(benches: Subparsers) -> None:
+    """The benches of one training step or one mechanism, in `bench --help`'s order."""
     overhead = benches.add_parser("overhead", help="our training step against a plain loop")
     overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
     overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
@@ -47,6 +58,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         "--mechanisms", default="dp-buckets,zero2,fsdp-prefetch", help="comma-separated"
     )
     overlap.add_argument("--algos", default="native,ring", help="comma-separated")
+
+
+def _layout_benches(benches: Subparsers) -> None:
+    """The benches of layouts, schedules, ZeRO stages, cp and ep, in `bench --help`'s order."""
     layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
     layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
     pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
@@ -65,6 +80,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     zero.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
     zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
     zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
+    _compile(zero)
     cp = benches.add_parser("cp", help="context-parallel attention against one process")
     _pairs(cp, 2)
     cp.add_argument("--methods", default="ring,alltoall", help="ours, comma-separated")
@@ -79,9 +95,6 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
     moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
     moe.add_argument("--top-k", type=int, default=2, help="experts per token")
-    _compile(zero)
-    for parser in benches.choices.values():
-        parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _compile(parser: argparse.ArgumentParser) -> None:

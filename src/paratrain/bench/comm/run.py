@@ -118,6 +118,26 @@ def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any]
     plot_path = str(report.plot(results, fits, out)) if out else None
     if plot_path:
         log.info("plot: %s", plot_path)
+    wrong, off_wire = log_mismatches(results)
+    failed = [r for r in wrong if r["bytes_counted"] == "sent"] + off_wire
+    summary = {
+        "results": results,
+        "fits": [f.as_dict() for f in fits],
+        "tree_vs_ring_all_reduce": preds,
+        "vs_native": report.vs_native(results),
+        "cores": cores,
+        "bytes_mismatches": len(wrong),
+        "wire_mismatches": len(off_wire),
+        "plot": plot_path,
+    }
+    return summary, 1 if failed else 0
+
+
+def log_mismatches(
+    results: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Log and return the rows whose counted bytes differ from the formula, and those whose
+    bytes on the wire fall outside gloo's model."""
     wrong = [r for r in results if not r["bytes_match"]]
     for r in wrong:
         log.error(
@@ -142,15 +162,4 @@ def run_comm_bench(sweep: Sweep, out: str | None = None) -> tuple[dict[str, Any]
             r["wire_model_bytes_per_rank"],
             wire.slack(r["bytes"]),
         )
-    failed = [r for r in wrong if r["bytes_counted"] == "sent"] + off_wire
-    summary = {
-        "results": results,
-        "fits": [f.as_dict() for f in fits],
-        "tree_vs_ring_all_reduce": preds,
-        "vs_native": report.vs_native(results),
-        "cores": cores,
-        "bytes_mismatches": len(wrong),
-        "wire_mismatches": len(off_wire),
-        "plot": plot_path,
-    }
-    return summary, 1 if failed else 0
+    return wrong, off_wire

@@ -78,6 +78,12 @@ def bubble_rows(case: Case, measured: list[dict[str, Any]]) -> list[Row]:
             "the formula has 3, and waits for stage 1 the rest"
         )
     rows.append(Row(case.name, "bubble, runtime", formula, bubble, False, note, bounds=bounds))
+    return rows + stage_wall_rows(case, measured, formula)
+
+
+def stage_wall_rows(case: Case, measured: list[dict[str, Any]], formula: float) -> list[Row]:
+    """Each stage's idle share of the wall clock, explained by where the time went."""
+    lay, rows = case.layout, []
     traces = [  # the first step pays for warm-up allocations
         (m["coords"]["pp"], s["trace"]) for m in measured for s in m["steps"][1:] or m["steps"]
     ]
