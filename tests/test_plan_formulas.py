@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from paratrain.plan import comm, memory, pipeline
+from paratrain.plan import activations, comm, memory, pipeline
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import CLUSTER_PRESETS, GB, cluster_preset
 from paratrain.plan.estimate import estimate
@@ -210,26 +210,26 @@ def test_presets_are_named_with_their_figures():
 def test_activations_korthikanti_counts():
     # s b h (34 + 5 a s / h) without parallelism, 2 s b h with full recomputation.
     s, b, h, a = 2048, 1, 4096, 32
-    none = memory.layer_activation_bytes(s, b, h, a, 1, "none")
+    none = activations.layer_activation_bytes(s, b, h, a, 1, "none")
     assert none == s * b * h * (34 + 5 * a * s / h)
     # Selective as the runtime runs it (parallel/recompute.py), not Korthikanti's 34:
     # per token 11h 16-bit elements and a logsumexp per head (docs/planner.md).
-    selective = memory.layer_activation_bytes(s, b, h, a, 1, "selective")
+    selective = activations.layer_activation_bytes(s, b, h, a, 1, "selective")
     assert selective == s * b * (2 * 11 * h + 4 * a)
-    tp8 = memory.layer_activation_bytes(s, b, h, a, 8, "selective", sequence_parallel=True)
+    tp8 = activations.layer_activation_bytes(s, b, h, a, 8, "selective", sequence_parallel=True)
     assert tp8 == s * b * (2 * (h / 8 + 2 * h + h) + 4 * a / 8)
-    assert memory.layer_activation_bytes(s, b, h, a, 8, "full") == 2 * s * b * h
-    tp8 = memory.layer_activation_bytes(s, b, h, a, 8, "none")
+    assert activations.layer_activation_bytes(s, b, h, a, 8, "full") == 2 * s * b * h
+    tp8 = activations.layer_activation_bytes(s, b, h, a, 8, "none")
     assert tp8 == s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8))
 
 
 def test_in_flight_microbatches_per_schedule():
-    assert memory.in_flight_microbatches(Layout(pp=1), 32) == 1
-    assert memory.in_flight_microbatches(Layout(pp=4, schedule="gpipe"), 32) == 32
-    assert memory.in_flight_microbatches(Layout(pp=4, schedule="1f1b"), 32) == 4
-    assert memory.in_flight_microbatches(Layout(pp=4, schedule="1f1b"), 2) == 2
+    assert activations.in_flight_microbatches(Layout(pp=1), 32) == 1
+    assert activations.in_flight_microbatches(Layout(pp=4, schedule="gpipe"), 32) == 32
+    assert activations.in_flight_microbatches(Layout(pp=4, schedule="1f1b"), 32) == 4
+    assert activations.in_flight_microbatches(Layout(pp=4, schedule="1f1b"), 2) == 2
     inter = Layout(pp=4, schedule="interleaved", chunks=2)
-    assert memory.in_flight_microbatches(inter, 32) == 4 + 3 / 2  # S + (S - 1) / v
+    assert activations.in_flight_microbatches(inter, 32) == 4 + 3 / 2  # S + (S - 1) / v
 
 
 # --- properties over random inputs (fixed seed: the same cases every run) ---------------

@@ -3,7 +3,7 @@
 Activations: what autograd saves for backward, summed over unique storages with the
 parameters left out (measure/activations.py's meter; the tp cases use the same pack hook,
 as tests/test_tensor_parallel_model.py does for the GPT), float32 on CPU, against
-memory.llama_layer_activation_bytes at element size 4. Tolerance 0: every byte is
+activations.llama_layer_activation_bytes at element size 4. Tolerance 0: every byte is
 explained once one CPU-only term is added. The formula counts torch's fused rms_norm
 (`_fused_rms_norm`, which CUDA runs and which saves input and rms); on CPU rms_norm is the
 composite x * rsqrt(mean(x^2) + eps) * w (ATen layer_norm.cpp, rms_norm_composite), whose
@@ -37,7 +37,7 @@ from paratrain.models.plans import LLAMA_TP_PLAN
 from paratrain.models.presets import preset
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
-from paratrain.plan import memory
+from paratrain.plan import activations
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import cluster_preset
 from paratrain.plan.estimate import estimate
@@ -73,7 +73,9 @@ def test_llama_block_saves_what_the_formula_counts(name):
     x = torch.randn(b, s, cfg.d_model, requires_grad=True)  # as the embedding's output
     with ActivationMeter(block) as meter:
         block(x)
-    formula = memory.llama_layer_activation_bytes(spec(cfg, s), b, 1, "none", element_bytes=FP32)
+    formula = activations.llama_layer_activation_bytes(
+        spec(cfg, s), b, 1, "none", element_bytes=FP32
+    )
     assert meter.total == formula + cpu_rms_norm_extra(cfg, s, b)
 
 
@@ -107,7 +109,7 @@ def test_llama_block_under_tensor_parallelism_splits_what_the_formula_splits(sp)
     and rms, but not their outputs, which the column-parallel layers keep gathered."""
     k, s, b = 2, 64, 2
     measured = run_distributed(_saved_bytes_per_block, k, TINY, sp)
-    formula = memory.llama_layer_activation_bytes(spec(TINY, s), b, k, "none", sp, FP32)
+    formula = activations.llama_layer_activation_bytes(spec(TINY, s), b, k, "none", sp, FP32)
     extra = cpu_rms_norm_extra(TINY, s, b, k if sp else 1)
     assert measured == [formula + extra] * k
 
@@ -115,21 +117,21 @@ def test_llama_block_under_tensor_parallelism_splits_what_the_formula_splits(sp)
 def test_llama_formula_recompute_modes_and_precision():
     m = model_preset("llama3-8b")
     s, h = m.seq_len, m.d_model
-    none = memory.llama_layer_activation_bytes(m, 1, 8, "none")
+    none = activations.llama_layer_activation_bytes(m, 1, 8, "none")
     # Selective (parallel/recompute.py): s b [2 (h + 2h + (2h + 2 d_kv + 2f) / 8) + 4 a / 8]
-    selective = memory.llama_layer_activation_bytes(m, 1, 8, "selective")
+    selective = activations.llama_layer_activation_bytes(m, 1, 8, "selective")
     assert selective == 8192 * (2 * (3 * 4096 + (2 * 4096 + 2 * 1024 + 2 * 14336) / 8) + 16)
     assert selective == 281_149_440
-    assert memory.llama_layer_activation_bytes(m, 1, 8, "full") == 2 * s * h
-    assert memory.llama_layer_activation_bytes(m, 1, 8, "full", True) == 2 * s * h / 8
+    assert activations.llama_layer_activation_bytes(m, 1, 8, "full") == 2 * s * h
+    assert activations.llama_layer_activation_bytes(m, 1, 8, "full", True) == 2 * s * h / 8
     # s b [2 (2h + 2h + (4h + 4f) / 8) + 4 (2 + a / 8)] + 2 * 4 s d, h = 4096, f = 14336
     assert none == 8192 * (2 * (4 * 4096 + (4 * 4096 + 4 * 14336) / 8) + 4 * (2 + 32 / 8)) + (
         2 * 4 * 8192 * 128
     )
     assert none == 428_015_616
     # The planner charges it at the workload's element size, the fp32 statistics as they are.
-    assert memory.block_activation_bytes(m, Workload(), 8) == none  # mixed: 16-bit
-    fp32 = memory.block_activation_bytes(m, Workload(precision=PRECISIONS["fp32"]), 8)
+    assert activations.block_activation_bytes(m, Workload(), 8) == none  # mixed: 16-bit
+    fp32 = activations.block_activation_bytes(m, Workload(precision=PRECISIONS["fp32"]), 8)
     assert fp32 == 2 * none - 8192 * 4 * (2 + 32 / 8)
 
 
@@ -140,7 +142,7 @@ def test_llama_activation_bytes_in_the_estimate():
     assert est.activation_bytes == 32 * 428_015_616 + logits
     # Korthikanti's GPT count at this shape would charge the s^2 scores: 4 times as much.
     gpt = dataclasses.replace(m, arch="gpt")
-    assert memory.block_activation_bytes(gpt, Workload(), 8) > 4 * 428_015_616
+    assert activations.block_activation_bytes(gpt, Workload(), 8) > 4 * 428_015_616
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
@@ -180,7 +182,7 @@ def test_gpt_block_measured_against_korthikanti_unchanged():
         block(x)
     sbh = s * b * h * FP32
     assert meter.total == 16 * sbh + s * b * (4 + a) * FP32
-    korthikanti = 2 * memory.layer_activation_bytes(s, b, h, a, 1, "none")  # fp32: twice
+    korthikanti = 2 * activations.layer_activation_bytes(s, b, h, a, 1, "none")  # fp32: twice
     assert (round(meter.total / sbh, 1), round(korthikanti / sbh, 1)) == (16.1, 27.0)
     assert meter.total / korthikanti == pytest.approx(0.595, abs=1e-3)
 

@@ -16,7 +16,7 @@ import pytest
 
 from paratrain.parallel.pipeline import Costs, build_schedule, check_schedule
 from paratrain.parallel.pipeline.schedules import SEND_B, SEND_F
-from paratrain.plan import comm, memory, pipeline
+from paratrain.plan import activations, comm, pipeline
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.model import ModelSpec, gpt_param_count
 from paratrain.plan.rank_memory import (
@@ -61,7 +61,7 @@ def test_rank_model_state_without_a_shape_is_the_even_split():
 def test_in_flight_and_bubble_follow_the_schedule(layout, k):
     sim = check_schedule(build_schedule(layout.schedule, layout.pp, k, layout.chunks))
     for stage in range(layout.pp):
-        assert memory.in_flight_chunks(layout, k, stage) == sim.peak_in_flight[stage]
+        assert activations.in_flight_chunks(layout, k, stage) == sim.peak_in_flight[stage]
     assert pipeline.bubble_fraction(layout.pp, k, layout.chunks) == sim.bubble_fraction()
 
 
@@ -232,7 +232,7 @@ def test_zb_h1_slots_bubble_and_memory_follow_the_schedule():
                 idle = sim.makespan - sim.busy(stage)
                 assert idle == pipeline.bubble_slots(s, k, 1, "zb-h1")
                 if s > 1:
-                    assert memory.in_flight_chunks(lay, k, stage) == sim.peak_in_flight[stage]
+                    assert activations.in_flight_chunks(lay, k, stage) == sim.peak_in_flight[stage]
             frac = pipeline.bubble_fraction(s, k, 1, "zb-h1")
             assert frac == pytest.approx(sim.bubble_fraction())
             if k >= s:

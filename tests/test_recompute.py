@@ -9,7 +9,7 @@ fused-attention outputs; what one block's forward leaves held is measured two wa
   cache). No hook of ours is involved, so the policy cannot report itself.
 - by the project's ActivationMeter (saved-tensor hooks), which the pipeline's in-flight
   bytes and `plan --validate` read; selective shows it what the checkpoint's cache holds.
-Both equal plan/memory.py's selective formulas to the byte (float32 on CPU, GPT and three
+Both equal plan/activations.py's selective formulas to the byte (float32 on CPU, GPT and three
 Llama variants, tp 1 and 2, with and without sequence parallelism: tolerance 0), and the
 liveness measure equals the meter and the known counts for none and full too. Breaking the
 policy (tried once, patched in, then removed): keeping every op's output (`keeps` returning
@@ -51,7 +51,7 @@ from paratrain.models.llama import Llama, LlamaBlock
 from paratrain.models.plans import GPT_TP_PLAN, LLAMA_TP_PLAN
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import apply_tensor_parallel
-from paratrain.plan import memory
+from paratrain.plan import activations
 from paratrain.plan import time as ptime
 from paratrain.train.build import build_model
 from paratrain.validate import resolve
@@ -163,11 +163,11 @@ def block_of(name: str) -> tuple[torch.nn.Module, int]:
 
 
 def formula(name: str, mode: str, s: int, b: int, tp: int = 1, sp: bool = False) -> float:
-    """plan/memory.py's count at float32."""
+    """plan/activations.py's count at float32."""
     if name == "gpt":
         c = GPT_CFG
-        return memory.layer_activation_bytes(s, b, c.d_model, c.n_head, tp, mode, sp, FP32)
-    return memory.llama_layer_activation_bytes(spec(CONFIGS[name], s), b, tp, mode, sp, FP32)
+        return activations.layer_activation_bytes(s, b, c.d_model, c.n_head, tp, mode, sp, FP32)
+    return activations.llama_layer_activation_bytes(spec(CONFIGS[name], s), b, tp, mode, sp, FP32)
 
 
 @pytest.mark.parametrize("name", ["gpt", *CONFIGS])

@@ -18,7 +18,7 @@ from paratrain.bench.planner.cases import CASES, small_config
 from paratrain.bench.planner.on_wire import PREAMBLE_BOUND, wire_rows
 from paratrain.measure.activations import ActivationMeter
 from paratrain.models.gpt import Block, GPTConfig
-from paratrain.plan import memory
+from paratrain.plan import activations
 from paratrain.plan.rank_traffic import Coords, bytes_by_axis, rank_traffic
 from paratrain.plan.run_inputs import planner_inputs
 
@@ -83,9 +83,9 @@ def test_fused_formula_is_what_a_block_saves(s, b):
     x = torch.randn(b, s, h, requires_grad=True)
     with ActivationMeter(block) as meter:
         block(x)
-    fused = memory.fused_gpt_layer_activation_bytes(s, b, h, a, 1, element_bytes=FP32)
+    fused = activations.fused_gpt_layer_activation_bytes(s, b, h, a, 1, element_bytes=FP32)
     assert meter.total == fused
-    korthikanti = FP32 / 2 * memory.layer_activation_bytes(s, b, h, a, 1, "none")
+    korthikanti = FP32 / 2 * activations.layer_activation_bytes(s, b, h, a, 1, "none")
     assert meter.total < 0.8 * korthikanti  # the s^2 scores the fused kernel does not keep
 
 

@@ -14,7 +14,7 @@ collectives between them. So no matrix multiply runs twice; what runs twice is p
 (plan/time.py counts it). This is not Korthikanti et al.'s "selective" (recompute the
 attention core to drop its s^2 scores and dropout masks): a fused kernel keeps no scores,
 so that variant saves nothing here, while norms and activations hold a large share of
-a block's activations (plan/memory.py counts what stays). Three rules keep it exact:
+a block's activations (plan/activations.py counts what stays). Three rules keep it exact:
 - bmm is not kept. It is no Linear here, but SDPA's math fallback (attention dropout on
   the CPU, or masks) computing q k^T and scores x v: keeping those would keep the s^2
   scores. They are recomputed, which is Korthikanti's attention-core recomputation.
@@ -23,7 +23,7 @@ a block's activations (plan/memory.py counts what stays). Three rules keep it ex
 - Collectives are recomputed: they run in place on buffers, which a cache cannot
   replay. With tensor parallelism selective repeats the collectives that full repeats.
 The op-level policy cannot see that backward never reads the block's last matmul output
-(it only feeds the residual add): that one is kept as well (plan/memory.py counts it).
+(it only feeds the residual add): that one is kept as well (plan/activations.py counts it).
 
 Applied from outside, like every strategy: the block's own forward is wrapped on the
 instance, so parameter names and the state dict do not change.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
-from paratrain.plan import comm, context, memory, moe, pipeline, stage_time
+from paratrain.plan import activations, comm, context, memory, moe, pipeline, stage_time
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import GB, ClusterSpec
 from paratrain.plan.expert_traffic import ep_traffic
@@ -219,7 +219,7 @@ def estimate(
     est.comm += ep_traffic(model, workload, layout, cluster, k)
     est.model_state = state = model_state(model, workload, layout, k)
     est.microbatches, est.global_batch = k, k * workload.micro_batch * layout.dp
-    est.activation_bytes = memory.activation_bytes(model, workload, layout, k)
+    est.activation_bytes = activations.activation_bytes(model, workload, layout, k)
     if est.activation_bytes is not None and model.has_shape:
         est.activation_bytes += context.ring_buffer_bytes(model, workload, layout)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)

@@ -7,7 +7,7 @@ idle (S - 1) t per stage out of a step of (K + S - 1) t, so the bubble is
 S = 4, K = 8 gives 3 / 11, about 27%). The interleaved schedule (Narayanan et al.,
 arXiv:2104.04473, section 2.2.2) gives each GPU v chunks of 1/v the work, so the bubble
 time shrinks by v: (S - 1) / (v K + S - 1) of the step. The 1F1B family changes memory
-(see memory.in_flight_microbatches), not the bubble.
+(see activations.in_flight_microbatches), not the bubble.
 
 ZB-H1 (Qi et al. 2023, arXiv:2401.10241, section 3.1) splits the backward into B (input
 gradient) and W (weight gradient) and defers W into the cool-down: a stage idles

@@ -45,7 +45,7 @@ import torch
 from paratrain import comm
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
-from paratrain.plan import memory, pipeline
+from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import ExpertCounts, expert_model_state
@@ -103,7 +103,7 @@ def predict(cfg: RunConfig) -> Prediction:
         )  # fmt: skip
         sent.append(bytes_by_axis(terms))
         routed.append(sum(t.bytes for t in terms if t.routed))
-        acts.append(memory.stage_activation_bytes(model, workload, layout, k, at.stage))
+        acts.append(activations.stage_activation_bytes(model, workload, layout, k, at.stage))
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
     bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     bubble = bubble if modelled else None

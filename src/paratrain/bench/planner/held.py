@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from paratrain.bench.planner.cases import Case, Row, experts_of, small_config
-from paratrain.plan import memory
+from paratrain.plan import activations, memory
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import expert_model_state
@@ -98,16 +98,16 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
         measured = max(s["held_bytes"] for s in steps)
         held = "graphs kept from F until the deferred W (the meter's bytes, the step replayed)"
         trace += f"; released at B it would be {max(s['peak_graphs'] for s in steps)}"
-    predicted_graphs = memory.in_flight_chunks(case.layout, k, stage)
+    predicted_graphs = activations.in_flight_chunks(case.layout, k, stage)
     rows = [Row(case.name, "peak forward graphs held", predicted_graphs, graphs, note=held + trace)]
     # The variant the runtime runs: fused attention (SDPA keeps no s x s scores), no dropout;
     # all-to-all cp attends by blocks.attend_block under autograd, which keeps its scores.
     lay = case.layout
     variant = "scores" if lay.cp > 1 and lay.cp_method == "alltoall" else "fused"
-    predicted = memory.stage_activation_bytes(model, w, case.layout, k, stage, variant)
-    scores = memory.stage_activation_bytes(model, w, case.layout, k, stage)
+    predicted = activations.stage_activation_bytes(model, w, case.layout, k, stage, variant)
+    scores = activations.stage_activation_bytes(model, w, case.layout, k, stage)
     sbh = w.micro_batch * model.seq_len * model.d_model * 4  # one fp32 (b, T, C) tensor
-    per_layer = memory.block_activation_bytes(model, w, case.layout.tp, variant)
+    per_layer = activations.block_activation_bytes(model, w, case.layout.tp, variant)
     block = max(s["block_bytes"] for s in steps)
     kind = "fused attention, no s^2 term" if variant == "fused" else "attention's scores kept"
     note = (

@@ -3,8 +3,8 @@
 Each case trains our small GPT (4 layers, d_model 128, fp32; the `ep` case moe-tiny) for
 a few steps through `paratrain.train.loop.train` in gloo processes here (cases.py;
 record.py says what each rank records) and compares, per rank, with the planner
-(plan/rank_memory.py, plan/rank_traffic.py, plan/memory.py, plan/pipeline.py), one row
-per quantity (held.py, sent.py, bubbles.py):
+(plan/rank_memory.py, plan/rank_traffic.py, plan/memory.py, plan/activations.py,
+plan/pipeline.py), one row per quantity (held.py, sent.py, bubbles.py):
 
 - model-state bytes, itemised: exact (tensor sizes; under ZeRO the flat buffers' shards of
   ceil(n / k) and their padding, as the runtime records them in TrainResult.extra);
