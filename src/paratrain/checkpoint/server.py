@@ -38,7 +38,8 @@ from paratrain.checkpoint.load import read_entries
 from paratrain.checkpoint.state import RankState, rank_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
-from paratrain.parallel.data_parallel.async_sgd import ParameterServer, ServerState
+from paratrain.parallel.data_parallel.async_sgd import ParameterServer
+from paratrain.parallel.data_parallel.async_state import ServerState
 from paratrain.parallel.data_parallel.whole_module import WholeGradients
 
 log = logging.getLogger(__name__)

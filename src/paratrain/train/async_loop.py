@@ -33,14 +33,8 @@ from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation
 from paratrain.mesh import Mesh
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.data_parallel.adamw import adamw
-from paratrain.parallel.data_parallel.async_sgd import (
-    ParameterServer,
-    ServerReport,
-    ServerState,
-    Update,
-    serve,
-    work,
-)
+from paratrain.parallel.data_parallel.async_sgd import ParameterServer, serve, work
+from paratrain.parallel.data_parallel.async_state import ServerReport, ServerState, Update
 from paratrain.parallel.data_parallel.whole_module import WholeGradients
 from paratrain.train.build import build_model, recompute_blocks, seed_rank_stream
 from paratrain.train.clip import clip_to, global_grad_norm

@@ -27,73 +27,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.data_parallel.async_state import ServerReport, ServerState, Update
 from paratrain.parallel.data_parallel.dc_asgd import DelayCompensation
 
 STOP = -1.0
-
-
-@dataclass
-class ServerState:
-    """Where the server stands: what a checkpoint keeps beside the model and the optimizer.
-
-    Batch indices are handed out in order (next_batch), one at a time per worker; with no
-    staleness bound every index below next_batch has been applied exactly once or is
-    assigned to a worker right now. A resumed server hands each worker its assigned batch
-    again, so no batch is applied twice or skipped (a worker's in-flight gradient is lost
-    with the process; its batch is redone).
-
-    version: updates applied so far (also the 0-based index of the next one).
-    next_batch: the lowest batch index never handed out.
-    assigned: worker (group rank) -> the batch it computes now or next, handed out and not
-        yet applied.
-    dc_mean_square: DC-ASGD-a's mean square of the applied gradients (None: none yet).
-    """
-
-    version: int
-    next_batch: int
-    assigned: dict[int, int]
-    dc_mean_square: torch.Tensor | None = None
-
-    @classmethod
-    def fresh(cls, workers: list[int]) -> ServerState:
-        """Before the first update: worker i of the list computes batch i."""
-        return cls(0, len(workers), {w: i for i, w in enumerate(workers)})
-
-    def hand_out(self, worker: int) -> int:
-        self.assigned[worker] = self.next_batch
-        self.next_batch += 1
-        return self.assigned[worker]
-
-
-@dataclass(frozen=True)
-class Update:
-    index: int  # 0-based count of applied updates
-    worker: int  # group rank of the worker
-    staleness: int  # updates applied between the worker's pull and this push
-    batch: int
-    grad_norm: float  # of the applied (corrected) gradient, before clipping
-    loss: float
-    tokens: float
-    time_s: float  # since the server started
-
-
-@dataclass
-class ServerReport:
-    updates: list[Update] = field(default_factory=list)
-    dropped: int = 0  # gradients refused by the staleness bound
-    compensation: str = "none"  # DC-ASGD as applied: "none", "constant" or "adaptive"
-
-    def pushes_by_worker(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for u in self.updates:
-            counts[u.worker] = counts.get(u.worker, 0) + 1
-        return counts
 
 
 def _check_same_ranks(group: comm.CommGroup, control: comm.CommGroup) -> None:
@@ -256,17 +198,9 @@ def serve(
         w, pushed = inbox.next()  # whichever worker pushes first is served first
         grad = comm.recv(torch.empty(numel, device=device), group, w)
         server.stop_asked = server.stop_asked or pushed[4] != 0.0
-        staleness = state.version - int(pushed[0])
-        if done:
-            pass  # a push in flight when the run ended: not applied, not counted
-        elif staleness_bound and staleness > staleness_bound:
-            server.report.dropped += 1
-            state.hand_out(w)  # the dropped batch is not redone
-        else:
-            server.apply(w, grad, pushed, staleness)
-            state.hand_out(w)
-            stop = after_update(server) if after_update is not None else False
-            done = stop or state.version >= total_updates
+        if not done:  # else a push in flight when the run ended: not applied, not counted
+            done = _take_push(server, w, grad, pushed, staleness_bound, after_update)
+            done = done or state.version >= total_updates
         if done:
             server.reply(w, STOP)
             active.discard(w)
@@ -274,6 +208,27 @@ def serve(
         server.reply(w, float(state.assigned[w]))
         inbox.expect(w)
     return server.report
+
+
+def _take_push(
+    server: ParameterServer,
+    worker: int,
+    grad: torch.Tensor,
+    pushed: list[float],
+    staleness_bound: int,
+    after_update: Callable[[ParameterServer], bool] | None,
+) -> bool:
+    """Apply one pushed gradient, or drop it when it is staler than the bound; hand the
+    worker its next batch. True when `after_update` asks to stop."""
+    state = server.state
+    staleness = state.version - int(pushed[0])
+    if staleness_bound and staleness > staleness_bound:
+        server.report.dropped += 1
+        state.hand_out(worker)  # the dropped batch is not redone
+        return False
+    server.apply(worker, grad, pushed, staleness)
+    state.hand_out(worker)
+    return after_update(server) if after_update is not None else False
 
 
 def work(
