@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -95,6 +96,14 @@ def _layout_benches(benches: Subparsers) -> None:
     moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
     moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
     moe.add_argument("--top-k", type=int, default=2, help="experts per token")
+    model = benches.add_parser("model", help="our GPT and Llama against transformers' models")
+    _pairs(model, 4)
+    model.add_argument(
+        "--models", default="gpt-tiny,llama-tiny", help="presets, comma-separated (gpt2-124m...)"
+    )
+    model.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    model.add_argument("--batch", type=int, default=8, help="sequences per step")
+    model.add_argument("--what", default="fwd-bwd,step", help="forward+backward, whole step")
 
 
 def _compile(parser: argparse.ArgumentParser) -> None:
@@ -142,14 +151,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--pairs {args.pairs}: need at least {minimum} pairs for {what}")
     if getattr(args, "compile", False):
         _check_cpp_compiler()
+    from paratrain.bench.harness.machine import machine, machine_line
+
     bench: Callable[[argparse.Namespace], tuple[Any, int]] = RUNNERS[args.name]
+    where = machine()
+    logging.getLogger("paratrain.bench").info("%s", machine_line(where))
     try:
         result, status = bench(args)
     except RuntimeError as e:  # the sides disagree, or a rank failed: its error, one line
         print(f"paratrain bench {args.name}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result), flush=True)
+        print(json.dumps({**result, "machine": where}), flush=True)
     return status
 
 
@@ -245,6 +258,13 @@ def _moe(args: argparse.Namespace) -> tuple[Any, int]:
     return run_moe_bench(sweep, args.d_model, args.experts, args.top_k, args.pairs), 0
 
 
+def _model(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.model.run import run_model_bench
+
+    sizes = (args.seq_len, args.batch)
+    return run_model_bench(_names(args.models), args.pairs, *sizes, _names(args.what)), 0
+
+
 def _names(flag: str) -> list[str]:
     return [n.strip() for n in flag.split(",") if n.strip()]
 
@@ -260,4 +280,5 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "zero": _zero,
     "cp": _cp,
     "moe": _moe,
+    "model": _model,
 }
