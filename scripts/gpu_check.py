@@ -41,7 +41,7 @@ from tests import equivalence as eq  # noqa: E402
 
 from paratrain.config import RunConfig  # noqa: E402
 from paratrain.data.tokens import TokenData  # noqa: E402
-from paratrain.validate import resolve  # noqa: E402
+from paratrain.validate import resolve_and_check  # noqa: E402
 
 CLIP = 0.5  # below the reference's gradient norms (about 1 to 3): every step clips
 
@@ -85,7 +85,7 @@ def layout_config(layout: Layout, world: int, device: str) -> RunConfig:
     p.zero, p.sequence_parallel = layout.zero, layout.sequence_parallel
     cfg.train.dtype = "float32"  # the reference's; CUDA's default would be bf16
     cfg.train.microbatches = 0
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 def full_float32() -> None:

@@ -57,7 +57,7 @@ def under_nccl_order(argv: Sequence[str], cwd: Path | str = ".") -> list[str]:
     from paratrain import cli
     from paratrain.commands.config_flags import config_from_args
     from paratrain.config import EFFECTS
-    from paratrain.validate import resolve
+    from paratrain.validate import resolve_and_check
 
     argv = list(argv)
     if argv[:1] != ["train"] or "--comm-order" in argv:
@@ -66,7 +66,7 @@ def under_nccl_order(argv: Sequence[str], cwd: Path | str = ".") -> list[str]:
         # in cwd: relative paths are the command's; stderr: argparse's usage, on a refusal
         with contextlib.chdir(cwd), contextlib.redirect_stderr(io.StringIO()):
             cfg = config_from_args(cli.build_parser().parse_args(argv))
-            resolve(cfg, cfg.parallel.nproc)
+            cfg = resolve_and_check(cfg, cfg.parallel.nproc)
     except (ValueError, OSError, SystemExit):
         return argv
     if not EFFECTS["parallel.comm_order"].applies(cfg):

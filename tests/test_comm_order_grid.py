@@ -51,20 +51,20 @@ def layout_config(modes: tuple[str, ...]):
     command), checked as the command checks it, for STEPS steps without validation."""
     from paratrain import cli
     from paratrain.commands.config_flags import config_from_args, explicit_fields
-    from paratrain.validate import check_effective, resolve
+    from paratrain.validate import check_effective, resolve_and_check
 
     argv = [a.replace("{dir}/text.txt", textwrap.__file__) for a in table.command(modes)]
     argv = ["train", *argv, "--steps", str(STEPS), "--seq-len", "16", "--val-batches", "0"]
     if "fp16" in modes:  # so the step is taken: at 2**16 (the default) and at 1024 some
         argv += ["--loss-scale", "1"]  # gradient entry of this model overflows float16
     args = cli.build_parser().parse_args(argv)
-    cfg = resolve(config_from_args(args), int(args.__dict__["parallel.nproc"]))
+    cfg = resolve_and_check(config_from_args(args), int(args.__dict__["parallel.nproc"]))
     # Two micro-batches per replica and stage (a pipeline's whole schedule runs): smaller
     # than the command's 16, as a test of the order needs no more.
     p, t = cfg.parallel, cfg.train
     batch = t.micro_batch * p.dp * 2 * p.pp
     args = cli.build_parser().parse_args([*argv, "--global-batch", str(batch)])
-    cfg = resolve(config_from_args(args), p.nproc)
+    cfg = resolve_and_check(config_from_args(args), p.nproc)
     check_effective(cfg, explicit_fields(args))
     m = cfg.model  # smaller than the presets (the order is what is tested): 4 heads of 8
     m.d_model, m.n_layer = 32, max(2, cfg.parallel.pp * cfg.parallel.chunks)

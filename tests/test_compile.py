@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import (
     References,
@@ -52,7 +52,7 @@ def compiled_config(parallel: dict, train: dict):
     for key, value in parallel.items():
         setattr(cfg.parallel, key, value)
     cfg.parallel.nproc = 2
-    return resolve(cfg, 2)
+    return resolve_and_check(cfg, 2)
 
 
 def train_compiled(rank, world_size, configs, data, cache):

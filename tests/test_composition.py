@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.equivalence import check_layouts, tiny_config
 
 # (dp, pp, tp, schedule, chunks, micro_batch, sequence_parallel, recompute)
@@ -36,7 +36,7 @@ def layout_config(world, dp, pp, tp, schedule, chunks, micro_batch, sp, recomput
     p.nproc, p.dp, p.pp, p.tp, p.schedule, p.chunks = world, dp, pp, tp, schedule, chunks
     p.sequence_parallel = sp
     cfg.train.microbatches = 0
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -31,7 +31,7 @@ from paratrain.checkpoint.whole_model import read_model
 from paratrain.config_toml import from_toml_text
 from paratrain.data.tokens import load_tokens, validation_batches
 from paratrain.models.registry import plain_model
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import (
     References,
@@ -92,7 +92,7 @@ def layout_config(arch: str, parallel: dict, train: dict, world: int = 4):
     p.nproc = max(p.dp, 1) * p.tp * p.pp * p.cp
     assert p.nproc == world
     cfg.train.microbatches = 0
-    return resolve(cfg, p.nproc)
+    return resolve_and_check(cfg, p.nproc)
 
 
 @pytest.mark.parametrize(

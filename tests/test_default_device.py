@@ -39,7 +39,7 @@ FIRST_STEPS, ALL_STEPS = 3, 4  # the second run resumes from the first run's las
 
 def _config(options: dict, world: int, out: Path, steps: int, resume: bool):
     from paratrain.config import RunConfig
-    from paratrain.validate import resolve
+    from paratrain.validate import resolve_and_check
 
     cfg = RunConfig()
     m, t, p = cfg.model, cfg.train, cfg.parallel
@@ -52,7 +52,7 @@ def _config(options: dict, world: int, out: Path, steps: int, resume: bool):
     for key, value in options.items():
         setattr(p, key, value)
     cfg.data.path = TEXTWRAP
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 def _history(run_dir: Path) -> dict:

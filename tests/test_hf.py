@@ -157,7 +157,7 @@ def train_from(rank, world, cfg, data):
 
 def test_a_run_starts_from_an_imports_weights_on_any_mesh(tmp_path):
     from paratrain.data.tokens import BatchSampler
-    from paratrain.validate import resolve
+    from paratrain.validate import resolve_and_check
     from tests.distributed import run_distributed
     from tests.equivalence import tiny_config, tiny_data
 
@@ -166,7 +166,7 @@ def test_a_run_starts_from_an_imports_weights_on_any_mesh(tmp_path):
     cfg.model = from_toml_text((tmp_path / "run" / "config.toml").read_text()).model
     cfg.parallel.nproc, cfg.parallel.tp, cfg.parallel.dp = 2, 2, 1
     cfg.train.microbatches = 0
-    resolve(cfg, 2)
+    cfg = resolve_and_check(cfg, 2)
     losses = run_distributed(train_from, 2, cfg, tiny_data())
     batch = BatchSampler(tiny_data().train, 16, 8, cfg.train.seed).global_batch_at(0)
     with torch.no_grad():

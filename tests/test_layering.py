@@ -7,7 +7,7 @@ import: at the top, inside functions, and under TYPE_CHECKING. Checked:
 - the layering of docs/architecture.md: the planner is pure (plan/ imports nothing from
   bench/ or train/); strategies never import a model (parallel/ nothing from models/);
   the comm layer imports nothing above it; models/ import nothing distributed; training
-  code does not borrow from the input checker (validate.py) or the benchmarks; the
+  code does not borrow from the input checker (validate/) or the benchmarks; the
   configuration and the spawner (spawn.py) are leaves.
 """
 

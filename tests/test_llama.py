@@ -15,7 +15,7 @@ from paratrain.models.llama import Llama, LlamaConfig, rotary
 from paratrain.models.presets import MODEL_PRESETS, PUBLISHED_PARAMS, param_count, preset
 from paratrain.models.registry import plain_model
 from paratrain.plan.model import model_preset
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.equivalence import check_layouts, tiny_config
 
 SMALL = LlamaConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48)
@@ -95,7 +95,7 @@ def llama_config(world, dp, pp, tp, zero, sp, tie=False):
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.sequence_parallel = world, dp, pp, tp, zero, sp
     cfg.train.microbatches = 0
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))

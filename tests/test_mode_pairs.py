@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.models.presets import preset
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import (
     References,
@@ -120,7 +120,7 @@ def layout_config(layout: str):
     p = cfg.parallel
     p.nproc = max(p.dp, 1) * p.pp * p.cp * p.tp
     cfg.train.microbatches = 0
-    return resolve(cfg, p.nproc)
+    return resolve_and_check(cfg, p.nproc)
 
 
 @pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.equivalence), 4, 8])

@@ -41,7 +41,7 @@ from paratrain.config import RunConfig
 from paratrain.config_toml import from_toml_text
 from paratrain.data.tokens import load_tokens
 from paratrain.models.presets import preset
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import RunRecord, assert_equivalent, reference_training
 from tests.test_mixed_precision import BF16_LOSS_RTOL, BF16_UPDATE_RTOL, update
@@ -141,7 +141,7 @@ def layout_config(
     t.seq_len, t.global_batch, t.micro_batch, t.steps = 16, 8, 8 // dp, 3
     t.dtype, t.recompute = dtype, recompute
     t.lr, t.warmup_steps, t.val_batches, t.grad_clip = 5e-3, 2, 1, 1.0
-    return resolve(cfg, p.nproc)
+    return resolve_and_check(cfg, p.nproc)
 
 
 def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
@@ -334,7 +334,7 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     from paratrain.checkpoint.whole_model import check_init_source
     from paratrain.train.build import build_model
     from paratrain.trained.safetensors_file import export_safetensors, load_exported
-    from paratrain.validate_experts import check_experts
+    from paratrain.validate.rules_experts import experts_rules
 
     data, cfg = load_tokens(DATA), bias_config(2, 1, 2, 0, "native")
     runs = [(cfg, "full", None), (cfg, "resumed", "full")]
@@ -392,4 +392,4 @@ def test_the_balancing_bias_is_in_checkpoints_and_a_resumed_run_goes_on_exactly(
     accepted = bias_config(2, 1, 2, 0, "native")  # refused before checkpoints held the bias
     accepted.train.resume = accepted.train.init_from = str(tmp_path / "full")
     accepted.parallel.max_restarts = 1
-    check_experts(accepted)
+    experts_rules(accepted)

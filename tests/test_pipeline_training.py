@@ -10,7 +10,7 @@ import pytest
 
 from paratrain.mesh import Mesh
 from paratrain.train.loop import train
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import (
     RunRecord,
@@ -32,7 +32,7 @@ def case_config(world: int, schedule: str, chunks: int, dp: int, micro_batch: in
     cfg.parallel.nproc, cfg.parallel.pp, cfg.parallel.dp = world, world // dp, dp
     cfg.parallel.schedule, cfg.parallel.chunks = schedule, chunks
     cfg.train.microbatches = 0
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 def run_cases(rank, world_size, data):

@@ -29,7 +29,7 @@ from paratrain.train.prediction import (
     planner_inputs,
     predict,
 )
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
@@ -41,7 +41,7 @@ def config(dp: int = 2, pp: int = 1, tp: int = 1, **parallel: object) -> RunConf
     for key, value in parallel.items():
         setattr(p, key, value)
     cfg.train.microbatches = 0
-    return resolve(cfg, p.nproc)
+    return resolve_and_check(cfg, p.nproc)
 
 
 def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
@@ -174,7 +174,9 @@ def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, opti
     cfg = config(dp=dp, pp=pp, tp=tp, **options)
     cfg.model = dataclasses.replace(cfg.model, **_model(arch, tie))
     world = dp * pp * tp
-    for compared in run_distributed(train_and_compare, world, resolve(cfg, world), tiny_data()):
+    for compared in run_distributed(
+        train_and_compare, world, resolve_and_check(cfg, world), tiny_data()
+    ):
         predicted, measured = compared["predicted"], compared["measured"]
         assert predicted["model_state_bytes"] == measured["model_state_bytes"]
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
@@ -204,8 +206,14 @@ def cp_and_moe_configs() -> list[RunConfig]:
     recomputed = copy.deepcopy(moe)
     r = recomputed.parallel
     r.dp, r.tp, r.zero, recomputed.train.recompute = 2, 2, 0, "full"
-    out = [ring, ulysses, resolve(moe, 4), resolve(piped, 4), resolve(fsdp, 4)]
-    return out + [resolve(recomputed, 4)]
+    out = [
+        ring,
+        ulysses,
+        resolve_and_check(moe, 4),
+        resolve_and_check(piped, 4),
+        resolve_and_check(fsdp, 4),
+    ]
+    return out + [resolve_and_check(recomputed, 4)]
 
 
 def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:

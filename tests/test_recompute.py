@@ -54,7 +54,7 @@ from paratrain.parallel.tensor_parallel import apply_tensor_parallel
 from paratrain.plan import activations
 from paratrain.plan import time as ptime
 from paratrain.train.build import build_model
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import record_of, tiny_config, tiny_data
 from tests.test_plan_llama import CONFIGS, TINY, cpu_rms_norm_extra, spec
@@ -327,7 +327,7 @@ def selective_layouts() -> list:
                 cfg.model = dataclasses.replace(cfg.model, **LLAMA)
             cfg.parallel = dataclasses.replace(cfg.parallel, nproc=2, **settings)
             cfg.train.microbatches = 0
-            runs.append(((name, mode), resolve(cfg, 2)))
+            runs.append(((name, mode), resolve_and_check(cfg, 2)))
     return runs
 
 

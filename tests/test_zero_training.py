@@ -12,7 +12,7 @@ import pytest
 
 from paratrain.mesh import Mesh
 from paratrain.train.loop import train
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import check_layouts, tiny_config, tiny_data
 
@@ -60,7 +60,7 @@ def layout_config(
     p.zero2_accumulate = accumulate or p.zero2_accumulate
     p.sequence_parallel = sp
     cfg.train.microbatches = 0
-    return resolve(cfg, world)
+    return resolve_and_check(cfg, world)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

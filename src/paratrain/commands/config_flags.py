@@ -6,45 +6,55 @@ Used by `train` and by whatever else reads a run configuration from flags."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from paratrain.config import SECTIONS, RunConfig
-from paratrain.config_toml import apply_overrides, field_types, load_toml
-from paratrain.models.presets import preset
+from paratrain.config import FieldEntry, RunConfig, every_field, flag_for
+from paratrain.config.fields import range_words
+from paratrain.config_toml import apply_overrides, load_toml
+from paratrain.models.presets import CUSTOM, MODEL_PRESETS, preset
 
-# Flags whose name is not simply --<field-name-with-dashes>.
-FLAG_NAMES = {("data", "path"): "--data", ("model", "name"): "--model"}
+# Valid values the configuration cannot list itself (it imports nothing from paratrain),
+# for the help only: the preset check is validate/rules_model.py's.
+LISTED_HERE = {"model.name": (*MODEL_PRESETS, CUSTOM)}
 
 
-def flag_for(section: str, name: str) -> str:
-    return FLAG_NAMES.get((section, name), "--" + name.replace("_", "-"))
+def help_line(entry: FieldEntry) -> str:
+    """The field's help, then its choices (or interval) and its default, each once:
+    'Pipeline schedule. (choices: gpipe, 1f1b, interleaved, zb-h1; default: 1f1b)'."""
+    facts = entry.facts
+    notes = []
+    choices = facts.choices or LISTED_HERE.get(entry.key)
+    if choices:
+        notes.append("choices: " + ", ".join(map(str, choices)))
+    bounded = facts.at_most is not None or facts.below is not None
+    if bounded:  # an interval; a lower bound alone (a count is at least 1) goes unsaid
+        notes.append(str(range_words(facts)))
+    if facts.default_means is not None:
+        notes.append(f"default: {facts.default_means}")
+    elif isinstance(entry.default, bool):
+        notes.append("default: " + ("on" if entry.default else "off"))
+    else:
+        notes.append(f"default: {entry.default}")
+    # argparse formats help with %: a literal one is doubled
+    return f"{facts.help} ({'; '.join(notes)})".replace("%", "%%")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"[{section}]")
-        types = field_types(cls)
-        for f in fields(cls):
-            help_text = f"{f.metadata['help']} (default: {f.default!r})"
-            if types[f.name] is bool:  # --flag / --no-flag
-                group.add_argument(
-                    flag_for(section, f.name),
-                    dest=f"{section}.{f.name}",
-                    default=None,
-                    action=argparse.BooleanOptionalAction,
-                    help=help_text,
-                )
-                continue
-            group.add_argument(
-                flag_for(section, f.name),
-                dest=f"{section}.{f.name}",
-                type=types[f.name],
-                default=None,
-                metavar=types[f.name].__name__.upper(),
-                help=help_text,
-            )
+    groups: dict[str, Any] = {}
+    for entry in every_field():
+        if entry.section not in groups:
+            groups[entry.section] = parser.add_argument_group(f"[{entry.section}]")
+        group, kind = groups[entry.section], entry.kind
+        dest, help_text = entry.key, help_line(entry)
+        if kind is bool:  # --flag / --no-flag
+            action = argparse.BooleanOptionalAction
+            group.add_argument(entry.flag, dest=dest, default=None, action=action, help=help_text)
+            continue
+        metavar = kind.__name__.upper()
+        group.add_argument(
+            entry.flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

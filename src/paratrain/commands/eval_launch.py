@@ -16,7 +16,7 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.trained.run_model import eval_seq_len, eval_tokens, load_config
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def mesh_config(run_dir: Path, layout: dict[str, Any]) -> RunConfig:
     t.init_from, t.resume = "", ""
     dp = p.nproc // max(1, p.tp * p.pp)
     t.global_batch, t.microbatches = t.micro_batch * dp * p.pp, 0
-    return resolve(cfg, p.nproc)
+    return resolve_and_check(cfg, p.nproc)
 
 
 def evaluate_run(args: Any) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
 from paratrain.config import RunConfig
-from paratrain.validate import check_effective, resolve
+from paratrain.validate import check_effective, resolve_and_check
 
 log = logging.getLogger("paratrain")
 HELP = "train the GPT (default: 2 CPU workers, stdlib data)"
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(env["rank"] if env else 0)
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
-    resolve(cfg, world, env["local_world_size"] if env else None)
+    cfg = resolve_and_check(cfg, world, env["local_world_size"] if env else None)
     if not args.launched_worker:  # our launcher's workers read the config it wrote
         check_effective(cfg, explicit_fields(args))
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole

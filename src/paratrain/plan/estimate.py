@@ -158,7 +158,7 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
     problems += context.cp_problems(model, layout)
     if layout.ep > 1 and model.num_experts % layout.ep:
         problems.append(f"ep {layout.ep} does not divide {model.num_experts} experts")
-    if layout.zero == 3 and layout.pp > 1:  # the runtime refuses it too (validate.py)
+    if layout.zero == 3 and layout.pp > 1:  # refused at run time too (validate/)
         problems.append(
             "ZeRO-3 with pipeline parallelism gathers the stage's parameters again for every "
             "micro-batch (DeepSpeed refuses it); use ZeRO-1 or 2"

@@ -44,7 +44,7 @@ from paratrain.models.gpt import GPT
 from paratrain.train.build import build_engine, run_gpt_config
 from paratrain.train.prediction import predict
 from paratrain.train.step import train_step
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 
 # Datasheet dense (no sparsity) bf16 FLOP/s, by the words of the device's name; the first
 # row whose words all appear wins, so the specific rows (PCIe, NVL) come first.
@@ -94,7 +94,7 @@ def throughput_config(device: str, tiny: bool = False, micro_batch: int = 0) -> 
     t.micro_batch = micro_batch or t.micro_batch
     t.global_batch, t.microbatches, t.lr = t.micro_batch, 0, 1e-4
     p.nproc, p.dp, p.device = 1, 0, device
-    return resolve(cfg, 1)
+    return resolve_and_check(cfg, 1)
 
 
 def measure(cfg: RunConfig, steps: int = 20, warmup: int = 3) -> dict[str, Any]:

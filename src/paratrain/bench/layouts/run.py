@@ -18,7 +18,7 @@ from paratrain.data.tokens import load_tokens
 from paratrain.mesh import Mesh
 from paratrain.spawn import run_ranks
 from paratrain.train.loop import train
-from paratrain.validate import resolve
+from paratrain.validate import resolve_and_check
 
 log = logging.getLogger(__name__)
 WORLD = 8
@@ -46,7 +46,7 @@ def layout_config(dp: int, pp: int, tp: int, zero: int, schedule: str, steps: in
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.schedule = WORLD, dp, pp, tp, zero, schedule
     p.chunks = 2 if schedule == "interleaved" else 1
     t.steps, t.global_batch, t.micro_batch, t.val_batches, t.warmup_steps = steps, 32, 2, 0, 1
-    return resolve(cfg, WORLD)
+    return resolve_and_check(cfg, WORLD)
 
 
 def measure(rank: int, world: int, steps: int) -> list[dict[str, Any]]:

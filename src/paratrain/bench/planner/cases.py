@@ -84,7 +84,7 @@ CASES = {
 
 def small_config(case: Case, steps: int) -> RunConfig:
     """Our default GPT, a few short steps: big enough to be a real run, quick on CPU."""
-    from paratrain.validate import resolve
+    from paratrain.validate import resolve_and_check
 
     lay, cfg = case.layout, RunConfig()
     if case.model:
@@ -98,7 +98,7 @@ def small_config(case: Case, steps: int) -> RunConfig:
     t.steps, t.warmup_steps, t.val_batches, t.dtype = steps, 1, 0, "float32"
     t.micro_batch, t.microbatches = MICRO_BATCH, case.microbatches
     t.global_batch = case.microbatches * MICRO_BATCH * lay.dp
-    return resolve(cfg, lay.world)
+    return resolve_and_check(cfg, lay.world)
 
 
 def experts_of(cfg: RunConfig) -> ExpertCounts | None:

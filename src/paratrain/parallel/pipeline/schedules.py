@@ -282,7 +282,7 @@ GENERATORS: dict[str, Callable[[int, int, int], Schedule]] = {
     "interleaved": interleaved_1f1b,
     "zb-h1": zb_h1,
 }
-assert tuple(GENERATORS) == SCHEDULES, "one generator per schedule config.py offers"
+assert tuple(GENERATORS) == SCHEDULES, "one generator per schedule the config offers"
 
 
 def build_schedule(name: str, num_stages: int, num_microbatches: int, chunks: int = 1) -> Schedule:

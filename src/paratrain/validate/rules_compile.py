@@ -1,13 +1,12 @@
-"""The checks on --compile, run by validate.resolve before any worker starts; each failure
-is one line naming the value and what would be valid (docs/compile.md, "Refused")."""
+"""Rules on --compile: what it cannot do, and inductor's C++ compiler; each failure is one
+line naming the flag and what would be valid (docs/compile.md, "Refused")."""
 
 from __future__ import annotations
 
 from paratrain.config import RunConfig
 
 
-def check_compile(cfg: RunConfig) -> None:
-    """--compile (parallel/compile.py): what it cannot do, and inductor's C++ compiler."""
+def compile_rules(cfg: RunConfig) -> None:
     p, t = cfg.parallel, cfg.train
     if not t.compile:
         return

@@ -1,0 +1,26 @@
+"""The settings several fields need before they change anything, as `Effect`s (each field's
+own condition sits in its `param`). Read on the resolved configuration: a RunConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paratrain.config.fields import Effect
+
+
+def world(cfg: Any) -> int:
+    p = cfg.parallel
+    return p.dp * p.pp * p.cp * p.tp
+
+
+SYNC = Effect(lambda c: c.parallel.dp_mode == "sync", "--dp-mode sync")
+ASYNC = Effect(lambda c: c.parallel.dp_mode == "async", "--dp-mode async")
+LLAMA = Effect(lambda c: c.model.arch == "llama", "a Llama model (--arch llama)")
+GPT = Effect(lambda c: c.model.arch == "gpt", "a GPT model (--arch gpt)")
+MOE = Effect(lambda c: c.model.num_experts > 0, "a mixture of experts (--num-experts)")
+PIPELINE = Effect(lambda c: c.parallel.pp > 1, "a pipeline (--pp 2 or more)")
+COLLECTIVES = Effect(lambda c: world(c) > 1, "more than one process")
+DC_ASGD = Effect(
+    lambda c: c.parallel.dp_mode == "async" and c.parallel.dc_lambda > 0,
+    "--dp-mode async with --dc-lambda above 0",
+)

@@ -1,0 +1,137 @@
+"""[train] and [data]: the optimizer, the batch, the run's files, and the tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from paratrain.config.choices import AUTO, COMPUTE_DTYPES, LR_SCALINGS, RECOMPUTE_MODES
+from paratrain.config.conditions import PIPELINE, SYNC
+from paratrain.config.fields import Effect, param
+
+
+@dataclass
+class TrainConfig:
+    steps: int = param(300, "Optimizer steps.", at_least=1)
+    seq_len: int = param(128, "Tokens per training sequence.", at_least=1)
+    global_batch: int = param(
+        16, "Sequences per optimizer step (G), over all replicas.", at_least=0
+    )
+    micro_batch: int = param(8, "Sequences per forward pass (b).", at_least=1)
+    microbatches: int = param(
+        0, "Micro-batches per replica per step (K = G / (b * dp)); 0: from G.", at_least=0
+    )
+    lr: float = param(3e-3, "Peak learning rate (after warmup), at batch lr_base_batch.", above=0)
+    lr_scaling: str = param("none", "Scale lr with the global batch.", choices=LR_SCALINGS)
+    lr_base_batch: int = param(
+        16,
+        "Global batch at which lr applies unscaled.",
+        at_least=1,
+        effect=Effect(lambda c: c.train.lr_scaling != "none", "--lr-scaling linear or sqrt"),
+    )
+    min_lr_ratio: float = param(
+        0.1, "Final learning rate of the cosine decay, as a fraction of lr.", at_least=0, at_most=1
+    )
+    warmup_steps: int = param(30, "Steps of linear warmup from 0 to lr.", at_least=0)
+    weight_decay: float = param(
+        0.1, "AdamW weight decay, applied to matrices and embeddings only.", at_least=0
+    )
+    beta1: float = param(0.9, "AdamW beta1.", at_least=0, below=1)
+    beta2: float = param(0.95, "AdamW beta2.", at_least=0, below=1)
+    recompute: str = param("none", "Activation recomputation per block.", choices=RECOMPUTE_MODES)
+    compile: bool = param(
+        False,
+        "Compile each transformer block with torch.compile (inductor); on the CPU this needs "
+        "a C++ compiler.",
+    )
+    grad_clip: float = param(
+        1.0, "Clip the global gradient norm to this value; 0 disables.", at_least=0
+    )
+    seed: int = param(1234, "Seed for model initialisation and data order.")
+    dtype: str = param(
+        AUTO,
+        "Compute dtype; auto is bfloat16 on cuda, else float32.",
+        choices=(AUTO, *COMPUTE_DTYPES),
+    )
+    loss_scale: float = param(
+        2.0**16,
+        "fp16 only: initial loss scale, halved on overflow (step skipped), then grown.",
+        above=0,
+        # resolved, dtype is never auto; auto never means float16
+        effect=Effect(lambda c: c.train.dtype == "float16", "--dtype float16"),
+    )
+    val_batches: int = param(
+        8, "Batches of held-out data for the final validation loss.", at_least=0
+    )
+    log_every: int = param(10, "Steps between log lines when stderr is not a terminal.", at_least=1)
+    trace: bool = param(
+        False,
+        "Pipeline: write the last step's trace.json and timeline.png; needs pp >= 2.",
+        effect=PIPELINE,
+    )
+    out: str = param("", "Run directory.", default_means="runs/<date>-<time>")
+    checkpoint_every: int = param(
+        100,
+        "Save a sharded checkpoint every N steps and after the last; 0: after the last only.",
+        at_least=0,
+    )
+    keep_checkpoints: int = param(
+        3, "Complete checkpoints kept (the newest); 0 keeps all.", at_least=0
+    )
+    resume: str = param(
+        "", "Continue the run in this run directory from its latest checkpoint.",
+        default_means="none",
+    )  # fmt: skip
+    tensorboard: bool = param(
+        False, "Also write the per-step metrics as TensorBoard event files in RUN_DIR/tensorboard."
+    )
+    init_from: str = param(
+        "",
+        "Start from this run directory's latest weights (a run or an import-hf), fresh "
+        "optimizer, step 0; its [model] is the default.",
+        default_means="none",
+    )
+    # An asynchronous run resumes with as many workers: its world size never changes.
+    rewarmup_steps: int = param(
+        10,
+        "Resumed on another world size: ramp the learning rate up again over N steps.",
+        at_least=0,
+        effect=Effect(
+            lambda c: (
+                c.parallel.dp_mode == "sync"
+                and (bool(c.train.resume) or c.parallel.max_restarts > 0)
+            ),
+            "--dp-mode sync with --resume or --max-restarts (a changed world size re-warms "
+            "the rate)",
+        ),
+    )
+    # The parameter server applies every pushed gradient: no step is skipped (yet).
+    max_skipped_steps: int = param(
+        3,
+        "Abort after N consecutive steps skipped for a non-finite loss or gradient norm.",
+        at_least=1,
+        effect=SYNC,
+    )
+
+
+@dataclass
+class DataConfig:
+    path: str = param(
+        "",
+        "Text file, folder, .bin of uint16 ids, or a prepared directory.",
+        flag="--data",
+        default_means="stdlib, Python's own library source",
+    )
+    tokenizer: str = param(
+        "", "A tokenizer.json for text data.", default_means="bytes, one token each"
+    )
+    val_fraction: float = param(
+        0.05,
+        "Fraction of files (or of tokens) held out for validation.",
+        above=0,
+        below=1,
+        effect=Effect(
+            lambda c: not (c.data.path and (Path(c.data.path) / "meta.json").is_file()),
+            "text or a .bin (a prepared directory has its own held-out split)",
+        ),
+    )

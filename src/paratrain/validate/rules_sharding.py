@@ -1,0 +1,52 @@
+"""Rules on splitting layers and sequences: tensor parallelism (and its sequence
+parallelism), context parallelism, ZeRO. The model's own divisibility facts are
+models/plans.py's (check_tensor_parallel, check_context_parallel)."""
+
+from __future__ import annotations
+
+from paratrain.config import RunConfig
+from paratrain.models.plans import check_context_parallel, check_tensor_parallel
+
+
+def tensor_parallel_rules(cfg: RunConfig) -> None:
+    p = cfg.parallel
+    if p.tp == 1:
+        if p.sequence_parallel:
+            raise ValueError("--sequence-parallel needs tensor parallelism (--tp 2 or more)")
+        return
+    if p.dp_mode == "async":
+        raise ValueError("--dp-mode async does not combine with tensor parallelism; use --tp 1")
+    if p.sequence_parallel and p.pp > 1:
+        raise ValueError(
+            "--sequence-parallel with a pipeline (--pp > 1) is not supported yet: stages "
+            "exchange whole sequences; drop one of them"
+        )
+    check_tensor_parallel(cfg.model, p.tp, cfg.train.seq_len, p.sequence_parallel)
+
+
+def context_parallel_rules(cfg: RunConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    if p.cp == 1:
+        return
+    if p.dp_mode == "async":
+        raise ValueError(
+            f"--cp {p.cp} with --dp-mode async: the server holds no sequence; use --cp 1"
+        )
+    if m.dropout > 0:
+        raise ValueError(
+            f"--cp {p.cp} with model.dropout = {m.dropout}: ring and all-to-all attention have "
+            "no attention dropout; use dropout 0 or --cp 1"
+        )
+    check_context_parallel(m, p.cp, p.cp_method, p.tp, cfg.train.seq_len, p.sequence_parallel)
+
+
+def zero_rules(cfg: RunConfig) -> None:
+    p, t = cfg.parallel, cfg.train
+    sharded = p.zero > 0 or t.dtype != "float32"
+    if sharded and p.dp_mode == "async":
+        raise ValueError("--dp-mode async keeps the whole model on the server; use --zero 0")
+    if p.zero == 3 and p.pp > 1:
+        raise ValueError(
+            "--zero 3 with a pipeline (--pp > 1) is refused: every micro-batch would gather "
+            "the stage's parameters again (DeepSpeed forbids it too); use --zero 1 or 2"
+        )
