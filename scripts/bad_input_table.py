@@ -259,9 +259,9 @@ def table() -> str:
 
 
 def effects_table() -> str:
-    """config.EFFECTS as a table: each flag that matters only in some configurations."""
-    from paratrain.commands.config_flags import flag_for
-    from paratrain.config import EFFECTS
+    """config.EFFECTS (each field's `effect=` fact) as a table: each flag that matters only
+    in some configurations."""
+    from paratrain.config import EFFECTS, flag_for
 
     rows = ["| flag | has an effect only with |", "|---|---|"]
     for key, effect in EFFECTS.items():
