@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
 
 import tomli_w
 
-from paratrain.config import SECTIONS, RunConfig
+from paratrain.config import FIELDS, SECTIONS, RunConfig
 
 
 def _check_type(where: str, value: Any, expected: type) -> Any:
@@ -30,11 +29,6 @@ def _check_type(where: str, value: Any, expected: type) -> Any:
     return value
 
 
-def field_types(section: type) -> dict[str, type]:
-    hints = {"int": int, "float": float, "str": str, "bool": bool}
-    return {f.name: hints[str(f.type)] for f in fields(section)}
-
-
 def apply_overrides(cfg: RunConfig, values: dict[str, dict[str, Any]], origin: str) -> None:
     """Set `values[section][key]` on cfg, refusing unknown sections, keys and wrong types."""
     for section, entries in values.items():
@@ -42,7 +36,7 @@ def apply_overrides(cfg: RunConfig, values: dict[str, dict[str, Any]], origin: s
             raise ValueError(f"{origin}: unknown section [{section}]; valid: {', '.join(SECTIONS)}")
         if not isinstance(entries, dict):
             raise ValueError(f"{origin}: {section} must be a table like [{section}]")
-        types = field_types(SECTIONS[section])
+        types = {e.name: e.kind for e in FIELDS.values() if e.section == section}
         target = getattr(cfg, section)
         for key, value in entries.items():
             if key not in types:

@@ -3,8 +3,9 @@ facts' tables (`EFFECTS`, each field's flag)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from paratrain.config.conditions import world
@@ -69,7 +70,8 @@ def every_field() -> Iterator[FieldEntry]:
             yield FieldEntry(section, f.name, _KINDS[str(f.type)], f.default, facts_of(f))
 
 
-FIELDS: dict[str, FieldEntry] = {entry.key: entry for entry in every_field()}
+# Read-only views: tables computed once from the facts, never changed at run time.
+FIELDS: Mapping[str, FieldEntry] = MappingProxyType({e.key: e for e in every_field()})
 
 
 def flag_for(section: str, name: str) -> str:
@@ -80,7 +82,9 @@ def flag_for(section: str, name: str) -> str:
 # Every field: None when it always matters, else when it does. A field given explicitly
 # (flag or TOML) with a value other than its default, in a configuration where it has no
 # effect, is refused before any worker starts (validate.check_effective).
-EFFECTS: dict[str, Effect | None] = {key: entry.facts.effect for key, entry in FIELDS.items()}
+EFFECTS: Mapping[str, Effect | None] = MappingProxyType(
+    {key: entry.facts.effect for key, entry in FIELDS.items()}
+)
 
 
 def parse_straggler(text: str, world_size: int) -> tuple[int, float]:

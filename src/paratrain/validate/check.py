@@ -53,6 +53,7 @@ def check(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> No
 
 def resolve_and_check(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> RunConfig:
     """The configuration a run starts from: `cfg` resolved (a copy) and checked."""
+    check_fields(cfg)  # first as given: resolve asks torch about CUDA, these need no torch
     resolved = resolve(cfg, world_size)
     check(resolved, world_size, local_procs)
     return resolved

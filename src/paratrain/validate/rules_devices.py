@@ -8,21 +8,26 @@ from paratrain.config import RunConfig
 
 def device_rules(cfg: RunConfig, local_procs: int) -> None:
     """local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE, else --nproc)."""
-    import torch  # here: a refusal that needs no device check comes back without torch
-
     p = cfg.parallel
-    if p.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu")
-    if p.device == "cuda" and local_procs > torch.cuda.device_count():
-        raise ValueError(
-            f"{local_procs} ranks on this node with --device cuda need {local_procs} GPUs (one "
-            f"per rank); it has {torch.cuda.device_count()}"
-        )
+    if p.device == "cuda":
+        _check_gpus(local_procs)
     wanted = "nccl" if p.device == "cuda" else "gloo"
     if p.backend != wanted:
         raise ValueError(
             f"--backend {p.backend} with --device {p.device}: tensors on {p.device} travel "
             f"over {wanted}; use --backend {wanted} or auto"
+        )
+
+
+def _check_gpus(local_procs: int) -> None:
+    import torch  # only on cuda: a refusal on the CPU comes back without loading torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu")
+    if local_procs > torch.cuda.device_count():
+        raise ValueError(
+            f"{local_procs} ranks on this node with --device cuda need {local_procs} GPUs (one "
+            f"per rank); it has {torch.cuda.device_count()}"
         )
 
 
