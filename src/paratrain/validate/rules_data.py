@@ -20,6 +20,6 @@ def data_rules(cfg: RunConfig) -> None:
     ids = ids or (path and (Path(path) / "meta.json").is_file())  # a prepared directory
     if not ids and cfg.model.vocab_size < 256:
         raise ValueError(
-            f"model.vocab_size = {cfg.model.vocab_size} is too small for byte-level text; "
+            f"--vocab-size {cfg.model.vocab_size} is too small for byte-level text; "
             "use at least 256"
         )

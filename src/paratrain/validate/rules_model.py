@@ -3,7 +3,7 @@ heads that divide the width, sequences that fit the model."""
 
 from __future__ import annotations
 
-from paratrain.config import ARCHS, RunConfig
+from paratrain.config import ARCHS, RunConfig, flag_for
 from paratrain.models.presets import preset
 
 # Fields that only one architecture reads, with the value the other must keep.
@@ -20,21 +20,21 @@ def model_rules(cfg: RunConfig) -> None:
         if getattr(m, name) != value and not (name == "n_kv_head" and m.n_kv_head == m.n_head):
             other = next(a for a in ARCHS if a != m.arch)
             raise ValueError(
-                f"model.{name} = {getattr(m, name)!r} applies to arch {other} only; "
-                f"this model is {m.arch} (leave it at {value!r})"
+                f"{flag_for('model', name)} {getattr(m, name)!r} applies to --arch {other} "
+                f"only; this model is {m.arch} (leave it at {value!r})"
             )
     if m.n_head % (m.n_kv_head or m.n_head):
         raise ValueError(
-            f"model.n_kv_head = {m.n_kv_head} does not divide model.n_head = {m.n_head}; "
+            f"--n-kv-head {m.n_kv_head} does not divide --n-head {m.n_head}; "
             "each key/value head serves a whole group of query heads"
         )
     if m.d_model % m.n_head != 0:
         raise ValueError(
-            f"model.n_head = {m.n_head} does not divide model.d_model = {m.d_model}; "
+            f"--n-head {m.n_head} does not divide --d-model {m.d_model}; "
             f"choose a divisor of {m.d_model}"
         )
     if cfg.train.seq_len > m.max_seq_len:
         raise ValueError(
-            f"train.seq_len = {cfg.train.seq_len} exceeds model.max_seq_len = {m.max_seq_len}; "
-            f"use at most {m.max_seq_len} or raise max_seq_len"
+            f"--seq-len {cfg.train.seq_len} exceeds --max-seq-len {m.max_seq_len}; "
+            f"use at most {m.max_seq_len} or raise --max-seq-len"
         )

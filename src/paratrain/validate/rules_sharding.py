@@ -34,8 +34,8 @@ def context_parallel_rules(cfg: RunConfig) -> None:
         )
     if m.dropout > 0:
         raise ValueError(
-            f"--cp {p.cp} with model.dropout = {m.dropout}: ring and all-to-all attention have "
-            "no attention dropout; use dropout 0 or --cp 1"
+            f"--cp {p.cp} with --dropout {m.dropout}: ring and all-to-all attention have "
+            "no attention dropout; use --dropout 0 or --cp 1"
         )
     check_context_parallel(m, p.cp, p.cp_method, p.tp, cfg.train.seq_len, p.sequence_parallel)
 
