@@ -10,6 +10,15 @@ steps, and without `--steps` it runs 50.
   [train] and [data]; run.py: RunConfig, `EFFECTS` and each field's flag, from the facts;
 - resolution.py: `resolve`, the automatic fields filled in (pure; it refuses nothing).
 
+Adding a field is one line in its section, with its facts:
+
+    prefetch: int = param(1, "ZeRO-3: units gathered ahead of the one computing.",
+                          at_least=0, effect=Effect(lambda c: c.parallel.zero == 3, "--zero 3"))
+
+gives the flag --prefetch with that help and its default, the range check (a refusal
+naming --prefetch), the TOML key [parallel] prefetch, and the refusal of --prefetch 2
+without --zero 3. A rule between fields goes in validate/rules_<concern>.py.
+
 Every check on user input is paratrain/validate/ (the CLI runs it before any worker
 starts); reading and writing TOML is config_toml.py. A leaf: imports nothing from paratrain.
 """
