@@ -3,26 +3,20 @@ heads that divide the width, sequences that fit the model."""
 
 from __future__ import annotations
 
-from paratrain.config import ARCHS, RunConfig, flag_for
+from paratrain.config import FIELDS, RunConfig
+from paratrain.config.conditions import GPT, LLAMA
 from paratrain.models.presets import preset
 
-# Fields that only one architecture reads, with the value the other must keep.
-ARCH_ONLY = {
-    "gpt": {"n_kv_head": 0, "ffn_hidden": 0, "rope_theta": 10000.0, "norm_eps": 1e-5},
-    "llama": {"dropout": 0.0, "activation": "gelu"},
-}
+# The fields only one architecture reads, from their effect facts: 'model.rope_theta' ->
+# 'llama'. The other architecture must leave them at their defaults.
+_OWNERS = {LLAMA: "llama", GPT: "gpt"}
+ARCH_ONLY = {key: _OWNERS[e.facts.effect] for key, e in FIELDS.items() if e.facts.effect in _OWNERS}
 
 
 def model_rules(cfg: RunConfig) -> None:
     m = cfg.model
     preset(m.name)  # a known preset (its fields are the defaults the others override)
-    for name, value in ARCH_ONLY[m.arch].items():
-        if getattr(m, name) != value and not (name == "n_kv_head" and m.n_kv_head == m.n_head):
-            other = next(a for a in ARCHS if a != m.arch)
-            raise ValueError(
-                f"{flag_for('model', name)} {getattr(m, name)!r} applies to --arch {other} "
-                f"only; this model is {m.arch} (leave it at {value!r})"
-            )
+    _other_architectures_fields_left_alone(cfg)
     if m.n_head % (m.n_kv_head or m.n_head):
         raise ValueError(
             f"--n-kv-head {m.n_kv_head} does not divide --n-head {m.n_head}; "
@@ -38,3 +32,18 @@ def model_rules(cfg: RunConfig) -> None:
             f"--seq-len {cfg.train.seq_len} exceeds --max-seq-len {m.max_seq_len}; "
             f"use at most {m.max_seq_len} or raise --max-seq-len"
         )
+
+
+def _other_architectures_fields_left_alone(cfg: RunConfig) -> None:
+    """Checked on every value, not only those given now: --init-from's model, a resumed
+    run's config.toml (check_effective sees only the flags and --config's keys)."""
+    m = cfg.model
+    for key, arch in ARCH_ONLY.items():
+        entry = FIELDS[key]
+        value = entry.value(cfg)
+        plain_attention = key == "model.n_kv_head" and value == m.n_head  # as many kv heads
+        if arch != m.arch and value != entry.default and not plain_attention:
+            raise ValueError(
+                f"{entry.flag} {value!r} applies to --arch {arch} only; this model is "
+                f"{m.arch} (leave it at {entry.default!r})"
+            )
