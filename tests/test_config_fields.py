@@ -116,3 +116,24 @@ def test_resolve_fills_a_copy_and_refuses_nothing():
     assert (on_gpus.parallel.backend, on_gpus.train.dtype) == ("nccl", "bfloat16")
     cfg.parallel.tp = 3  # 4 ranks: no dp fits; left for the checks to name
     assert resolve(cfg, 4, cuda=False).parallel.dp == 0
+
+
+def test_check_runs_every_rule_defined_in_a_rules_module():
+    """A new rules_<concern>.py function that check.py forgot would refuse nothing."""
+    import importlib
+    import pkgutil
+
+    import paratrain.validate as validate
+    from paratrain.validate.check import RULES
+
+    defined = set()
+    for info in pkgutil.iter_modules(validate.__path__):
+        if info.name.startswith("rules_"):
+            module = importlib.import_module(f"paratrain.validate.{info.name}")
+            defined |= {
+                name
+                for name, value in vars(module).items()
+                if name.endswith("_rules") and getattr(value, "__module__", "") == module.__name__
+            }
+    called_with_sizes = {"device_rules", "mesh_rules"}  # check() passes them the sizes
+    assert defined == {rule.__name__ for rule in RULES} | called_with_sizes
