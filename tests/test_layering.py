@@ -137,6 +137,10 @@ FORBIDDEN = [
     ("paratrain.train", "paratrain.trained", "training never depends on the offline tools"),
     ("paratrain.trained", "paratrain.commands", "a command uses the offline tools"),
     ("paratrain.config", "paratrain.", "the configuration is a leaf"),
+    # The checks run before any worker: they may build a schedule or read a model's plan,
+    # never start training, and a command calls them, not the reverse.
+    ("paratrain.validate", "paratrain.train", "the checks run before any worker starts"),
+    ("paratrain.validate", "paratrain.commands", "a command calls the checks"),
     ("paratrain.data", "paratrain.train", "data is read before and apart from training"),
     ("paratrain.checkpoint", "paratrain.train", "checkpoints are read apart from training"),
     ("paratrain.data", "paratrain.parallel", "data knows no strategy"),
