@@ -44,6 +44,7 @@ def check(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> No
 
     local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE); default --nproc.
     """
+    assert cfg.parallel.device != "auto", "check a resolved configuration (config.resolve)"
     check_fields(cfg)
     device_rules(cfg, local_procs or cfg.parallel.nproc)
     mesh_rules(cfg, world_size)
