@@ -16,7 +16,7 @@ from pathlib import Path
 import paratrain
 
 ROOT = Path(paratrain.__file__).parent
-RUNTIME = ["comm", "parallel", "train", "checkpoint", "data", "models", "mesh.py"]
+RUNTIME = ["comm", "parallel", "train", "trained", "checkpoint", "data", "models", "mesh.py"]
 FACTORIES = {
     "arange", "as_tensor", "empty", "empty_strided", "eye", "frombuffer", "from_numpy",
     "full", "Generator", "linspace", "ones", "rand", "randint", "randn", "randperm",
