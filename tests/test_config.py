@@ -15,7 +15,7 @@ import pytest
 from paratrain.cli import build_parser, main
 from paratrain.commands.config_flags import config_from_args
 from paratrain.config import EFFECTS, SECTIONS, RunConfig
-from paratrain.config_toml import apply_overrides, from_toml_text, to_toml
+from paratrain.config.toml_file import apply_overrides, from_toml_text, to_toml
 from paratrain.validate import resolve_and_check
 
 

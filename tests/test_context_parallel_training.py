@@ -28,7 +28,7 @@ import torch
 
 from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import read_model
-from paratrain.config_toml import from_toml_text
+from paratrain.config.toml_file import from_toml_text
 from paratrain.data.tokens import load_tokens, validation_batches
 from paratrain.models.registry import plain_model
 from paratrain.validate import resolve_and_check

@@ -28,7 +28,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.cli import main
 from paratrain.config import RunConfig
-from paratrain.config_toml import from_toml_text
+from paratrain.config.toml_file import from_toml_text
 from paratrain.train.build import build_model
 
 TOL = 1e-10

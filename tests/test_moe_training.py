@@ -38,7 +38,7 @@ import torch
 from paratrain.checkpoint import latest_checkpoint
 from paratrain.checkpoint.whole_model import read_model
 from paratrain.config import RunConfig
-from paratrain.config_toml import from_toml_text
+from paratrain.config.toml_file import from_toml_text
 from paratrain.data.tokens import load_tokens
 from paratrain.models.presets import preset
 from paratrain.validate import resolve_and_check

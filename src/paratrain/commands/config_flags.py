@@ -11,7 +11,7 @@ from typing import Any
 
 from paratrain.config import FieldEntry, RunConfig, every_field, flag_for
 from paratrain.config.fields import range_words
-from paratrain.config_toml import apply_overrides, load_toml
+from paratrain.config.toml_file import apply_overrides, load_toml
 from paratrain.models.presets import CUSTOM, MODEL_PRESETS, preset
 
 # Valid values the configuration cannot list itself (it imports nothing from paratrain),

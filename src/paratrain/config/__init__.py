@@ -20,7 +20,7 @@ naming --prefetch), the TOML key [parallel] prefetch, and the refusal of --prefe
 without --zero 3. A rule between fields goes in validate/rules_<concern>.py.
 
 Every check on user input is paratrain/validate/ (the CLI runs it before any worker
-starts); reading and writing TOML is config_toml.py. A leaf: imports nothing from paratrain.
+starts); reading and writing TOML is toml_file.py. A leaf: imports nothing from paratrain.
 """
 
 from paratrain.config.choices import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from paratrain.comm.algos import algorithms_line
 from paratrain.config import RunConfig
-from paratrain.config_toml import to_toml
+from paratrain.config.toml_file import to_toml
 from paratrain.mesh import AXES, MeshShape
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.train.prediction import MB, describe_prediction, predict

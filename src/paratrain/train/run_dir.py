@@ -15,7 +15,7 @@ import torch
 
 import paratrain
 from paratrain.config import RunConfig
-from paratrain.config_toml import to_toml
+from paratrain.config.toml_file import to_toml
 from paratrain.data.tokens import TokenData
 from paratrain.train.metrics import StepMetrics
 

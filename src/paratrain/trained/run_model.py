@@ -20,7 +20,7 @@ from torch import nn
 from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
-from paratrain.config_toml import from_toml_text
+from paratrain.config.toml_file import from_toml_text
 from paratrain.data.prepare import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate

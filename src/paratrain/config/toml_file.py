@@ -15,7 +15,7 @@ else:  # pragma: no cover - Python 3.10
 
 import tomli_w
 
-from paratrain.config import FIELDS, SECTIONS, RunConfig
+from paratrain.config.run import FIELDS, SECTIONS, RunConfig
 
 
 def _check_type(where: str, value: Any, expected: type) -> Any:
