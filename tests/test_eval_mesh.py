@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from paratrain.cli import main
 
@@ -67,3 +68,23 @@ def test_a_layout_the_model_cannot_take_is_refused_before_launch(run, capsys):
     code = main(["eval", str(run_dir), "--data", str(data), "--nproc", "2", "--tp", "3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "tp" in err[0], err
+
+
+def test_without_data_eval_scores_the_runs_own_held_out_split(run, tmp_path, capsys):
+    """No --data: the split the run validated on (its data, val fraction and tokenizer),
+    the same loss as that split given as ids; an imported model, which has no split of its
+    own, is refused in one line (tests/test_inspect_run.py's fixture)."""
+    from paratrain.config.toml_file import from_toml_text
+    from paratrain.data.tokens import load_tokens
+
+    run_dir, data = run
+    cfg = from_toml_text((run_dir / "config.toml").read_text())
+    held = load_tokens(str(data), cfg.data.val_fraction, cfg.data.tokenizer).val[:]
+    ids = tmp_path / "held.bin"
+    ids.write_bytes(held.to(dtype=torch.int16).numpy().tobytes())
+    scores = []
+    for extra in ([], ["--data", str(ids)]):
+        capsys.readouterr()
+        assert main(["eval", str(run_dir), "--seq-len", str(WINDOW), "--json", *extra]) == 0
+        scores.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert scores[0] == scores[1] and scores[0]["tokens"] == held.numel() - 1

@@ -92,3 +92,11 @@ def test_bad_sampling_flags_are_refused_in_one_line(imported, capsys):
     assert "--temperature nan" in capsys.readouterr().err
     assert main(["sample", str(run), "--prompt", "x", "--max-new-tokens", "40"]) == 2
     assert "at most" in capsys.readouterr().err  # 32 positions in all
+
+
+def test_eval_without_data_refuses_an_import_in_one_line(imported, capsys):
+    _, run = imported
+    capsys.readouterr()
+    assert main(["eval", str(run), "--seq-len", str(N)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no held-out split of its own" in err[0] and "--data" in err[0]

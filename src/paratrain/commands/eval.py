@@ -1,16 +1,20 @@
-"""`paratrain eval RUN --data D`: a run's loss and perplexity on a data file, in this
+"""`paratrain eval RUN [--data D]`: a run's loss and perplexity on a data file (by default its
+own held-out split), in this
 process or on a mesh of workers (the work: commands/eval_launch.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "a run's loss and perplexity on a data file"
+HELP = "a run's loss and perplexity on its held-out split or a data file"
 
 
 def add_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("run_dir", help="the run directory (its latest checkpoint is read)")
-    ev.add_argument("--data", required=True, help="text file, folder of text, or .bin of ids")
+    ev.add_argument(
+        "--data",
+        help="text file, folder of text, or .bin of ids (default: the run's own held-out split)",
+    )
     ev.add_argument("--seq-len", type=int, help="window length (default: the run's seq_len)")
     ev.add_argument("--json", action="store_true", help="print a JSON object as last line")
     ev.add_argument("--nproc", type=int, default=1, help="worker processes (a mesh if > 1)")

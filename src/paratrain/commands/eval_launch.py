@@ -1,4 +1,4 @@
-"""The work of `paratrain eval RUN --data D [--nproc N --tp T --pp P --zero Z --device D]`.
+"""The work of `paratrain eval RUN [--data D] [--nproc N --tp T --pp P --zero Z --device D]`.
 
 With the default layout it scores in this process (trained/run_model.py); otherwise the
 layout is checked as `train` checks one, the data before any worker starts, and N
@@ -66,7 +66,7 @@ def evaluate_run(args: Any) -> int:
 def _launch(args: Any, run_dir: Path, layout: dict[str, Any]) -> int:
     from paratrain.launch import WorkersFailed, launch_workers
 
-    argv = ["eval", str(run_dir), "--data", args.data]
+    argv = ["eval", str(run_dir)] + (["--data", args.data] if args.data else [])
     argv += ["--seq-len", str(args.seq_len)] if args.seq_len else []
     argv += ["--json"] if args.json else []
     for name, value in layout.items():

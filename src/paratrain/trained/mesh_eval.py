@@ -35,7 +35,7 @@ from paratrain.trained.run_model import (
 
 @torch.no_grad()
 def evaluate_on_mesh(
-    cfg: RunConfig, env: WorkerEnv, run_dir: Path, data: str, seq_len: int | None
+    cfg: RunConfig, env: WorkerEnv, run_dir: Path, data: str | None, seq_len: int | None
 ) -> dict[str, float] | None:
     """This rank's part of the evaluation (collective); rank 0 returns the scores."""
     init_process_group(cfg, env)

@@ -112,21 +112,37 @@ def sample(
     return tokenizer.decode(out[0].tolist())
 
 
-def eval_tokens(cfg: RunConfig, run_dir: Path, data: str) -> torch.Tensor:
-    """The ids `eval` scores: all of a text file (in the run's tokenizer) or a .bin, or a
-    prepared directory's held-out split."""
-    if is_prepared(data):  # a prepared directory: its held-out documents
+def held_out_tokens(cfg: RunConfig, run_dir: Path) -> torch.Tensor:
+    """The held-out split the run itself validated on: its data, its split, its tokenizer."""
+    d = cfg.data
+    if (run_dir / TOKENIZER).is_file() and not d.tokenizer:
+        raise ValueError(
+            f"{run_dir} has no held-out split of its own (its model came with "
+            f"{TOKENIZER}, not from training on --data); give --data"
+        )
+    if d.path and not Path(d.path).exists():
+        raise ValueError(f"{run_dir} trained on --data {d.path!r}, not found here; give --data")
+    return load_tokens(d.path, d.val_fraction, d.tokenizer).val[:].long()
+
+
+def eval_tokens(cfg: RunConfig, run_dir: Path, data: str | None) -> torch.Tensor:
+    """The ids `eval` scores: the run's own held-out split (no `data`), all of a text file
+    (in the run's tokenizer) or a .bin, or a prepared directory's held-out split."""
+    if data is None:
+        tokens = held_out_tokens(cfg, run_dir)
+    elif is_prepared(data):  # a prepared directory: its held-out documents
         tokens = load_tokens(data).val[:]
     else:  # all of the text (in the run's tokenizer) or ids: no split held out here
         tokenizer = run_dir / TOKENIZER
         text = tokenizer.is_file() and not data.endswith(".bin")  # a .bin holds ids already
         loaded = load_tokens(data, 0.0, str(tokenizer) if text else "")
         tokens = torch.cat([loaded.train, loaded.val]).long()
+    what = f"--data {data!r}" if data is not None else f"{run_dir}'s held-out split"
     if tokens.numel() < 2:
-        raise ValueError(f"--data {data!r}: fewer than 2 tokens")
+        raise ValueError(f"{what}: fewer than 2 tokens")
     if int(tokens.max()) >= cfg.model.vocab_size:
         raise ValueError(
-            f"--data {data!r} has token ids up to {int(tokens.max())}; the model's "
+            f"{what} has token ids up to {int(tokens.max())}; the model's "
             f"vocabulary is {cfg.model.vocab_size}"
         )
     return tokens
@@ -154,7 +170,7 @@ def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_file(
-    run_dir: Path, data: str, seq_len: int | None = None, batch: int = 8
+    run_dir: Path, data: str | None, seq_len: int | None = None, batch: int = 8
 ) -> dict[str, float]:
     """Mean next-token loss over a data file in one process (trained/mesh_eval.py: on a
     mesh), over eval_windows of seq_len + 1 tokens."""
