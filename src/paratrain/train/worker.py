@@ -203,9 +203,9 @@ def _train_and_record(
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
-    progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
-
     tracker = PredictionTracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
+    done = resume.step if resume is not None else 0
+    progress = Progress(cfg.train.steps, cfg.train.log_every, is_writer, first_step=done)
 
     def on_step(m: Any) -> None:
         tracker.step_done()  # first: the step's traffic ends here
