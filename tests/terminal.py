@@ -70,5 +70,11 @@ class Terminal:
 
 
 def screen_lines(output: str) -> list[str]:
-    """What each terminal line ends up showing: the text after its last carriage return."""
-    return [line.rstrip("\r").split("\r")[-1] for line in output.split("\n")]
+    """What each terminal line ends up showing: the text after its last carriage return,
+    without "erase line" sequences."""
+    return [
+        line.rstrip("\r").split("\r")[-1].replace(ERASE_LINE, "") for line in output.split("\n")
+    ]
+
+
+ERASE_LINE = "\x1b[K"

@@ -21,6 +21,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from paratrain.comm.watchdog import default_store_or_none
+from paratrain.train.preemption import StoppedAtOnce
 
 USER_ERROR, INTERNAL_ERROR = 2, 1
 
@@ -75,6 +76,8 @@ def run_then_exit(work: Callable[[], None], env: dict[str, Any], command: str) -
         work()
     except (KeyboardInterrupt, SystemExit):
         raise
+    except StoppedAtOnce as e:  # what the user asked for: nothing to print
+        status = e.status
     except BaseException as e:  # DCP's errors derive from BaseException
         status = report_failure(e, env["rank"], env["restart_count"], command)
     sys.stdout.flush()

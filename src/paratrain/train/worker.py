@@ -26,7 +26,7 @@ from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.pipeline_trace import record_trace
 from paratrain.train.prediction import PredictionTracker
-from paratrain.train.preemption import Preemption
+from paratrain.train.preemption import Preemption, StoppedAtOnce
 from paratrain.train.progress import Progress
 from paratrain.train.tensorboard import TensorBoardWriter
 
@@ -140,6 +140,12 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
+    except Exception as e:
+        # Signalled, then a collective failed: a second signal ended a peer at once. A
+        # user's error (a full disk at the stop's checkpoint) is still reported.
+        if preemption.requested_by and not isinstance(e, (ValueError, OSError)):
+            raise StoppedAtOnce(preemption.requested_by) from e
+        raise
     finally:
         preemption.close()
         mesh.close()
@@ -238,6 +244,8 @@ def _train_and_record(
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
     summary = run_summary(result, cfg, run_dir) | compared | traced | memory
+    if "stopped_at_step" in summary:  # which signal; None: it reached another rank only
+        summary["stopped_by"] = stop.requested_by if stop is not None else None
     summary["params"] = count_params(cfg)
     measured = compared.get("measured", {}).get("model_state_bytes")
     summary["model_state_bytes_per_rank"] = [r["total"] for r in measured] if measured else None
