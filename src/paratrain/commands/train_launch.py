@@ -35,7 +35,10 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
     from paratrain.train.failed_start import before_start, undo_failed_start
 
     fresh = not cfg.train.resume
-    run_dir = rd.prepare_run_dir(cfg.train.out) if fresh else Path(cfg.train.resume)
+    if fresh:
+        run_dir = rd.prepare_run_dir(cfg.train.out)
+    else:
+        run_dir = rd.check_writable(Path(cfg.train.resume), "--resume")
     before = before_start(run_dir, fresh)
     with signals_raise():
         try:

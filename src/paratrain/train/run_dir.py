@@ -43,8 +43,29 @@ def prepare_run_dir(out: str) -> Path:
         while path.exists():
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-    path.mkdir(parents=True, exist_ok=True)
+    flag = "--out" if out else "the default run directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {_cause(e)}") from None
+    return check_writable(path, flag)
+
+
+def check_writable(path: Path, flag: str) -> Path:
+    """`path`, after writing and removing a file in it (a read-only filesystem, or a
+    directory this user may not write, fails here rather than in a worker)."""
+    probe = path / ".paratrain-write-check"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: {_cause(e)}") from None
     return path
+
+
+def _cause(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    return f"{e.strerror or e}{where}; give a directory that can be created and written"
 
 
 def keep_previous_config(run_dir: Path) -> None:
