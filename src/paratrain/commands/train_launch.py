@@ -61,12 +61,14 @@ def _start(cfg: RunConfig, run_dir: Path, fresh: bool) -> dict[str, Any]:
     """Write the config, train, and return the summary."""
     from paratrain.launch import launch_local
     from paratrain.train import run_dir as rd
+    from paratrain.train.provenance import record_start, user_command
     from paratrain.train.worker import WorkerEnv, run_worker
 
     if not fresh:
         rd.keep_previous_config(run_dir)
     cfg.train.out = str(run_dir)
     config_path = rd.write_config(run_dir, cfg)
+    record_start(run_dir, user_command())  # the workers' command line is the launcher's
     if cfg.parallel.nproc == 1:  # the same worker code, in this process
         summary = run_worker(cfg, WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False), True)
         assert summary is not None
