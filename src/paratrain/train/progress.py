@@ -75,8 +75,10 @@ class Progress:
     def _show(self, m: StepMetrics) -> None:
         assert self.bar is not None
         more = {"compile_s": f"{m.compile_s:.1f}"} if m.compile_s else {}
-        self.bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", **more)
+        # update's redraw waits out tqdm's mininterval; set_postfix's, after it, does not:
+        # every step is shown, however fast the steps before it came
         self.bar.update(m.step - self.bar.n)  # the global step, also after a resume
+        self.bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}", **more)
 
     def _log(self, m: StepMetrics) -> None:
         # --compile: the seconds a step spent compiling, apart from its tok/s
