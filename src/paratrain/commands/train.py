@@ -4,10 +4,8 @@ torchrun), and report: the summary line, or why the run stopped and how to go on
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
@@ -27,32 +25,6 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--launched-worker", action="store_true", help=argparse.SUPPRESS)
     add_config_flags(train)
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f}"
-
-
-def print_summary(summary: dict[str, Any], as_json: bool) -> None:
-    print(
-        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
-        f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
-        f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
-        f"run directory {summary['run_dir']}",
-        flush=True,
-    )
-    peaks = summary.get("cuda_max_allocated_bytes")
-    if peaks:  # on CUDA: what the allocator held at most, beside the model state counted
-        state = summary.get("model_state_bytes_per_rank") or [None] * len(peaks)
-        print(
-            "CUDA memory per rank (max allocated / model state): "
-            + ", ".join(
-                f"{p / 2**30:.2f} / {_gib(s)} GiB" for p, s in zip(peaks, state, strict=True)
-            ),
-            flush=True,
-        )
-    if as_json:
-        print(json.dumps(summary), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             worker_env = WorkerEnv(use_env_rendezvous=True, **env)
             summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
             if summary is not None and not args.launched_worker:
+                from paratrain.commands.train_launch import print_summary
+
                 print_summary(summary, args.json)
 
         run_then_exit(work, env, "train")

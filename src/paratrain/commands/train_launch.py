@@ -10,6 +10,7 @@ the same one line, and a start that saved nothing leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -29,7 +30,6 @@ STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated 
 
 
 def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
-    from paratrain.commands.train import print_summary
     from paratrain.launch import WorkersFailed
     from paratrain.train import run_dir as rd
     from paratrain.train.failed_start import before_start, undo_failed_start
@@ -55,6 +55,32 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
         return report_stopped(run_dir, before, summary.get("stopped_by"))
     print_summary(summary, as_json)
     return 0
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f}"
+
+
+def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    print(
+        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
+        f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
+        f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
+        f"run directory {summary['run_dir']}",
+        flush=True,
+    )
+    peaks = summary.get("cuda_max_allocated_bytes")
+    if peaks:  # on CUDA: what the allocator held at most, beside the model state counted
+        state = summary.get("model_state_bytes_per_rank") or [None] * len(peaks)
+        print(
+            "CUDA memory per rank (max allocated / model state): "
+            + ", ".join(
+                f"{p / 2**30:.2f} / {_gib(s)} GiB" for p, s in zip(peaks, state, strict=True)
+            ),
+            flush=True,
+        )
+    if as_json:
+        print(json.dumps(summary), flush=True)
 
 
 def _start(cfg: RunConfig, run_dir: Path, fresh: bool) -> dict[str, Any]:
