@@ -145,10 +145,11 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         # Signalled, then a collective failed: a second signal ended a peer at once. A
         # user's error (a full disk at the stop's checkpoint) is still reported.
-        if preemption.requested_by and not isinstance(e, (ValueError, OSError)):
+        reported = (ValueError, OSError, KeyboardInterrupt, SystemExit)
+        if preemption.requested_by and not isinstance(e, reported):
             raise StoppedAtOnce(preemption.requested_by) from e
         raise
     finally:
