@@ -74,10 +74,14 @@ def run(args: argparse.Namespace) -> int:
         def work() -> None:
             worker_env = WorkerEnv(use_env_rendezvous=True, **env)
             summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
-            if summary is not None and not args.launched_worker:
-                from paratrain.commands.train_launch import print_summary
+            if summary is not None and not args.launched_worker:  # torchrun's rank 0
+                from paratrain.commands.train_launch import print_summary, report_stopped
 
-                print_summary(summary, args.json)
+                if "stopped_at_step" in summary:
+                    run_dir, by = Path(summary["run_dir"]), summary.get("stopped_by")
+                    report_stopped(run_dir, None, by)
+                else:
+                    print_summary(summary, args.json)
 
         run_then_exit(work, env, "train")
     from paratrain.commands.train_launch import launch_and_report

@@ -120,13 +120,16 @@ def signals_raise() -> Iterator[None]:
 
 def report_stopped(run_dir: Path, before: Any, signal_name: str | None) -> int:
     """One line: what stopped the run, what it saved, and a command that continues it (only
-    when there is a checkpoint to continue from); the exit status is 128 + the signal."""
+    when there is a checkpoint to continue from); the exit status is 128 + the signal.
+    before: what failed_start noted before the start, None under torchrun."""
     from paratrain.checkpoint import latest_checkpoint
     from paratrain.train.failed_start import undo_failed_start
 
     why = {"SIGINT": "Ctrl-C (SIGINT)", None: "a signal to another rank"}.get(signal_name)
     ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:  # stopped before its first checkpoint: as a start that failed
+    if ckpt is None and before is None:  # under torchrun: nothing to undo here
+        saved = "no checkpoint was saved"
+    elif ckpt is None:  # stopped before its first checkpoint: as a start that failed
         saved = undo_failed_start(before)
     else:
         saved = (
