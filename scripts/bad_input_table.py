@@ -157,6 +157,16 @@ CASES = [
         "a truncated prepared shard", [*TINY, "--data", "{dir}/prepared"], _prepared_then_truncated
     ),
     Case("an existing `--out`", [*TINY, "--data", TEXT, "--out", "{dir}/run"], _run),
+    Case(
+        "an `--out` the system will not create (`/proc/x`)",
+        [*TINY, "--data", TEXT, "--out", "/proc/x"],
+        _text,
+    ),
+    Case(
+        "an `--out` under a file",
+        [*TINY, "--data", TEXT, "--out", "{dir}/text.txt/run"],
+        _text,
+    ),
     Case("`--resume` of a folder that is no run", ["--resume", "{dir}"]),
     Case(
         "a checkpoint of another model (`--resume RUN --d-model 64`)",

@@ -88,8 +88,14 @@ def test_train_two_workers_writes_a_complete_run_directory(tmp_path):
     assert "[parallel]" in config and "dp = 2" in config and "microbatches = 1" in config
     provenance = json.loads((out / "provenance.json").read_text())
     assert len(provenance["data_fingerprint_sha256"]) == 64
-    for key in ("python", "torch", "paratrain", "git_commit"):
-        assert provenance[key]
+    (start,) = provenance["starts"]
+    for key in ("python", "torch", "paratrain", "git_commit", "started", "ended"):
+        assert start[key]
+    assert (
+        start["command"][:2] == ["paratrain", "train"]
+        and "--launched-worker" not in start["command"]
+    )
+    assert start["steps"] == [1, 12] and start["layout"]["dp"] == 2
 
 
 @pytest.mark.e2e

@@ -19,6 +19,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared the run dir
+# How long a signalled launcher waits for its workers to finish their step and save before
+# it kills them (torch's default, 30 s, is shorter than a large model's step and save).
+SHUTDOWN_TIMEOUT_S = 600
 
 
 def torchrun_env() -> dict[str, Any] | None:
@@ -70,12 +73,17 @@ def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     # The agent's own lines ("Sending process ... SIGTERM", "failed (exitcode: 1) ...")
     # repeat what `failure_line` says.
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
+    # "Received SIGINT death signal, shutting down workers": `paratrain train` says how the
+    # run stopped, in one line, once the workers have saved.
+    signal_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    signal_log.addFilter(_not_about_signals)
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "paratrain", *argv)
     except ChildFailedError as e:
@@ -83,6 +91,11 @@ def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
         raise WorkersFailed(failure_line(rank, failure), failure.exitcode) from None
     finally:
         agent_log.setLevel(level)
+        signal_log.removeFilter(_not_about_signals)
+
+
+def _not_about_signals(record: logging.LogRecord) -> bool:
+    return "death signal" not in record.getMessage()
 
 
 def root_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:

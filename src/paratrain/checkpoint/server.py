@@ -35,6 +35,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint import Checkpoint
 from paratrain.checkpoint.buffers import absent_buffers, absent_note
 from paratrain.checkpoint.load import read_entries
+from paratrain.checkpoint.not_saved import saving
 from paratrain.checkpoint.state import RankState, rank_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
@@ -71,12 +72,13 @@ def save_server(
         "assigned": {str(w): b for w, b in sorted(s.assigned.items())},  # JSON keys
         "dc_mean_square": s.dc_mean_square is not None,
     }
-    checkpoint.start_dir(path, meta)
     entries: dict[str, Any] = dict(state.tensors)
     if s.dc_mean_square is not None:
         entries[MEAN_SQUARE] = s.dc_mean_square
     start = time.perf_counter()
-    checkpoint.write_entries(path, entries, None)
+    with saving(path, step, remover=True):  # the server saves alone
+        checkpoint.start_dir(path, meta)
+        checkpoint.write_entries(path, entries, None)
     log.info(
         "checkpoint step %d (update %d): %s (%.2f s)",
         step, s.version, path, time.perf_counter() - start,

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from paratrain import comm
+from paratrain.checkpoint.not_saved import saving
 from paratrain.checkpoint.planner import (
     CheckpointMismatch,
     ShardedSavePlanner,
@@ -261,14 +262,15 @@ def save(
     world = mesh.control
     path = checkpoint_path(run_dir, step)
     state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
-    if mesh.global_rank == 0:
-        scale = scaler_state(engine)
-        start_dir(path, run_meta(cfg, mesh, step, state.adam_step(), fingerprint, scale))
-    comm.barrier(world)
-    entries: dict[str, Any] = dict(state.tensors)
-    entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker, mesh.device)
-    start = time.perf_counter()
-    write_entries(path, entries, world.pg, storage_writer)
+    with saving(path, step, remover=mesh.global_rank == 0):
+        if mesh.global_rank == 0:
+            scale = scaler_state(engine)
+            start_dir(path, run_meta(cfg, mesh, step, state.adam_step(), fingerprint, scale))
+        comm.barrier(world)
+        entries: dict[str, Any] = dict(state.tensors)
+        entries[f"rng.rank{mesh.global_rank}"] = _rng_state(engine.rng_tracker, mesh.device)
+        start = time.perf_counter()
+        write_entries(path, entries, world.pg, storage_writer)
     if mesh.global_rank == 0:
         log.info("checkpoint step %d: %s (%.2f s)", step, path, time.perf_counter() - start)
         prune(run_dir, keep)

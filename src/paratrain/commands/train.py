@@ -4,15 +4,11 @@ torchrun), and report: the summary line, or why the run stopped and how to go on
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 from pathlib import Path
-from typing import Any
 
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
-from paratrain.config import RunConfig
 from paratrain.validate import check_effective, resolve_and_check
 
 log = logging.getLogger("paratrain")
@@ -29,32 +25,6 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--launched-worker", action="store_true", help=argparse.SUPPRESS)
     add_config_flags(train)
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f}"
-
-
-def print_summary(summary: dict[str, Any], as_json: bool) -> None:
-    print(
-        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
-        f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
-        f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
-        f"run directory {summary['run_dir']}",
-        flush=True,
-    )
-    peaks = summary.get("cuda_max_allocated_bytes")
-    if peaks:  # on CUDA: what the allocator held at most, beside the model state counted
-        state = summary.get("model_state_bytes_per_rank") or [None] * len(peaks)
-        print(
-            "CUDA memory per rank (max allocated / model state): "
-            + ", ".join(
-                f"{p / 2**30:.2f} / {_gib(s)} GiB" for p, s in zip(peaks, state, strict=True)
-            ),
-            flush=True,
-        )
-    if as_json:
-        print(json.dumps(summary), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,63 +74,16 @@ def run(args: argparse.Namespace) -> int:
         def work() -> None:
             worker_env = WorkerEnv(use_env_rendezvous=True, **env)
             summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
-            if summary is not None and not args.launched_worker:
-                print_summary(summary, args.json)
+            if summary is not None and not args.launched_worker:  # torchrun's rank 0
+                from paratrain.commands.train_launch import print_summary, report_stopped
+
+                if "stopped_at_step" in summary:
+                    run_dir, by = Path(summary["run_dir"]), summary.get("stopped_by")
+                    report_stopped(run_dir, None, by)
+                else:
+                    print_summary(summary, args.json)
 
         run_then_exit(work, env, "train")
+    from paratrain.commands.train_launch import launch_and_report
+
     return launch_and_report(cfg, args.json)
-
-
-def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    from paratrain.launch import WorkersFailed, launch_local
-    from paratrain.train import run_dir as rd
-    from paratrain.train.failed_start import before_start, undo_failed_start
-    from paratrain.train.worker import WorkerEnv, run_worker
-
-    fresh = not cfg.train.resume
-    run_dir = rd.prepare_run_dir(cfg.train.out) if fresh else Path(cfg.train.resume)
-    before = before_start(run_dir, fresh)
-    if not fresh:
-        rd.keep_previous_config(run_dir)
-    cfg.train.out = str(run_dir)
-    config_path = rd.write_config(run_dir, cfg)
-    if cfg.parallel.nproc == 1:  # the same worker code, in this process
-        env = WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False)
-        try:
-            summary = run_worker(cfg, env, run_dir_prepared=True)
-        except BaseException:
-            undo_failed_start(before)
-            raise
-    else:
-        try:
-            launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
-        except WorkersFailed as e:
-            log.error("paratrain: %s; %s", e, undo_failed_start(before))
-            return 2 if e.exitcode == 2 else 1  # a user error stays one
-        except SignalException as e:  # the launcher was told to stop; workers saved
-            return report_stopped(run_dir, f"signal {e.sigval.name}")
-        summary = rd.read_summary(run_dir)
-    assert summary is not None
-    if "stopped_at_step" in summary:
-        return report_stopped(run_dir, "SIGTERM")
-    print_summary(summary, as_json)
-    return 0
-
-
-STOPPED_EXIT = 143  # 128 + SIGTERM, what a scheduler expects from a terminated job
-
-
-def report_stopped(run_dir: Path, why: str) -> int:
-    from paratrain.checkpoint import latest_checkpoint
-
-    ckpt = latest_checkpoint(run_dir)
-    where = f"checkpoint of step {ckpt.step} in {ckpt.path}" if ckpt else "no checkpoint"
-    print(
-        f"paratrain train: stopped by {why}; {where}; continue with "
-        f"`paratrain train --resume {run_dir}`",
-        file=sys.stderr,
-        flush=True,
-    )
-    return STOPPED_EXIT

@@ -1,10 +1,11 @@
 """What a failed start leaves behind: nothing new, and no earlier file changed.
 
-A fresh run that saved no checkpoint loses its directory (it held only what this start
-wrote), so that `--resume`, `eval`, `sample` and `export` never mistake it for a run. A
-resumed run that saved no new checkpoint gets its own files back as they were (a resume
+A fresh run that saved no checkpoint and logged no step loses its directory (it held only
+what this start wrote), so that `--resume`, `eval`, `sample` and `export` never mistake it
+for a run. A resumed run that saved no new checkpoint gets its own files back as they were (a resume
 rewrites config.toml, provenance.json and cuts metrics.jsonl before training). A run that
-saved a checkpoint before failing stays as it is, to be resumed.
+saved a checkpoint before failing stays as it is, to be resumed; one that logged a step
+keeps its metrics.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paratrain.checkpoint import CHECKPOINTS, latest_checkpoint
+from paratrain.train.run_dir import METRICS_FILE
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ def undo_failed_start(before: BeforeStart) -> str:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None and ckpt.step != before.checkpoint_step:
         return f"run directory {run_dir} (resume it from step {ckpt.step})"
+    if before.fresh and _steps_logged(run_dir):  # never lose a step's record
+        return f"no checkpoint was saved; run directory {run_dir} keeps the steps' metrics"
     if before.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
         return f"nothing was saved: the new run directory {run_dir} was removed"
@@ -48,6 +52,11 @@ def undo_failed_start(before: BeforeStart) -> str:
         if not path.is_file() or path.read_bytes() != data:
             path.write_bytes(data)
     return f"nothing was saved: run directory {run_dir} is as it was"
+
+
+def _steps_logged(run_dir: Path) -> bool:
+    metrics = run_dir / METRICS_FILE
+    return metrics.is_file() and metrics.stat().st_size > 0
 
 
 def _own_files(run_dir: Path) -> list[Path]:

@@ -12,6 +12,7 @@ else is an internal error: the failing rank's traceback and exit status 1.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from paratrain.comm.watchdog import default_store_or_none
+from paratrain.train.preemption import StoppedAtOnce
 
 USER_ERROR, INTERNAL_ERROR = 2, 1
 
@@ -73,8 +75,12 @@ def run_then_exit(work: Callable[[], None], env: dict[str, Any], command: str) -
     status = 0
     try:
         work()
-    except (KeyboardInterrupt, SystemExit):
+    except SystemExit:
         raise
+    except StoppedAtOnce as e:  # what the user asked for: nothing to print
+        status = e.status
+    except KeyboardInterrupt:  # Ctrl-C before training began: the launcher reports it
+        status = 128 + signal.SIGINT
     except BaseException as e:  # DCP's errors derive from BaseException
         status = report_failure(e, env["rank"], env["restart_count"], command)
     sys.stdout.flush()

@@ -86,7 +86,7 @@ def train(
             on_step(metrics[-1])
         last = step + 1 == t.steps
         if stop is not None and not last and stop():
-            log.warning("stop requested: saving a checkpoint after step %d", step + 1)
+            log.info("stop requested: saving a checkpoint after step %d", step + 1)  # rank 0
             stopped_at = step + 1
         if run_dir is not None and (last or stopped_at or _due(step + 1, t.checkpoint_every)):
             keep = t.keep_checkpoints

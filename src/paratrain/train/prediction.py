@@ -156,6 +156,7 @@ class PredictionTracker:
         self.mesh = mesh
         self.prediction = None if cfg.parallel.dp_mode == "async" else predict(cfg)
         self.marks: list[dict[str, int]] = []
+        self.last_step = 0  # none yet in this start
         if self.prediction is not None:
             self.marks.append(self._ledger())
             if mesh.global_rank == 0:
@@ -165,9 +166,11 @@ class PredictionTracker:
     def _ledger(self) -> dict[str, int]:
         return {axis: self.mesh.ledger.bytes_sent(group=axis) for axis in AXES}
 
-    def step_done(self, *_: Any) -> None:
+    def step_done(self, step: int) -> None:
+        """`step`: the global step just done (a resumed run's count on from its checkpoint)."""
         if self.prediction is not None:
             self.marks.append(self._ledger())
+            self.last_step = step
 
     def close(self) -> None:
         """Nothing to release; kept so the worker's try/finally reads the same as before."""
@@ -198,7 +201,7 @@ class PredictionTracker:
         measured = {
             "model_state_bytes": states,
             "bytes_sent_per_step": [dict(zip(AXES, map(int, r[n:]), strict=True)) for r in rows],
-            "step": len(self.marks) - 1,
+            "step": self.last_step,
         }
         if self.mesh.global_rank == 0:
             log.info(summary_line(self.prediction, measured))

@@ -1,5 +1,6 @@
-"""Preemption: on SIGTERM every rank finishes its step, a checkpoint is saved, and the run
-stops cleanly.
+"""Stopping on a signal: on SIGTERM (a scheduler) or SIGINT (Ctrl-C, which the launcher
+forwards) every rank finishes its step, a checkpoint is saved, and the run stops cleanly.
+A second signal stops the process at once.
 
 The signal reaches the ranks at different moments (or only some of them), so the decision
 to stop is agreed once per step: a one-integer all-reduce (max) over the control group
@@ -10,6 +11,7 @@ rank's flag, no communication) and let the parameter server decide (train/async_
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any
 
@@ -17,20 +19,45 @@ import torch
 
 from paratrain import comm
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StoppedAtOnce(Exception):
+    """This rank was signalled and then lost its peers (a second signal ended them): the
+    stop the user asked for, not an error to print. Exit status 128 + the signal."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"stopped at once by {signal_name}")
+        self.status = 128 + signal.Signals[signal_name]
+
 
 class Preemption:
-    """Callable once per step, collectively: True when any rank has received SIGTERM."""
+    """Callable once per step, collectively: True when any rank has received a stop
+    signal."""
 
     def __init__(self, control: comm.CommGroup) -> None:
         self.control = control
-        self.requested = False
-        self._previous: Any = signal.signal(signal.SIGTERM, self._on_signal)
+        self.requested_by: str | None = None  # the first stop signal's name
+        self._previous: dict[int, Any] = {}
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_by is not None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.requested = True
+        if self.requested_by is None:
+            self.requested_by = signal.Signals(signum).name
+            return
+        # A second one: end now, by the signal's default action (a handler that left the
+        # default in place would meet a signal pending from before, which Python reports
+        # as "ignored due to race condition").
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def signalled(self) -> bool:
-        """Whether this rank has received SIGTERM; local, not collective."""
+        """Whether this rank has received a stop signal; local, not collective."""
         return self.requested
 
     def __call__(self) -> bool:
@@ -39,4 +66,5 @@ class Preemption:
         return bool(flag.item())
 
     def close(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)

@@ -1,22 +1,16 @@
-"""The run directory: resolved config, per-step metrics, loss plot, provenance, summary."""
+"""The run directory: resolved config, per-step metrics, loss plot, summary (provenance:
+train/provenance.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import paratrain
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import to_toml
-from paratrain.data.tokens import TokenData
 from paratrain.train.metrics import StepMetrics
 
 log = logging.getLogger(__name__)
@@ -24,7 +18,6 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-PROVENANCE_FILE = "provenance.json"
 PLOT_FILE = "loss.png"
 
 
@@ -43,8 +36,29 @@ def prepare_run_dir(out: str) -> Path:
         while path.exists():
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-    path.mkdir(parents=True, exist_ok=True)
+    flag = "--out" if out else "the default run directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {_cause(e)}") from None
+    return check_writable(path, flag)
+
+
+def check_writable(path: Path, flag: str) -> Path:
+    """`path`, after writing and removing a file in it (a read-only filesystem, or a
+    directory this user may not write, fails here rather than in a worker)."""
+    probe = path / ".paratrain-write-check"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: {_cause(e)}") from None
     return path
+
+
+def _cause(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    return f"{e.strerror or e}{where}; give a directory that can be created and written"
 
 
 def keep_previous_config(run_dir: Path) -> None:
@@ -130,44 +144,6 @@ def write_loss_plot(run_dir: Path, metrics: list[StepMetrics], val_loss: float) 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def git_commit() -> str:
-    """The commit of the source tree paratrain was imported from, '+dirty' if modified."""
-    src = Path(paratrain.__file__).resolve().parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=10
-        )
-        if head.returncode != 0:
-            return "unknown (not a git checkout)"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=src,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (git not available)"
-
-
-def write_provenance(run_dir: Path, cfg: RunConfig, data: TokenData, world_size: int) -> None:
-    record: dict[str, Any] = {
-        "data_fingerprint_sha256": data.fingerprint,
-        "data": data.description,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "paratrain": paratrain.__version__,
-        "git_commit": git_commit(),
-        "world_size": world_size,
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "command": sys.argv,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    (run_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -26,8 +26,9 @@ from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.pipeline_trace import record_trace
 from paratrain.train.prediction import PredictionTracker
-from paratrain.train.preemption import Preemption
+from paratrain.train.preemption import Preemption, StoppedAtOnce
 from paratrain.train.progress import Progress
+from paratrain.train.provenance import end_start, write_provenance
 from paratrain.train.tensorboard import TensorBoardWriter
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,14 @@ def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
 
 
 def run_summary(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    """The whole run's summary: every step in metrics.jsonl, also those before a resume."""
+    """The run's summary: losses and step counts of the whole run (metrics.jsonl, also the
+    steps before a resume); speed and times of this start alone (another start may have
+    had another layout)."""
     metrics = rd.read_step_metrics(run_dir)
-    steady = metrics[1:] or metrics  # the first step pays for warm-up allocations
-    resumed = result.extra.get("first_step", 1) > 1
+    first = result.extra.get("first_step", 1)
+    this_start = [m for m in metrics if m.step >= first] or metrics
+    steady = this_start[1:] or this_start  # the first step pays for warm-up allocations
+    resumed = first > 1
     return {
         "initial_loss": metrics[0].loss,
         "final_loss": metrics[-1].loss,
@@ -119,8 +124,8 @@ def run_summary(result: TrainResult, cfg: RunConfig, run_dir: Path) -> dict[str,
         "tp": cfg.parallel.tp,
         "cp": cfg.parallel.cp,
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady),
-        "train_s": sum(m.step_s for m in metrics),
-        **({"compile_s": sum(m.compile_s for m in metrics)} if cfg.train.compile else {}),
+        "train_s": sum(m.step_s for m in this_start),
+        **({"compile_s": sum(m.compile_s for m in this_start)} if cfg.train.compile else {}),
         **({"compile": result.extra["compile"]} if "compile" in result.extra else {}),
         "run_dir": str(run_dir),
         "model_state_bytes_rank0": result.extra.get("model_state_bytes"),
@@ -140,6 +145,13 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     preemption = Preemption(mesh.control)
     try:
         summary = _train_and_record(cfg, mesh, run_dir_prepared, env.restart_count, preemption)
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        # Signalled, then a collective failed: a second signal ended a peer at once. A
+        # user's error (a full disk at the stop's checkpoint) is still reported.
+        reported = (ValueError, OSError, KeyboardInterrupt, SystemExit)
+        if preemption.requested_by and not isinstance(e, reported):
+            raise StoppedAtOnce(preemption.requested_by) from e
+        raise
     finally:
         preemption.close()
         mesh.close()
@@ -194,7 +206,8 @@ def _train_and_record(
     if is_writer:
         cfg.train.out = str(run_dir)
         rd.write_config(run_dir, cfg)
-        rd.write_provenance(run_dir, cfg, data, cfg.world_size)
+        layout = checkpoint.layout_of(cfg, mesh) | {"device": cfg.parallel.device}
+        write_provenance(run_dir, data, layout, recorded=run_dir_prepared)
         keep_tokenizer(cfg, run_dir)  # sample and eval decode with it
         log.info("data: %s", data.description)
         if cfg.parallel.comm_algo != "native":
@@ -203,12 +216,12 @@ def _train_and_record(
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
-    progress = Progress(cfg.train.steps, cfg.train.log_every, enabled=is_writer)
-
     tracker = PredictionTracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout
+    done = resume.step if resume is not None else 0
+    progress = Progress(cfg.train.steps, cfg.train.log_every, is_writer, first_step=done)
 
     def on_step(m: Any) -> None:
-        tracker.step_done()  # first: the step's traffic ends here
+        tracker.step_done(m.step)  # first: the step's traffic ends here
         if writer is not None:
             writer.write(m)
         if board is not None:
@@ -238,8 +251,12 @@ def _train_and_record(
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
     summary = run_summary(result, cfg, run_dir) | compared | traced | memory
+    if "stopped_at_step" in summary:  # which signal; None: it reached another rank only
+        summary["stopped_by"] = stop.requested_by if stop is not None else None
     summary["params"] = count_params(cfg)
     measured = compared.get("measured", {}).get("model_state_bytes")
     summary["model_state_bytes_per_rank"] = [r["total"] for r in measured] if measured else None
     rd.write_summary(run_dir, summary)
+    last = result.metrics[-1].step if result.metrics else 0  # 0: no step ran in this start
+    end_start(run_dir, result.extra.get("first_step", 1), last)
     return summary
