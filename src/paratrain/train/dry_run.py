@@ -14,6 +14,7 @@ from paratrain.config import RunConfig
 from paratrain.config.toml_file import to_toml
 from paratrain.mesh import AXES, MeshShape
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.train.optim import warmup_note
 from paratrain.train.prediction import MB, describe_prediction, predict
 
 
@@ -39,6 +40,8 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
             line += f"; model state {state / MB:.2f} MB, sends {sent / MB:.3f} MB per step"
         lines.append(line)
     lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]
+    note = warmup_note(cfg)
+    lines += [f"# {note}"] if note is not None else []
     lines += ["", "# plan"] + (
         describe_prediction(pred) if pred is not None else ["async: not predicted"]
     )

@@ -29,6 +29,19 @@ def learning_rate(step: int, base_lr: float, warmup: int, total: int, min_ratio:
     return base_lr * (min_ratio + (1.0 - min_ratio) * cosine)
 
 
+def warmup_note(cfg: RunConfig) -> str | None:
+    """A line saying so when the run ends inside its warm-up: its rate never reaches the peak."""
+    t = cfg.train
+    if t.steps >= t.warmup_steps:
+        return None
+    peak = peak_lr(cfg)
+    last = learning_rate(t.steps - 1, peak, t.warmup_steps, t.steps, t.min_lr_ratio)
+    return (
+        f"note: --steps {t.steps} ends inside the --warmup-steps {t.warmup_steps} warm-up: "
+        f"the learning rate rises to {last:.3g}, never to its peak {peak:.3g}"
+    )
+
+
 def scaled_lr(base_lr: float, global_batch: int, base_batch: int, scaling: str) -> float:
     """The peak rate for a global batch, from a rate tuned at `base_batch` (seeds, 9.2.1).
 

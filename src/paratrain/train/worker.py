@@ -24,6 +24,7 @@ from paratrain.train.build import count_params
 from paratrain.train.cuda_memory import cuda_memory
 from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
+from paratrain.train.optim import warmup_note
 from paratrain.train.pipeline_trace import record_trace
 from paratrain.train.prediction import PredictionTracker
 from paratrain.train.preemption import Preemption, StoppedAtOnce
@@ -213,6 +214,9 @@ def _train_and_record(
         if cfg.parallel.comm_algo != "native":
             log.info("%s", algorithms_line(cfg.parallel.comm_algo))
         log.info("run directory: %s", run_dir)
+        note = warmup_note(cfg)
+        if note is not None:
+            log.info("%s", note)
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
