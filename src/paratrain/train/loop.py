@@ -55,14 +55,7 @@ def train(
             "asynchronous runs go through train/async_loop.py: train_async"
         )
     t = cfg.train
-    # --init-from's weights, unless a checkpoint is about to replace them
-    engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=resume is None))
-    seed_rank_stream(t.seed, mesh.global_rank)
-    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
-    first, rewarm = 0, Rewarmup()
-    if resume is not None:
-        first, rewarm = restore(resume, engine, optimizer, mesh, cfg, peak_lr(cfg))
-    lr = LrSchedule.of(cfg, rewarm)
+    engine, optimizer, first, lr = _build(cfg, mesh, resume)
     if on_start is not None:
         on_start(engine)
     sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
@@ -94,6 +87,22 @@ def train(
         if stopped_at:
             break
     return _finish(cfg, engine, optimizer, data, metrics, first, stopped_at, mesh.device)
+
+
+def _build(
+    cfg: RunConfig, mesh: Mesh, resume: Checkpoint | None
+) -> tuple[Engine, Any, int, LrSchedule]:
+    """This rank's engine and optimizer, at `resume`'s step if given: (engine, optimizer,
+    the first step to run, the learning-rate schedule)."""
+    t = cfg.train
+    # --init-from's weights, unless a checkpoint is about to replace them
+    engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=resume is None))
+    seed_rank_stream(t.seed, mesh.global_rank)
+    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
+    first, rewarm = 0, Rewarmup()
+    if resume is not None:
+        first, rewarm = restore(resume, engine, optimizer, mesh, cfg, peak_lr(cfg))
+    return engine, optimizer, first, LrSchedule.of(cfg, rewarm)
 
 
 def _due(done: int, every: int) -> bool:

@@ -16,7 +16,7 @@ from paratrain import checkpoint, comm
 from paratrain.comm.algos import algorithms_line
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
-from paratrain.data.tokens import keep_tokenizer, load_tokens
+from paratrain.data.tokens import TokenData, keep_tokenizer, load_tokens
 from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
 from paratrain.train.async_loop import train_async
@@ -205,18 +205,7 @@ def _train_and_record(
         )
     is_writer = mesh.global_rank == 0
     if is_writer:
-        cfg.train.out = str(run_dir)
-        rd.write_config(run_dir, cfg)
-        layout = checkpoint.layout_of(cfg, mesh) | {"device": cfg.parallel.device}
-        write_provenance(run_dir, data, layout, recorded=run_dir_prepared)
-        keep_tokenizer(cfg, run_dir)  # sample and eval decode with it
-        log.info("data: %s", data.description)
-        if cfg.parallel.comm_algo != "native":
-            log.info("%s", algorithms_line(cfg.parallel.comm_algo))
-        log.info("run directory: %s", run_dir)
-        note = warmup_note(cfg)
-        if note is not None:
-            log.info("%s", note)
+        _record_start(cfg, mesh, run_dir, data, run_dir_prepared)
     resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
@@ -247,11 +236,42 @@ def _train_and_record(
             writer.close()
         if board is not None:
             board.close()
-    # Collective: every rank's measurement, against the prediction.
+    return _summarise(cfg, mesh, run_dir, result, tracker, stop)
+
+
+def _record_start(
+    cfg: RunConfig, mesh: Mesh, run_dir: Path, data: TokenData, run_dir_prepared: bool
+) -> None:
+    """Rank 0, before the first step: the configuration, this start's provenance, the
+    tokenizer, and the lines that say what the run is."""
+    cfg.train.out = str(run_dir)
+    rd.write_config(run_dir, cfg)
+    layout = checkpoint.layout_of(cfg, mesh) | {"device": cfg.parallel.device}
+    write_provenance(run_dir, data, layout, recorded=run_dir_prepared)
+    keep_tokenizer(cfg, run_dir)  # sample and eval decode with it
+    log.info("data: %s", data.description)
+    if cfg.parallel.comm_algo != "native":
+        log.info("%s", algorithms_line(cfg.parallel.comm_algo))
+    log.info("run directory: %s", run_dir)
+    note = warmup_note(cfg)
+    if note is not None:
+        log.info("%s", note)
+
+
+def _summarise(
+    cfg: RunConfig,
+    mesh: Mesh,
+    run_dir: Path,
+    result: Any,
+    tracker: PredictionTracker,
+    stop: Preemption | None,
+) -> dict[str, Any] | None:
+    """After the last step (collective): every rank's measurement against the prediction;
+    rank 0 writes the summary and closes this start's provenance."""
     compared = tracker.compare(result.extra.get("model_state_bytes"))
     traced = record_trace(cfg, mesh, result.engine, run_dir)  # collective (--trace)
     memory = cuda_memory(mesh)  # collective over the control group
-    if not is_writer:
+    if mesh.global_rank != 0:
         return None
     rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), result.val_loss)
     summary = run_summary(result, cfg, run_dir) | compared | traced | memory
