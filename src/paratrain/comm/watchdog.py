@@ -57,7 +57,8 @@ class Watchdog:
         key = KEY.format(rank=rank)
         if not self.store.check([key]):
             return None
-        return json.loads(self.store.get(key))
+        ledger: dict[str, Any] = json.loads(self.store.get(key))
+        return ledger
 
     def stop(self) -> None:
         self._stop.set()
@@ -102,7 +103,7 @@ def first_divergence(
     silent = [r for r in ranks if not ledgers.get(r) or "recent" not in ledgers[r]]  # type: ignore[operator]
     if silent:
         lines.append(f"ranks {silent} published no ledger (died or never reached comm)")
-    calls: dict[int, dict[int, dict]] = {}
+    calls: dict[int, dict[int, dict[str, Any]]] = {}
     for r in ranks:
         if r in silent:
             continue
