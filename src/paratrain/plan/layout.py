@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
+from paratrain.config import RECOMPUTE_MODES
+from paratrain.config import SCHEDULES as SCHEDULES  # re-exported: the planner's vocabulary
+from paratrain.config import ZERO2_ACCUMULATE as ZERO2_ACCUMULATE
 
 # The runtime's modes, counted as the runtime runs them ("selective" is its op-level policy,
 # parallel/recompute.py, not Korthikanti et al.'s attention-core variant).

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from paratrain.models.presets import kv_heads
 from paratrain.plan.expert_cost import expected_token_bytes
 
-# `m` below is a plan.model.ModelSpec, typed Any: model.py imports this module (its params).
+if TYPE_CHECKING:  # model.py imports this module (its params)
+    from paratrain.plan.model import ModelSpec
 
 
-def check_moe(m: Any) -> None:
+def check_moe(m: ModelSpec) -> None:
     """The MoE fields of a ModelSpec, in one place; ValueError naming the value."""
     if m.arch != "llama" or not m.has_shape:
         raise ValueError(
@@ -55,77 +56,79 @@ def check_moe(m: Any) -> None:
         raise ValueError(f"model {m.name}: expert widths must be >= 0")
 
 
-def expert_width(m: Any) -> int:
+def expert_width(m: ModelSpec) -> int:
     return m.expert_ffn or m.ffn_hidden
 
 
-def expert_params(m: Any) -> int:
+def expert_params(m: ModelSpec) -> int:
     """One expert's SwiGLU matrices: gate, up and down, 3 h f."""
-    return 3 * m.d_model * expert_width(m)
+    return 3 * m.shape.d_model * expert_width(m)
 
 
-def layer_expert_params(m: Any) -> int:
+def layer_expert_params(m: ModelSpec) -> int:
     """All E experts of one layer: what ep splits."""
     return m.num_experts * expert_params(m)
 
 
-def _block_params(m: Any, experts: int) -> int:
+def _block_params(m: ModelSpec, experts: int) -> int:
     """A block with `experts` of its E experts: norms, attention, router, shared expert."""
-    h, a = m.d_model, m.n_head
-    d_kv = kv_heads(m) * (h // a)
+    h, a = m.shape.d_model, m.shape.n_head
+    d_kv = kv_heads(m.shape) * (h // a)
     attention = 2 * h * h + 2 * h * d_kv
     return 2 * h + attention + h * m.num_experts + 3 * h * m.shared_ffn + experts * expert_params(m)
 
 
-def _ends(m: Any) -> int:
-    h, v = m.d_model, m.vocab_size
+def _ends(m: ModelSpec) -> int:
+    h, v = m.shape.d_model, m.shape.vocab_size
     return v * h + h + (0 if m.tie_embeddings else v * h)
 
 
-def total_params(m: Any) -> int:
-    return m.n_layer * _block_params(m, m.num_experts) + _ends(m)
+def total_params(m: ModelSpec) -> int:
+    return m.shape.n_layer * _block_params(m, m.num_experts) + _ends(m)
 
 
-def active_params(m: Any) -> int:
+def active_params(m: ModelSpec) -> int:
     """Parameters one token passes through: k experts per layer, not E."""
-    return m.n_layer * _block_params(m, m.top_k) + _ends(m)
+    return m.shape.n_layer * _block_params(m, m.top_k) + _ends(m)
 
 
-def all_expert_params(m: Any) -> int:
+def all_expert_params(m: ModelSpec) -> int:
     """Every layer's experts: the part of the parameters sharded by ep."""
-    return m.n_layer * layer_expert_params(m) if m.num_experts else 0
+    return m.shape.n_layer * layer_expert_params(m) if m.num_experts else 0
 
 
-def charged_imbalance(m: Any, imbalance: float) -> float:
+def charged_imbalance(m: ModelSpec, imbalance: float) -> float:
     """The busiest ep rank's load over the mean: the router's, capped by the capacity."""
     cap = m.capacity_factor if m.capacity_factor is not None else math.inf
     return min(imbalance, cap)
 
 
-def expert_bytes_per_rank(m: Any, tp: int, pp: int, ep: int, param_bytes: int) -> float:
+def expert_bytes_per_rank(m: ModelSpec, tp: int, pp: int, ep: int, param_bytes: int) -> float:
     """Expert weights one GPU holds before ZeRO: its stage's layers, E/ep experts each,
     1/tp of each expert's width."""
-    layers = math.ceil(m.n_layer / pp)
+    layers = math.ceil(m.shape.n_layer / pp)
     return layers * layer_expert_params(m) / (ep * tp) * param_bytes
 
 
-def dense_equivalent(m: Any, imbalance: float = 1.0) -> Any:
+def dense_equivalent(m: ModelSpec, imbalance: float = 1.0) -> ModelSpec:
     """The dense model with the same per-token MLP work: width k f + f_s (times the
     charged imbalance for the k f that the busiest rank's experts run)."""
     width = m.top_k * expert_width(m) * charged_imbalance(m, imbalance) + m.shared_ffn
     return replace(m, ffn_hidden=math.ceil(width), num_experts=0, n_params=None)
 
 
-def router_flops_per_token(m: Any) -> float:
+def router_flops_per_token(m: ModelSpec) -> float:
     """The router's matrix, 2 h E forward and 4 h E backward per token per layer."""
-    return 6 * m.n_layer * m.d_model * m.num_experts
+    return 6 * m.shape.n_layer * m.shape.d_model * m.num_experts
 
 
-def all_to_all_bytes(m: Any, tokens: float, ep: int, tp: int, elem: int, imbalance: float) -> float:
+def all_to_all_bytes(
+    m: ModelSpec, tokens: float, ep: int, tp: int, elem: int, imbalance: float
+) -> float:
     """Token bytes the busiest GPU sends per MoE layer per pass (module docstring), for
     `tokens` tokens on its ep rank; a tp group dispatches its tokens once, 1/tp each."""
     if ep == 1:
         return 0.0
     iota = charged_imbalance(m, imbalance)
-    uniform = expected_token_bytes(tokens, m.top_k, ep, m.d_model, elem)  # (1 + 1) k N h e ..
+    uniform = expected_token_bytes(tokens, m.top_k, ep, m.shape.d_model, elem)  # (1 + 1) k N h e ..
     return (1 + iota) / 2 * uniform / tp

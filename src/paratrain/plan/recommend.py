@@ -18,7 +18,7 @@ Within a tier the smallest degrees win, then the shortest step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from paratrain.plan.cluster import GB, ClusterSpec
 from paratrain.plan.estimate import Estimate, estimate
@@ -61,22 +61,32 @@ def candidate_layouts(
     ZeRO needs dp * cp > 1 (on one rank it is plain DP). The interleaved schedule uses
     `chunks` (2 when not given). Layouts that cannot run are kept: the planner reports why.
     """
-    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    given = {k: v for k, v in (fixed or {}).items() if v is not None}
     out = []
     for tp in divisors(cluster.gpus):
         for cp in divisors(cluster.gpus // tp):
             for pp in divisors(cluster.gpus // (tp * cp)):
                 dp = cluster.gpus // (tp * cp * pp)
                 degrees = (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp))
-                if any(fixed.get(a, v) != v for a, v in degrees):
+                if any(given.get(a, v) != v for a, v in degrees):
                     continue
-                shape = dict(dp=dp, tp=tp, pp=pp, cp=cp, cp_method=cp_method)
-                out += _variants(shape, schedule, chunks, fixed, experts)
+                shape = _Shape(dp=dp, tp=tp, pp=pp, cp=cp, cp_method=cp_method)
+                out += _variants(shape, schedule, chunks, given, experts)
     return out
 
 
+class _Shape(TypedDict):
+    """A layout's degrees and cp method: the Layout fields every variant shares."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    cp_method: str
+
+
 def _variants(
-    shape: dict, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
+    shape: _Shape, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
 ) -> list[Layout]:
     """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule."""
     ranks = shape["dp"] * shape["cp"]
@@ -111,7 +121,7 @@ def choose(estimates: list[Estimate]) -> Estimate | None:
     if not fitting:
         return None
 
-    def key(e: Estimate) -> tuple:
+    def key(e: Estimate) -> tuple[int, int, int, int, int, int, float]:
         lay = e.layout
         step = e.time.total_s if e.time else float("inf")
         return (tier(lay), lay.pp, lay.tp, lay.cp, lay.ep, lay.zero, step)
