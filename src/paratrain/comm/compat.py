@@ -101,7 +101,7 @@ def queue_backward_callback(callback: Any) -> None:
 
 # The base class of every dropout layer (Dropout, Dropout1d/2d/3d, AlphaDropout): private,
 # in every supported release.
-DropoutBase: type[nn.Module] = nn.modules.dropout._DropoutNd
+DropoutBase = nn.modules.dropout._DropoutNd  # a class: its `p` is typed
 
 # Dispatcher-level interception, for counting a PyTorch peer's collectives (bench only):
 # HigherOrderOperator (torch._ops) and TorchDispatchMode (torch.utils._python_dispatch),

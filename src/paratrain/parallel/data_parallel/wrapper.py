@@ -196,6 +196,7 @@ class DataParallel(SyncSwitch, nn.Module):
     def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
         """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments
         (of this wrapper's share: storage outside it is another wrapper's to count)."""
+        known: list[tuple[str, torch.Tensor | None]]
         known = [("params", p) for _, p in self.share.named(self.module)]
         known += [("grads", b.buffer) for b in self.buckets]
         states = optimizer.state.values() if optimizer is not None else ()
