@@ -121,7 +121,7 @@ def _check_enough(path: str, sizes: tuple[int, int], cfg: Any, upper_bound: bool
         )
 
 
-def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> None:
+def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
     meta = read_data_meta(path)  # every shard's size against the index
     if tokenizer:
         digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()

@@ -42,6 +42,7 @@ from paratrain.parallel.data_parallel.whole_module import (
     whole_checkpoint_pieces,
     whole_grad_squares,
 )
+from paratrain.parallel.mixed_precision import DynamicLossScaler
 
 
 def broadcast_parameters(
@@ -69,7 +70,7 @@ class DataParallel(SyncSwitch, nn.Module):
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
     """
 
-    scaler = None  # float32 throughout: no loss scaling (mixed precision: zero.py)
+    scaler: DynamicLossScaler | None = None  # float32 throughout (mixed precision: zero.py)
 
     def __init__(
         self,
