@@ -191,7 +191,8 @@ def microbatches_for(workload: Workload, layout: Layout) -> int:
     """K = G / (b * dp); raises ValueError naming the numbers when it is not a whole number."""
     b, dp = workload.micro_batch, layout.dp
     if workload.global_batch is None:
-        return workload.microbatches  # type: ignore[return-value]
+        assert workload.microbatches is not None  # Workload refuses neither
+        return workload.microbatches
     g = workload.global_batch
     if g % (b * dp):
         raise ValueError(f"global batch {g} is not divisible by micro-batch {b} x dp {dp}")

@@ -179,12 +179,12 @@ def warnings_for(e: Estimate, estimates: list[Estimate], cluster: ClusterSpec) -
             f"{lay.label}: communication {e.time.comm_s:.3g} s exceeds compute "
             f"{e.time.compute_s:.3g} s per step: too few tokens per GPU to hide it"
         )
-    timed = [x for x in estimates if x.fits and x.time is not None]
-    fastest = min(timed, key=lambda x: x.time.total_s, default=None)  # type: ignore[union-attr]
-    if e.time and fastest and fastest.time.total_s * 1.2 < e.time.total_s:  # type: ignore[union-attr]
+    timed = [(x.time.total_s, x) for x in estimates if x.fits and x.time is not None]
+    fastest = min(timed, key=lambda pair: pair[0], default=None)  # the first of equals
+    if e.time and fastest and fastest[0] * 1.2 < e.time.total_s:
         out.append(
-            f"{lay.label}: the rule picks by memory; {fastest.layout.label} also fits and its "
-            f"step is {fastest.time.total_s:.3g} s against {e.time.total_s:.3g} s"  # type: ignore[union-attr]
+            f"{lay.label}: the rule picks by memory; {fastest[1].layout.label} also fits and its "
+            f"step is {fastest[0]:.3g} s against {e.time.total_s:.3g} s"
         )
     if e.bubble and e.bubble > 0.2:
         out.append(
