@@ -91,7 +91,7 @@ class BlockCompile:
                 self.seconds += time.perf_counter() - start
             return out
 
-        forward.compiled = True  # type: ignore[attr-defined]
+        forward.compiled = True  # type: ignore[attr-defined]  # a mark on the function
         return forward
 
 

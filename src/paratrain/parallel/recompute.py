@@ -171,7 +171,7 @@ def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
         kept = compat.sac_kept_tensors(caches[0]) if caches else []
         return _Show.apply(y, *kept) if kept else y
 
-    run.recomputed = mode  # type: ignore[attr-defined]
+    run.recomputed = mode  # type: ignore[attr-defined]  # a mark on the function, read back
     return run
 
 
