@@ -72,7 +72,8 @@ test-aten-default: setup
 test-versions: $(TORCH_VERSIONS:%=test-torch-%) test-aten-default
 
 # Lint and types: ruff's checks and formatting, then mypy as pyproject.toml's [tool.mypy]
-# says (all of src/paratrain; strict on comm/, parallel/, plan/, mesh.py, module_names.py).
+# says (all of src/paratrain; strict on comm/, parallel/, plan/, data/, measure/, mesh.py
+# and module_names.py).
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/ruff format --check src tests scripts
