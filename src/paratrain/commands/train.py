@@ -55,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
         check_init_source(cfg.train.init_from, cfg.model)
     elif cfg.train.init_from and not args.launched_worker and env is not None and env["rank"] == 0:
-        # env: torchrun's
         from paratrain.checkpoint import latest_checkpoint
         from paratrain.checkpoint.whole_model import note_absent_buffers
 

@@ -134,8 +134,7 @@ def _text(row: bytes, f: Path, number: int) -> str:
         raise ValueError(f"{f}:{number}: not a line of JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
         raise ValueError(f"{f}:{number}: a JSON-lines document needs a string field 'text'")
-    text: str = doc["text"]
-    return text
+    return str(doc["text"])  # a str already: checked above
 
 
 @dataclass(frozen=True)
