@@ -71,9 +71,13 @@ test-aten-default: setup
 
 test-versions: $(TORCH_VERSIONS:%=test-torch-%) test-aten-default
 
+# Lint and types: ruff's checks and formatting, then mypy as pyproject.toml's [tool.mypy]
+# says (all of src/paratrain; strict on comm/, parallel/, plan/, data/, measure/, mesh.py
+# and module_names.py).
 lint: setup
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache  # the venvs of other releases stay: TORCH_VENVS

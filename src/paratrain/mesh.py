@@ -32,6 +32,7 @@ and the parameter server's receive-from-any, which NCCL does not have.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,8 @@ class MeshShape:
     def size(self, axis: str) -> int:
         """The degree of an axis, or the size of a derived group."""
         if axis in AXES or axis == "ep":
-            return getattr(self, axis)
+            degree: int = getattr(self, axis)
+            return degree
         if axis == "dp_cp":
             return self.dp * self.cp
         if axis == "expert_dp":
@@ -108,7 +110,7 @@ class MeshShape:
         for rank in range(self.world_size):
             c = self.coords(rank)
             key = tuple(c[a] for a in AXES if a != axis)
-            seen.setdefault(key, [None] * size)[c[axis]] = rank  # type: ignore[index]
+            seen.setdefault(key, [-1] * size)[c[axis]] = rank  # every slot is set
         return list(seen.values())
 
     def _derived_groups(self, kind: str) -> list[list[int]]:
@@ -134,6 +136,14 @@ class MeshShape:
         return [[g[0], g[-1]] for g in self.groups("pp") if len(g) > 1]
 
 
+class _Shared(TypedDict):
+    """What every group of a mesh shares: the rank's ledger, options and watchdog."""
+
+    ledger: Ledger
+    options: CommOptions
+    watchdog: Watchdog | None
+
+
 class Mesh:
     """One rank's view of the grid: its device, coordinates and one CommGroup per axis."""
 
@@ -153,7 +163,8 @@ class Mesh:
         self.ledger = ledger
         self.watchdog = watchdog
         self._groups = groups
-        self._common = {"ledger": ledger, "options": options, "watchdog": watchdog}
+        # CommGroup's own default when None: the same options either way.
+        self._common = _Shared(ledger=ledger, options=options or CommOptions(), watchdog=watchdog)
         self._pipeline_ends: list[CommGroup | None] = []
 
     @classmethod
@@ -187,7 +198,7 @@ class Mesh:
         rank = dist.get_rank() if dist.is_initialized() else 0
         store = default_store_or_none() if world > 1 else None
         watchdog = Watchdog(ledger, store, rank) if store is not None else None
-        common = {"ledger": ledger, "options": options, "watchdog": watchdog}
+        common = _Shared(ledger=ledger, options=options, watchdog=watchdog)
         groups = {"world": CommGroup.world(**common)}
         for axis in AXES:
             groups[axis] = cls._build_axis(shape, axis, rank, common)
@@ -201,16 +212,17 @@ class Mesh:
         return cls(shape, rank, groups, ledger, watchdog, options, torch.device(device))
 
     @staticmethod
-    def _build_control(world: int, rank: int, common: dict) -> CommGroup:
+    def _build_control(world: int, rank: int, common: _Shared) -> CommGroup:
         """The host-side group over every rank: gloo whatever the axes' backend, so in
         gloo's order even when the axes run in NCCL's (`CommOptions.order`)."""
         ranks = list(range(world))
         pg = dist.new_group(ranks, backend="gloo") if world > 1 else None
-        options = replace(common["options"], order="gloo")
-        return CommGroup("control", pg, ranks, rank, **{**common, "options": options})
+        control = _Shared(**common)
+        control["options"] = replace(common["options"], order="gloo")
+        return CommGroup("control", pg, ranks, rank, **control)
 
     @staticmethod
-    def _build_axis(shape: MeshShape, axis: str, rank: int, common: dict) -> CommGroup:
+    def _build_axis(shape: MeshShape, axis: str, rank: int, common: _Shared) -> CommGroup:
         if shape.size(axis) == shape.world_size:
             return CommGroup.world(name=axis, **common)
         mine = shape.group_of(axis, rank)

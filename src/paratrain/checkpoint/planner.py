@@ -123,4 +123,5 @@ class ShardedLoadPlanner(DefaultLoadPlanner):
         value = self.state_dict[index.fqn]
         if not isinstance(value, Sharded):
             return super().lookup_tensor(index)
-        return value.boxes[index.index].data  # index: the position in our chunk list
+        assert index.index is not None, index  # the position in our chunk list, always set
+        return value.boxes[index.index].data

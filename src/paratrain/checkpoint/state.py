@@ -30,13 +30,15 @@ training state without copying it, loading writes into it in place.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.parallel.data_parallel.replica import MOMENTS, Replica, StatePiece
+from paratrain.parallel.data_parallel.replica import MOMENTS, Checkpointed, StatePiece
 from paratrain.parallel.expert_parallel import expert_placements
 from paratrain.parallel.tensor_parallel.state import sharded_parameters
 
@@ -166,7 +168,9 @@ class RankState:
             counter.fill_(float(step))
 
 
-def rank_state(replicas: list[Replica], optimizers: list, tp: comm.CommGroup) -> RankState:
+def rank_state(
+    replicas: Sequence[Checkpointed], optimizers: Sequence[Any], tp: comm.CommGroup
+) -> RankState:
     """Model values (fp32 master copies where they exist) and AdamW moments, as boxes.
 
     Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`, and

@@ -12,7 +12,7 @@ what was sent (ours); report.py gathers every rank's counters.
 """
 
 from paratrain.comm.all_to_all import all_to_all
-from paratrain.comm.call import Done, Handle
+from paratrain.comm.call import Done, Handle, Pending
 from paratrain.comm.group import CommGroup, CommOptions
 from paratrain.comm.in_place import all_reduce, broadcast, reduce
 from paratrain.comm.ledger import Ledger, OpTotals
@@ -30,6 +30,7 @@ __all__ = [
     "Handle",
     "Ledger",
     "OpTotals",
+    "Pending",
     "all_gather",
     "all_gather_flat",
     "all_reduce",

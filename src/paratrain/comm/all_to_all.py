@@ -17,11 +17,13 @@ unless the call names `pairwise`.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.distributed as dist
 
 from paratrain.comm import ordering
-from paratrain.comm.call import Done, Handle, begin, describe, issued, run_ours
+from paratrain.comm.call import Done, Handle, Pending, begin, describe, issued, run_ours
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.p2p import add, exchange
@@ -30,6 +32,25 @@ from paratrain.comm.traffic import Traffic, pairwise_all_to_all
 ALGOS = ("native", "pairwise")
 
 
+@overload
+def all_to_all(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    input_split_sizes: list[int] | None = ...,
+    output_split_sizes: list[int] | None = ...,
+    algo: str | None = ...,
+    async_op: Literal[False] = ...,
+) -> torch.Tensor: ...
+@overload
+def all_to_all(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    input_split_sizes: list[int] | None = ...,
+    output_split_sizes: list[int] | None = ...,
+    algo: str | None = ...,
+    *,
+    async_op: Literal[True],
+) -> Pending: ...
 def all_to_all(
     tensor: torch.Tensor,
     group: CommGroup,
@@ -37,7 +58,7 @@ def all_to_all(
     output_split_sizes: list[int] | None = None,
     algo: str | None = None,
     async_op: bool = False,
-) -> torch.Tensor | Handle:
+) -> torch.Tensor | Pending:
     """Send chunk p of `tensor` (along dimension 0) to group rank p; return what arrived.
 
     Without split sizes, dimension 0 is cut into k equal chunks (k must divide it) and the

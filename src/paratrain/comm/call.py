@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Generic, Literal, TypeAlias, TypeVar, overload
 
 import torch
-import torch.distributed as dist
 
 from paratrain.comm import ordering
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.progress import ThreadWork
 from paratrain.comm.same_call import verify_same_call
+from paratrain.comm.streams import StreamWork
 from paratrain.comm.traffic import Traffic
-from paratrain.comm.wait import hold_until, link_ready_at, settle, wait_works
+from paratrain.comm.wait import Work, hold_until, link_ready_at, settle, wait_works
+
+T = TypeVar("T")  # what a call gives back once done: its tensor, mostly; None for ours
 
 
 def describe(*tensors: torch.Tensor | None) -> str:
@@ -65,7 +67,7 @@ def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
     )
 
 
-class Handle:
+class Handle(Generic[T]):
     """A call in flight. `wait()` blocks (bounded by the timeout), counts it, returns its result.
 
     `traffic` None: the call is one of ours on the communication thread, whose single work
@@ -76,10 +78,10 @@ class Handle:
         self,
         group: CommGroup,
         record: CallRecord,
-        works: Sequence[dist.Work | ThreadWork | ordering.StreamWork | None],
+        works: Sequence[Work | None],
         traffic: Traffic | None,
-        result: Any = None,
-        then: Callable[[], Any] | None = None,
+        result: T | None = None,
+        then: Callable[[], T] | None = None,
         blocked_from: float | None = None,
     ) -> None:
         self.group, self.record, self.works, self.traffic = group, record, list(works), traffic
@@ -97,12 +99,12 @@ class Handle:
     def is_completed(self) -> bool:
         return self._done or all(w is None or w.is_completed() for w in self.works)
 
-    def wait(self) -> Any:
+    def wait(self) -> T:
         if not self._done:
             settle(self.group)  # NCCL: count only the waiting that compute did not hide
             issued = self._blocked_from or time.perf_counter()
             wait_works(self.group, self.record, self.works)
-            traffic = self.traffic or self.works[0].traffic
+            traffic = self.traffic or _sent_by_ours(self.works[0])
             hold_until(self.group, self._ready)
             if self._then is not None:
                 self._result = self._then()
@@ -111,25 +113,40 @@ class Handle:
                 self.record, traffic.sent, traffic.recv, traffic.messages, waited
             )
             self._done = True
-        return self._result
+        # None only where T is None: a call of ours given neither a result nor `then`.
+        return self._result  # type: ignore[return-value]
 
 
-class Done:
+def _sent_by_ours(work: Work | None) -> Traffic:
+    """What one of our algorithms sent, recorded by the thread that ran it."""
+    assert isinstance(work, ThreadWork | StreamWork) and work.traffic is not None, work
+    return work.traffic
+
+
+class Done(Generic[T]):
     """The handle of a call that already finished (and was counted, if it communicated)."""
 
     seq = None  # not a call in flight: nothing in the ledger to point at
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: T) -> None:
         self._result = result
 
     def is_completed(self) -> bool:
         return True
 
-    def wait(self) -> Any:
+    def wait(self) -> T:
         return self._result
 
 
-def issued(handle: Handle, async_op: bool) -> Any:
+# What an op called with async_op=True returns: its tensor still to come.
+Pending: TypeAlias = "Handle[torch.Tensor] | Done[torch.Tensor]"
+
+
+@overload
+def issued(handle: Handle[T], async_op: Literal[True]) -> Handle[T] | Done[T]: ...
+@overload
+def issued(handle: Handle[T], async_op: bool) -> T | Handle[T] | Done[T]: ...
+def issued(handle: Handle[T], async_op: bool) -> T | Handle[T] | Done[T]:
     """What an op returns: its handle, in flight; or its result once done, when the caller
     did not ask for async or the group's options switch overlap off."""
     if async_op and handle.group.options.overlap:
@@ -138,13 +155,29 @@ def issued(handle: Handle, async_op: bool) -> Any:
     return Done(result) if async_op else result
 
 
+@overload
+def run_ours(
+    group: CommGroup,
+    record: CallRecord,
+    call: Callable[[], Traffic],
+    async_op: Literal[True],
+    then: Callable[[], T] | None = ...,
+) -> Handle[T] | Done[T]: ...
+@overload
 def run_ours(
     group: CommGroup,
     record: CallRecord,
     call: Callable[[], Traffic],
     async_op: bool,
-    then: Callable[[], Any] | None = None,
-) -> Any:
+    then: Callable[[], T] | None = ...,
+) -> T | Handle[T] | Done[T]: ...
+def run_ours(
+    group: CommGroup,
+    record: CallRecord,
+    call: Callable[[], Traffic],
+    async_op: bool,
+    then: Callable[[], T] | None = None,
+) -> T | Handle[T] | Done[T]:
     """Run one of our algorithms (`call` returns what it sent) on the group's thread; one
     waited for at once runs in the caller's thread if nothing is queued (progress.py).
     Under NCCL's order, as one call of the group's collective stream (ordering.py)."""

@@ -9,7 +9,8 @@ changes this file only.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,16 @@ from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
 # which 2.13 and 2.14 still accept.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
+    """`torch.compiler.disable` with fn's signature kept (torch leaves the decorator
+    unannotated): under torch.compile, fn runs eagerly, between graphs."""
+    disabled: Callable[P, R] = torch.compiler.disable(fn)
+    return disabled
 
 
 def foreach_norm(
@@ -47,7 +58,11 @@ def default_store() -> dist.Store:
 # is a tree of wrappers whose `val` is the detached tensor (the same storage).
 
 
-def sac_kept_tensors(storage: dict) -> list[torch.Tensor]:
+# The cache: op -> that op's entries (a list, or a dict from call index); torch's own types.
+SacStorage = dict[Any, list[Any] | dict[int, Any]]
+
+
+def sac_kept_tensors(storage: SacStorage) -> list[torch.Tensor]:
     """The tensors a selective checkpoint's forward kept in its cache."""
     from torch.utils._pytree import tree_leaves
 
@@ -61,12 +76,12 @@ def sac_kept_tensors(storage: dict) -> list[torch.Tensor]:
     return kept
 
 
-def sac_snapshot(storage: dict) -> dict:
+def sac_snapshot(storage: SacStorage) -> SacStorage:
     """The cache's entries as they are now, to put back after a recomputation took them."""
     return {op: copy.copy(calls) for op, calls in storage.items()}
 
 
-def sac_restore(storage: dict, snapshot: dict) -> None:
+def sac_restore(storage: SacStorage, snapshot: SacStorage) -> None:
     storage.update({op: copy.copy(calls) for op, calls in snapshot.items()})
 
 
@@ -86,7 +101,7 @@ def queue_backward_callback(callback: Any) -> None:
 
 # The base class of every dropout layer (Dropout, Dropout1d/2d/3d, AlphaDropout): private,
 # in every supported release.
-DropoutBase: type[nn.Module] = nn.modules.dropout._DropoutNd
+DropoutBase = nn.modules.dropout._DropoutNd  # a class: its `p` is typed
 
 # Dispatcher-level interception, for counting a PyTorch peer's collectives (bench only):
 # HigherOrderOperator (torch._ops) and TorchDispatchMode (torch.utils._python_dispatch),

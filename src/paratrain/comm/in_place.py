@@ -8,12 +8,14 @@ integers too (the sum divided by k, rounded down), which gloo lacks.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.distributed as dist
 
 from paratrain.comm import ordering, ring, tree
 from paratrain.comm.algos import choose_algo
-from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
+from paratrain.comm.call import Done, Handle, Pending, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
 from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
 from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
@@ -29,13 +31,30 @@ def _flat_work(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
 
+@overload
+def all_reduce(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    op: str = ...,
+    algo: str | None = ...,
+    async_op: Literal[False] = ...,
+) -> torch.Tensor: ...
+@overload
+def all_reduce(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    op: str = ...,
+    algo: str | None = ...,
+    *,
+    async_op: Literal[True],
+) -> Pending: ...
 def all_reduce(
     tensor: torch.Tensor,
     group: CommGroup,
     op: str = "sum",
     algo: str | None = None,
     async_op: bool = False,
-) -> torch.Tensor | Handle:
+) -> torch.Tensor | Pending:
     """Reduce `tensor` in place over the group and return it (or a Handle if async_op)."""
     check_op(op)
     if group.size == 1:

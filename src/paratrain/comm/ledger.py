@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from paratrain.comm.traffic import Traffic
@@ -52,7 +52,7 @@ class CallRecord:
     def signature(self) -> str:
         return f"{self.op}({self.algo}) {self.shapes}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -62,7 +62,7 @@ class Ledger:
 
     max_recent: int = 64
     _totals: dict[tuple[str, str], OpTotals] = field(default_factory=dict)
-    _recent: deque = field(default_factory=deque)
+    _recent: deque[CallRecord] = field(default_factory=deque)
     _seq: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     version: int = 0  # bumped on every change, so the watchdog publishes only news

@@ -8,6 +8,7 @@ count toward the collective that uses it.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from paratrain.comm.call import Handle, begin, describe
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import Traffic
-from paratrain.comm.wait import hold_until, wait_works
+from paratrain.comm.wait import Work, hold_until, wait_works
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -30,10 +31,11 @@ def _check_peer(group: CommGroup, peer: int, what: str) -> int:
     return group.to_global(peer)
 
 
-def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
+def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle[torch.Tensor]:
     """Start sending `tensor` to group rank `dst`; wait() on the handle before reusing it."""
     peer = _check_peer(group, dst, "destination")
     record = begin(group, "send", "native", describe(tensor), peer=dst, overlapped=True)
+    work: Work | None
     if ordering.ordered(group):  # on the pair's stream, complete once received
         work = ordering.send(group, record, tensor.contiguous(), dst)
     else:
@@ -41,10 +43,11 @@ def isend(tensor: torch.Tensor, group: CommGroup, dst: int) -> Handle:
     return Handle(group, record, [work], Traffic(_nbytes(tensor), 0, 1), tensor)
 
 
-def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
+def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle[torch.Tensor]:
     """Start receiving into `tensor` from group rank `src`; wait() returns the tensor."""
     peer = _check_peer(group, src, "source")
     record = begin(group, "recv", "native", describe(tensor), peer=src, overlapped=True)
+    work: Work | None
     if ordering.ordered(group):  # on the pair's stream, blocking it until matched
         work = ordering.recv(group, record, tensor, src)
     else:
@@ -54,7 +57,7 @@ def irecv(tensor: torch.Tensor, group: CommGroup, src: int) -> Handle:
 
 def sendrecv(
     send: torch.Tensor, dst: int, into: torch.Tensor, src: int, group: CommGroup
-) -> tuple[Handle, Handle]:
+) -> tuple[Handle[torch.Tensor], Handle[torch.Tensor]]:
     """Start sending `send` to group rank `dst` and receiving into `into` from `src` as one
     group call; (receive, send) handles (see `post`).
 
@@ -71,7 +74,7 @@ def post(
     group: CommGroup,
     sends: list[tuple[torch.Tensor, int]],
     recvs: list[tuple[torch.Tensor, int]],
-) -> tuple[list[Handle], list[Handle]]:
+) -> tuple[list[Handle[torch.Tensor]], list[Handle[torch.Tensor]]]:
     """Start sends and receives (tensor, group rank) as one group call, torch's
     `batch_isend_irecv` (one NCCL group call, whose parts progress together); a handle per
     receive (wait() returns its tensor) and per send, each recorded in the ledger as an
@@ -85,6 +88,7 @@ def post(
     recv_records = [
         begin(group, "recv", "native", describe(t), peer=s, overlapped=True) for t, s in recvs
     ]
+    works: Sequence[Work]
     if ordering.ordered(group):  # one call of the group's collective stream
         works = [ordering.batch(group, (send_records + recv_records)[0], sends, recvs)]
     else:
@@ -119,6 +123,7 @@ def recv_any(tensor: torch.Tensor, group: CommGroup) -> int:
         )
     record = begin(group, "recv", "native", describe(tensor))
     work = dist.irecv(tensor, src=None, group=group.pg)
+    assert work is not None  # None only on a rank outside the group
     handle = Handle(group, record, [work], Traffic(0, _nbytes(tensor), 0), tensor)
     handle.wait()
     return work.source_rank()  # the rank within the process group, which is ours
@@ -161,7 +166,11 @@ def exchange(
     return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
 
 
-def _post(group: CommGroup, sends: list, recvs: list) -> list[dist.Work]:
+def _post(
+    group: CommGroup,
+    sends: list[tuple[torch.Tensor, int]],
+    recvs: list[tuple[torch.Tensor, int]],
+) -> list[dist.Work]:
     ops = [dist.P2POp(dist.irecv, t, group.to_global(src), group.pg) for t, src in recvs]
     ops += [
         dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), group.pg) for t, dst in sends

@@ -67,7 +67,8 @@ class ProgressThread:
     """
 
     def __init__(self, name: str, device: torch.device) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Traffic], ThreadWork]]
+        self._queue = queue.SimpleQueue()
         self._device = device
         self._failed: BaseException | None = None
         self._pending = 0  # calls submitted and not yet finished

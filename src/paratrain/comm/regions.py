@@ -23,9 +23,13 @@ rank skips the collective entirely (the functions return their input). Compiled 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, ClassVar
+
 import torch
 
 from paratrain import comm
+from paratrain.comm.compat import graph_break
 from paratrain.comm.group import CommGroup
 
 # ---- plain (non-differentiable) helpers along a dimension -------------------------------
@@ -74,69 +78,80 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor
 
 
 # ---- autograd functions -----------------------------------------------------------------
+# torch leaves `Function.apply` unannotated: each class declares it with forward's arguments.
 
 
 class _CopyToRegion(torch.autograd.Function):
     """Megatron's f: identity forward, all-reduce backward."""
 
+    apply: ClassVar[Callable[[torch.Tensor, CommGroup], torch.Tensor]]  # forward's args
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)  # a view, so autograd records this node without copying
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromRegion(torch.autograd.Function):
     """Megatron's g: all-reduce forward, identity backward."""
 
+    apply: ClassVar[Callable[[torch.Tensor, CommGroup], torch.Tensor]]  # forward's args
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
         return _all_reduce(x, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
 class _Gather(torch.autograd.Function):
     """All-gather forward; backward keeps this rank's slice of the gradient."""
 
+    apply: ClassVar[Callable[[torch.Tensor, int, CommGroup], torch.Tensor]]
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
         ctx.dim, ctx.group = dim, group
         return _gather(x, dim, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _split(grad, ctx.dim, ctx.group), None, None
 
 
 class _Split(torch.autograd.Function):
     """Keep this rank's slice forward; backward all-gathers the gradient."""
 
+    apply: ClassVar[Callable[[torch.Tensor, int, CommGroup], torch.Tensor]]
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
         ctx.dim, ctx.group = dim, group
         return _split(x, dim, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _gather(grad, ctx.dim, ctx.group), None, None
 
 
 class _GatherSequence(torch.autograd.Function):
     """Sequence parallel g: all-gather forward, reduce-scatter backward."""
 
+    apply: ClassVar[Callable[[torch.Tensor, int, CommGroup], torch.Tensor]]
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
         ctx.dim, ctx.group = dim, group
         return _gather(x, dim, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         # Each rank's consumers (column-parallel layers) produced a partial dL/dx for the
         # whole sequence; summing and keeping the local chunk is f's all-reduce, halved.
         return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
@@ -145,46 +160,49 @@ class _GatherSequence(torch.autograd.Function):
 class _ReduceScatterSequence(torch.autograd.Function):
     """Sequence parallel g-bar: reduce-scatter forward, all-gather backward."""
 
+    apply: ClassVar[Callable[[torch.Tensor, int, CommGroup], torch.Tensor]]
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, dim: int, group: CommGroup) -> torch.Tensor:
         ctx.dim, ctx.group = dim, group
         return _reduce_scatter(x, dim, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _gather(grad, ctx.dim, ctx.group), None, None
 
 
 # ---- public functions -------------------------------------------------------------------
-# Each is `torch.compiler.disable`d: under --compile a seam is a deliberate graph break and
-# its collective runs eagerly through the ledger (parallel/compile.py says why).
+# Each is `torch.compiler.disable`d (compat.graph_break): under --compile a seam is a
+# deliberate graph break and its collective runs eagerly through the ledger
+# (parallel/compile.py says why).
 
 
-@torch.compiler.disable
+@graph_break
 def f(x: torch.Tensor, group: CommGroup) -> torch.Tensor:
     """Enter a split region: identity forward, all-reduce of the gradient in backward."""
     return x if group.size == 1 else _CopyToRegion.apply(x, group)
 
 
-@torch.compiler.disable
+@graph_break
 def g(x: torch.Tensor, group: CommGroup) -> torch.Tensor:
     """Leave a split region: all-reduce the partial outputs forward, identity backward."""
     return x if group.size == 1 else _ReduceFromRegion.apply(x, group)
 
 
-@torch.compiler.disable
+@graph_break
 def gather_slices(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
     """Concatenate the ranks' slices along dim; backward keeps the local slice."""
     return x if group.size == 1 else _Gather.apply(x, dim, group)
 
 
-@torch.compiler.disable
+@graph_break
 def split(x: torch.Tensor, group: CommGroup, dim: int = -1) -> torch.Tensor:
     """Keep this rank's slice along dim (no traffic); backward all-gathers the gradient."""
     return x if group.size == 1 else _Split.apply(x, dim, group)
 
 
-@torch.compiler.disable
+@graph_break
 def gather_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.Tensor:
     """Leave a sequence-parallel region: all-gather forward, reduce-scatter backward.
 
@@ -193,7 +211,7 @@ def gather_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.T
     return x if group.size == 1 else _GatherSequence.apply(x, dim, group)
 
 
-@torch.compiler.disable
+@graph_break
 def reduce_scatter_sequence(x: torch.Tensor, group: CommGroup, dim: int = -2) -> torch.Tensor:
     """Enter a sequence-parallel region from partial sums: reduce-scatter forward,
     all-gather backward."""

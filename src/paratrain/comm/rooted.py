@@ -32,7 +32,7 @@ def scatter(
     if group.rank == src and (chunks is None or len(chunks) != group.size):
         raise ValueError(f"scatter: the source must pass {group.size} chunks")
     if group.size == 1:
-        return output.copy_(chunks[0])  # type: ignore[index]
+        return output.copy_(chunks[0])  # type: ignore[index]  # one rank, the source: checked above
     record = begin(group, "scatter", "native", describe(output))
     if group.rank == src:
         assert chunks is not None

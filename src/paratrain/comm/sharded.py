@@ -3,24 +3,53 @@
 The pair that ZeRO and FSDP are built from. Each call is recorded, timed, bounded by a
 timeout and counted; `algo` chooses the algorithm per call (algos.py). Shards may differ in
 size between ranks, which gloo does not support: all-gather of first dimensions that differ
-and reduce-scatter of sizes k does not divide are padded to the longest shard here and
+and reduce-scatter of sizes k does not divide are padded to the longest shard (padded.py) and
 trimmed, and the ledger counts the unpadded bytes. A group of one rank records nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal, overload
+
 import torch
 
 from paratrain.comm import compat, ordering, ring
 from paratrain.comm.algos import choose_algo
-from paratrain.comm.call import Done, Handle, begin, describe, finish, issued, run_ours
+from paratrain.comm.call import Done, Handle, Pending, begin, describe, finish, issued, run_ours
 from paratrain.comm.group import CommGroup
+from paratrain.comm.ledger import CallRecord
 from paratrain.comm.p2p import add
-from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
+from paratrain.comm.padded import (
+    native_all_gather_padded,
+    native_reduce_scatter_padded,
+    pad_chunks,
+    reduce_scatter_call,
+)
+from paratrain.comm.reduction import check_op, finish_avg_
 from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
 from paratrain.comm.wait import wait_works
 
 
+@overload
+def all_gather_flat(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    algo: str | None = ...,
+    sizes: list[int] | None = ...,
+    async_op: Literal[False] = ...,
+    out: torch.Tensor | None = ...,
+) -> torch.Tensor: ...
+@overload
+def all_gather_flat(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    algo: str | None = ...,
+    sizes: list[int] | None = ...,
+    *,
+    async_op: Literal[True],
+    out: torch.Tensor | None = ...,
+) -> Pending: ...
 def all_gather_flat(
     tensor: torch.Tensor,
     group: CommGroup,
@@ -28,7 +57,7 @@ def all_gather_flat(
     sizes: list[int] | None = None,
     async_op: bool = False,
     out: torch.Tensor | None = None,
-) -> torch.Tensor | Handle:
+) -> torch.Tensor | Pending:
     """Concatenate every rank's flattened tensor, in rank order, into one 1-D tensor.
 
     `sizes` (elements per rank) may be given when every rank knows them; otherwise they are
@@ -42,22 +71,22 @@ def all_gather_flat(
     if async_op and _can_overlap(group, chosen, sizes, tensor.numel()):
         assert sizes is not None
         record = begin(group, "all_gather", chosen, describe(tensor), overlapped=True)
-        out = tensor.new_empty(sum(sizes)) if out is None else out
+        into = tensor.new_empty(sum(sizes)) if out is None else out
         if chosen == "ring":
-            out.split(sizes)[group.rank].copy_(tensor.reshape(-1))
-            gather = lambda: ring.all_gather_(out, sizes, group, record)  # noqa: E731
-            return run_ours(group, record, gather, True, then=lambda: out)
+            into.split(sizes)[group.rank].copy_(tensor.reshape(-1))
+            gather = lambda: ring.all_gather_(into, sizes, group, record)  # noqa: E731
+            return run_ours(group, record, gather, True, then=lambda: into)
         mine = tensor.reshape(-1).contiguous()
         works = ordering.issue(
             group,
             record,
-            lambda: compat.all_gather_single(out, mine, group=group.pg, async_op=True),
+            lambda: compat.all_gather_single(into, mine, group=group.pg, async_op=True),
         )
         chunk_bytes = [n * tensor.element_size() for n in sizes]
         traffic = native_traffic(
             "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
         )
-        return issued(Handle(group, record, works, traffic, result=out), True)
+        return issued(Handle(group, record, works, traffic, result=into), True)
     result = _all_gather(tensor, group, algo, sizes, out)[0]
     return Done(result) if async_op else result
 
@@ -121,7 +150,7 @@ def _all_gather(
         run_ours(group, record, gather, False)
         return out, sizes
     else:
-        _native_all_gather_padded(tensor.reshape(-1), sizes, out, group, record)
+        native_all_gather_padded(tensor.reshape(-1), sizes, out, group, record)
         traffic = native_traffic(
             "all_gather", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
         )
@@ -129,7 +158,9 @@ def _all_gather(
     return out, sizes
 
 
-def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[list[int], Traffic]:
+def _exchange_sizes(
+    tensor: torch.Tensor, group: CommGroup, record: CallRecord
+) -> tuple[list[int], Traffic]:
     """Every rank's element count, exchanged where the tensors live (the group's backend)."""
     mine = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
     everyone = torch.empty(group.size, dtype=torch.int64, device=tensor.device)
@@ -139,25 +170,25 @@ def _exchange_sizes(tensor: torch.Tensor, group: CommGroup, record) -> tuple[lis
     return [int(n) for n in everyone], traffic
 
 
-def _native_all_gather_padded(flat, sizes, out, group, record) -> None:
-    """gloo gathers equal sizes only: pad every piece to the largest, then trim."""
-    if len(set(sizes)) == 1:
-        mine = flat.contiguous()
-        start = lambda: compat.all_gather_single(out, mine, group=group.pg, async_op=True)  # noqa: E731
-        wait_works(group, record, ordering.issue(group, record, start))
-        return
-    longest = max(sizes)
-    padded = flat.new_zeros(longest)
-    padded[: flat.numel()] = flat
-    gathered = flat.new_empty(longest * group.size)
-    start = lambda: compat.all_gather_single(gathered, padded, group=group.pg, async_op=True)  # noqa: E731
-    wait_works(group, record, ordering.issue(group, record, start))
-    for piece, (n, dest) in zip(
-        gathered.split(longest), zip(sizes, out.split(sizes), strict=True), strict=True
-    ):
-        dest.copy_(piece[:n])
-
-
+@overload
+def reduce_scatter(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    op: str = ...,
+    algo: str | None = ...,
+    sizes: list[int] | None = ...,
+    async_op: Literal[False] = ...,
+) -> torch.Tensor: ...
+@overload
+def reduce_scatter(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    op: str = ...,
+    algo: str | None = ...,
+    sizes: list[int] | None = ...,
+    *,
+    async_op: Literal[True],
+) -> Pending: ...
 def reduce_scatter(
     tensor: torch.Tensor,
     group: CommGroup,
@@ -165,7 +196,7 @@ def reduce_scatter(
     algo: str | None = None,
     sizes: list[int] | None = None,
     async_op: bool = False,
-) -> torch.Tensor | Handle:
+) -> torch.Tensor | Pending:
     """Reduce the flattened `tensor` over the group; return this rank's chunk of the result.
 
     Chunks follow `sizes` (elements per rank; default `chunk_sizes(numel, k)`, the first
@@ -192,8 +223,9 @@ def reduce_scatter(
         finish(group, record, Traffic(0, 0, 0))
         return flat.clone()
     if algo == "ring":
-        return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=False)
-    mine = _native_reduce_scatter_padded(flat, sizes, group, record, op)
+        call, then = _ring_reduce_scatter(flat, sizes, group, record, op)
+        return run_ours(group, record, call, False, then=then)
+    mine = native_reduce_scatter_padded(flat, sizes, group, record, op)
     traffic = native_traffic(
         "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
     )
@@ -201,7 +233,9 @@ def reduce_scatter(
     return mine
 
 
-def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
+def _reduce_scatter_async(
+    tensor: torch.Tensor, group: CommGroup, op: str, algo: str | None, sizes: list[int] | None
+) -> Pending:
     flat = tensor.reshape(-1)
     sizes = sizes if sizes is not None else chunk_sizes(flat.numel(), group.size)
     if group.size == 1 or flat.numel() == 0:
@@ -215,10 +249,11 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
     chosen = choose_algo(group, algo, "reduce_scatter")
     record = begin(group, "reduce_scatter", chosen, describe(tensor), overlapped=True)
     if chosen == "ring":
-        return _ring_reduce_scatter(flat, sizes, group, record, op, async_op=True)
-    padded, longest = _pad_chunks(flat, sizes)
+        call, then = _ring_reduce_scatter(flat, sizes, group, record, op)
+        return run_ours(group, record, call, True, then=then)
+    padded, longest = pad_chunks(flat, sizes)
     out = flat.new_empty(longest)
-    works = ordering.issue(group, record, _reduce_scatter_call(out, padded, op, group))
+    works = ordering.issue(group, record, reduce_scatter_call(out, padded, op, group))
     chunk_bytes = [n * tensor.element_size() for n in sizes]
     traffic = native_traffic(
         "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
@@ -233,42 +268,11 @@ def _reduce_scatter_async(tensor, group, op, algo, sizes) -> Handle | Done:
     return issued(Handle(group, record, works, traffic, then=done), True)
 
 
-def _ring_reduce_scatter(flat, sizes, group, record, op, async_op):
-    """The input stays untouched; the partial sums run in this rank's result."""
+def _ring_reduce_scatter(
+    flat: torch.Tensor, sizes: list[int], group: CommGroup, record: CallRecord, op: str
+) -> tuple[Callable[[], Traffic], Callable[[], torch.Tensor]]:
+    """Our ring's call and its result: the input stays untouched; the partial sums run in
+    this rank's result."""
     out = flat.new_empty(max(sizes))
-    return run_ours(
-        group,
-        record,
-        lambda: ring.reduce_scatter_into(flat, sizes, out, group, record, op),
-        async_op,
-        then=lambda: out[: sizes[group.rank]],
-    )
-
-
-def _pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int]:
-    """gloo reduce-scatters equal chunks only: pad each rank's chunk to the longest."""
-    longest = max(sizes)
-    if len(set(sizes)) == 1:
-        return flat.contiguous(), longest
-    padded = flat.new_zeros(longest * len(sizes))
-    for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
-        dest[: piece.numel()] = piece
-    return padded, longest
-
-
-def _reduce_scatter_call(out, padded, op, group):
-    return lambda: compat.reduce_scatter_single(
-        out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
-    )
-
-
-def _native_reduce_scatter_padded(flat, sizes, group, record, op) -> torch.Tensor:
-    padded, longest = _pad_chunks(flat, sizes)
-    out = flat.new_empty(longest)
-    wait_works(
-        group, record, ordering.issue(group, record, _reduce_scatter_call(out, padded, op, group))
-    )
-    mine = out[: sizes[group.rank]].clone()
-    if op == "avg":
-        finish_avg_(mine, group.size)
-    return mine
+    call = lambda: ring.reduce_scatter_into(flat, sizes, out, group, record, op)  # noqa: E731
+    return call, lambda: out[: sizes[group.rank]]

@@ -12,9 +12,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
+
+from paratrain.comm.traffic import Traffic
 
 
 class StreamBlocked(RuntimeError):
@@ -31,7 +32,7 @@ class StreamWork:
     def __init__(self, stream: Stream, label: str, blocked_on: str) -> None:
         self.stream, self.label, self.blocked_on = stream, label, blocked_on
         self.started: float | None = None  # when the stream's thread took it
-        self.traffic: Any = None  # what one of our algorithms sent, once done (call.py)
+        self.traffic: Traffic | None = None  # what one of our algorithms sent (call.py)
         self._done = threading.Event()
         self._error: BaseException | None = None
 
@@ -50,7 +51,7 @@ class StreamWork:
             raise self._error
         return True
 
-    def execute(self, run: Callable[[], Any]) -> None:
+    def execute(self, run: Callable[[], Traffic | None]) -> None:
         """Run the call here (the stream's thread) and record how it ended."""
         self.started = time.perf_counter()
         try:
@@ -74,12 +75,12 @@ class Stream:
 
     def __init__(self, name: str, what: str) -> None:
         self.name, self.what = name, what
-        self._entries: deque[tuple[StreamWork, Callable[[], Any]]] = deque()
+        self._entries: deque[tuple[StreamWork, Callable[[], Traffic | None]]] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
 
-    def submit(self, label: str, run: Callable[[], Any], blocked_on: str) -> StreamWork:
+    def submit(self, label: str, run: Callable[[], Traffic | None], blocked_on: str) -> StreamWork:
         work = StreamWork(self, label, blocked_on)
         with self._cv:
             if self._thread is None:

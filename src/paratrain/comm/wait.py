@@ -15,12 +15,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
+
+
+class Work(Protocol):
+    """What a call is waited on through: the backend's `dist.Work`, or the `ThreadWork` and
+    `StreamWork` of our own threads (progress.py, streams.py)."""
+
+    def is_completed(self) -> bool: ...
+
+    def wait(self, timeout: timedelta = ...) -> bool: ...
 
 
 class CommError(RuntimeError):
@@ -42,7 +51,7 @@ def settle(group: CommGroup) -> None:
         torch.cuda.current_stream().synchronize()
 
 
-def wait_works(group: CommGroup, record: CallRecord, works: Sequence[dist.Work | None]) -> None:
+def wait_works(group: CommGroup, record: CallRecord, works: Sequence[Work | None]) -> None:
     for work in works:
         if work is None:
             continue
@@ -71,7 +80,7 @@ def hold_until(group: CommGroup, ready: float) -> None:
         time.sleep(max(0.0, ready - time.perf_counter()))
 
 
-def _poll(work: dist.Work, timeout_s: float) -> None:
+def _poll(work: Work, timeout_s: float) -> None:
     """Block the host until the device-side work completes, or raise after the timeout."""
     deadline = time.perf_counter() + timeout_s
     while not work.is_completed():

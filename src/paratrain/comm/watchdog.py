@@ -57,7 +57,8 @@ class Watchdog:
         key = KEY.format(rank=rank)
         if not self.store.check([key]):
             return None
-        return json.loads(self.store.get(key))
+        ledger: dict[str, Any] = json.loads(self.store.get(key))
+        return ledger
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,14 +100,13 @@ def first_divergence(
     """Name the first call number on this group where the members' records disagree."""
     key = tuple(ranks)
     lines = []
-    silent = [r for r in ranks if not ledgers.get(r) or "recent" not in ledgers[r]]  # type: ignore[operator]
+    published = {r: ledger for r in ranks if (ledger := ledgers.get(r)) and "recent" in ledger}
+    silent = [r for r in ranks if r not in published]
     if silent:
         lines.append(f"ranks {silent} published no ledger (died or never reached comm)")
-    calls: dict[int, dict[int, dict]] = {}
-    for r in ranks:
-        if r in silent:
-            continue
-        entries = ledgers[r]["recent"]  # type: ignore[index]
+    calls: dict[int, dict[int, dict[str, Any]]] = {}
+    for r, ledger in published.items():  # in the order of ranks
+        entries = ledger["recent"]
         calls[r] = {
             e["seq"]: e for e in entries if e["group"] == group_name and tuple(e["ranks"]) == key
         }
@@ -125,8 +125,7 @@ def first_divergence(
         if missing or len(present) > 1:
             parts = [f"ranks {rs} called {call}" for call, rs in present.items()]
             parts += [
-                f"rank {r} did not make this call ({_last_activity(ledgers[r])})"  # type: ignore[arg-type]
-                for r in missing
+                f"rank {r} did not make this call ({_last_activity(published[r])})" for r in missing
             ]
             lines.insert(
                 0,
@@ -134,7 +133,7 @@ def first_divergence(
                 f"#{seq}: " + "; ".join(parts),
             )
             return "\n".join(lines)
-    activity = "; ".join(f"rank {r}: {_last_activity(ledgers[r])}" for r in calls)  # type: ignore[arg-type]
+    activity = "; ".join(f"rank {r}: {_last_activity(published[r])}" for r in calls)
     lines.insert(
         0,
         f"no divergence in the recorded calls of group {group_name!r} up to "

@@ -18,8 +18,8 @@ from paratrain.measure.chrome_trace import write_chrome_trace
 from paratrain.measure.gantt import write_gantt
 from paratrain.measure.pipeline_spans import spans_from_simulation
 from paratrain.measure.text_timeline import render_grid
-from paratrain.parallel.pipeline.check import Costs, Simulation, check_schedule
-from paratrain.parallel.pipeline.schedules import build_schedule
+from paratrain.parallel.pipeline.check import Simulation, check_schedule
+from paratrain.parallel.pipeline.schedules import Costs, build_schedule
 from paratrain.plan import pipeline
 
 HELP = "simulate a pipeline schedule"

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         from paratrain.checkpoint.whole_model import check_init_source
 
         check_init_source(cfg.train.init_from, cfg.model)
-    elif cfg.train.init_from and not args.launched_worker and env["rank"] == 0:  # torchrun's
+    elif cfg.train.init_from and not args.launched_worker and env is not None and env["rank"] == 0:
         from paratrain.checkpoint import latest_checkpoint
         from paratrain.checkpoint.whole_model import note_absent_buffers
 

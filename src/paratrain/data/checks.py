@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from paratrain.data.prepare import is_prepared, read_data_meta
-from paratrain.data.tokenizer import load_tokenizer
-from paratrain.data.tokens import TEXT_SUFFIXES, data_tokenizer, is_val_file
+from paratrain.data.tokenizer import TEXT_SUFFIXES, load_tokenizer
+from paratrain.data.tokens import data_tokenizer, is_val_file
 
 CHUNK = 1 << 24  # ids per read of a .bin's maximum: 32 MiB of uint16
 
@@ -121,7 +121,7 @@ def _check_enough(path: str, sizes: tuple[int, int], cfg: Any, upper_bound: bool
         )
 
 
-def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> None:
+def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
     meta = read_data_meta(path)  # every shard's size against the index
     if tokenizer:
         digest = hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()

@@ -134,7 +134,7 @@ def _text(row: bytes, f: Path, number: int) -> str:
         raise ValueError(f"{f}:{number}: not a line of JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
         raise ValueError(f"{f}:{number}: a JSON-lines document needs a string field 'text'")
-    return doc["text"]
+    return str(doc["text"])  # a str already: checked above
 
 
 @dataclass(frozen=True)
@@ -324,7 +324,7 @@ def read_data_meta(path: Path) -> dict[str, Any]:
     """A prepared data set's meta.json, every shard checked whole; ValueError otherwise."""
     if not (path / META).is_file():
         raise ValueError(f"--data {str(path)!r}: no {META}; run paratrain prepare (again)")
-    meta = json.loads((path / META).read_text())
+    meta: dict[str, Any] = json.loads((path / META).read_text())
     itemsize = np.dtype(meta["dtype"]).itemsize
     for shard in meta["shards"]:
         for s in SPLITS:

@@ -50,7 +50,8 @@ def text_files(folder: Path) -> list[Path]:
 def _text_of(row: Any, f: Path, n: int) -> str:
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
         raise ValueError(f"{f}:{n}: a JSON-lines document needs a string field 'text'")
-    return row["text"]
+    text: str = row["text"]
+    return text
 
 
 def train_tokenizer(data: Path, vocab_size: int, out: Path) -> int:
@@ -90,4 +91,5 @@ def load_tokenizer(path: Path) -> Any:
 
 
 def eot_id(tokenizer: Any) -> int | None:
-    return tokenizer.token_to_id(EOT)
+    token: int | None = tokenizer.token_to_id(EOT)
+    return token

@@ -119,6 +119,7 @@ def _prepared(path: Path) -> TokenData:
     n = meta["tokens"]
     desc = f"prepared {path}: {n['train']:,} train / {n['val']:,} val tokens (memory-mapped)"
     fingerprint = hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()
+    # The splits are ShardedTokens (memory maps), sliced as the tensors the fields name are.
     return TokenData(splits["train"], splits["val"], meta["vocab_size"], fingerprint, desc)  # type: ignore[arg-type]
 
 

@@ -159,7 +159,7 @@ class AllocatorMeter:
         self.blocks += [Allocation(p, n, s, None, sc) for p, (n, s, sc) in live.items()]
         self.blocks.sort(key=lambda b: b.start_ns)
 
-    def _close(self, live: dict, ptr: int, t: int) -> None:
+    def _close(self, live: dict[int, tuple[int, int, frozenset[str]]], ptr: int, t: int) -> None:
         nbytes, start, scopes = live.pop(ptr)
         self.blocks.append(Allocation(ptr, nbytes, start, t, scopes))
 

@@ -76,12 +76,12 @@ def parse_tcp_info(raw: bytes) -> dict[str, int]:
 def read_socket(sock: socket.socket) -> TcpCounters:
     raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
     local, peer = sock.getsockname()[:2], _peer(sock)
-    return TcpCounters(local=tuple(local), peer=peer, **parse_tcp_info(raw))  # type: ignore[arg-type]
+    return TcpCounters(local=tuple(local), peer=peer, **parse_tcp_info(raw))
 
 
 def _peer(sock: socket.socket) -> tuple[str, int]:
     try:
-        return tuple(sock.getpeername()[:2])  # type: ignore[return-value]
+        return tuple(sock.getpeername()[:2])
     except OSError:  # listening or not yet connected
         return ("", 0)
 

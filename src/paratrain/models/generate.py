@@ -4,6 +4,8 @@ whole prefix, the reference the cache is tested against)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -49,7 +51,8 @@ def generate(
     was_training = model.training
     model.eval()
     ids = prompt
-    cache = KVCache(len(model.blocks)) if use_cache else None
+    blocks = cast(nn.ModuleDict, model.blocks)  # every model of models/ keeps them so
+    cache = KVCache(len(blocks)) if use_cache else None
     fresh = ids  # what the model has not seen yet
     for _ in range(max_new_tokens):
         logits = model(fresh, cache=cache) if cache is not None else model(ids)

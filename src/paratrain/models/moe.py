@@ -132,6 +132,8 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
+    load: torch.Tensor  # a buffer (registered below): typed for the checker
+
     def __init__(self, cfg: MoEConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
@@ -218,9 +220,9 @@ class RoutingTally:
     """A layer's routing summed over the forwards since the last `take` (one step's)."""
 
     kept: torch.Tensor  # (E,) assignments each expert computed
+    aux: torch.Tensor  # this shard's auxiliary losses, summed (detached)
     assignments: int = 0  # chosen, before capacity
     dropped: int = 0
-    aux: torch.Tensor | None = None  # this shard's auxiliary losses, summed (detached)
     forwards: int = 0
 
 

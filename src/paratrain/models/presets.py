@@ -49,16 +49,26 @@ PUBLISHED_PARAMS = {  # the counts of the published checkpoints, for the tests
 }
 
 
-class ModelShape(Protocol):  # config.ModelConfig, as far as the counts read it
-    arch: str
-    vocab_size: int
-    n_layer: int
-    n_head: int
-    n_kv_head: int
-    d_model: int
-    ffn_hidden: int
-    max_seq_len: int
-    tie_embeddings: bool
+class ModelShape(Protocol):  # config.ModelConfig, as far as the counts read it (read-only)
+    @property
+    def arch(self) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_kv_head(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def ffn_hidden(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def tie_embeddings(self) -> bool: ...
+
     # num_experts, shared_expert: read with getattr (0, False) so that shapes without them
     # (the planner's ModelSpec) count as dense.
 

@@ -46,6 +46,8 @@ class Router(nn.Module):
     A buffer: updated by `balance_bias`, not by the optimizer, saved with the model.
     """
 
+    bias: torch.Tensor  # a buffer (registered below): typed for the checker
+
     def __init__(
         self,
         d_model: int,

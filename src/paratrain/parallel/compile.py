@@ -71,13 +71,16 @@ class BlockCompile:
     graphs: int = 0  # graphs inductor compiled for this block (per grad mode, shape, piece)
     seconds: float = 0.0  # wall time of this block's forwards that compiled something
 
-    def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.graphs += 1
         # As many compile workers as the rank has threads (its share of the cores): with
         # one, inductor compiles in the rank's own process and starts no worker pool,
         # which on 2 cores cost 25 s of the first compile (measured).
         options = {**INDUCTOR_OPTIONS, "compile_threads": torch.get_num_threads()}
-        return compat.inductor_compile_fx()(gm, example_inputs, config_patches=options)
+        compiled: Callable[..., Any] = compat.inductor_compile_fx()(
+            gm, example_inputs, config_patches=options
+        )
+        return compiled
 
     def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(compiled)
@@ -88,7 +91,7 @@ class BlockCompile:
                 self.seconds += time.perf_counter() - start
             return out
 
-        forward.compiled = True  # type: ignore[attr-defined]
+        forward.compiled = True  # type: ignore[attr-defined]  # a mark on the function
         return forward
 
 
@@ -115,11 +118,12 @@ class CompileReport:
         return dict(self.__dict__)
 
 
-def _dynamo_counts() -> tuple[Counter, int]:
+def _dynamo_counts() -> tuple[Counter[str], int]:
     counters = compat.dynamo_counters()
     breaks = Counter({reason: n for reason, n in counters["graph_break"].items()})
     frames = counters["frames"]
-    return breaks, frames["total"] - frames["ok"]
+    fallbacks: int = frames["total"] - frames["ok"]
+    return breaks, fallbacks
 
 
 @dataclass
@@ -128,7 +132,7 @@ class CompiledBlocks:
     (dynamo's are per process, and a process may train several runs)."""
 
     blocks: list[tuple[nn.Module, BlockCompile]]
-    _breaks_at_start: Counter = field(default_factory=Counter)
+    _breaks_at_start: Counter[str] = field(default_factory=Counter)
     _fallbacks_at_start: int = 0
 
     @property

@@ -24,14 +24,16 @@ the gradient's own dtype, which is what the memory formulas count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from paratrain import comm
 from paratrain.config import COMPUTE_DTYPES, DTYPE_SHORT_NAMES
 
-DTYPES = {  # each compute dtype under its torch name and its short name
+DTYPES: dict[str, torch.dtype] = {  # each compute dtype under its torch name and short name
     name: getattr(torch, full)
     for full in COMPUTE_DTYPES
     for name in (full, DTYPE_SHORT_NAMES[full])
@@ -62,7 +64,9 @@ class MixedPrecision:
     growth_interval: int = 2000  # fp16 only: good steps before the scale doubles
 
     @classmethod
-    def of(cls, dtype: str | torch.dtype, reduce_dtype: str | torch.dtype = "float32"):
+    def of(
+        cls, dtype: str | torch.dtype, reduce_dtype: str | torch.dtype = "float32"
+    ) -> MixedPrecision:
         """MixedPrecision.of("bfloat16"): the usual policy for a compute dtype."""
         return cls(parse_dtype(dtype), parse_dtype(reduce_dtype))
 
@@ -125,13 +129,15 @@ class _ScaleBackward(torch.autograd.Function):
     changing the loss value the training loop reads and logs.
     """
 
+    apply: ClassVar[Callable[[torch.Tensor, float], torch.Tensor]]  # (torch: untyped)
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad * ctx.scale, None
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -63,10 +63,11 @@ FUSED_ATTENTION = frozenset(
 )
 
 
-def _dropout_p(op: Any, args: tuple, kwargs: dict) -> float:
+def _dropout_p(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
     for i, arg in enumerate(op._schema.arguments):
         if arg.name == "dropout_p":
-            return kwargs.get("dropout_p", args[i] if i < len(args) else arg.default_value)
+            p: float = kwargs.get("dropout_p", args[i] if i < len(args) else arg.default_value)
+            return p
     return 0.0
 
 
@@ -82,6 +83,8 @@ class _Show(torch.autograd.Function):
     saved-tensor hooks count them (measure/activations.py's meter: the pipeline's
     in-flight bytes, `plan --validate`): the checkpoint's cache holds them outside
     autograd's hooks. The same storages: no memory is added."""
+
+    apply: ClassVar[Callable[..., torch.Tensor]]  # (y, *kept); torch: untyped
 
     @staticmethod
     def forward(ctx: Any, y: torch.Tensor, *kept: torch.Tensor) -> torch.Tensor:
@@ -118,11 +121,16 @@ class _Replayable:
         return self.cached.__exit__(*exc)
 
 
+@runtime_checkable
+class _Flagged(Protocol):
+    recomputing: bool  # isinstance checks only that the attribute exists
+
+
 class Recomputing:
     """Inside a block's recomputation: its modules that declare `recomputing` see True."""
 
     def __init__(self, block: nn.Module, inner: Any = None) -> None:
-        self.flagged = [m for m in block.modules() if hasattr(m, "recomputing")]
+        self.flagged = [m for m in block.modules() if isinstance(m, _Flagged)]
         self.inner = inner or contextlib.nullcontext()
 
     def __enter__(self) -> Any:
@@ -163,7 +171,7 @@ def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
         kept = compat.sac_kept_tensors(caches[0]) if caches else []
         return _Show.apply(y, *kept) if kept else y
 
-    run.recomputed = mode  # type: ignore[attr-defined]
+    run.recomputed = mode  # type: ignore[attr-defined]  # a mark on the function, read back
     return run
 
 

@@ -115,8 +115,8 @@ def head_activation_bytes(model: ModelSpec, micro_batch: int, element_bytes: int
     input (the norm's output; whole under tensor parallelism, whose head splits the
     vocabulary), s b (2 e h + 8). The token ids and targets (int64, 8 bytes
     a token) are left out: under 0.1% of a block."""
-    s, h = model.seq_len, model.d_model
-    return s * micro_batch * (2 * element_bytes * h + 8)  # type: ignore[operator]
+    s, h = model.shape.seq_len, model.shape.d_model
+    return s * micro_batch * (2 * element_bytes * h + 8)
 
 
 def block_activation_bytes(
@@ -135,11 +135,11 @@ def block_activation_bytes(
         return llama_layer_activation_bytes(
             model, b, tp, recompute, element_bytes=p.activation_bytes
         )
-    h, a = model.d_model, model.n_head
+    h, a = model.shape.d_model, model.shape.n_head
     e = p.activation_bytes
     if attention == "fused" and recompute == "none":
-        return fused_gpt_layer_activation_bytes(model.seq_len, b, h, a, tp, element_bytes=e)  # type: ignore[arg-type]
-    return layer_activation_bytes(model.seq_len, b, h, a, tp, recompute, element_bytes=e)  # type: ignore[arg-type]
+        return fused_gpt_layer_activation_bytes(model.shape.seq_len, b, h, a, tp, element_bytes=e)
+    return layer_activation_bytes(model.shape.seq_len, b, h, a, tp, recompute, element_bytes=e)
 
 
 def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:
@@ -205,12 +205,12 @@ def stage_activation_bytes(
         return workload.activation_bytes_override
     if not model.has_shape:
         return None
-    s, b, t = model.seq_len, workload.micro_batch, layout.tp
+    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
     per_layer = block_activation_bytes(model, workload, t, attention)
-    stage_layers = math.ceil(model.n_layer / layout.pp)  # type: ignore[operator]
+    stage_layers = math.ceil(model.shape.n_layer / layout.pp)
     held = in_flight_microbatches(layout, microbatches, stage) * stage_layers * per_layer
     if stage == layout.pp - 1:
-        logits = 4 * s * b * model.vocab_size / t  # type: ignore[operator]
+        logits = 4 * s * b * model.shape.vocab_size / t
         if attention == "fused" and model.arch != "llama":
             logits += head_activation_bytes(model, b, workload.precision.activation_bytes)
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
@@ -230,4 +230,4 @@ def activation_bytes(
     if first is None or layout.pp == 1:
         return first
     last = stage_activation_bytes(model, workload, layout, microbatches, layout.pp - 1)
-    return max(first, last)  # type: ignore[type-var]
+    return first if last is None else max(first, last)  # both or neither have a shape

@@ -7,6 +7,7 @@ Each preset's name carries its figures so a table never hides an assumption.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 GB = 1e9  # the seeds count memory and bandwidth in decimal gigabytes
 
@@ -117,7 +118,8 @@ def cluster_preset(name: str) -> ClusterSpec:
 
 def cluster_with(spec: ClusterSpec, **changes: float | None) -> ClusterSpec:
     """The spec with every non-None change applied; `gpus` defaults to one node."""
-    given = {k: v for k, v in changes.items() if v is not None}
+    # Each value of its field's type (the CLI's flags); replace checks the names.
+    given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
     if "gpus_per_node" in given and "gpus" not in given:
         given["gpus"] = given["gpus_per_node"]
     return replace(spec, **given) if given else spec

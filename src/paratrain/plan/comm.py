@@ -168,7 +168,7 @@ def activation_message_bytes(model: ModelSpec, workload: Workload, cp: int = 1) 
     """One micro-batch's hidden states b s h, the size of every TP and PP message; a cp
     rank holds s / cp of the tokens."""
     b, act = workload.micro_batch, workload.precision.activation_bytes
-    return b * model.seq_len // cp * model.d_model * act  # type: ignore[operator]
+    return b * model.shape.seq_len // cp * model.shape.d_model * act
 
 
 def tp_traffic(
@@ -192,7 +192,7 @@ def tp_traffic(
         return []
     s, v = layout.pp, layout.chunks
     mine = stage_virtual_stages(stage, s, v)
-    pieces = virtual_stage_layers(model.n_layer, s, v)  # type: ignore[arg-type]
+    pieces = virtual_stage_layers(model.shape.n_layer, s, v)
     layers = sum(pieces[vs] for vs in mine)
     has_head = s * v - 1 in mine
     per_layer = 4 if workload.recompute == "none" else 6  # selective too: module docstring
@@ -211,7 +211,7 @@ def tp_traffic(
         )
     ]
     if has_head:
-        tokens = workload.micro_batch * model.seq_len // layout.cp  # type: ignore[operator]
+        tokens = workload.micro_batch * model.shape.seq_len // layout.cp
         stats = all_reduce_bytes(4 * tokens, t) + all_reduce_bytes(8 * tokens, t)
         entries.append(
             CommEntry(

@@ -32,24 +32,24 @@ BACKWARD_BLOCK = 2.5  # backward matmuls over forward's in a ring block (context
 
 
 def head_dim(model: ModelSpec) -> int:
-    return model.d_model // model.n_head
+    return model.shape.d_model // model.shape.n_head
 
 
 def kv_heads_of(model: ModelSpec) -> int:
-    return model.n_kv_head or model.n_head
+    return model.n_kv_head or model.shape.n_head
 
 
 def ring_hop_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """One hop: this rank's keys and values, 2 b (s/c) (h_kv/t) d e."""
-    b, s, e = workload.micro_batch, model.seq_len, workload.precision.activation_bytes
+    b, s, e = workload.micro_batch, model.shape.seq_len, workload.precision.activation_bytes
     kv = kv_heads_of(model) / layout.tp
     return context_cost.ring_message_bytes(b, s, kv, head_dim(model), e, layout.cp)
 
 
 def ulysses_pass_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
     """Both all-to-alls of one pass: b (s/c) (2h + 2h_kv)/t d e (c - 1)/c."""
-    b, s, e = workload.micro_batch, model.seq_len, workload.precision.activation_bytes
-    heads, kv = model.n_head / layout.tp, kv_heads_of(model) / layout.tp
+    b, s, e = workload.micro_batch, model.shape.seq_len, workload.precision.activation_bytes
+    heads, kv = model.shape.n_head / layout.tp, kv_heads_of(model) / layout.tp
     return context_cost.ulysses_bytes(b, s, heads, kv, head_dim(model), e, layout.cp)
 
 
@@ -61,7 +61,7 @@ def ring_passes(recompute: str) -> tuple[int, int]:
 
 
 def _first_stage_layers(model: ModelSpec, layout: Layout) -> int:
-    return stage_layers(model.n_layer, 0, layout.pp, layout.chunks)
+    return stage_layers(model.shape.n_layer, 0, layout.pp, layout.chunks)
 
 
 def cp_traffic(
@@ -88,8 +88,8 @@ def ring_block_s(
     model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec
 ) -> float:
     """Forward seconds of one ring step's attention block (module docstring)."""
-    b, s, c = workload.micro_batch, model.seq_len, layout.cp
-    flops = 2 * b * s * s * model.d_model / layout.tp / (c * c)
+    b, s, c = workload.micro_batch, model.shape.seq_len, layout.cp
+    flops = 2 * b * s * s * model.shape.d_model / layout.tp / (c * c)
     return flops / cluster.effective_flops
 
 
@@ -131,12 +131,12 @@ def cp_problems(model: ModelSpec, layout: Layout) -> list[str]:
             "(--layers --hidden --heads --vocab --seq-len)"
         ]
     if layout.cp_method == "alltoall":
-        heads, kv = model.n_head, kv_heads_of(model)
+        heads, kv = model.shape.n_head, kv_heads_of(model)
         if heads % (c * layout.tp) or kv % (c * layout.tp):
             return [
                 f"all-to-all cp {c} x tp {layout.tp} does not divide {heads} heads and {kv} "
                 "key/value heads"
             ]
-    elif model.seq_len % (2 * c):
-        return [f"sequence {model.seq_len} does not split into 2 x cp {c} balanced chunks"]
+    elif model.shape.seq_len % (2 * c):
+        return [f"sequence {model.shape.seq_len} does not split into 2 x cp {c} balanced chunks"]
     return []

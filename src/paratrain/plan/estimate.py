@@ -164,11 +164,11 @@ def shape_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> li
             "micro-batch (DeepSpeed refuses it); use ZeRO-1 or 2"
         )
     if model.has_shape:
-        if model.n_head % layout.tp:  # type: ignore[operator]
+        if model.shape.n_head % layout.tp:
             problems.append(f"tp {layout.tp} does not divide {model.n_head} heads")
         elif model.n_kv_head and model.n_kv_head % layout.tp:  # as models/plans.py refuses
             problems.append(f"tp {layout.tp} does not divide {model.n_kv_head} key/value heads")
-        if model.n_layer % (layout.pp * layout.chunks):  # type: ignore[operator]
+        if model.shape.n_layer % (layout.pp * layout.chunks):
             problems.append(
                 f"{model.n_layer} layers do not split into pp {layout.pp} x chunks {layout.chunks}"
             )

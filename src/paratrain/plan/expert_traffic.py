@@ -20,9 +20,9 @@ def ep_traffic(
     ep = layout.ep
     if ep == 1 or not model.num_experts:
         return []
-    calls = microbatches * stage_layers(model.n_layer, 0, layout.pp, layout.chunks)  # type: ignore[arg-type]
+    calls = microbatches * stage_layers(model.shape.n_layer, 0, layout.pp, layout.chunks)
     passes = 3 if workload.recompute == "full" else 2  # forward, backward, forward again
-    tokens = workload.micro_batch * model.seq_len / layout.cp  # type: ignore[operator]
+    tokens = workload.micro_batch * model.shape.seq_len / layout.cp
     elem = workload.precision.activation_bytes
     per_pass = moe.all_to_all_bytes(model, tokens, ep, layout.tp, elem, workload.moe_imbalance)
     link = axis_link("ep", layout, cluster)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.config import RECOMPUTE_MODES, SCHEDULES, ZERO2_ACCUMULATE
+from paratrain.config import RECOMPUTE_MODES
+from paratrain.config import SCHEDULES as SCHEDULES  # re-exported: the planner's vocabulary
+from paratrain.config import ZERO2_ACCUMULATE as ZERO2_ACCUMULATE
 
 # The runtime's modes, counted as the runtime runs them ("selective" is its op-level policy,
 # parallel/recompute.py, not Korthikanti et al.'s attention-core variant).
@@ -189,7 +191,8 @@ def microbatches_for(workload: Workload, layout: Layout) -> int:
     """K = G / (b * dp); raises ValueError naming the numbers when it is not a whole number."""
     b, dp = workload.micro_batch, layout.dp
     if workload.global_batch is None:
-        return workload.microbatches  # type: ignore[return-value]
+        assert workload.microbatches is not None  # Workload refuses neither
+        return workload.microbatches
     g = workload.global_batch
     if g % (b * dp):
         raise ValueError(f"global batch {g} is not divisible by micro-batch {b} x dp {dp}")

@@ -62,17 +62,16 @@ def llama_layer_activation_bytes(
 ) -> float:
     """Activation bytes one Llama block (models/llama.py) keeps for one micro-batch,
     in elements of `element_bytes` (the module docstring derives each term)."""
-    s, b, t, e = model.seq_len, micro_batch, tp, element_bytes
-    h, a = model.d_model, model.n_head
-    assert s is not None and h is not None and a is not None, "activations need the shape"
+    s, b, t, e = model.shape.seq_len, micro_batch, tp, element_bytes
+    h, a = model.shape.d_model, model.shape.n_head
     r = t if sequence_parallel else 1
     if recompute == "full":
         return e * s * b * h / r
     if recompute == "selective":
-        d_kv = kv_heads(model) * (h // a)  # type: ignore[arg-type]
-        kept = h / r + 2 * h + (2 * h + 2 * d_kv + 2 * ffn_width(model)) / t  # type: ignore[arg-type]
+        d_kv = kv_heads(model.shape) * (h // a)
+        kept = h / r + 2 * h + (2 * h + 2 * d_kv + 2 * ffn_width(model.shape)) / t
         return s * b * (e * kept + 4 * a / t)
-    per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model)) / t)  # type: ignore[arg-type]
+    per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model.shape)) / t)
     per_token += 4 * (2 / r + a / t)  # fp32 statistics
     rotary = e * 4 * s * (h // a)
     return s * b * per_token + rotary

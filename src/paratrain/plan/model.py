@@ -10,11 +10,28 @@ reproduce to the digit) together with the published shape of a model of that siz
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from paratrain.config import ModelConfig, TrainConfig
 from paratrain.models.presets import MODEL_PRESETS as TRAIN_PRESETS
 from paratrain.models.presets import ffn_width, kv_heads, param_count, preset
 from paratrain.plan import moe
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A ModelSpec's whole shape (`ModelSpec.shape`): every dimension the counts read."""
+
+    arch: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    vocab_size: int
+    seq_len: int
+    max_seq_len: int
+    ffn_hidden: int
+    tie_embeddings: bool
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,7 @@ class ModelSpec:
                 f"model {self.name}: give a parameter count (--params) or the whole shape "
                 "(--layers --hidden --heads --vocab --seq-len)"
             )
-        if self.has_shape and self.d_model % self.n_head:  # type: ignore[operator]
+        if self.has_shape and self.shape.d_model % self.shape.n_head:
             raise ValueError(
                 f"model {self.name}: heads {self.n_head} do not divide hidden {self.d_model}"
             )
@@ -74,6 +91,19 @@ class ModelSpec:
         return all(v is not None for v in shape)
 
     @property
+    def shape(self) -> Shape:
+        """The whole shape; only for a model that has one (`has_shape`)."""
+        n_layer, h, n_head, vocab, seq = (
+            self.n_layer, self.d_model, self.n_head, self.vocab_size, self.seq_len
+        )  # fmt: skip
+        if n_layer is None or h is None or n_head is None or vocab is None or seq is None:
+            raise ValueError(f"model {self.name}: counting this needs the model's shape")
+        return Shape(
+            self.arch, n_layer, h, n_head, self.n_kv_head, vocab, seq,
+            self.max_seq_len or seq, self.ffn_hidden, self.tie_embeddings,
+        )  # fmt: skip
+
+    @property
     def active_params(self) -> int:
         """Parameters one token passes through: N for a dense model."""
         return moe.active_params(self) if self.num_experts else self.params
@@ -85,25 +115,24 @@ class ModelSpec:
             return self.n_params
         if self.num_experts:
             return moe.total_params(self)
-        whole = replace(self, max_seq_len=self.max_seq_len or self.seq_len)
-        return param_count(whole)  # type: ignore[arg-type]
+        return param_count(self.shape)
 
     def parts(self, tp: int) -> ModelParts:
         """Parameters per block and at each end, split over tp or replicated (see
         `ModelParts`), as the model's tensor-parallel plan (models/plans.py) splits them."""
-        h, v, t = self.d_model, self.vocab_size, tp
-        assert h is not None and v is not None, "parts need the model's shape"
+        shape = self.shape
+        h, v, t = shape.d_model, shape.vocab_size, tp
         if self.arch == "gpt":
             # q k v with biases, proj, fc with bias, proj: split; LayerNorms 4h and the
             # row-parallel biases 2h: replicated.
             block = ModelParts.Part((12 * h * h + 7 * h) // t, 6 * h)
-            first = ModelParts.Part(v * h // t, (self.max_seq_len or self.seq_len) * h)  # type: ignore[operator]
+            first = ModelParts.Part(v * h // t, shape.max_seq_len * h)
             last = ModelParts.Part(v * h // t, 2 * h)
         else:  # llama: no biases; RMSNorms h each, replicated
-            d_kv = kv_heads(self) * (h // self.n_head)  # type: ignore[operator]
+            d_kv = kv_heads(shape) * (h // shape.n_head)
             block = ModelParts.Part(
-                (2 * h * h + 2 * h * d_kv + 3 * h * ffn_width(self)) // t, 2 * h
-            )  # type: ignore[arg-type]
+                (2 * h * h + 2 * h * d_kv + 3 * h * ffn_width(shape)) // t, 2 * h
+            )
             first = ModelParts.Part(v * h // t, 0)
             last = ModelParts.Part(v * h // t, h)
         return ModelParts(block, first, last, self.tie_embeddings)
@@ -215,7 +244,8 @@ def with_overrides(spec: ModelSpec, **changes: int | float | None) -> ModelSpec:
     A changed shape drops the preset's nominal count unless a count is given too, so that
     `--preset 7b --layers 16` is a 16-layer model, not a 7e9-parameter one.
     """
-    given = {k: v for k, v in changes.items() if v is not None}
+    # Each value of its field's type (the CLI's flags); replace checks the names.
+    given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
     if not given:
         return spec
     if "n_params" not in given and set(given) - {"seq_len"}:

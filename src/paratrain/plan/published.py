@@ -105,7 +105,7 @@ def _table_1(
         tp=tp,
         pp=pp,
         global_batch=batch,
-        **run,  # type: ignore[arg-type]
+        **run,  # type: ignore[arg-type]  # micro_batch and chunks: ints in every row
     )
 
 

@@ -54,7 +54,8 @@ class PublishedRow:
     @property
     def error(self) -> float:
         """(predicted - published) / published."""
-        return self.predicted / self.run.tflops_per_gpu - 1  # type: ignore[operator]
+        assert self.run.tflops_per_gpu is not None, self.run.name  # only published runs
+        return self.predicted / self.run.tflops_per_gpu - 1
 
 
 def compare_published(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> list[PublishedRow]:

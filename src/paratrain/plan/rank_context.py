@@ -29,7 +29,7 @@ def cp_terms(
     c = layout.cp
     if c == 1:
         return []
-    calls = microbatches * stage_layers(model.n_layer, stage, layout.pp, layout.chunks)  # type: ignore[arg-type]
+    calls = microbatches * stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
     fwd, bwd = context.ring_passes(workload.recompute)
     if layout.cp_method == "ring":
         messages = calls * (c - 1) * (fwd + 2 * bwd)

@@ -195,7 +195,7 @@ def moe_terms(
     counts = calls * counts_bytes(e, ep)
     tokens = workload.micro_batch * (model.seq_len or 0) // layout.cp  # a rank's, whole on tp
     elem = workload.precision.activation_bytes
-    per_pass = expected_token_bytes(tokens, experts.top_k, ep, model.d_model, elem)  # type: ignore[arg-type]
+    per_pass = expected_token_bytes(tokens, experts.top_k, ep, model.shape.d_model, elem)
     balanced = forwards * passes * per_pass
     what = "tokens to their experts and back, in every pass (balanced router)"
     out += [

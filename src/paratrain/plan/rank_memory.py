@@ -53,7 +53,7 @@ def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     if not exact(model):
         return [local_params(model.params, layout.tp, layout.pp)]
     parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
-    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    pieces = virtual_stage_layers(model.shape.n_layer, s, c)
     return [
         pieces[vs] * parts.block.total + parts.ends(vs == 0, vs == s * c - 1)
         for vs in stage_virtual_stages(stage, s, c)
@@ -83,7 +83,7 @@ def flat_buffers(
         vss = stage_virtual_stages(stage, s, c)
         return [[n + block_delta * pieces[vs]] for n, vs in zip(chunks, vss, strict=True)]
     parts = model.parts(layout.tp)
-    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    pieces = virtual_stage_layers(model.shape.n_layer, s, c)
     root = tied_root(model, layout, stage)
     out = []
     for vs in stage_virtual_stages(stage, s, c):
@@ -206,7 +206,7 @@ def replicated_params(model: ModelSpec, layout: Layout, stage: int) -> int:
     2 LayerNorms and 2 row-parallel biases (6h), the positions on the first virtual stage,
     the final LayerNorm on the last; for Llama the RMSNorms."""
     parts, s, c = model.parts(layout.tp), layout.pp, layout.chunks
-    pieces = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    pieces = virtual_stage_layers(model.shape.n_layer, s, c)
     return sum(
         pieces[vs] * parts.block.replicated + parts.ends_replicated(vs == 0, vs == s * c - 1)
         for vs in stage_virtual_stages(stage, s, c)

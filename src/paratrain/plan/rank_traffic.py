@@ -192,7 +192,7 @@ def _tp_terms(
         return out
     t, size = layout.tp, comm.activation_message_bytes(model, workload, layout.cp)
     if workload.recompute != "none":  # full and selective repeat the same collectives
-        layers = stage_layers(model.n_layer, at.stage, layout.pp, layout.chunks)  # type: ignore[arg-type]
+        layers = stage_layers(model.shape.n_layer, at.stage, layout.pp, layout.chunks)
         # Half all-reduces (an all-gather or a reduce-scatter) repeated per block: module
         # docstring; with sequence parallelism the all-gathers before q, k, v and the MLP too.
         halves = 4 if dropout else (3 if sequence_parallel else 2)

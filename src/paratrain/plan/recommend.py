@@ -18,7 +18,7 @@ Within a tier the smallest degrees win, then the shortest step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from paratrain.plan.cluster import GB, ClusterSpec
 from paratrain.plan.estimate import Estimate, estimate
@@ -61,22 +61,32 @@ def candidate_layouts(
     ZeRO needs dp * cp > 1 (on one rank it is plain DP). The interleaved schedule uses
     `chunks` (2 when not given). Layouts that cannot run are kept: the planner reports why.
     """
-    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    given = {k: v for k, v in (fixed or {}).items() if v is not None}
     out = []
     for tp in divisors(cluster.gpus):
         for cp in divisors(cluster.gpus // tp):
             for pp in divisors(cluster.gpus // (tp * cp)):
                 dp = cluster.gpus // (tp * cp * pp)
                 degrees = (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp))
-                if any(fixed.get(a, v) != v for a, v in degrees):
+                if any(given.get(a, v) != v for a, v in degrees):
                     continue
-                shape = dict(dp=dp, tp=tp, pp=pp, cp=cp, cp_method=cp_method)
-                out += _variants(shape, schedule, chunks, fixed, experts)
+                shape = _Shape(dp=dp, tp=tp, pp=pp, cp=cp, cp_method=cp_method)
+                out += _variants(shape, schedule, chunks, given, experts)
     return out
 
 
+class _Shape(TypedDict):
+    """A layout's degrees and cp method: the Layout fields every variant shares."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    cp_method: str
+
+
 def _variants(
-    shape: dict, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
+    shape: _Shape, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
 ) -> list[Layout]:
     """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule."""
     ranks = shape["dp"] * shape["cp"]
@@ -111,7 +121,7 @@ def choose(estimates: list[Estimate]) -> Estimate | None:
     if not fitting:
         return None
 
-    def key(e: Estimate) -> tuple:
+    def key(e: Estimate) -> tuple[int, int, int, int, int, int, float]:
         lay = e.layout
         step = e.time.total_s if e.time else float("inf")
         return (tier(lay), lay.pp, lay.tp, lay.cp, lay.ep, lay.zero, step)
@@ -169,12 +179,12 @@ def warnings_for(e: Estimate, estimates: list[Estimate], cluster: ClusterSpec) -
             f"{lay.label}: communication {e.time.comm_s:.3g} s exceeds compute "
             f"{e.time.compute_s:.3g} s per step: too few tokens per GPU to hide it"
         )
-    timed = [x for x in estimates if x.fits and x.time is not None]
-    fastest = min(timed, key=lambda x: x.time.total_s, default=None)  # type: ignore[union-attr]
-    if e.time and fastest and fastest.time.total_s * 1.2 < e.time.total_s:  # type: ignore[union-attr]
+    timed = [(x.time.total_s, x) for x in estimates if x.fits and x.time is not None]
+    fastest = min(timed, key=lambda pair: pair[0], default=None)  # the first of equals
+    if e.time and fastest and fastest[0] * 1.2 < e.time.total_s:
         out.append(
-            f"{lay.label}: the rule picks by memory; {fastest.layout.label} also fits and its "
-            f"step is {fastest.time.total_s:.3g} s against {e.time.total_s:.3g} s"  # type: ignore[union-attr]
+            f"{lay.label}: the rule picks by memory; {fastest[1].layout.label} also fits and its "
+            f"step is {fastest[0]:.3g} s against {e.time.total_s:.3g} s"
         )
     if e.bubble and e.bubble > 0.2:
         out.append(

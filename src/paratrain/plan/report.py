@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from paratrain.plan.cluster import GB
 from paratrain.plan.estimate import Estimate
 from paratrain.plan.layout import Workload
 from paratrain.plan.recommend import SYNC_VS_ASYNC, Plan
+from paratrain.plan.time import StepTime
 
 MAX_REJECTED_ROWS = 20
 HEADER = (
@@ -134,7 +136,7 @@ def chart(plan: Plan, path: str | Path, max_layouts: int = 24) -> Path:
     x = range(len(shown))
     fig, (ax_mem, ax_time) = plt.subplots(2, 1, figsize=(max(8, 0.5 * len(shown) + 3), 9))
     bottom = [0.0] * len(shown)
-    kinds = [
+    kinds: list[tuple[str, Callable[[Estimate], float]]] = [
         ("params", lambda e: e.model_state.params),
         ("grads", lambda e: e.model_state.grads),
         ("grads accumulated (transient)", lambda e: e.model_state.grad_accumulation),
@@ -151,13 +153,14 @@ def chart(plan: Plan, path: str | Path, max_layouts: int = 24) -> Path:
     ax_mem.set_title(f"{plan.model.name} on {plan.cluster.name}: memory per GPU")
     ax_mem.legend(fontsize=8)
     bottom = [0.0] * len(shown)
-    parts = [
-        ("compute", lambda e: e.time.compute_s),
-        ("exposed comm", lambda e: e.time.exposed_comm_s),
-        ("bubble", lambda e: e.time.bubble_s),
+    times = [e.time for e in shown if e.time is not None]  # every one of shown's
+    parts: list[tuple[str, Callable[[StepTime], float]]] = [
+        ("compute", lambda t: t.compute_s),
+        ("exposed comm", lambda t: t.exposed_comm_s),
+        ("bubble", lambda t: t.bubble_s),
     ]
-    for name, get in parts:
-        heights = [get(e) for e in shown]
+    for name, seconds in parts:
+        heights = [seconds(t) for t in times]
         ax_time.bar(x, heights, bottom=bottom, label=name)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax_time.set_ylabel("seconds per step")

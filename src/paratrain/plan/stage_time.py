@@ -77,11 +77,11 @@ def busy_time(
         return Busy(step_flops / (layout.world * cluster.effective_flops), 0.0)
     s, v, t = layout.pp, layout.chunks, layout.tp
     # a cp rank runs s / cp of the tokens (and, load-balanced, its share of attention)
-    tokens = microbatches * workload.micro_batch * model.seq_len / layout.cp  # type: ignore[operator]
+    tokens = microbatches * workload.micro_batch * model.shape.seq_len / layout.cp
     layer = ptime.gpt_layer_flops_per_token(model, workload.recompute)
     head = ptime.head_flops_per_token(model)
     pointwise = pointwise_bytes_per_token(model, workload, t) if cluster.memory_bw else 0.0
-    pieces = virtual_stage_layers(model.n_layer, s, v)  # type: ignore[arg-type]
+    pieces = virtual_stage_layers(model.shape.n_layer, s, v)
     last = s * v - 1
     slowest = Busy(0.0, 0.0)
     for stage in range(s):

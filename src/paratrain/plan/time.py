@@ -77,7 +77,7 @@ def llama_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
     """
     h, s, n_layer = model.d_model, model.seq_len, model.n_layer
     assert h and s and n_layer and model.n_head and model.vocab_size, "FLOPs need the shape"
-    f, d_kv = ffn_width(model), kv_heads(model) * (h // model.n_head)  # type: ignore[arg-type]
+    f, d_kv = ffn_width(model.shape), kv_heads(model.shape) * (h // model.shape.n_head)
     block = 2 * h * h + 2 * h * d_kv + 3 * h * f  # P: the block's matrices
     per_token = 6 * (n_layer * block + model.vocab_size * h) + 12 * n_layer * s * h
     if recompute == "full":
@@ -108,7 +108,7 @@ def gpt_layer_flops_per_token(model: ModelSpec, recompute: str = "none") -> floa
 
 def head_flops_per_token(model: ModelSpec) -> float:
     """The output layer: 2 V h forward, twice that backward, never recomputed."""
-    return 6 * model.vocab_size * model.d_model  # type: ignore[operator]
+    return 6 * model.shape.vocab_size * model.shape.d_model
 
 
 def gpt_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
@@ -119,7 +119,7 @@ def gpt_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
     V / (12 L h)). Embedding lookups, norms and pointwise ops are not counted as FLOPs:
     they are memory-bound (plan/stage_time.py)."""
     layer = gpt_layer_flops_per_token(model, recompute)
-    return model.n_layer * layer + head_flops_per_token(model)  # type: ignore[operator]
+    return model.shape.n_layer * layer + head_flops_per_token(model)
 
 
 def model_training_flops(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -53,7 +54,7 @@ from paratrain.parallel.pipeline import (
     split_into_stages,
 )
 from paratrain.parallel.recompute import apply_recomputation
-from paratrain.parallel.tensor_parallel import apply_tensor_parallel
+from paratrain.parallel.tensor_parallel import RngTracker, apply_tensor_parallel
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
 from paratrain.train.experts import apply_experts
 
@@ -152,8 +153,9 @@ def build_engine(
         tp = mesh.group("tp")
         sp = p.sequence_parallel
         tp_plan = plan.moe_tensor_parallel if cfg.model.num_experts else plan.tensor_parallel
+        assert tp_plan is not None, "a mixture of experts under tp needs moe_tensor_parallel"
         apply_tensor_parallel(model, tp_plan, tp, sequence_parallel=sp, seed=t.seed)
-        tracker = model.tp_rng_tracker
+        tracker = cast(RngTracker, model.tp_rng_tracker)  # set by apply_tensor_parallel
     # Both inside each block, so after tensor parallelism; recomputation wraps the compiled
     # forward, since a checkpoint region cannot hold the graph breaks at tp's seams.
     compiled = compile_units(model, cfg, plan)

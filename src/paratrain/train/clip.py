@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from paratrain import comm
-from paratrain.parallel.data_parallel.replica import GradSquares, Replica
+from paratrain.parallel.data_parallel.replica import GradSquares, ScalesGradients
 
 
 def global_grad_norm(
@@ -43,8 +43,8 @@ def global_grad_norm(
     # entries (dp for sharded wrappers; ep for experts; none for whole replicas)
     sums: list[tuple[list[comm.CommGroup], torch.Tensor]] = []
     for part in parts:
-        split = [name in tp_split for name in part.names]
-        split = torch.tensor(split, dtype=torch.bool, device=device)
+        names = [name in tp_split for name in part.names]
+        split = torch.tensor(names, dtype=torch.bool, device=device)
         groups = [g for g in (part.sharded_over, part.split_over) if g is not None and g.size > 1]
         target = next((t for gs, t in sums if _same(gs, groups)), None)
         if target is None:
@@ -68,7 +68,7 @@ def _same(a: list[comm.CommGroup], b: list[comm.CommGroup]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def clip_to(replicas: Sequence[Replica], norm: float, max_norm: float) -> None:
+def clip_to(replicas: Sequence[ScalesGradients], norm: float, max_norm: float) -> None:
     """Scale every replica's gradient so the global norm is at most max_norm (0: no
     clipping), by torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6)."""
     if max_norm <= 0:

@@ -62,6 +62,14 @@ class Engine:
             partial = {id(p) for p in sequence_parallel_parameters(r.module)}
             self._partial.append([n for n, p in r.module.named_parameters() if id(p) in partial])
 
+    def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
+        """This step's gradients, reduced and scaled to the mean; (mean loss, tokens)."""
+        raise NotImplementedError
+
+    def evaluate(self, batches: list[torch.Tensor]) -> float:
+        """Mean loss over the scored tokens of the held-out batches."""
+        raise NotImplementedError
+
     @property
     def modules(self) -> list[nn.Module]:
         """This rank's modules, each once (expert parallelism wraps one module twice)."""
@@ -149,6 +157,8 @@ class FlatEngine(Engine):
 class PipelineEngine(Engine):
     """This stage's chunks, each its own replica, run by the pipeline runtime; under
     expert parallelism `more` holds the chunks' experts (train/experts.py)."""
+
+    runtime: PipelineRuntime  # never None here
 
     def __init__(
         self,

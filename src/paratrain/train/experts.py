@@ -45,8 +45,8 @@ def apply_experts(
     model or ep = 1: experts then live whole on every rank, like any parameter)."""
     layers = moe_layer_names(model, plan)
     batch = mesh.group("dp_cp")
-    for name in layers:
-        model.get_submodule(name).batch = GroupBatch(batch)
+    for name in layers:  # a seam of models/moe.py; torch types Module.__setattr__ narrowly
+        model.get_submodule(name).batch = GroupBatch(batch)  # type: ignore[assignment]
     ep = mesh.group("ep")
     if not layers or ep.size == 1:
         return [(EVERY_PARAMETER, batch)]
@@ -73,9 +73,9 @@ def routing_log(
     loss (its mean over the dp shards is the batch's; summed over layers, averaged over
     micro-batches). None for a dense model. Collective over `group` (one small all-reduce)
     and, with a pipeline, over `pp` (two more: each stage holds its blocks' layers)."""
-    tallies = [m.take_tally() for module in modules for m in module.modules()
-               if isinstance(m, MoEFeedForward)]  # fmt: skip
-    tallies = [t for t in tallies if t is not None]
+    taken = [m.take_tally() for module in modules for m in module.modules()
+             if isinstance(m, MoEFeedForward)]  # fmt: skip
+    tallies = [t for t in taken if t is not None]
     if not tallies:
         return None
     kept = torch.stack([t.kept for t in tallies]).double()  # (layers, E)

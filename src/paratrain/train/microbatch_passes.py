@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -67,9 +67,21 @@ def accumulate_gradients(
     return float(sums[0]) / total_tokens, int(sums[1])
 
 
+class Evaluated(Protocol):
+    """A model, or a replica of one (all are modules): model(inputs, targets) is the loss."""
+
+    training: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module,
+    model: Evaluated,
     batches: list[torch.Tensor],
     dp_group: comm.CommGroup,
     split: TokenShard = WHOLE,

@@ -105,7 +105,7 @@ def predict(cfg: RunConfig) -> Prediction:
         routed.append(sum(t.bytes for t in terms if t.routed))
         acts.append(activations.stage_activation_bytes(model, workload, layout, k, at.stage))
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
-    bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
+    bubble: float | None = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
         notes.append(zero2_accumulation_note(model, workload, layout, k))
@@ -125,13 +125,17 @@ def zero2_accumulation_note(model: ModelSpec, workload: Workload, layout: Layout
 
 def describe_prediction(pred: Prediction, rank: int = 0) -> list[str]:
     """One or two log lines: what the planner expects of `rank`."""
-    state, sent, act = pred.model_state[rank], pred.bytes_per_step[rank], pred.activation_bytes
+    state, sent, act = (
+        pred.model_state[rank],
+        pred.bytes_per_step[rank],
+        pred.activation_bytes[rank],
+    )
     groups = ", ".join(f"{a} {sent[a] / MB:.3f}" for a in AXES if sent[a])
     first = (
         f"plan (rank {rank}): model state {state['total'] / MB:.2f} MB (params "
         f"{state['params'] / MB:.2f}, grads {state['grads'] / MB:.2f}, optimizer "
         f"{state['optimizer'] / MB:.2f}, master {state['master'] / MB:.2f}); activations "
-        + ("not counted" if act[rank] is None else f"{act[rank] / MB:.2f} MB (Korthikanti)")
+        + ("not counted" if act is None else f"{act / MB:.2f} MB (Korthikanti)")
     )
     bubble = "none" if pred.bubble is None else f"{pred.bubble:.3f}"
     second = (
@@ -175,7 +179,7 @@ class PredictionTracker:
     def close(self) -> None:
         """Nothing to release; kept so the worker's try/finally reads the same as before."""
 
-    def measure(self, state: dict[str, int] | None) -> list[float]:
+    def measure(self, state: dict[str, int] | None) -> list[int]:
         """This rank's model-state bytes (STATE_KINDS) and last step's bytes (AXES)."""
         state = state or {}
         before, after = self.marks[-2:] if len(self.marks) > 1 else (self.marks[0],) * 2

@@ -29,8 +29,8 @@ from paratrain.data.tokens import TokenData
 
 PROVENANCE_FILE = "provenance.json"
 # What a provenance.json written before starts were kept held at its top level.
-ONE_START_KEYS = ("python", "torch", "paratrain", "git_commit", "world_size", "host")
-ONE_START_KEYS += ("platform", "command", "started")
+ONE_START_KEYS: tuple[str, ...] = ("python", "torch", "paratrain", "git_commit", "world_size")
+ONE_START_KEYS += ("host", "platform", "command", "started")
 
 
 def user_command() -> list[str]:

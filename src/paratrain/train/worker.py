@@ -65,6 +65,7 @@ def init_process_group(cfg: RunConfig, env: WorkerEnv) -> None:
     if cfg.parallel.backend == "nccl":
         torch.cuda.set_device(rank_device(cfg, env))
         timeout += timedelta(seconds=NCCL_TIMEOUT_MARGIN_S)
+    store: dist.Store
     if env.use_env_rendezvous and env.agent_store and env.restart_count > 0:
         # The agent's store outlives a restart: without a prefix per attempt, a restarted
         # rank can read a dead rank's gloo address left by the previous attempt.
@@ -178,8 +179,8 @@ def _resume_point(
         if answer is None and cfg.train.resume:
             answer = ValueError(f"--resume {run_dir}: no complete checkpoint to resume from")
         if restart_count:
-            found = isinstance(answer, checkpoint.Checkpoint)
-            where = f"step {answer.step}" if found else "the start"
+            found = answer if isinstance(answer, checkpoint.Checkpoint) else None
+            where = f"step {found.step}" if found else "the start"
             log.warning("restart %d: resuming from %s", restart_count, where)
         if not isinstance(answer, ValueError):  # each step is logged exactly once
             rd.truncate_metrics(run_dir, answer.step if answer else 0)

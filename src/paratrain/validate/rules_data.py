@@ -16,7 +16,7 @@ def data_rules(cfg: RunConfig) -> None:
         raise ValueError(
             f"--tokenizer with --data {path!r}: a .bin holds token ids already; leave one out"
         )
-    ids = (path and path.endswith(".bin")) or cfg.data.tokenizer
+    ids: str | bool = (path and path.endswith(".bin")) or cfg.data.tokenizer
     ids = ids or (path and (Path(path) / "meta.json").is_file())  # a prepared directory
     if not ids and cfg.model.vocab_size < 256:
         raise ValueError(

@@ -37,7 +37,7 @@ PEER = (
 )
 
 
-def expected_sent(method: str, shape: dict[str, int], cp: int) -> dict[str, tuple[int, int]]:
+def expected_sent(method: str, shape: dict[str, int], cp: int) -> dict[str, tuple[int, float]]:
     """{op: (messages, bytes)} one rank sends in one forward and backward."""
     b, h, kv, s, d = (shape[k] for k in ("batch", "heads", "kv_heads", "seq", "head_dim"))
     if method == "alltoall":

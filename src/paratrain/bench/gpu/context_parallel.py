@@ -70,11 +70,11 @@ def _rank(rank: int, world: int, shape: dict[str, int], pairs: int) -> dict[str,
         return compat.context_parallel_unshard()(mesh, [out], [1])[0]
 
     got = cp_step()
-    grads = [m.grad.float() for m in torch_cp]
+    grads = [_grad(m).float() for m in torch_cp]
     for grad in grads:
         torch.distributed.all_reduce(grad)  # each rank's gradient is its tokens' part
     errors = [_relative(got.float(), want.float())]
-    errors += [_relative(g, m.grad.float()) for g, m in zip(grads, single, strict=True)]
+    errors += [_relative(g, _grad(m).float()) for g, m in zip(grads, single, strict=True)]
 
     def timed(step: Any) -> Any:
         def run(_batch: Any) -> float:
@@ -91,6 +91,11 @@ def _rank(rank: int, world: int, shape: dict[str, int], pairs: int) -> dict[str,
         sync=lambda: torch.distributed.barrier(),
     )
     return {"errors": errors, "rows": [(r.ours_s, r.peer_s) for r in rows]}
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "every weight takes part in the step"
+    return p.grad
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:

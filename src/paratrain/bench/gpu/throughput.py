@@ -212,7 +212,7 @@ def measure_fitting(
 ) -> tuple[dict[str, Any], list[str]]:
     """`measure`, at half the micro-batch after each out-of-memory error; and what was
     retried, for the report."""
-    notes = []
+    notes: list[str] = []
     while True:
         cfg = throughput_config(device, tiny, micro_batch)
         try:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
 # One training step of a side on this rank's micro-batches; returns the step's loss.
 Side = Callable[[list[torch.Tensor]], float]
+Batch = TypeVar("Batch")  # what both sides of one comparison take: micro-batches, mostly
 
 
 class PairRow(NamedTuple):
@@ -29,9 +30,9 @@ class PairRow(NamedTuple):
 
 
 def time_pairs(
-    ours: Side,
-    peer: Side,
-    batches: Sequence[list[torch.Tensor]],
+    ours: Callable[[Batch], float],
+    peer: Callable[[Batch], float],
+    batches: Sequence[Batch],
     sync: Callable[[], None] = lambda: None,
 ) -> list[PairRow]:
     """One step of each side per batch (a list of micro-batches), alternating which goes

@@ -116,7 +116,8 @@ def clip_grad_norm(
         return torch.zeros(())
     if len(kinds) == 1 and stages is None and max_norm > 0:
         return _whole(torch.nn.utils.clip_grad_norm_(kinds[0], max_norm, foreach=True))
-    norms = [torch.nn.utils.get_total_norm([p.grad for p in k], foreach=True) for k in kinds]
+    grads = [[p.grad for p in k if p.grad is not None] for k in kinds]  # every one has one
+    norms = [torch.nn.utils.get_total_norm(g, foreach=True) for g in grads]
     squares = torch.stack([_whole(n) for n in norms]).square().sum()
     if stages is not None:  # the peer is plain PyTorch: its collectives are torch's own,
         import torch.distributed as dist  # not paratrain.comm's (not in our ledger)

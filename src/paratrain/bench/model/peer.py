@@ -39,7 +39,9 @@ def transformers_twin(model_cfg: ModelConfig, ours: nn.Module) -> tuple[CausalLM
     for special in ("bos_token_id", "eos_token_id"):  # GPT-2's 50256 may be outside ours
         fields.setdefault(special, None)
     cls = getattr(transformers, HF_ARCHS["gpt2" if model_cfg.arch == "gpt" else "llama"])
-    config = transformers.CONFIG_MAPPING[model_type](**fields, attn_implementation="sdpa")
+    # transformers takes attn_implementation through **kwargs; its signature does not say so.
+    make = transformers.CONFIG_MAPPING[model_type]
+    config = make(**fields, attn_implementation="sdpa")  # type: ignore[call-arg]
     hf = cls(config).float().train()
     state = to_hf(model_cfg.arch, model_cfg.n_layer, model_cfg.tie_embeddings, ours.state_dict())
     missing, unexpected = hf.load_state_dict(state, strict=False)

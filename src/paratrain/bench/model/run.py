@@ -56,7 +56,7 @@ def rounding_bound(m: ModelConfig, seq_len: int, unit: float) -> float:
     (three for SwiGLU), the two norms; then the final norm, the head and the loss's sum
     over the vocabulary. K: the widest of them."""
     depth = 9 * m.n_layer + 3
-    widest = max(m.d_model, ffn_width(m), seq_len, m.vocab_size)  # type: ignore[arg-type]
+    widest = max(m.d_model, ffn_width(m), seq_len, m.vocab_size)
     return depth * widest * unit
 
 

@@ -61,6 +61,7 @@ def measure(
         rows = x.detach().requires_grad_()
         y = layers[algo](rows, counts)
         (y * w).sum().backward()
+        assert rows.grad is not None
         return y.detach(), rows.grad
 
     sent, exact = {}, {}

@@ -33,6 +33,7 @@ from torch import nn
 from paratrain import comm
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+from paratrain.parallel.data_parallel.replica import Replica
 from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 
 
@@ -73,7 +74,7 @@ def build_stack(w: LinearStack) -> nn.Sequential:
 class Mechanism:
     """How one mechanism wraps the workload's model, and where its communication is."""
 
-    wrap: Callable[[nn.Module, LinearStack, comm.CommGroup], nn.Module]
+    wrap: Callable[[nn.Module, LinearStack, comm.CommGroup], Replica]
     # Message steps per layer, in units of k - 1 at k ranks: a bucket's all-reduce 2,
     # ZeRO-2's reduce-scatter 1, FSDP's forward and backward gathers and reduce-scatter 3.
     steps_per_layer: int
@@ -98,7 +99,7 @@ MECHANISMS: dict[str, Mechanism] = {
 
 
 def _step(
-    model: nn.Module, mechanism: Mechanism, x: torch.Tensor, ledger: comm.Ledger, group: str
+    model: Replica, mechanism: Mechanism, x: torch.Tensor, ledger: comm.Ledger, group: str
 ) -> tuple[float, float]:
     """(wall seconds, seconds spent in this group's collectives) of the part of a training
     step that holds its communication: backward and the final wait, and the forward where

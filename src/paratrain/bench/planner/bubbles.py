@@ -69,7 +69,7 @@ def bubble_rows(case: Case, measured: list[dict[str, Any]]) -> list[Row]:
         f"makespan {1e3 * span:.0f} ms; passes slowed to {unit}, F = {1e3 * SLOW_UNIT_S:.0f} "
         f"ms of sleep; bound +-{BUBBLE_TOLERANCE}"
     )
-    bounds = (formula - BUBBLE_TOLERANCE, formula + BUBBLE_TOLERANCE)
+    bounds: tuple[float, float] | None = (formula - BUBBLE_TOLERANCE, formula + BUBBLE_TOLERANCE)
     if lay.schedule == "zb-h1":  # explained, not bounded: the first stage has no B pass
         bounds = None
         note += (

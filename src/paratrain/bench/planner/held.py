@@ -106,7 +106,8 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
     variant = "scores" if lay.cp > 1 and lay.cp_method == "alltoall" else "fused"
     predicted = activations.stage_activation_bytes(model, w, case.layout, k, stage, variant)
     scores = activations.stage_activation_bytes(model, w, case.layout, k, stage)
-    sbh = w.micro_batch * model.seq_len * model.d_model * 4  # one fp32 (b, T, C) tensor
+    assert predicted is not None and scores is not None  # the cases' models have a shape
+    sbh = w.micro_batch * model.shape.seq_len * model.shape.d_model * 4  # one fp32 (b, T, C)
     per_layer = activations.block_activation_bytes(model, w, case.layout.tp, variant)
     block = max(s["block_bytes"] for s in steps)
     kind = "fused attention, no s^2 term" if variant == "fused" else "attention's scores kept"
@@ -116,6 +117,7 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
         f"Korthikanti's count with T x T scores says {scores:,.0f} "
         f"({measured / scores:.2f} x); bound +-{ACTIVATION_TOLERANCE:.0%}"
     )
+    bounds: tuple[float, float] | None
     bounds = (predicted * (1 - ACTIVATION_TOLERANCE), predicted * (1 + ACTIVATION_TOLERANCE))
     if case.model:  # a mixture of experts: counted as the dense model, shown, not bounded
         bounds, note = None, "a mixture of experts, counted as the dense model; " + note

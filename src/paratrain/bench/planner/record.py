@@ -143,7 +143,7 @@ class GraphMeter:
 
     def take(self) -> dict[str, Any]:
         """This step's peaks; the counters start again for the next step."""
-        out = {"peak_graphs": self.peak, "peak_bytes": self.peak_bytes}
+        out: dict[str, Any] = {"peak_graphs": self.peak, "peak_bytes": self.peak_bytes}
         out["block_bytes"] = max(self.block_bytes, default=0)
         out["forward_bytes"] = self.forward_bytes
         self.peak, self.peak_bytes, self.block_bytes = self.live, self.live_bytes, []

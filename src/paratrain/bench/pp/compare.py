@@ -64,11 +64,13 @@ def compare_schedule(
     cfg.train.compile = compile
     t = cfg.train
     engine = build_engine(cfg, mesh)
+    runtime = engine.runtime
+    assert runtime is not None  # pp > 1: a pipeline engine
     ours, traces = OurSide(engine, cfg), []
 
     def our_step(batch: torch.Tensor) -> float:
         loss = ours(list(batch.split(t.micro_batch)))  # K micro-batches of (b, T + 1)
-        traces.append(engine.runtime.last_trace)  # the runtime's own timestamps
+        traces.append(runtime.last_trace)  # the runtime's own timestamps
         return loss
 
     v = cfg.parallel.chunks
@@ -83,7 +85,7 @@ def compare_schedule(
     )  # fmt: skip
     warm = (our_step(batches[0]), peer(batches[0]))  # shape inference, caches
     rows = time_pairs(our_step, peer, batches[1:], sync=lambda: comm.barrier(mesh.group("pp")))
-    timed = traces[1:]
+    timed = [trace for trace in traces[1:] if trace is not None]  # each step leaves one
     return {
         "rows": rows,
         "micro_batch": t.micro_batch,

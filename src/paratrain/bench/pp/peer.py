@@ -11,6 +11,7 @@ before AdamW steps, as ours does.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -71,7 +72,7 @@ def peer_step(
     lr: float,
     grad_clip: float,
     *,
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
     rank: int,
     world: int,
 ) -> float:

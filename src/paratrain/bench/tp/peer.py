@@ -24,7 +24,7 @@ backward (bench/harness/sides.py); its collectives are counted at the dispatcher
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -90,7 +90,7 @@ def parallelize_gpt_dtensor(
 ) -> tuple[nn.Module, DeviceMesh, dict[str, Any]]:
     """Make a full GPT tensor parallel with DTensor over all `world` ranks, in place."""
     mesh = DeviceMesh("cpu", list(range(world)))
-    plan = dtensor_plan(len(model.blocks), sequence_parallel)
+    plan = dtensor_plan(len(cast(nn.ModuleDict, model.blocks)), sequence_parallel)
     parallelize_module(model, mesh, plan)
     return model, mesh, plan
 

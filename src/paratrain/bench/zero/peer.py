@@ -30,7 +30,7 @@ never sees them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -84,8 +84,9 @@ def _fully_shard(module: nn.Module, world: int, reshard: bool) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
-    kwargs = {} if reshard else {"reshard_after_forward": False}  # default: root excepted
-    for block in module.blocks.values():
+    # The default reshards every unit but the root.
+    kwargs: dict[str, Any] = {} if reshard else {"reshard_after_forward": False}
+    for block in cast(nn.ModuleDict, module.blocks).values():
         fully_shard(block, mesh=mesh, **kwargs)
     fully_shard(module, mesh=mesh, **kwargs)
     return module

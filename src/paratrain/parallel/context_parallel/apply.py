@@ -117,5 +117,7 @@ class TokenShard:
         inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
         if self.cp == 1:
             return inputs, targets
-        cut = (layout.shard(t, self.cp, self.rank, self.balanced, dim=1) for t in (inputs, targets))
-        return tuple(cut)  # (b, n) each
+        inputs, targets = (
+            layout.shard(t, self.cp, self.rank, self.balanced, dim=1) for t in (inputs, targets)
+        )
+        return inputs, targets  # (b, n) each

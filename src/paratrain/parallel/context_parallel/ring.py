@@ -20,8 +20,11 @@ are one group call, as NCCL needs when left and right are the same rank (cp 2).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from paratrain import comm
 from paratrain.comm.group import CommGroup
@@ -34,8 +37,12 @@ from paratrain.parallel.context_parallel.blocks import (
 )
 from paratrain.parallel.context_parallel.layout import chunk_length, chunks_of, visible_keys
 
+Pair = tuple[comm.Handle[torch.Tensor], comm.Handle[torch.Tensor]]  # (receive, send)
+# Per query chunk, its running (out, lse): None until its first block.
+State = list[tuple[torch.Tensor | None, torch.Tensor | None]]
 
-def _pass_on(t: torch.Tensor, group: CommGroup) -> tuple[comm.Handle, comm.Handle]:
+
+def _pass_on(t: torch.Tensor, group: CommGroup) -> Pair:
     """Send `t` to the next rank and receive the previous rank's into a new buffer."""
     left, right = (group.rank - 1) % group.size, (group.rank + 1) % group.size
     # One group call: with cp 2 left is right, and a receive posted alone ahead of the
@@ -43,7 +50,7 @@ def _pass_on(t: torch.Tensor, group: CommGroup) -> tuple[comm.Handle, comm.Handl
     return comm.sendrecv(t, right, torch.empty_like(t), left, group)
 
 
-def _arrived(handles: tuple[comm.Handle, comm.Handle]) -> torch.Tensor:
+def _arrived(handles: Pair) -> torch.Tensor:
     incoming, outgoing = handles
     outgoing.wait()
     return incoming.wait()
@@ -68,7 +75,7 @@ class _Spec:
         return chunks_of((self.rank - step) % self.cp, self.cp, self.balanced)
 
 
-def _attend_source(q: torch.Tensor, kv: torch.Tensor, spec: _Spec, step: int, state: list) -> None:
+def _attend_source(q: torch.Tensor, kv: torch.Tensor, spec: _Spec, step: int, state: State) -> None:
     """Fold the keys and values of step `step`'s source into every query chunk's (out, lse)."""
     heads, length = q.shape[1], spec.length
     for qi, chunk in enumerate(spec.mine):
@@ -84,17 +91,29 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: CommGroup, spec: _Spec
 ) -> tuple[torch.Tensor, torch.Tensor]:
     kv = torch.stack([k, v])  # (2, b, h_kv, n, d): one message per step
-    state: list = [(None, None)] * len(spec.mine)
+    state: State = [(None, None)] * len(spec.mine)
     for step in range(spec.cp):
         last = step == spec.cp - 1
         handles = None if last else _pass_on(kv, group)  # posted before this step's compute
         _attend_source(q, kv, spec, step, state)
-        kv = kv if last else _arrived(handles)
-    out = torch.cat([o for o, _ in state], dim=2)  # (b, h, n, d)
-    return out, torch.cat([lse for _, lse in state], dim=2)  # lse (b, h, n)
+        if handles is not None:
+            kv = _arrived(handles)
+    whole = [(o, lse) for o, lse in state if o is not None and lse is not None]
+    assert len(whole) == len(state), "step 0 attends every chunk to its own keys"
+    out = torch.cat([o for o, _ in whole], dim=2)  # (b, h, n, d)
+    return out, torch.cat([lse for _, lse in whole], dim=2)  # lse (b, h, n)
 
 
-def _grad_source(q, kv, dout, lse, delta, dq, spec: _Spec, step: int) -> torch.Tensor:
+def _grad_source(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    dq: torch.Tensor,
+    spec: _Spec,
+    step: int,
+) -> torch.Tensor:
     """This rank's share of the gradient of step `step`'s keys and values; adds into dq."""
     heads, kv_heads, length = q.shape[1], kv.shape[2], spec.length
     dkv = torch.zeros_like(kv)  # (2, b, h_kv, n, d)
@@ -140,15 +159,18 @@ def _backward(
                 dkv += _arrived(travelling)
             # At the last step the source is rank r + 1: what it is sent is its own, home.
             travelling = _pass_on(dkv, group)
-        kv = kv if last else _arrived(handles)
+        if handles is not None:
+            kv = _arrived(handles)
     if travelling is not None:  # my keys' gradients from every other rank, back home
         own = own + _arrived(travelling)
     return dq, own[0], own[1]
 
 
 class _RingAttention(torch.autograd.Function):
+    apply: ClassVar[Callable[[Tensor, Tensor, Tensor, CommGroup, _Spec], Tensor]]  # untyped
+
     @staticmethod
-    def forward(ctx, q, k, v, group: CommGroup, spec: _Spec):
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: CommGroup, spec: _Spec) -> Tensor:
         out, lse = _forward(q, k, v, group, spec)
         # Stored token-major (b, n, h, d), as fused attention kernels return it: a model's
         # (b, h, n, d) -> (b, n, h·d) reshape for its output projection is then a view,
@@ -159,7 +181,7 @@ class _RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx: Any, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, out, lse, dout.contiguous(), ctx.group, ctx.spec)
         return dq, dk, dv, None, None

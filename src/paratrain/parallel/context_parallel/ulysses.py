@@ -18,6 +18,8 @@ from rank p's chunk r), so each direction's gradient is again one call.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
@@ -30,13 +32,15 @@ from paratrain.parallel.context_parallel.layout import permutation
 class _AllToAll(torch.autograd.Function):
     """Equal-chunk all-to-all along dimension 0, forward and backward."""
 
+    apply: ClassVar[Callable[[torch.Tensor, CommGroup], torch.Tensor]]  # (torch: untyped)
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: CommGroup) -> torch.Tensor:
         ctx.group = group
         return comm.all_to_all(x, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return comm.all_to_all(grad.contiguous(), ctx.group), None
 
 

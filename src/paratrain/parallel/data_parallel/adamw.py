@@ -15,6 +15,7 @@ before the moment update, so the arithmetic is the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ def decays(shape: torch.Size | tuple[int, ...]) -> bool:
 
 def param_groups(
     model: nn.Module, weight_decay: float, only: Collection[str] | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     named = model.named_parameters()
     params = [p for n, p in named if p.requires_grad and (only is None or n in only)]
     return [
@@ -101,7 +102,7 @@ class ShardedAdamW:
         self.steps_skipped = 0
 
     @property
-    def param_groups(self) -> list[dict]:
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.inner.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -129,5 +130,5 @@ class ShardedAdamW:
         if self.after_step is not None:
             self.after_step()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

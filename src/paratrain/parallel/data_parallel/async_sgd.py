@@ -36,6 +36,7 @@ from paratrain.parallel.data_parallel.async_state import ServerReport, ServerSta
 from paratrain.parallel.data_parallel.dc_asgd import DelayCompensation
 
 STOP = -1.0
+_Arrival = tuple[int, list[float] | None, BaseException | None]  # worker, header, error
 
 
 def _check_same_ranks(group: comm.CommGroup, control: comm.CommGroup) -> None:
@@ -76,7 +77,7 @@ class _Inbox:
 
     def __init__(self, control: comm.CommGroup, workers: list[int]) -> None:
         self.control = control
-        self.arrived: queue.Queue = queue.Queue()  # (worker, header or None, error or None)
+        self.arrived: queue.Queue[_Arrival] = queue.Queue()
         for w in workers:
             self.expect(w)
 
@@ -89,7 +90,7 @@ class _Inbox:
         )
         waiter.start()
 
-    def _wait(self, worker: int, handle: comm.Handle) -> None:
+    def _wait(self, worker: int, handle: comm.Handle[torch.Tensor]) -> None:
         try:
             self.arrived.put((worker, handle.wait().tolist(), None))
         except Exception as e:  # the server's thread raises it
@@ -100,6 +101,7 @@ class _Inbox:
         worker, header, error = self.arrived.get()
         if error is not None:
             raise error
+        assert header is not None  # arrived without an error
         return worker, header
 
 

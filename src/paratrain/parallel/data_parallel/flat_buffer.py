@@ -122,7 +122,11 @@ class FlatShard:
 
 
 def make_shard(
-    layout: FlatLayout, rank: int, param: torch.Tensor, grad_dtype: torch.dtype, master_from
+    layout: FlatLayout,
+    rank: int,
+    param: torch.Tensor,
+    grad_dtype: torch.dtype,
+    master_from: torch.Tensor | None,
 ) -> FlatShard:
     """A FlatShard over `param`, with a zeroed gradient and, if given, an fp32 master copy.
 

@@ -46,13 +46,16 @@ from paratrain import comm
 from paratrain.comm import compat
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard
-from paratrain.parallel.data_parallel.fsdp_units import FlatUnit, GatheredBytes
+from paratrain.parallel.data_parallel.fsdp_units import Event, FlatUnit, GatheredBytes
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MemoryReport
 from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
+
+# One entry of the units' spec: its name, its modules, its (name, parameter) pairs.
+_Entry = tuple[str, list[nn.Module], list[tuple[str, nn.Parameter]]]
 
 
 class FullyShardedDataParallel(ShardedReplica):
@@ -83,7 +86,7 @@ class FullyShardedDataParallel(ShardedReplica):
         self.precision, self.share = precision or MixedPrecision(), share
         broadcast_parameters(module, group, share)
         self.tracker = GatheredBytes()
-        self.events: list[tuple] = []  # (kind, unit, ...) in order: gathers, forward ends
+        self.events: list[Event] = []  # (kind, unit, ...) in order: gathers, forward ends
         self.units = self._build_units(units)
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         for u in self.units:
@@ -100,15 +103,16 @@ class FullyShardedDataParallel(ShardedReplica):
         self._pending: list[tuple[FlatUnit, Any, torch.Tensor]] = []
         self.scaler = None
         if self.precision.needs_loss_scaling:
-            p = self.precision
-            self.scaler = DynamicLossScaler(p.initial_loss_scale, p.growth_interval)
+            mp = self.precision
+            self.scaler = DynamicLossScaler(mp.initial_loss_scale, mp.growth_interval)
 
     def _build_units(self, spec: Sequence[Sequence[str]]) -> list[FlatUnit]:
         """A unit per entry of `spec`; parameters that no entry's modules use, or that the
         modules of two entries use (tied weights), form the root unit. Only the share's
         parameters count: another wrapper gathers the rest."""
         mine = {id(p) for _, p in self.share.named(self.module)}
-        found, users = [], {}  # users: id(parameter) -> how many entries use it
+        found: list[_Entry] = []
+        users: dict[int, int] = {}  # id(parameter) -> how many entries use it
         for names in spec:
             modules = [self.module.get_submodule(n) for n in names]
             named: dict[int, tuple[str, nn.Parameter]] = {}
@@ -119,7 +123,8 @@ class FullyShardedDataParallel(ShardedReplica):
             found.append((",".join(names), modules, list(named.values())))
             for key in named:
                 users[key] = users.get(key, 0) + 1
-        units, claimed = [], set()
+        units: list[_Entry] = []
+        claimed: set[int] = set()
         for name, modules, named_params in found:
             own = [(pn, p) for pn, p in named_params if users[id(p)] == 1]
             claimed.update(id(p) for _, p in own)

@@ -25,6 +25,10 @@ from paratrain.module_names import matching
 from paratrain.parallel.data_parallel.flat_buffer import FlatLayout, FlatShard, make_shard
 from paratrain.parallel.mixed_precision import MixedPrecision
 
+# What FSDP records, in order: ("gather", unit, phase, ledger seq or None: done at once),
+# ("forward_end", unit, perf_counter time).
+Event = tuple[str, int, str, int | None] | tuple[str, int, float]
+
 # The profiler range around each allocation of a unit's full parameters: with it,
 # measure/allocator.py's `peak(scope=GATHER_SCOPE)` is the gathered memory FSDP holds.
 GATHER_SCOPE = "fsdp.gather"
@@ -101,7 +105,7 @@ class FlatUnit:
         self.ready: set[int] = set()  # params whose gradient arrived in this backward
         self.grad_buffer: torch.Tensor | None = None  # (padded,) full gradients, transient
 
-    def gather(self, events: list | None = None, phase: str = "") -> None:
+    def gather(self, events: list[Event] | None = None, phase: str = "") -> None:
         """Issue the all-gather of this unit's shards (asynchronously) unless done already."""
         if self.gathered or self.handle is not None:
             return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from paratrain.parallel.data_parallel.replica import MOMENTS, MemoryReport
 
 
 def count_memory(
-    known: list[tuple[str, torch.Tensor | None]],
+    known: Sequence[tuple[str, torch.Tensor | None]],
     padding: dict[str, int],
     module: nn.Module | None,
     optimizer_states: Iterable[dict[str, Any]],

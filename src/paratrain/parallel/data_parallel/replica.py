@@ -92,6 +92,22 @@ class MemoryReport:
         return {**asdict(self), "total": self.total}
 
 
+class Checkpointed(Protocol):
+    """What a checkpoint reads of a replica, or of a module held whole (WholeGradients)."""
+
+    module: nn.Module
+
+    def checkpoint_pieces(self, optimizer: Any) -> tuple[list[StatePiece], list[torch.Tensor]]:
+        """This rank's pieces of every parameter and moment, and AdamW's step counters."""
+        ...
+
+
+class ScalesGradients(Protocol):
+    """What clipping needs of a replica, or of a module held whole (WholeGradients)."""
+
+    def scale_grads_(self, factor: float) -> None: ...
+
+
 @runtime_checkable
 class Replica(Protocol):
     """What every data-parallel wrapper of `module` over `group` answers."""
@@ -100,7 +116,13 @@ class Replica(Protocol):
     group: CommGroup
     scaler: DynamicLossScaler | None  # fp16's loss scaler, else None
 
+    training: bool  # every wrapper is an nn.Module: train() and eval() switch it
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
 
     def no_sync(self) -> AbstractContextManager[None]:
         """Accumulate this backward's gradients without reducing them yet."""

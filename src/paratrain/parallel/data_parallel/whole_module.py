@@ -84,7 +84,7 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    all_reduce_in_place([p.grad for p in params], group)
+    all_reduce_in_place([p.grad for p in params if p.grad is not None], group)  # all of them
 
 
 def whole_checkpoint_pieces(
@@ -124,7 +124,7 @@ def complete_state_dict(
 def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
     """AdamW's state of `param`, created (zeros, step 0) if no step has run yet, so that a
     checkpoint can be loaded into a freshly built optimizer."""
-    state = optimizer.state[param]
+    state: dict[str, torch.Tensor] = optimizer.state[param]
     if not state:
         # Where torch's AdamW keeps it: on the host, or beside the parameter when fused.
         fused = bool(optimizer.defaults.get("fused")) or bool(optimizer.defaults.get("capturable"))

@@ -42,6 +42,7 @@ from paratrain.parallel.data_parallel.whole_module import (
     whole_checkpoint_pieces,
     whole_grad_squares,
 )
+from paratrain.parallel.mixed_precision import DynamicLossScaler
 
 
 def broadcast_parameters(
@@ -69,7 +70,7 @@ class DataParallel(SyncSwitch, nn.Module):
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
     """
 
-    scaler = None  # float32 throughout: no loss scaling (mixed precision: zero.py)
+    scaler: DynamicLossScaler | None = None  # float32 throughout (mixed precision: zero.py)
 
     def __init__(
         self,
@@ -196,6 +197,7 @@ class DataParallel(SyncSwitch, nn.Module):
     def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
         """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments
         (of this wrapper's share: storage outside it is another wrapper's to count)."""
+        known: list[tuple[str, torch.Tensor | None]]
         known = [("params", p) for _, p in self.share.named(self.module)]
         known += [("grads", b.buffer) for b in self.buckets]
         states = optimizer.state.values() if optimizer is not None else ()

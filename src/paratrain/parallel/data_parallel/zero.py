@@ -119,7 +119,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
                 self.precision.initial_loss_scale, self.precision.growth_interval
             )
         self._sync, self._next_launch, self._flush_queued = True, 0, False
-        self._pending: list[tuple[FlatBucket, Any, torch.Tensor]] = []
+        self._pending: list[tuple[FlatBucket, comm.Pending, torch.Tensor]] = []
         self._touched: set[int] = set()
         self.zero_grad()
 
@@ -219,9 +219,9 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
             )
         self._pending.append((bucket, handle, send))
 
-    def _complete(self, bucket: FlatBucket, handle: Any, send: torch.Tensor) -> None:
+    def _complete(self, bucket: FlatBucket, handle: comm.Pending, send: torch.Tensor) -> None:
         result = handle.wait()
-        if self.stage == 0:
+        if self.stage == 0 and self.flat_grads is not None:  # always set at stage 0
             if result.data_ptr() != self.flat_grads[bucket.start : bucket.end].data_ptr():
                 self.flat_grads[bucket.start : bucket.end].copy_(result)
             return

@@ -13,12 +13,20 @@ the data-parallel group, so capacity and statistics stay those of the whole batc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol, cast
 
 from torch import nn
 
 from paratrain.comm.group import CommGroup
 from paratrain.parallel.expert_parallel.batch import GroupBatch
 from paratrain.parallel.expert_parallel.dispatch import ExpertParallel, shard_experts
+
+
+class _Seams(Protocol):
+    """A MoE layer's two seams (module docstring), as this module reads and sets them."""
+
+    experts: nn.Module
+    batch: object
 
 
 def apply_expert_parallel(
@@ -34,7 +42,7 @@ def apply_expert_parallel(
     keeps its own slice. `algo` chooses the all-to-all algorithm (comm.all_to_all).
     """
     for name in layers:
-        layer = model.get_submodule(name)
+        layer = cast(_Seams, model.get_submodule(name))  # the seams: read, set below
         experts = layer.experts
         if isinstance(experts, ExpertParallel):
             raise ValueError(f"layer {name!r}: its experts are split already")

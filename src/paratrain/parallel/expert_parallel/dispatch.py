@@ -20,6 +20,8 @@ p's output), so backward is one combine-sized and one dispatch-sized exchange.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,15 +34,25 @@ from paratrain.parallel.expert_parallel.groups import expert_range
 class _AllToAll(torch.autograd.Function):
     """All-to-all with chunk sizes; backward sends the gradient back along the same links."""
 
+    # torch leaves Function.apply unannotated: forward's arguments.
+    apply: ClassVar[
+        Callable[[torch.Tensor, list[int], list[int], CommGroup, str | None], torch.Tensor]
+    ]
+
     @staticmethod
     def forward(
-        ctx, x: torch.Tensor, sends: list[int], recvs: list[int], group: CommGroup, algo: str | None
+        ctx: Any,
+        x: torch.Tensor,
+        sends: list[int],
+        recvs: list[int],
+        group: CommGroup,
+        algo: str | None,
     ) -> torch.Tensor:
         ctx.sends, ctx.recvs, ctx.group, ctx.algo = sends, recvs, group, algo
         return comm.all_to_all(x, group, sends, recvs, algo=algo)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         back = comm.all_to_all(grad.contiguous(), ctx.group, ctx.recvs, ctx.sends, algo=ctx.algo)
         return back, None, None, None, None
 

@@ -15,11 +15,13 @@ activations is handed to the runtime (`meter=`).
 See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
 """
 
-from paratrain.parallel.pipeline.check import Costs, ScheduleError, Simulation, check_schedule
+from paratrain.parallel.pipeline.check import Simulation, check_schedule
 from paratrain.parallel.pipeline.runtime import PipelineRuntime
 from paratrain.parallel.pipeline.schedules import (
     Action,
+    Costs,
     Schedule,
+    ScheduleError,
     build_schedule,
     forward_only,
     gpipe,

@@ -30,12 +30,13 @@ from paratrain.parallel.pipeline.schedules import (
     COMPUTE,
     RECV_B,
     RECV_F,
+    Action,
     Costs,
+    Message,
+    MessageKey,
     Schedule,
     message_key,
 )
-
-Message = tuple[int, tuple]  # (peer stage, key: ('act' | 'grad', micro-batch, chunk))
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,11 @@ class Batch:
 
 @dataclass
 class _Stage:
-    actions: tuple
+    actions: tuple[Action, ...]
     pc: int = 0
     clock: float = 0.0
     waiting: bool = False  # stopped at a RECV whose message has not come
-    inbox: dict[tuple, float] = field(default_factory=dict)  # key -> when it was sent
+    inbox: dict[MessageKey, float] = field(default_factory=dict)  # key -> when it was sent
     calls: list[Batch] = field(default_factory=list)
 
     @property
@@ -91,7 +92,7 @@ def plan_calls(schedule: Schedule, costs: Costs | None = None) -> tuple[tuple[Ba
     return tuple(tuple(st.calls) for st in stages)
 
 
-def _exchange(sender: _Stage, src: int, receiver: _Stage, dst: int, key: tuple) -> None:
+def _exchange(sender: _Stage, src: int, receiver: _Stage, dst: int, key: MessageKey) -> None:
     """One message, sent in a call right after its SEND and received in a call posted as
     early as the receiver's order of calls allows: right after its previous call, so that
     the message travels during compute (gloo moves a message only into a posted receive).

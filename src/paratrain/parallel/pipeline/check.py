@@ -36,6 +36,7 @@ from paratrain.parallel.pipeline.schedules import (
     B,
     Costs,
     F,
+    MessageKey,
     Schedule,
     ScheduleError,
     message_key,
@@ -115,8 +116,8 @@ class _Stage:
     def __init__(self, actions: tuple[Action, ...]) -> None:
         self.actions, self.pc, self.clock = actions, 0, 0.0
         self.done: set[tuple[str, int, int]] = set()  # (kind, mb, chunk) finished here
-        self.received: set[tuple] = set()
-        self.sent: set[tuple] = set()  # (destination, key): a message is sent once
+        self.received: set[MessageKey] = set()
+        self.sent: set[tuple[int, MessageKey]] = set()  # (destination, key): sent once
         self.slots: list[Slot] = []
         self.in_flight = self.peak = 0
 
@@ -130,7 +131,7 @@ def check_schedule(schedule: Schedule, costs: Costs | None = None) -> Simulation
     costs = costs or Costs()
     _static_check(schedule)
     stages = [_Stage(actions) for actions in schedule.stages]
-    channels: dict[tuple[int, int], dict[tuple, float]] = {}  # (src, dst) -> key -> time
+    channels: dict[tuple[int, int], dict[MessageKey, float]] = {}  # (src, dst) -> key -> time
     while not all(st.finished for st in stages):
         progressed = False
         for index, st in enumerate(stages):
@@ -151,13 +152,20 @@ def check_schedule(schedule: Schedule, costs: Costs | None = None) -> Simulation
     )
 
 
-def _step(schedule: Schedule, stage: int, st: _Stage, channels: dict, costs: Costs) -> bool:
+def _step(
+    schedule: Schedule,
+    stage: int,
+    st: _Stage,
+    channels: dict[tuple[int, int], dict[MessageKey, float]],
+    costs: Costs,
+) -> bool:
     """Run the stage's next action if it can; False if it waits on a receive."""
     a = st.actions[st.pc]
     s_, last = schedule.num_stages, schedule.num_virtual_stages - 1
     where = f"stage {stage} action #{st.pc} {a}"
     if a.kind in (RECV_F, RECV_B):
         _, key = message_key(a.kind, a.microbatch, a.chunk, stage, s_)
+        assert a.peer is not None, where  # every RECV names its peer (schedules.py)
         pending = channels.get((a.peer, stage), {})
         if key not in pending:
             return False

@@ -17,12 +17,12 @@ complete under NCCL's stream semantics (stream_check.py) as well as under gloo's
 Activation memory is measured, not derived from the schedule: each training forward runs
 under the `meter` given (measure/activations.py's `ActivationMeter`, a saved-tensor pack
 hook, handed in by the caller: this package imports no instrument), which records the
-storages autograd
-keeps for that (micro-batch, chunk)'s backward. They count as held from the forward until
-the backward that frees them (`B`, or `BW` when split: the weight gradient still needs the
-layer inputs); the bytes held are those of the union of the storages of the pairs in
-flight, so a storage shared by two micro-batches counts once. Without a meter (the
-default) the traces' activation bytes stay 0 and no Python call per saved tensor is paid.
+storages autograd keeps for that (micro-batch, chunk)'s backward. They count as held from
+the forward until the backward that frees them (`B`, or `BW` when split: the weight
+gradient still needs the layer inputs); the bytes held are those of the union of the
+storages of the pairs in flight, so a storage shared by two micro-batches counts once.
+Without a meter (the default) the traces' activation bytes stay 0 and no Python call per
+saved tensor is paid.
 
 Split backward (ZB-H1): `BI` computes dL/dx and keeps each weight consumer's output
 gradient, `BW` computes the weight gradients from those, so no node's work is done twice
@@ -59,6 +59,7 @@ from paratrain.parallel.pipeline.schedules import (
     Action,
     B,
     F,
+    MessageKey,
     Schedule,
     forward_only,
     message_key,
@@ -225,15 +226,16 @@ class PipelineRuntime:
             st.saved[(a.microbatch, a.chunk)] = (x, y)
             st.storages[(a.microbatch, a.chunk)] = meter.storages if meter else {}
 
-    def _hand_over(self, st: StepState, key: tuple, tensor: torch.Tensor, step: int) -> None:
-        """Queue for its group call, by the receiver's key (message_key), or with one stage
-        pass straight to the next chunk."""
+    def _hand_over(self, st: StepState, key: MessageKey, t: torch.Tensor | None, step: int) -> None:
+        """Queue `t` for its group call, by the receiver's key (message_key), or with one
+        stage pass it straight to the next chunk."""
+        assert t is not None, key  # past the first virtual stage, x has a gradient
         s_ = self.schedule.num_stages
         if s_ > 1:
             send = SEND_F if key[0] == "act" else SEND_B
-            st.outbox[message_key(send, key[1], key[2], self.stage, s_)[1]] = tensor
+            st.outbox[message_key(send, key[1], key[2], self.stage, s_)[1]] = t
         else:
-            st.inbox[(key[0], key[1], key[2] + step)] = tensor
+            st.inbox[(key[0], key[1], key[2] + step)] = t
 
     def _output_grad(self, a: Action, st: StepState) -> torch.Tensor | None:
         last = self.schedule.num_virtual_stages - 1

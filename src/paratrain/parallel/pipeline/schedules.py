@@ -82,7 +82,11 @@ def virtual_stage(stage: int, chunk: int, num_stages: int) -> int:
     return chunk * num_stages + stage
 
 
-def message_key(kind: str, microbatch: int, chunk: int, stage: int, num_stages: int) -> tuple:
+MessageKey = tuple[str, int, int]  # ('act' | 'grad', micro-batch, receiver's chunk)
+Message = tuple[int, MessageKey]  # (peer stage, key)
+
+
+def message_key(kind: str, microbatch: int, chunk: int, stage: int, num_stages: int) -> Message:
     """(destination stage, key) of the message a SEND_F/SEND_B action sends, or the key a
     RECV_F/RECV_B action waits for (destination = the receiving stage itself).
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,7 +91,9 @@ class WeightGrad:
                     handle.remove()
 
 
-def _reset(kept: dict[int, torch.Tensor], grads: tuple) -> tuple:
+def _reset(
+    kept: dict[int, torch.Tensor], grads: tuple[torch.Tensor | None, ...]
+) -> tuple[torch.Tensor | None, ...]:
     return tuple(kept.get(i, g) for i, g in enumerate(grads))
 
 
@@ -109,7 +112,7 @@ class _PlainBackward(WeightGrad):
 
 
 def backward_input(
-    y: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, params: list[torch.Tensor]
+    y: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, params: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor | None, WeightGrad]:
     """dL/dx for the output gradient `grad` (None: y is the loss), and BW's work to come.
 
@@ -127,7 +130,13 @@ def backward_input(
     # the consumers' saved inputs (X of dW = dY^T X) serve BW.
     slots = [(g, n, i) for g in groups for n in g.consumers for i in sorted(parents[n][1])]
     edges = [GradientEdge(n, i) for _, n, i in slots]
-    gx, *kept = torch.autograd.grad(y, [x, *edges], grad, retain_graph=True, allow_unused=True)
+    gx, *kept = torch.autograd.grad(
+        y,
+        [x, *edges],  # type: ignore[arg-type]  # torch takes both kinds at once; its stub, not
+        grad,
+        retain_graph=True,
+        allow_unused=True,
+    )
     assert gx is not None, "the stage output does not depend on the stage input"
     # Groups whose consumers lie at the same depth of the input path (q, k and v) cannot
     # reach each other's weights: they share one call. A longer path between consumers
@@ -198,7 +207,7 @@ def _depths(
 
 
 def _weight_groups(
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
     parents: dict[Node, tuple[list[Node], set[int]]],
     input_path: set[Node],
 ) -> list[_Group]:

@@ -13,6 +13,7 @@ Megatron-Core ties its MoE auxiliary loss to the activations the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,13 +23,15 @@ StageLoss = Callable[[nn.Module], torch.Tensor | None]
 
 
 class _Attach(torch.autograd.Function):
+    apply: ClassVar[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]  # (torch: untyped)
+
     @staticmethod
-    def forward(ctx, y: torch.Tensor, term: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, y: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
         ctx.term_dtype = term.dtype
         return y
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return grad, grad.new_ones((), dtype=ctx.term_dtype)
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.pipeline.schedules import MessageKey
 from paratrain.parallel.pipeline.split_backward import WeightGrad
 
 
@@ -17,13 +18,14 @@ class StepState:
         self, micro_batches: list[torch.Tensor], train: bool, device: torch.device
     ) -> None:
         self.micro_batches, self.train = micro_batches, train
-        self.inbox: dict[tuple, torch.Tensor] = {}  # received (or local) inputs and grads
-        self.outbox: dict[tuple, torch.Tensor] = {}  # computed, waiting for their SEND
+        self.inbox: dict[MessageKey, torch.Tensor] = {}  # received (or local) inputs, grads
+        self.outbox: dict[MessageKey, torch.Tensor] = {}  # computed, waiting for their SEND
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
         self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
         self.weight_grad: dict[tuple[int, int], WeightGrad] = {}  # BW's work, kept by BI
-        self.posted: dict[tuple, comm.Handle] = {}  # receives in flight, by message key
-        self.sends: list[comm.Handle] = []
+        # receives in flight, by message key
+        self.posted: dict[MessageKey, comm.Handle[torch.Tensor]] = {}
+        self.sends: list[comm.Handle[torch.Tensor]] = []
         self.loss_sum = torch.zeros((), device=device)
         self.params: list[list[nn.Parameter]] = []  # per chunk, those that train (BI's)
 

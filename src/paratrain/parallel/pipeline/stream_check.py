@@ -13,10 +13,11 @@ and its unmatched messages.
 
 from __future__ import annotations
 
-from paratrain.parallel.pipeline.batches import Batch, Message, plan_calls
+from paratrain.parallel.pipeline.batches import Batch, plan_calls
 from paratrain.parallel.pipeline.schedules import (
     RECV_B,
     RECV_F,
+    Message,
     Schedule,
     ScheduleError,
     message_key,
@@ -84,7 +85,9 @@ def check_streams(schedule: Schedule, calls: tuple[tuple[Batch, ...], ...] | Non
                 if paired.get((src, dst), 0) != n:
                     continue  # an earlier message of the pair is still unmatched
                 theirs = streams[dst].running()
-                j = _receive_of(theirs, src, n, ordinal[dst][streams[dst].done]) if theirs else None
+                if theirs is None:
+                    continue
+                j = _receive_of(theirs, src, n, ordinal[dst][streams[dst].done])
                 if j is None:
                     continue
                 if theirs.recvs[j][1] != key:
@@ -119,14 +122,14 @@ def _ordinals(batches: tuple[Batch, ...], stage: int) -> list[dict[tuple[str, in
     return out
 
 
-def _receive_of(call: Batch, src: int, n: int, ordinals: dict) -> int | None:
+def _receive_of(call: Batch, src: int, n: int, ordinals: dict[tuple[str, int], int]) -> int | None:
     for j, (peer, _) in enumerate(call.recvs):
         if peer == src and ordinals[("recv", j)] == n:
             return j
     return None
 
 
-def _describe(messages: tuple[Message, ...], kind: str, matched: set) -> list[str]:
+def _describe(messages: tuple[Message, ...], kind: str, matched: set[tuple[str, int]]) -> list[str]:
     word = "to" if kind == "send" else "from"
     return [
         f"{kind} {key[0]} {key[1]}.{key[2]} {word} stage {peer}"

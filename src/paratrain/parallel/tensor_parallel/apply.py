@@ -115,7 +115,9 @@ def apply_tensor_parallel(
             setattr(model.get_submodule(parent), child, new)
     _check_dropout_covered(model, matches)
     _tie_again(model, tied)
-    model.tp_rng_tracker = tracker  # its states are part of a checkpoint
+    # Its states are part of a checkpoint. (torch types Module.__setattr__ for tensors and
+    # modules only; any attribute is allowed.)
+    model.tp_rng_tracker = tracker  # type: ignore[assignment]
     return model
 
 
@@ -228,7 +230,7 @@ def _make_attention_region(
     if _draws(module):
         fork_during_forward(module, tracker, SPLIT)
 
-    def enter_region(mod: nn.Module, args: tuple) -> tuple:
+    def enter_region(mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x, *rest = args
         x = regions.gather_sequence(x, group) if sp else regions.f(x, group)  # (B, T, C)
         return (x, *rest)
@@ -245,11 +247,12 @@ def _make_replicated(module: nn.Module, group: CommGroup, tracker: RngTracker, s
     if not sp:
         return
     for m in module.modules():
-        m.sequence_parallel_params = tuple(n for n, _ in m.named_parameters(recurse=False))
+        names = tuple(n for n, _ in m.named_parameters(recurse=False))
+        m.sequence_parallel_params = names  # type: ignore[assignment]  # (as tp_rng_tracker)
     if isinstance(module, nn.Embedding):
         # A replicated embedding (positions) looks up only this rank's part of the
         # sequence, the last dimension of its ids, to match the split activations.
-        def local_ids(mod: nn.Module, args: tuple) -> tuple:
+        def local_ids(mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
             ids, *rest = args
             n = shard_size(ids.shape[-1], group, "sequence length")
             return (ids.narrow(-1, group.rank * n, n), *rest)  # (..., T/tp)
@@ -264,7 +267,7 @@ def _draws(module: nn.Module) -> bool:
     for m in module.modules():
         if isinstance(m, compat.DropoutBase) and m.p > 0:
             return True
-        rate = getattr(m, "dropout", None)
+        rate: object = getattr(m, "dropout", None)
         if isinstance(rate, float | int) and rate > 0:
             return True
     return False

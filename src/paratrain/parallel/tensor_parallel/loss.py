@@ -20,6 +20,9 @@ memory is split too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, ClassVar
+
 import torch
 from torch import nn
 
@@ -28,9 +31,12 @@ from paratrain.comm.group import CommGroup
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
+    # torch leaves Function.apply unannotated: forward's arguments.
+    apply: ClassVar[Callable[[torch.Tensor, torch.Tensor, CommGroup, int], torch.Tensor]]
+
     @staticmethod
     def forward(
-        ctx,
+        ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
         group: CommGroup,
@@ -61,7 +67,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return per_token.sum() / count
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         softmax, local_t, mine, valid, count = ctx.saved_tensors
         grad_z = softmax.clone()  # (N, V/tp): d loss_i / d z_iv = softmax_iv - [v = t_i]
         rows = torch.arange(grad_z.shape[0], device=grad_z.device)

@@ -17,11 +17,14 @@ with `seed + 2718 + tp_rank`, Megatron's offset.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+
+from paratrain.comm.compat import graph_break
 
 REPLICATED = "replicated"
 SPLIT = "split"
@@ -57,7 +60,7 @@ class RngTracker:
         torch.set_rng_state(saved_cpu)
 
     @contextmanager
-    def fork(self, name: str):
+    def fork(self, name: str) -> Iterator[None]:
         self.enter(name)
         try:
             yield
@@ -87,11 +90,11 @@ def fork_during_forward(module: nn.Module, tracker: RngTracker, name: str) -> No
     The hooks swap the global generator's state: a compiled block (--compile) runs them
     eagerly, between its graphs, so its dropout draws from the stream they set."""
 
-    @torch.compiler.disable
+    @graph_break
     def enter(mod: nn.Module, args: Any) -> None:
         tracker.enter(name)
 
-    @torch.compiler.disable
+    @graph_break
     def leave(mod: nn.Module, args: Any, output: Any) -> None:
         tracker.exit(name)
 
