@@ -223,7 +223,27 @@ def estimate(
     if est.activation_bytes is not None and model.has_shape:
         est.activation_bytes += context.ring_buffer_bytes(model, workload, layout)
     est.bubble = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
-    tokens = est.global_batch * (model.seq_len or 0)
+    _time_step(est, model, cluster, workload, layout, k)
+    if est.memory_bytes > cluster.gpu_memory_bytes:
+        est.problems.append(_too_big(est, state, cluster))
+    if alternative and layout.zero == 2 and layout.data_ranks > 1 and k > 1:
+        other = "shard" if workload.zero2_accumulate == "full" else "full"
+        other_workload = replace(workload, zero2_accumulate=other)
+        est.alternative = estimate(model, cluster, other_workload, layout, alternative=False)
+    return est
+
+
+def _time_step(
+    est: Estimate,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    layout: Layout,
+    k: int,
+) -> None:
+    """The step's FLOPs, busy time, bubble and exposed communication over k micro-batches,
+    into `est`."""
+    tokens = k * workload.micro_batch * layout.dp * (model.seq_len or 0)  # est.global_batch
     est.model_flops = ptime.model_training_flops(model, tokens, workload.recompute)
     busiest = ptime.model_training_flops(model, tokens, workload.recompute, workload.moe_imbalance)
     busy = stage_time.busy_time(model, workload, layout, cluster, k, busiest)
@@ -239,20 +259,15 @@ def estimate(
     )  # fmt: skip
     if tokens:
         est.train_time_s = est.time.total_s * workload.train_tokens / tokens
-    if est.memory_bytes > cluster.gpu_memory_bytes:
-        est.problems.append(
-            f"needs {est.memory_bytes / GB:.2f} GB per GPU ({state.step_boundary / GB:.2f} "
-            "model state"
-            + (
-                f" + {state.grad_accumulation / GB:.2f} whole gradient accumulated"
-                if state.grad_accumulation
-                else ""
-            )
-            + (f" + {est.activation_bytes / GB:.2f} activations" if est.activation_bytes else "")
-            + f") of {cluster.gpu_memory_bytes / GB:.0f} GB"
-        )
-    if alternative and layout.zero == 2 and layout.data_ranks > 1 and k > 1:
-        other = "shard" if workload.zero2_accumulate == "full" else "full"
-        other_workload = replace(workload, zero2_accumulate=other)
-        est.alternative = estimate(model, cluster, other_workload, layout, alternative=False)
-    return est
+
+
+def _too_big(est: Estimate, state: memory.ModelState, cluster: ClusterSpec) -> str:
+    """Why the layout does not fit one GPU, item by item."""
+    whole = state.grad_accumulation
+    return (
+        f"needs {est.memory_bytes / GB:.2f} GB per GPU ({state.step_boundary / GB:.2f} "
+        "model state"
+        + (f" + {whole / GB:.2f} whole gradient accumulated" if whole else "")
+        + (f" + {est.activation_bytes / GB:.2f} activations" if est.activation_bytes else "")
+        + f") of {cluster.gpu_memory_bytes / GB:.0f} GB"
+    )
