@@ -52,7 +52,7 @@ def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, ledger=ledger)
     tracker = PredictionTracker(cfg, mesh)
     try:
-        result = train(cfg, mesh, data, tracker.step_done)
+        result = train(cfg, mesh, data, lambda m: tracker.step_done(m.step))
     finally:
         tracker.close()
     return result, tracker.compare(result.extra["model_state_bytes"]), mesh
