@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 
 from paratrain.validate import resolve_and_check
-from tests.equivalence import check_layouts, tiny_config
+from tests.distributed import run_distributed
+from tests.equivalence import check_layouts, tiny_config, tiny_data
 
 CLIP = 0.5  # below the observed norms (about 1 to 3): clipping by the global norm is active
 
@@ -70,3 +71,56 @@ def test_hsdp_refusals_name_the_flag_and_what_is_valid(change, message):
     settings = {"zero": 1, "replicas": 2, **change}
     with pytest.raises(ValueError, match=message):
         hsdp_config(4, **settings)
+
+
+def _compare_each(rank, world, configs, data):
+    from tests.test_prediction import train_and_compare
+
+    return [train_and_compare(rank, world, cfg, data) for cfg in configs]
+
+
+def test_hsdp_bytes_per_group_and_model_state_are_predicted_exactly():
+    """The ledger's bytes per group and the runtime's model state equal the planner's on
+    every rank (train/prediction.py, as `paratrain train` checks at the end), dp 4 = 2
+    replica groups x 2: ZeRO over the 2 ranks of a replica group ("dp_shard"), and the
+    gradient shard of 42,880 / 2 fp32 elements all-reduced over the 2 replica groups
+    ("dp_replicate"): a ring all-reduce of two ranks sends each one half the buffer twice,
+    21,440 x 4 bytes in all."""
+    from tests.test_prediction import config
+
+    configs = [config(dp=4, zero=zero, replicas=2) for zero in (1, 2, 3)]
+    per_rank = run_distributed(_compare_each, 4, configs, tiny_data())
+    for rank, rank_results in enumerate(per_rank):
+        for cfg, compared in zip(configs, rank_results, strict=True):
+            predicted, measured = compared["predicted"], compared["measured"]
+            assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+            assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+            sent = measured["bytes_sent_per_step"][rank]
+            assert sent["dp_replicate"] == 21_440 * 4, cfg.parallel.zero
+            assert sent["dp_shard"] > 0 and sent["dp"] > 0  # ZeRO within; (loss, tokens)
+            shard = measured["model_state_bytes"][rank]["optimizer"]
+            assert shard == 2 * 4 * 21_440  # Adam's moments of a half, not a quarter
+
+
+def test_planner_formulas_shard_over_a_replica_group_and_all_reduce_across():
+    """`paratrain plan`'s formulas (plan/memory.py, plan/comm.py) for dp 8 = 2 replica
+    groups of 4, ZeRO-3, mixed-precision Adam: 16N / 4 bytes per GPU (not 16N / 8), ZeRO-3's
+    3 (k - 1) S / k per micro-batch with k = 4, and one all-reduce of the 2N / 4 bytes of
+    gradient shard over the 2 groups: 2 (R - 1) / R of it."""
+    from paratrain.plan.cluster import ClusterSpec
+    from paratrain.plan.comm import dp_traffic
+    from paratrain.plan.layout import Layout, Workload
+    from paratrain.plan.memory import model_state_bytes
+    from paratrain.plan.model import ModelSpec
+
+    n, workload = 8_000_000, Workload(micro_batch=1, global_batch=8)
+    hsdp = Layout(dp=8, zero=3, replicas=2)
+    assert model_state_bytes(n, workload, hsdp).step_boundary == 16 * n // 4
+    cluster = ClusterSpec("two nodes of 4", 8, 4, 80e9, 1e11, 1e10, 0, 0, 1e15, 0.5)
+    entries = {
+        (e.axis, e.what): e.bytes
+        for e in dp_traffic(ModelSpec("m", n_params=n), workload, hsdp, cluster, 1)
+    }
+    assert entries[("dp_replicate", "gradient shards across replica groups")] == 2 * n // 4
+    assert entries[("dp_shard", "gradients, every micro-batch")] == 3 * 2 * n // 4
+    assert sum(b for (axis, _), b in entries.items() if axis == "dp_shard") == 3 * 3 * 2 * n // 4
