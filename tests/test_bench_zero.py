@@ -45,11 +45,12 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
     cfg = tiny_config(global_batch=4, grad_clip=0.0)
     result = json.loads(json.dumps(run_zero_bench(2, None, str(png), 2, cfg, tiny_data().train)))
     entries = result["stages"]
-    assert [e["zero"] for e in entries] == [0, 1, 2, 3]
+    assert [e["stage"] for e in entries] == [0, 1, 2, 3, "hsdp"]
     n, k = entries[0]["params"], 2
     closed = {0: 16 * n, 1: 8 * n + 8 * n // k, 2: 4 * n + 12 * n // k, 3: 16 * n // k}
+    closed["hsdp"] = 16 * n  # 2 replica groups of one rank: ZeRO-3 over 1 rank holds all
     for e in entries:
-        z = e["zero"]
+        z = e["stage"]
         assert KEYS <= e.keys()
         assert (e["dp"], e["dtype"], e["pairs"]) == (k, "float32", 2)
         assert e["max_loss_rel_diff"] < LOSS_RTOL
@@ -60,13 +61,15 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
         for b, pad in zip(held, e["padding_bytes_per_rank"], strict=True):
             assert b - pad == e["formula_bytes_per_rank"]
         s = 4 * n
-        assert e["comm_formula_bytes"] == (s if z < 3 else 3 * s // 2)
+        assert e["comm_formula_bytes"] == (3 * s // 2 if z == 3 else s)  # hsdp: all-reduce
         # (loss, tokens), 16 bytes, all-reduced over 2 ranks; under ZeRO the norm's too
-        assert e["comm_scalar_bytes_by_rank"] == [16 if z == 0 else 32] * k
+        # (not under HSDP here: a replica group of one rank holds its whole gradient)
+        assert e["comm_scalar_bytes_by_rank"] == [16 if z in (0, "hsdp") else 32] * k
         sent, scalars = e["comm_bytes_by_rank"], e["comm_scalar_bytes_by_rank"]
         assert sent == [e["comm_formula_bytes"] + x for x in scalars]
         assert e["torch_comm_unsized"] == {}
-    by_stage = {e["zero"]: e for e in entries}
+    by_stage = {e["stage"]: e for e in entries}
+    assert by_stage["hsdp"]["torch_model_state_bytes_per_rank"] == [16 * n] * k
     assert by_stage[0]["torch_model_state_bytes_per_rank"] == [16 * n] * k
     for z in (2, 3):  # FSDP2 reshards after backward either way
         assert by_stage[z]["torch_model_state_bytes_per_rank"] == [16 * n // k] * k
