@@ -17,14 +17,10 @@ docs/experts.md):
   consecutive runs of ep ranks of a dp_cp group split the experts between them.
 - "expert_dp": the ranks of a dp_cp group at the same position in their ep run. They hold
   the same experts, so expert gradients are reduced over it. With ep = 1 it is dp_cp.
-- "dp_shard" and "dp_replicate" (HSDP, `replicas` R > 1; docs/zero.md): a dp_cp group
-  cut into R replica groups of consecutive ranks, as FSDP2's 2-D mesh (replicate, shard)
-  and torchtitan lay them out: a replica group sits within a node (its reduce-scatters
-  and gathers on the fastest links), the replicas across nodes. "dp_shard" is this
-  rank's replica group, over which ZeRO shards; "dp_replicate" the ranks at the same
-  position in every replica group, which hold the same shards, so the reduced shard is
-  all-reduced over it. A replica group is the unit a later quorum drops and re-adds.
-  With R = 1, dp_shard is dp_cp and dp_replicate this rank alone.
+- "dp_shard" (HSDP, R = `replicas`; docs/zero.md): a run of dp·cp / R consecutive ranks
+  of dp_cp, one replica group (within a node, as torchtitan's 2-D mesh), which ZeRO shards
+  over; "dp_replicate": the ranks at one position of every run (same shards), over which
+  the reduced shards are all-reduced. With R = 1 dp_shard is dp_cp.
 
 `MeshShape` is the pure arithmetic; `Mesh` adds the rank's device and process groups. A
 Mesh is an ordinary object passed to whatever needs it: there is no global registry of

@@ -70,8 +70,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     loop's way), "avg" for per-replica mean losses (DDP's way). accumulate: stage 2 with
     K micro-batches, "shard" (reduce-scatter each one) or "full" (module docstring).
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
-    hybrid: HSDP (hybrid.py): shard over `hybrid.shard`, a part of `group`, and all-reduce
-    the reduced shard over `hybrid.replicate`; `group` stays every rank holding the module.
+    hybrid: HSDP (hybrid.py): shard within `hybrid.shard`, a part of `group`.
     """
 
     def __init__(
@@ -88,18 +87,17 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     ) -> None:
         super().__init__()
         if stage not in (0, 1, 2) or (hybrid is not None and stage == 0):
-            raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (3: fsdp.py)")
+            raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (HSDP: 1, 2)")
         if reduce_op not in ("avg", "sum") or accumulate not in ZERO2_ACCUMULATE:
             raise ValueError(f"reduce_op {reduce_op!r} / accumulate {accumulate!r}")
         self.module, self.group, self.stage, self.hybrid = module, group, stage, hybrid
-        shards_over = hybrid.shard if hybrid is not None else group
         self.precision = precision or MixedPrecision()
         self.reduce_op, self.accumulate, self.share = reduce_op, accumulate, share
         broadcast_parameters(module, group, share)
         named = share.named(module)[::-1]
         self._params = [p for _, p in named]
-        rank = shards_over.rank if stage >= 1 else 0
-        self.layout = FlatLayout(named, shards_over.size if stage >= 1 else 1)
+        rank = self.shard_group.rank if stage >= 1 else 0  # under HSDP, in a replica group
+        self.layout = FlatLayout(named, self.shard_group.size if stage >= 1 else 1)
         self.flat_params, master_from = self._flatten_params(rank)
         lo, hi = self.layout.shard_range(rank)
         dtype = self.precision.param_dtype
