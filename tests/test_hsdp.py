@@ -25,8 +25,9 @@ from tests.equivalence import check_layouts, tiny_config, tiny_data
 CLIP = 0.5  # below the observed norms (about 1 to 3): clipping by the global norm is active
 
 
-def hsdp_config(world, zero, replicas=2, micro_batch=2, dp=0, pp=1, tp=1, **parallel):
+def hsdp_config(world, zero, replicas=2, micro_batch=2, dp=0, pp=1, tp=1, experts=0, **parallel):
     cfg = tiny_config(micro_batch=micro_batch, grad_clip=CLIP)
+    cfg.model.num_experts = experts
     p = cfg.parallel
     p.nproc, p.dp, p.pp, p.tp, p.zero, p.replicas = world, dp, pp, tp, zero, replicas
     for key, value in parallel.items():
@@ -49,12 +50,15 @@ def test_hsdp_zero_stages_match_single_process():
 
 
 def test_hsdp_composes_with_tensor_and_pipeline_parallelism():
-    """dp 2 = 2 replica groups of one rank (shards of the whole) beside tp 2 or pp 2, and
-    dp 4 = 4 replica groups (every rank its own group: all-reduce only)."""
+    """dp 2 = 2 replica groups of one rank (shards of the whole) beside tp 2 or pp 2;
+    dp 4 = 4 replica groups (every rank its own group: all-reduce only); and dp 2 x cp 2,
+    where a replica group is one dp rank's 2 cp ranks (ZeRO shards over dp_cp)."""
     configs = [
         hsdp_config(4, 3, dp=2, tp=2, micro_batch=2),
         hsdp_config(4, 1, dp=2, pp=2, micro_batch=1),
         hsdp_config(4, 2, replicas=4, micro_batch=1),
+        hsdp_config(4, 3, dp=2, cp=2, micro_batch=2),
+        hsdp_config(4, 1, dp=2, cp=2, micro_batch=1),
     ]
     check_layouts(4, configs, CLIP)
 
@@ -64,7 +68,7 @@ def test_hsdp_composes_with_tensor_and_pipeline_parallelism():
     [
         ({"replicas": 3}, r"--replicas 3 does not divide the 4 data-parallel ranks; valid: 1, 2"),
         ({"zero": 0}, r"--replicas 2 needs ZeRO \(--zero 1, 2 or 3\)"),
-        ({"cp": 2, "dp": 2}, r"--replicas 2 with --cp 2 is not supported yet"),
+        ({"ep": 2, "experts": 4}, r"--replicas 2 with --ep 2 is not supported yet"),
     ],
 )
 def test_hsdp_refusals_name_the_flag_and_what_is_valid(change, message):
@@ -85,10 +89,16 @@ def test_hsdp_bytes_per_group_and_model_state_are_predicted_exactly():
     replica groups x 2: ZeRO over the 2 ranks of a replica group ("dp_shard"), and the
     gradient shard of 42,880 / 2 fp32 elements all-reduced over the 2 replica groups
     ("dp_replicate"): a ring all-reduce of two ranks sends each one half the buffer twice,
-    21,440 x 4 bytes in all."""
+    21,440 x 4 bytes in all. The same with dp 2 x cp 2, a replica group being one dp
+    rank's two cp ranks."""
     from tests.test_prediction import config
 
     configs = [config(dp=4, zero=zero, replicas=2) for zero in (1, 2, 3)]
+    with_cp = tiny_config(steps=2, global_batch=8)
+    p = with_cp.parallel
+    p.nproc, p.dp, p.cp, p.zero, p.replicas = 4, 2, 2, 3, 2
+    with_cp.train.microbatches = 0
+    configs.append(resolve_and_check(with_cp, 4))
     per_rank = run_distributed(_compare_each, 4, configs, tiny_data())
     for rank, rank_results in enumerate(per_rank):
         for cfg, compared in zip(configs, rank_results, strict=True):
@@ -97,7 +107,8 @@ def test_hsdp_bytes_per_group_and_model_state_are_predicted_exactly():
             assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
             sent = measured["bytes_sent_per_step"][rank]
             assert sent["dp_replicate"] == 21_440 * 4, cfg.parallel.zero
-            assert sent["dp_shard"] > 0 and sent["dp"] > 0  # ZeRO within; (loss, tokens)
+            tokens_group = "dp" if cfg.parallel.cp == 1 else "dp_cp"  # (loss, tokens)
+            assert sent["dp_shard"] > 0 and sent[tokens_group] > 0
             shard = measured["model_state_bytes"][rank]["optimizer"]
             assert shard == 2 * 4 * 21_440  # Adam's moments of a half, not a quarter
 
