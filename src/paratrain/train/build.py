@@ -262,7 +262,9 @@ def data_parallel(
 
 
 def hybrid_groups(mesh: Mesh) -> HybridGroups | None:
-    """HSDP's shard and replicate groups (mesh.py), or None without replica groups."""
+    """HSDP's shard and replicate groups (mesh.py), or None without replica groups. Only
+    for the dense share: validate refuses --replicas with --ep (experts over expert_dp)."""
     if mesh.size("dp_replicate") == 1:
         return None
+    assert mesh.size("ep") == 1, "HSDP with expert parallelism is refused by validate"
     return HybridGroups(mesh.group("dp_shard"), mesh.group("dp_replicate"))
