@@ -105,3 +105,21 @@ def test_too_few_pairs_and_unknown_stages_are_one_line_errors(capsys):
     assert "at least 4 pairs" in capsys.readouterr().err
     assert cli.main(["bench", "zero", "--stages", "1,9", "--out", ""]) == 2
     assert "--stages '1,9'" in capsys.readouterr().err
+
+
+def test_hsdp_row_at_dp_4_shards_over_2_and_all_reduces_across_2():
+    """The HSDP row at dp 4 (2 replica groups of 2) against FSDP2 on a (2, 2) mesh: both
+    hold 16N/2 per rank; ours sends ZeRO-3's 3 (s-1) S / s over a replica group plus the
+    shard's all-reduce over the 2 groups, 2 (R-1)/R of S/2, to the byte, beside the
+    planner's scalars; losses agree with the peer's."""
+    cfg = tiny_config(global_batch=4, grad_clip=0.0)
+    result = run_zero_bench(1, ["hsdp"], None, 4, cfg, tiny_data().train)
+    (e,) = result["stages"]
+    n, s = e["params"], 4 * e["params"]
+    assert (e["stage"], e["zero"], e["replicas"], e["dp"]) == ("hsdp", 3, 2, 4)
+    assert e["formula_bytes_per_rank"] == 16 * n // 2
+    assert e["torch_model_state_bytes_per_rank"] == [16 * n // 2] * 4
+    assert e["comm_formula_bytes"] == 3 * s // 2 + s // 2  # in the group; across: S/2
+    sent, scalars = e["comm_bytes_by_rank"], e["comm_scalar_bytes_by_rank"]
+    assert sent == [e["comm_formula_bytes"] + x for x in scalars]
+    assert e["max_loss_rel_diff"] < LOSS_RTOL
