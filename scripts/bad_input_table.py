@@ -130,6 +130,14 @@ CASES = [
     Case("attention dropout with cp", ["--cp", "2", "--dropout", "0.1", "--data", TEXT], _text),
     Case("`--ep 2` on a dense model", ["--nproc", "2", "--ep", "2"]),
     Case(
+        "HSDP replica groups that do not divide dp (`--replicas 3` of 4 ranks)",
+        ["--nproc", "4", "--micro-batch", "1", "--zero", "1", "--replicas", "3"],
+    ),
+    Case(
+        "HSDP without ZeRO (`--replicas 2`)",
+        ["--nproc", "4", "--micro-batch", "1", "--replicas", "2"],
+    ),
+    Case(
         "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
         ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],
     ),

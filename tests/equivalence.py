@@ -298,7 +298,8 @@ def train_layouts(rank, world_size, runs, data) -> list[RunRecord]:
     records = []
     for dp, pp, tp, cfg in runs:
         options = CommOptions(algo=cfg.parallel.comm_algo)
-        mesh = Mesh.build(dp=dp, pp=pp, tp=tp, cp=cfg.parallel.cp, options=options)
+        p = cfg.parallel
+        mesh = Mesh.build(dp=dp, pp=pp, tp=tp, cp=p.cp, options=options, replicas=p.replicas)
         records.append(record_of(train(cfg, mesh, data), mesh.group("tp")))
     return records
 

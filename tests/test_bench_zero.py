@@ -45,11 +45,12 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
     cfg = tiny_config(global_batch=4, grad_clip=0.0)
     result = json.loads(json.dumps(run_zero_bench(2, None, str(png), 2, cfg, tiny_data().train)))
     entries = result["stages"]
-    assert [e["zero"] for e in entries] == [0, 1, 2, 3]
+    assert [e["stage"] for e in entries] == [0, 1, 2, 3, "hsdp"]
     n, k = entries[0]["params"], 2
     closed = {0: 16 * n, 1: 8 * n + 8 * n // k, 2: 4 * n + 12 * n // k, 3: 16 * n // k}
+    closed["hsdp"] = 16 * n  # 2 replica groups of one rank: ZeRO-3 over 1 rank holds all
     for e in entries:
-        z = e["zero"]
+        z = e["stage"]
         assert KEYS <= e.keys()
         assert (e["dp"], e["dtype"], e["pairs"]) == (k, "float32", 2)
         assert e["max_loss_rel_diff"] < LOSS_RTOL
@@ -60,13 +61,15 @@ def test_every_stage_matches_its_peer_the_formula_and_the_paper(tmp_path):
         for b, pad in zip(held, e["padding_bytes_per_rank"], strict=True):
             assert b - pad == e["formula_bytes_per_rank"]
         s = 4 * n
-        assert e["comm_formula_bytes"] == (s if z < 3 else 3 * s // 2)
+        assert e["comm_formula_bytes"] == (3 * s // 2 if z == 3 else s)  # hsdp: all-reduce
         # (loss, tokens), 16 bytes, all-reduced over 2 ranks; under ZeRO the norm's too
-        assert e["comm_scalar_bytes_by_rank"] == [16 if z == 0 else 32] * k
+        # (not under HSDP here: a replica group of one rank holds its whole gradient)
+        assert e["comm_scalar_bytes_by_rank"] == [16 if z in (0, "hsdp") else 32] * k
         sent, scalars = e["comm_bytes_by_rank"], e["comm_scalar_bytes_by_rank"]
         assert sent == [e["comm_formula_bytes"] + x for x in scalars]
         assert e["torch_comm_unsized"] == {}
-    by_stage = {e["zero"]: e for e in entries}
+    by_stage = {e["stage"]: e for e in entries}
+    assert by_stage["hsdp"]["torch_model_state_bytes_per_rank"] == [16 * n] * k
     assert by_stage[0]["torch_model_state_bytes_per_rank"] == [16 * n] * k
     for z in (2, 3):  # FSDP2 reshards after backward either way
         assert by_stage[z]["torch_model_state_bytes_per_rank"] == [16 * n // k] * k
@@ -102,3 +105,21 @@ def test_too_few_pairs_and_unknown_stages_are_one_line_errors(capsys):
     assert "at least 4 pairs" in capsys.readouterr().err
     assert cli.main(["bench", "zero", "--stages", "1,9", "--out", ""]) == 2
     assert "--stages '1,9'" in capsys.readouterr().err
+
+
+def test_hsdp_row_at_dp_4_shards_over_2_and_all_reduces_across_2():
+    """The HSDP row at dp 4 (2 replica groups of 2) against FSDP2 on a (2, 2) mesh: both
+    hold 16N/2 per rank; ours sends ZeRO-3's 3 (s-1) S / s over a replica group plus the
+    shard's all-reduce over the 2 groups, 2 (R-1)/R of S/2, to the byte, beside the
+    planner's scalars; losses agree with the peer's."""
+    cfg = tiny_config(global_batch=4, grad_clip=0.0)
+    result = run_zero_bench(1, ["hsdp"], None, 4, cfg, tiny_data().train)
+    (e,) = result["stages"]
+    n, s = e["params"], 4 * e["params"]
+    assert (e["stage"], e["zero"], e["replicas"], e["dp"]) == ("hsdp", 3, 2, 4)
+    assert e["formula_bytes_per_rank"] == 16 * n // 2
+    assert e["torch_model_state_bytes_per_rank"] == [16 * n // 2] * 4
+    assert e["comm_formula_bytes"] == 3 * s // 2 + s // 2  # in the group; across: S/2
+    sent, scalars = e["comm_bytes_by_rank"], e["comm_scalar_bytes_by_rank"]
+    assert sent == [e["comm_formula_bytes"] + x for x in scalars]
+    assert e["max_loss_rel_diff"] < LOSS_RTOL

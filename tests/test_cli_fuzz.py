@@ -26,7 +26,8 @@ NUMERIC_FLAGS = ["--nproc", "--dp", "--pp", "--tp", "--zero", "--chunks", "--ste
                  "--warmup-steps", "--grad-clip", "--dropout", "--beta1", "--n-layer",
                  "--n-head", "--n-kv-head", "--d-model", "--vocab-size", "--max-seq-len",
                  "--bucket-mb", "--loss-scale", "--val-fraction", "--comm-timeout-s",
-                 "--prefetch", "--ffn-hidden", "--rope-theta", "--dc-lambda"]  # fmt: skip
+                 "--prefetch", "--ffn-hidden", "--rope-theta", "--dc-lambda",
+                 "--replicas"]  # fmt: skip
 WORD_FLAGS = ["--schedule", "--dtype", "--device", "--backend", "--comm-algo",
               "--comm-order", "--zero2-accumulate", "--dp-mode", "--lr-scaling", "--recompute",
               "--model", "--arch", "--activation", "--straggler"]  # fmt: skip

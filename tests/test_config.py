@@ -250,6 +250,7 @@ INEFFECTIVE = {
     "model.bias_rate": (["--bias-rate", "0.001"], [], MOE),
     "model.shared_expert": (["--shared-expert"], [], MOE),
     "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
+    "parallel.replicas": (["--replicas", "2"], [], ["--zero", "1"]),
     "parallel.zero2_accumulate": (
         ["--zero2-accumulate", "full"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]
     ),

@@ -101,3 +101,31 @@ def _mesh_mismatch(rank, world_size):
 def test_mesh_that_does_not_match_the_world_is_refused():
     with pytest.raises(AssertionError, match="does not match the world size 2"):
         run_distributed(_mesh_mismatch, 2)
+
+
+def test_hsdp_replica_groups_are_consecutive_and_replicate_across_them():
+    """HSDP (FSDP2's 2-D mesh, torchtitan's layout): a replica group is a run of
+    consecutive dp ranks (one node), the ranks at one position of every run replicate."""
+    shape = MeshShape(dp=4, replicas=2)
+    assert shape.groups("dp_shard") == [[0, 1], [2, 3]]
+    assert shape.groups("dp_replicate") == [[0, 2], [1, 3]]
+    with_tp = MeshShape(dp=4, tp=2, replicas=2)  # one set per tp rank, inside its dp group
+    assert with_tp.groups("dp_shard") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert with_tp.groups("dp_replicate") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    plain = MeshShape(dp=4)  # one replica group: the dp group itself, nothing to replicate
+    assert plain.groups("dp_shard") == [[0, 1, 2, 3]]
+    assert plain.groups("dp_replicate") == [[0], [1], [2], [3]]
+    with pytest.raises(ValueError, match="replicas=3 must divide dp=4"):
+        MeshShape(dp=4, replicas=3)
+
+
+def _hsdp_facts(rank, world_size, dp, tp, replicas):
+    mesh = Mesh.build(dp=dp, tp=tp, replicas=replicas)
+    return {axis: mesh.group(axis).ranks for axis in ("dp_shard", "dp_replicate")}
+
+
+def test_hsdp_groups_are_built_on_4_ranks():
+    shape = MeshShape(dp=4, replicas=2)
+    for rank, facts in enumerate(run_distributed(_hsdp_facts, 4, 4, 1, 2)):
+        for axis, ranks in facts.items():
+            assert ranks == shape.group_of(axis, rank)

@@ -49,7 +49,9 @@ def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
     and measured numbers (collective, as in the worker) and the mesh, for the caller to
     read and close."""
     p = cfg.parallel
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, ledger=ledger)
+    mesh = Mesh.build(
+        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, ledger=ledger, replicas=p.replicas
+    )
     tracker = PredictionTracker(cfg, mesh)
     try:
         result = train(cfg, mesh, data, lambda m: tracker.step_done(m.step))

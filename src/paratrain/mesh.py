@@ -17,6 +17,10 @@ docs/experts.md):
   consecutive runs of ep ranks of a dp_cp group split the experts between them.
 - "expert_dp": the ranks of a dp_cp group at the same position in their ep run. They hold
   the same experts, so expert gradients are reduced over it. With ep = 1 it is dp_cp.
+- "dp_shard" (HSDP, R = `replicas`; docs/zero.md): a run of dp·cp / R consecutive ranks
+  of dp_cp, one replica group (within a node, as torchtitan's 2-D mesh), which ZeRO shards
+  over; "dp_replicate": the ranks at one position of every run (same shards), over which
+  the reduced shards are all-reduced. With R = 1 dp_shard is dp_cp.
 
 `MeshShape` is the pure arithmetic; `Mesh` adds the rank's device and process groups. A
 Mesh is an ordinary object passed to whatever needs it: there is no global registry of
@@ -42,7 +46,8 @@ from paratrain.comm.ledger import Ledger
 from paratrain.comm.watchdog import Watchdog, default_store_or_none
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost
-DERIVED = ("dp_cp", "ep", "expert_dp")  # groups made of the axes' ranks (module docstring)
+# groups made of the axes' ranks (module docstring)
+DERIVED = ("dp_cp", "ep", "expert_dp", "dp_shard", "dp_replicate")
 GROUPS = AXES + DERIVED
 
 
@@ -53,11 +58,16 @@ class MeshShape:
     tp: int = 1
     cp: int = 1
     ep: int = 1  # carved out of dp·cp: not an axis of its own
+    replicas: int = 1  # HSDP replica groups, cut out of dp (module docstring)
 
     def __post_init__(self) -> None:
-        for axis in (*AXES, "ep"):
+        for axis in (*AXES, "ep", "replicas"):
             if getattr(self, axis) < 1:
                 raise ValueError(f"mesh {self.describe()}: every degree must be at least 1")
+        if self.dp % self.replicas:
+            raise ValueError(
+                f"mesh {self.describe()}: replicas={self.replicas} must divide dp={self.dp}"
+            )
         if (self.dp * self.cp) % self.ep:
             raise ValueError(
                 f"mesh {self.describe()}: ep={self.ep} must divide dp·cp = "
@@ -77,10 +87,16 @@ class MeshShape:
             return self.dp * self.cp
         if axis == "expert_dp":
             return self.dp * self.cp // self.ep
+        if axis == "dp_shard":
+            return self.dp * self.cp // self.replicas
+        if axis == "dp_replicate":
+            return self.replicas
         raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUPS)}")
 
     def describe(self) -> str:
-        extra = "".join(f" {a}={getattr(self, a)}" for a in ("cp", "ep") if getattr(self, a) > 1)
+        extra = "".join(
+            f" {a}={getattr(self, a)}" for a in ("cp", "ep", "replicas") if getattr(self, a) > 1
+        )
         return f"dp={self.dp} pp={self.pp} tp={self.tp}{extra} (world {self.world_size})"
 
     def coords(self, global_rank: int) -> dict[str, int]:
@@ -122,10 +138,12 @@ class MeshShape:
         for ranks in token_holders.values():  # dp-major, cp-minor: rank order
             if kind == "dp_cp":
                 groups.append(ranks)
-            elif kind == "ep":
-                groups += [ranks[i : i + self.ep] for i in range(0, len(ranks), self.ep)]
-            else:  # expert_dp: the same position in every ep run
-                groups += [ranks[i :: self.ep] for i in range(self.ep)]
+            elif kind in ("ep", "dp_shard"):  # consecutive runs
+                run = self.size(kind)
+                groups += [ranks[i : i + run] for i in range(0, len(ranks), run)]
+            else:  # expert_dp, dp_replicate: the same position in every run
+                run = self.size("ep" if kind == "expert_dp" else "dp_shard")
+                groups += [ranks[i::run] for i in range(run)]
         return groups
 
     def group_of(self, axis: str, global_rank: int) -> list[int]:
@@ -178,15 +196,17 @@ class Mesh:
         options: CommOptions | None = None,
         ledger: Ledger | None = None,
         device: torch.device | str = "cpu",
+        replicas: int = 1,
     ) -> Mesh:
         """Create the groups of every axis. Every rank must call this, in the same order.
 
         With torch.distributed not initialised the world must be a single rank. All groups
         share this rank's ledger, the options (timeout, default algorithm, checking) and a
         watchdog that publishes the ledger for hang reports. `device`: where this rank's
-        model and batches live (cuda:LOCAL_RANK with NCCL).
+        model and batches live (cuda:LOCAL_RANK with NCCL). `replicas`: HSDP's replica
+        groups (module docstring).
         """
-        shape = MeshShape(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
+        shape = MeshShape(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, replicas=replicas)
         ledger = ledger if ledger is not None else Ledger()
         options = options or CommOptions()
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -203,7 +223,11 @@ class Mesh:
         for axis in AXES:
             groups[axis] = cls._build_axis(shape, axis, rank, common)
         # A derived group as large as the one it refines is that group: same traffic, name.
-        same_as = {"dp_cp": ("dp", shape.cp == 1), "expert_dp": ("dp_cp", shape.ep == 1)}
+        same_as = {
+            "dp_cp": ("dp", shape.cp == 1),
+            "expert_dp": ("dp_cp", shape.ep == 1),
+            "dp_shard": ("dp_cp", shape.replicas == 1),
+        }
         for kind in DERIVED:
             base, alias = same_as.get(kind, ("", False))
             groups[kind] = groups[base] if alias else cls._build_axis(shape, kind, rank, common)

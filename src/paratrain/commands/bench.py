@@ -78,7 +78,12 @@ def _layout_benches(benches: Subparsers) -> None:
     pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
     zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
     _pairs(zero, 4)
-    zero.add_argument("--stages", default="0,1,2,3", help="ZeRO stages, comma-separated")
+    zero.add_argument(
+        "--stages",
+        default="0,1,2,3,hsdp",
+        help="ZeRO stages, comma-separated; hsdp: ZeRO-3 in 2 replica groups against FSDP2's"
+        " HSDP on a 2-D mesh",
+    )
     zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
     zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
     _compile(zero)

@@ -40,6 +40,13 @@ class ParallelConfig:
     zero: int = param(
         0, "ZeRO stage within the data-parallel group (3 = FSDP).", choices=ZERO_STAGES
     )
+    replicas: int = param(
+        1,
+        "HSDP: the data-parallel ranks form this many replica groups; ZeRO shards within a"
+        " group and gradients are all-reduced across groups (divides dp; 1 = plain ZeRO).",
+        at_least=1,
+        effect=Effect(lambda c: c.parallel.zero > 0, "--zero 1, 2 or 3"),
+    )
     prefetch: int = param(
         1,
         "ZeRO-3: units gathered ahead of the one computing.",

@@ -95,6 +95,8 @@ def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:
         "dp": t * c * layout.dp,
         "ep": t * layout.ep,
         "expert_dp": t * c * layout.dp,
+        "dp_shard": t * c * layout.dp // layout.replicas,  # a run of consecutive dp ranks
+        "dp_replicate": t * c * layout.dp,
         "pp": layout.world,
     }[axis]
     return "intra" if span <= cluster.gpus_per_node else "inter"
@@ -105,12 +107,23 @@ def dp_traffic(
 ) -> list[CommEntry]:
     """Gradient (and for ZeRO, parameter) traffic over the dp_cp group of k = dp * cp
     ranks; a mixture of experts' expert parameters over the expert_dp group of k / ep
-    (plan/moe.py), each with the same formulas."""
+    (plan/moe.py), each with the same formulas. Under HSDP (`Layout.replicas` R > 1) ZeRO
+    runs over a replica group of k / R ranks ("dp_shard"), and each rank all-reduces its
+    gradient shard over the R groups once per step ("dp_replicate")."""
     experts = moe.all_expert_params(model)
-    k = layout.data_ranks
+    k, hsdp = layout.data_ranks, layout.replicas > 1 and layout.zero > 0
+    dense = model.params - experts
     entries = _sync_traffic(
-        model.params - experts, k, "dp", model, workload, layout, cluster, microbatches
-    )
+        dense, layout.shard_ranks if hsdp else k, "dp_shard" if hsdp else "dp",
+        model, workload, layout, cluster, microbatches,
+    )  # fmt: skip
+    if hsdp:
+        shard = math.ceil(local_params(dense, layout.tp, layout.pp) / layout.shard_ranks)
+        nbytes = all_reduce_bytes(workload.precision.grad_bytes * shard, layout.replicas)
+        link = axis_link("dp_replicate", layout, cluster)
+        what = "gradient shards across replica groups"
+        messages = 2 * (layout.replicas - 1)
+        entries.append(CommEntry("all_reduce", "dp_replicate", link, what, nbytes, messages))
     if experts:
         entries += _sync_traffic(
             experts // layout.ep, k // layout.ep, "expert_dp", model, workload, layout, cluster,

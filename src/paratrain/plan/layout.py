@@ -145,9 +145,12 @@ class Layout:
     cp: int = 1  # context parallel: the sequence split over cp ranks
     cp_method: str = "ring"  # ring (keys and values travel) or alltoall (Ulysses)
     ep: int = 1  # expert parallel, within dp * cp
+    # HSDP: ZeRO shards within each of `replicas` groups of the dp_cp ranks, the shards
+    # all-reduced across them (parallel/data_parallel/hybrid.py)
+    replicas: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "chunks", "cp", "ep"):
+        for name in ("dp", "tp", "pp", "chunks", "cp", "ep", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"layout {name} = {getattr(self, name)}; must be at least 1")
         if self.zero not in (0, 1, 2, 3):
@@ -162,6 +165,8 @@ class Layout:
             raise ValueError(f"cp method {self.cp_method!r}; valid: {', '.join(CP_METHODS)}")
         if self.data_ranks % self.ep:
             raise ValueError(f"ep {self.ep} does not divide dp {self.dp} x cp {self.cp}")
+        if self.dp % self.replicas:
+            raise ValueError(f"replicas {self.replicas} does not divide dp {self.dp}")
 
     @property
     def world(self) -> int:
@@ -173,6 +178,11 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def shard_ranks(self) -> int:
+        """The ranks ZeRO shards over: dp_cp, or under HSDP one replica group of it."""
+        return self.data_ranks // self.replicas
+
+    @property
     def label(self) -> str:
         """Short name for tables and charts, e.g. tp2.pp4.dp8.z1.1f1b, tp1.cp4.pp1.dp2.z0;
         cp and ep are named only when above 1, so 3D labels read as before."""
@@ -181,7 +191,8 @@ class Layout:
             if self.cp == 1
             else f".cp{self.cp}" + ("a2a" if self.cp_method == "alltoall" else "")
         )
-        name = f"tp{self.tp}{cp}.pp{self.pp}.dp{self.dp}.z{self.zero}"
+        replicas = f"r{self.replicas}" if self.replicas > 1 else ""  # HSDP: dp8r2
+        name = f"tp{self.tp}{cp}.pp{self.pp}.dp{self.dp}{replicas}.z{self.zero}"
         if self.pp > 1:
             name += "." + self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
         return name + (f".ep{self.ep}" if self.ep > 1 else "")

@@ -78,7 +78,7 @@ def local_params(n_params: int, tp: int, pp: int) -> int:
 def holds_whole_gradient(workload: Workload, layout: Layout, microbatches: int) -> bool:
     """True for ZeRO-2 accumulating the whole gradient over K > 1 micro-batches."""
     full = workload.zero2_accumulate == "full"
-    return layout.zero == 2 and layout.data_ranks > 1 and full and microbatches > 1
+    return layout.zero == 2 and layout.shard_ranks > 1 and full and microbatches > 1
 
 
 def model_state_bytes(
@@ -86,9 +86,10 @@ def model_state_bytes(
 ) -> ModelState:
     """Bytes of parameters, gradients, optimizer moments and master weights on one GPU,
     and ZeRO-2's transient whole gradient when it accumulates K = `microbatches` > 1.
-    ZeRO shards over the dp_cp group (the cp ranks hold the same parameters)."""
+    ZeRO shards over the dp_cp group (the cp ranks hold the same parameters), under HSDP
+    over one replica group of it (`Layout.shard_ranks`)."""
     n = local_params(n_params, layout.tp, layout.pp)
-    shard = math.ceil(n / layout.data_ranks)  # elements of one ZeRO shard
+    shard = math.ceil(n / layout.shard_ranks)  # elements of one ZeRO shard
     p = workload.precision
     z = layout.zero
     whole = holds_whole_gradient(workload, layout, microbatches)

@@ -7,7 +7,8 @@ the same rule, so a predicted term lands where the ledger puts the measured one.
 
 Inside dp_cp the ranks are in rank order, dp-major and cp-minor; an ep group is a run of
 ep consecutive ones, an expert_dp group the ranks at the same place in every run
-(mesh.py `_derived_groups`).
+(mesh.py `_derived_groups`). Under HSDP a replica group ("dp_shard") is a run of
+dp_cp / R consecutive ones, "dp_replicate" the ranks at the same place in every run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from paratrain.plan.layout import Layout
 
 # Every group the ledger names (mesh.py GROUPS less "world" and "control"), in the order
 # the prediction reports them.
-AXES = ("dp", "dp_cp", "cp", "tp", "pp", "ep", "expert_dp")
+AXES = ("dp", "dp_cp", "dp_shard", "dp_replicate", "cp", "tp", "pp", "ep", "expert_dp")
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,24 @@ def group_name(kind: str, layout: Layout) -> str:
         return "dp" if layout.cp == 1 else "dp_cp"
     if kind == "expert_dp":
         return group_name("dp_cp", layout) if layout.ep == 1 else "expert_dp"
+    if kind == "dp_shard":  # HSDP's replica group (mesh.py); without replicas, dp_cp
+        return group_name("dp_cp", layout) if layout.replicas == 1 else "dp_shard"
     return kind
 
 
 def data_rank(layout: Layout, at: Coords) -> int:
     """The rank's place in its dp_cp group (the gradient group): dp-major, cp-minor."""
     return at.dp_rank * layout.cp + at.cp_rank
+
+
+def shard_rank(layout: Layout, at: Coords) -> int:
+    """The rank's place in its HSDP replica group (a run of consecutive dp_cp ranks)."""
+    return data_rank(layout, at) % layout.shard_ranks
+
+
+def replica_rank(layout: Layout, at: Coords) -> int:
+    """Which HSDP replica group the rank is in: its place in its dp_replicate group."""
+    return data_rank(layout, at) // layout.shard_ranks
 
 
 def ep_rank(layout: Layout, at: Coords) -> int:

@@ -111,7 +111,8 @@ def held_model_state(
 ) -> ModelState:
     """What the buffers of a rank on `stage` hold, by kind, padding where it lives.
 
-    Per flat buffer of n elements over the k = dp x cp ranks of dp_cp, shards of ceil(n / k)
+    Per flat buffer of n elements over the k = dp x cp ranks of dp_cp (under HSDP the
+    k / R of a replica group), shards of ceil(n / k)
     (flat_buffer.py):
     ZeRO-1/2 keep the whole parameter buffer, k ceil(n / k) elements, and ZeRO-1 the whole
     gradient buffer too; ZeRO-3 keeps one shard of every unit's buffer.
@@ -123,7 +124,7 @@ def held_model_state(
 def buffers_held_state(buffers: list[int], workload: Workload, layout: Layout) -> ModelState:
     """`held_model_state` of flat buffers of these parameter counts (`flat_buffers`)."""
     z, p = layout.zero, workload.precision
-    k = layout.data_ranks if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
+    k = layout.shard_ranks if z else 1  # unsharded: no padding (DataParallel, ZeRO stage 0)
     shard = sum(math.ceil(n / k) for n in buffers)
     full = sum(k * math.ceil(n / k) for n in buffers)
     return ModelState(
@@ -140,7 +141,7 @@ def formula_model_state(
     """memory.py's items per chunk (n whole, ceil(n / k) a shard; each chunk is wrapped on
     its own), summed over the chunks of `stage`."""
     states = [
-        model_state_bytes(n, workload, Layout(dp=layout.data_ranks, zero=layout.zero))
+        model_state_bytes(n, workload, Layout(dp=layout.shard_ranks, zero=layout.zero))
         for n in chunk_params(model, layout, stage)
     ]
     return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
@@ -175,7 +176,7 @@ def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) 
     """`rank_model_state` of one wrapper's flat buffers (parameter counts) over
     `layout.data_ranks`: memory.py's formula for their total, their padding under params
     (a mixture of experts' parameter shares, rank_experts.py)."""
-    lay = Layout(dp=layout.data_ranks, zero=layout.zero)
+    lay = Layout(dp=layout.shard_ranks, zero=layout.zero)
     formula = model_state_bytes(sum(buffers), workload, lay)
     held = buffers_held_state(buffers, workload, layout).as_dict()
     pad = sum(held[kind] - getattr(formula, kind) for kind in STATE_KINDS)
@@ -194,7 +195,7 @@ def accumulated_gradient_bytes(
     """
     if not holds_whole_gradient(workload, layout, microbatches):
         return 0
-    k = layout.data_ranks
+    k = layout.shard_ranks
     padded = sum(
         k * math.ceil(n / k) for chunk in flat_buffers(model, layout, stage) for n in chunk
     )

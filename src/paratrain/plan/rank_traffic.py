@@ -52,7 +52,15 @@ from paratrain.plan.rank_experts import (
     shares,
     tp_activation_bytes,
 )
-from paratrain.plan.rank_groups import AXES, Coords, RankTraffic, data_rank, group_name
+from paratrain.plan.rank_groups import (
+    AXES,
+    Coords,
+    RankTraffic,
+    data_rank,
+    group_name,
+    replica_rank,
+    shard_rank,
+)
 from paratrain.plan.rank_memory import (
     chunk_params,
     flat_buffers,
@@ -81,9 +89,27 @@ def _zero_traffic(
     gradient: 2 (k - 1) S / k.
     """
     chunks = flat_buffers(model, layout, at.stage)
-    return _buffers_traffic(
+    out = _buffers_traffic(
         chunks, tied_root(model, layout, at.stage), workload, layout, microbatches
     )
+    return out + _across_replicas(chunks, layout, at)
+
+
+def _across_replicas(chunks: list[list[int]], layout: Layout, at: Coords) -> list[RankTraffic]:
+    """HSDP: each wrapper (one per chunk) all-reduces its gradient shards, ceil(n / k) of
+    each flat buffer over the k ranks of a replica group, in fp32 over the R replica
+    groups, once per step (parallel/data_parallel/hybrid.py)."""
+    r, k = layout.replicas, layout.shard_ranks
+    if r == 1:
+        return []
+    sent = sum(
+        comm.ring_all_reduce_rank_bytes(
+            sum(-(-n // k) for n in chunk), REDUCE_BYTES, r, replica_rank(layout, at)
+        )
+        for chunk in chunks
+    )
+    what = "gradient shards across replica groups"
+    return [RankTraffic("dp_replicate", "all_reduce", what, sent)]
 
 
 def _buffers_traffic(
@@ -91,7 +117,7 @@ def _buffers_traffic(
 ) -> list[RankTraffic]:
     """`_zero_traffic` of flat buffers of these sizes, per chunk (a root unit first)."""
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
-    layout_k = Layout(dp=layout.data_ranks, zero=layout.zero)
+    layout_k = Layout(dp=layout.shard_ranks, zero=layout.zero)
     sent: dict[tuple[str, str], int] = {}
     for chunk in chunks:
         for i, n in enumerate(chunk):
@@ -100,7 +126,7 @@ def _buffers_traffic(
                 if root and i == 0 and e.what == "parameters for backward":
                     continue  # the root unit (first in its chunk) is not gathered again
                 sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + e.bytes
-    dp = group_name("dp_cp", layout)
+    dp = group_name("dp_shard", layout)
     return [RankTraffic(dp, op, what, nbytes) for (op, what), nbytes in sent.items()]
 
 
@@ -151,9 +177,12 @@ def runtime_scalars(layout: Layout, at: Coords, experts: bool = False) -> list[R
     if k > 1:
         sent = comm.ring_all_reduce_rank_bytes(2, 8, k, data_rank(layout, at))
         out.append(RankTraffic(dp, "all_reduce", "(loss, tokens), float64", sent, True))
-        if layout.zero:  # dp_cp ranks hold disjoint gradient shards: their squares add up
-            what = "gradient-norm squares of the shards, float64"
-            out.append(RankTraffic(dp, "all_reduce", what, sent, True))
+    k = layout.shard_ranks
+    if layout.zero and k > 1:  # the ranks of a replica group (dp_cp without HSDP) hold
+        # disjoint gradient shards: their squares add up (train/clip.py)
+        sent = comm.ring_all_reduce_rank_bytes(2, 8, k, shard_rank(layout, at))
+        what = "gradient-norm squares of the shards, float64"
+        out.append(RankTraffic(group_name("dp_shard", layout), "all_reduce", what, sent, True))
     if layout.tp > 1:
         sent = comm.ring_all_reduce_rank_bytes(1, 8, layout.tp, at.tp_rank)
         out.append(RankTraffic("tp", "all_reduce", "gradient-norm squares, float64", sent, True))

@@ -51,5 +51,6 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         cp=p.cp,
         cp_method=p.cp_method,
         ep=p.ep,
+        replicas=p.replicas,
     )
     return model, workload, layout, notes

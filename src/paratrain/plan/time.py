@@ -177,7 +177,7 @@ def step_time(
     for e in entries:
         t = entry_time(e, cluster)
         total += t
-        if e.axis in ("dp", "expert_dp"):
+        if e.axis in ("dp", "expert_dp", "dp_shard", "dp_replicate"):
             dp += t
         else:
             exposed += t

@@ -42,6 +42,7 @@ from paratrain.parallel.context_parallel import TokenShard, apply_context_parall
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.data_parallel.fsdp_units import expand_units
+from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import Replica
 from paratrain.parallel.data_parallel.zero import ZeroDataParallel
@@ -163,7 +164,8 @@ def build_engine(
     if mesh.size("pp") == 1:
         # One wrapper per share of the parameters (two under expert parallelism).
         shares = apply_experts(model, plan, mesh)
-        replicas = [data_parallel(model, g, cfg, plan, share=s) for s, g in shares]
+        hybrid = hybrid_groups(mesh)
+        replicas = [data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid) for s, g in shares]
         tp, dp = mesh.group("tp"), mesh.group("dp")
         engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:])
     else:
@@ -210,7 +212,8 @@ def _pipeline_engine(
     # dp_cp: under cp every rank's chunks hold as many tokens, full rows only). Split
     # experts sum over expert_dp, and the engine divides them by dp_cp (grads.py).
     (dense, dp_cp), *experts = shares
-    replicas = [data_parallel(c, dp_cp, cfg, plan, "avg", dense) for c in chunks]
+    hybrid = hybrid_groups(mesh)
+    replicas = [data_parallel(c, dp_cp, cfg, plan, "avg", dense, hybrid) for c in chunks]
     more = [data_parallel(c, g, cfg, plan, "sum", s) for s, g in experts for c in chunks
             if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
@@ -226,12 +229,14 @@ def data_parallel(
     plan: ModelPlan | None = None,
     reduce_op: str = "sum",
     share: ParamShare = EVERY_PARAMETER,
+    hybrid: HybridGroups | None = None,
 ) -> Replica:
     """The wrapper the configuration asks for (see the module docstring).
 
     reduce_op: "sum" for losses normalised by the global token count (the flat engine),
     "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
     share: the parameters it holds (all; or, under expert parallelism, train/experts.py).
+    hybrid: HSDP's groups (`hybrid_groups`), for ZeRO 1-3 only (validate refuses the rest).
     """
     p, dtype = cfg.parallel, compute_dtype(cfg)
     plan = plan if plan is not None else plan_of(cfg)
@@ -242,7 +247,7 @@ def data_parallel(
     if p.zero == 3:  # the plan's units, less other shares' parameters; or the share's own
         units = expand_units(module, share.units or plan.fsdp_units)
         return FullyShardedDataParallel(
-            module, group, units, precision, p.prefetch, reduce_op, share
+            module, group, units, precision, p.prefetch, reduce_op, share, hybrid
         )
     accumulate = p.zero2_accumulate if p.zero == 2 else "full"
     return ZeroDataParallel(
@@ -254,4 +259,14 @@ def data_parallel(
         reduce_op=reduce_op,
         accumulate=accumulate,
         share=share,
+        hybrid=hybrid,
     )
+
+
+def hybrid_groups(mesh: Mesh) -> HybridGroups | None:
+    """HSDP's shard and replicate groups (mesh.py), or None without replica groups. Only
+    for the dense share: validate refuses --replicas with --ep (experts over expert_dp)."""
+    if mesh.size("dp_replicate") == 1:
+        return None
+    assert mesh.size("ep") == 1, "HSDP with expert parallelism is refused by validate"
+    return HybridGroups(mesh.group("dp_shard"), mesh.group("dp_replicate"))

@@ -20,7 +20,7 @@ from paratrain.train.prediction import MB, describe_prediction, predict
 
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     p = cfg.parallel
-    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, replicas=p.replicas)
     pred = None if p.dp_mode == "async" else predict(cfg)
     layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)
     lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
@@ -29,6 +29,9 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
         where = ", ".join(f"{a} {c[a]}" for a in AXES if a != "cp" or shape.cp > 1)
         if shape.ep > 1:  # the place in its ep group (a run of ep ranks of dp_cp)
             where += f", ep {shape.group_of('ep', rank).index(rank)}"
+        if shape.replicas > 1:  # HSDP: its replica group, and its shard within the group
+            replica = shape.group_of("dp_replicate", rank).index(rank)
+            where += f", replica {replica} shard {shape.group_of('dp_shard', rank).index(rank)}"
         chunks = stage_virtual_stages(c["pp"], p.pp, p.chunks)
         first = [sum(layers[:vs]) for vs in chunks]
         blocks = "; ".join(

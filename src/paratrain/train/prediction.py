@@ -83,7 +83,10 @@ def predict(cfg: RunConfig) -> Prediction:
     """Every rank's prediction, from the planner's pure formulas."""
     model, workload, layout, notes = planner_inputs(cfg)
     experts = ExpertCounts.of(cfg.model)
-    shape = MeshShape(dp=layout.dp, pp=layout.pp, tp=layout.tp, cp=layout.cp, ep=layout.ep)
+    shape = MeshShape(
+        dp=layout.dp, pp=layout.pp, tp=layout.tp, cp=layout.cp, ep=layout.ep,
+        replicas=layout.replicas,
+    )  # fmt: skip
     k = cfg.train.microbatches
     states, sent, acts, routed = [], [], [], []
     for rank in range(shape.world_size):

@@ -142,7 +142,14 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     p = cfg.parallel
     options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
     mesh = Mesh.build(
-        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=rank_device(cfg, env)
+        dp=p.dp,
+        pp=p.pp,
+        tp=p.tp,
+        cp=p.cp,
+        ep=p.ep,
+        options=options,
+        device=rank_device(cfg, env),
+        replicas=p.replicas,
     )
     preemption = Preemption(mesh.control)
     try:

@@ -16,6 +16,7 @@ from paratrain.validate.rules_model import model_rules
 from paratrain.validate.rules_pipeline import pipeline_rules
 from paratrain.validate.rules_sharding import (
     context_parallel_rules,
+    hsdp_rules,
     tensor_parallel_rules,
     zero_rules,
 )
@@ -33,6 +34,7 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     tensor_parallel_rules,
     context_parallel_rules,
     zero_rules,
+    hsdp_rules,
     compile_rules,
     data_rules,
 )

@@ -50,3 +50,27 @@ def zero_rules(cfg: RunConfig) -> None:
             "--zero 3 with a pipeline (--pp > 1) is refused: every micro-batch would gather "
             "the stage's parameters again (DeepSpeed forbids it too); use --zero 1 or 2"
         )
+
+
+def hsdp_rules(cfg: RunConfig) -> None:
+    """--replicas R (HSDP): ZeRO within each of R replica groups of the dp ranks."""
+    p = cfg.parallel
+    if p.replicas == 1:
+        return
+    if p.zero == 0:  # also EFFECTS' refusal; here for configurations built in code
+        raise ValueError(
+            f"--replicas {p.replicas} needs ZeRO (--zero 1, 2 or 3): without sharding every "
+            "dp rank holds the whole model, so replica groups would be plain data parallelism; "
+            "use --replicas 1"
+        )
+    if p.dp % p.replicas:
+        divisors = [r for r in range(1, p.dp + 1) if p.dp % r == 0]
+        raise ValueError(
+            f"--replicas {p.replicas} does not divide the {p.dp} data-parallel ranks; "
+            f"valid: {', '.join(map(str, divisors))}"
+        )
+    if p.ep > 1:  # the experts' shares reduce over expert_dp: no replica groups there yet
+        raise ValueError(
+            f"--replicas {p.replicas} with --ep {p.ep} is not supported yet; "
+            "use --ep 1 or --replicas 1"
+        )

@@ -34,11 +34,13 @@ def compare_stage(
     """One rank of one stage's comparison: times, losses, bytes held and sent, difference."""
     batches = [[b] for b in rank_share(global_batches, rank, world)]
     t = cfg.train
-    mesh = Mesh.build(dp=world)
+    replicas = cfg.parallel.replicas  # the HSDP row: replica groups on both sides
+    mesh = Mesh.build(dp=world, replicas=replicas)
     ours = OurSide(build_engine(cfg, mesh), cfg)
     module = build_model(cfg)
     compile_units(module, cfg)  # --compile: the peer's blocks as ours, before wrapping
-    model, opt = wrap_peer(zero, module, world, t.lr, t.weight_decay, (t.beta1, t.beta2))
+    betas = (t.beta1, t.beta2)
+    model, opt = wrap_peer(zero, module, world, t.lr, t.weight_decay, betas, replicas)
     peer = functools.partial(torch_step, model, opt, lr=t.lr, grad_clip=t.grad_clip)
     # Warm-up: DDP rebuilds its buckets in its second step.
     warm = [(ours(b), peer(b)) for b in batches[:WARMUP]]

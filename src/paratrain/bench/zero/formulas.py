@@ -7,6 +7,8 @@
   planner does, plan/comm.py); and, labelled apart, the runtime's bookkeeping scalars
   that our one step adds (plan/rank_traffic.py: runtime_scalars): the (loss, tokens) pair and,
   under ZeRO, the gradient norm's two squared sums, each a float64 all-reduce over dp.
+- HSDP (R replica groups of s = k / R ranks): ZeRO-3's forms with s for k, and the
+  all-reduce of the gradient shard over the R groups, 2(R-1)/R of 4 ceil(N/s) bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from paratrain.plan.memory import model_state_bytes
 from paratrain.plan.rank_traffic import Coords, runtime_scalars
 
 
-def formula_state(n_params: int, zero: int, dp: int, dtype: str = "float32") -> dict[str, int]:
+def formula_state(
+    n_params: int, zero: int, dp: int, dtype: str = "float32", replicas: int = 1
+) -> dict[str, int]:
     """The planner's model-state bytes per rank for AdamW, by kind and `total`.
 
     float32: no master copy (16N, 8N + 8N/k, 4N + 12N/k, 16N/k); 16-bit: mixed precision
@@ -27,18 +31,22 @@ def formula_state(n_params: int, zero: int, dp: int, dtype: str = "float32") -> 
     """
     precision = PRECISIONS["fp32" if dtype == "float32" else "mixed"]
     workload = Workload(precision=precision, optimizer="adam")
-    return model_state_bytes(n_params, workload, Layout(dp=dp, zero=zero)).as_dict()
+    layout = Layout(dp=dp, zero=zero, replicas=replicas)
+    return model_state_bytes(n_params, workload, layout).as_dict()
 
 
-def formula_comm(n_params: int, zero: int, dp: int) -> int:
-    """The ZeRO paper's bytes sent per rank per step (float32, ring)."""
+def formula_comm(n_params: int, zero: int, dp: int, replicas: int = 1) -> int:
+    """The ZeRO paper's bytes sent per rank per step (float32, ring); under HSDP within a
+    replica group, plus the shard's all-reduce across the groups."""
     if zero == 0:
         return all_reduce_bytes(4 * n_params, dp)
-    per_pass = (dp - 1) * math.ceil(n_params / dp) * 4  # one reduce-scatter or all-gather
-    return (2 if zero < 3 else 3) * per_pass
+    k = dp // replicas
+    shard = math.ceil(n_params / k)
+    per_pass = (k - 1) * shard * 4  # one reduce-scatter or all-gather
+    return (2 if zero < 3 else 3) * per_pass + all_reduce_bytes(4 * shard, replicas)
 
 
-def scalar_bytes(zero: int, dp: int) -> list[int]:
+def scalar_bytes(zero: int, dp: int, replicas: int = 1) -> list[int]:
     """Per dp rank, the bytes our step's bookkeeping scalars send (the planner's terms)."""
-    layout = Layout(dp=dp, zero=zero)
+    layout = Layout(dp=dp, zero=zero, replicas=replicas)
     return [sum(t.bytes for t in runtime_scalars(layout, Coords(dp_rank=r))) for r in range(dp)]

@@ -48,6 +48,8 @@ PEERS = {
     2: "FSDP2 fully_shard(reshard_after_forward=False) per block, then the root; "
     "AdamW(foreach=True)",
     3: "FSDP2 fully_shard per block, then the root (default resharding); AdamW(foreach=True)",
+    "hsdp": "FSDP2 fully_shard per block, then the root, on a 2-D device mesh (replicate, "
+    "shard): HSDP; AdamW(foreach=True)",
 }
 
 
@@ -58,12 +60,15 @@ def wrap_peer(
     lr: float,
     weight_decay: float,
     betas: tuple[float, float],
+    replicas: int = 1,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The peer of ZeRO stage `zero` (PEERS) around `module`, and its optimizer."""
+    """The peer of ZeRO stage `zero` (PEERS) around `module`, and its optimizer; with
+    `replicas` > 1 (stage 3) FSDP2's HSDP over that many replica groups."""
     from torch.nn.parallel import DistributedDataParallel
 
     if zero >= 2:
-        return _fully_shard(module, world, zero == 3), adamw(module, lr, weight_decay, betas)
+        sharded = _fully_shard(module, world, zero == 3, replicas)
+        return sharded, adamw(module, lr, weight_decay, betas)
     model = DistributedDataParallel(module, gradient_as_bucket_view=True)
     if zero == 0:
         return model, adamw(module, lr, weight_decay, betas)
@@ -79,11 +84,15 @@ def wrap_peer(
     return model, opt
 
 
-def _fully_shard(module: nn.Module, world: int, reshard: bool) -> nn.Module:
+def _fully_shard(module: nn.Module, world: int, reshard: bool, replicas: int = 1) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    if replicas > 1:  # HSDP: a 2-D mesh, replicas outer and shards inner, as ours (mesh.py)
+        shape, names = (replicas, world // replicas), ("replicate", "shard")
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     # The default reshards every unit but the root.
     kwargs: dict[str, Any] = {} if reshard else {"reshard_after_forward": False}
     for block in cast(nn.ModuleDict, module.blocks).values():

@@ -17,6 +17,9 @@ NOTES = {
     "(one parameter all-gather per step), not for memory",
     3: "FSDP2 does not reshard the root after forward, so it gathers the root unit once "
     "per step where we gather every unit twice",
+    "hsdp": "ZeRO-3 in 2 replica groups against FSDP2 on a (replicate, shard) mesh; at dp 2 "
+    "a replica group is one rank, so neither side shards: both all-reduce the gradient "
+    "(--dp 4 shards over 2; its bytes are exact, its times on 2 cores mean little)",
 }
 
 
@@ -25,20 +28,26 @@ def _state(kinds: dict[str, int]) -> int:
     return sum(kinds.get(k, 0) for k in STATE_KINDS)
 
 
-def check_stage_losses(zero: int, results: list[dict]) -> float:
+def check_stage_losses(stage: int | str, results: list[dict]) -> float:
     """The largest relative loss difference over the steps; RuntimeError above LOSS_RTOL."""
-    return check_mean_losses([r["losses"] for r in results], LOSS_RTOL, f"stage {zero}: ")
+    return check_mean_losses([r["losses"] for r in results], LOSS_RTOL, f"stage {stage}: ")
 
 
-def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[str, Any]:
-    """One stage's JSON entry from every rank's result; raises if the losses differ."""
-    worst = check_stage_losses(zero, results)
-    formula = formula_state(n_params, zero, dp)
+def summarize(
+    zero: int, dp: int, results: list[dict], n_params: int, replicas: int = 1
+) -> dict[str, Any]:
+    """One row's JSON entry from every rank's result; raises if the losses differ. A row
+    is a ZeRO stage, or with `replicas` > 1 ZeRO-3 in replica groups ("hsdp")."""
+    stage = "hsdp" if replicas > 1 else zero
+    worst = check_stage_losses(stage, results)
+    formula = formula_state(n_params, zero, dp, replicas=replicas)
     times = results[0]["times"]  # rank 0's clock; both ranks wait on the same collectives
     ours_sent = [sum(r["ours_sent"].values()) for r in results]
     torch_sent = [sum(r["torch_sent"].values()) for r in results]
     return {
+        "stage": stage,
         "zero": zero,
+        "replicas": replicas,
         "dp": dp,
         "dtype": DTYPE,
         **ratio_summary([o for o, _ in times], [p for _, p in times]),
@@ -47,8 +56,8 @@ def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[st
         "formula_bytes_per_rank": formula["total"],
         "comm_bytes_per_rank_per_step": max(ours_sent),
         "max_param_diff": max(r["diff"] for r in results),
-        "peer": PEERS[zero],
-        "note": NOTES.get(zero, ""),
+        "peer": PEERS[stage],
+        "note": NOTES.get(stage, ""),
         "padding_bytes_per_rank": [r["ours_bytes"].get("padding", 0) for r in results],
         "torch_model_state_bytes_per_rank": [_state(r["torch_bytes"]) for r in results],
         "state_by_kind_per_rank": [r["ours_bytes"] for r in results],
@@ -56,8 +65,8 @@ def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[st
         "formula_by_kind": formula,
         "comm_bytes_by_rank": ours_sent,
         "comm_bytes_by_op": results[0]["ours_sent"],
-        "comm_formula_bytes": formula_comm(n_params, zero, dp),
-        "comm_scalar_bytes_by_rank": scalar_bytes(zero, dp),
+        "comm_formula_bytes": formula_comm(n_params, zero, dp, replicas),
+        "comm_scalar_bytes_by_rank": scalar_bytes(zero, dp, replicas),
         "torch_comm_bytes_per_rank_per_step": max(torch_sent),
         "torch_comm_bytes_by_op": results[0]["torch_sent"],
         "torch_comm_norm_bytes_by_op": results[0]["torch_norm_sent"],
@@ -71,9 +80,9 @@ def summarize(zero: int, dp: int, results: list[dict], n_params: int) -> dict[st
 
 def log_summary(e: dict[str, Any]) -> None:
     mib = 2**20
-    z = e["zero"]
+    z = e["stage"]
     log.info(
-        "stage %d: median step ours %.4f s, torch %.4f s; ratio median %.3f (IQR %.3f-%.3f, "
+        "stage %s: median step ours %.4f s, torch %.4f s; ratio median %.3f (IQR %.3f-%.3f, "
         "range %.3f-%.3f) over %d pairs; losses within %.1e (tolerance %.0e); "
         "max parameter difference %.2e",
         z,
@@ -90,7 +99,7 @@ def log_summary(e: dict[str, Any]) -> None:
         e["max_param_diff"],
     )
     log.info(
-        "stage %d: model state per rank (MiB) ours %s (padding %s), torch %s, "
+        "stage %s: model state per rank (MiB) ours %s (padding %s), torch %s, "
         "formula %.3f (N = %d, k = %d)",
         z,
         " / ".join(f"{b / mib:.3f}" for b in e["model_state_bytes_per_rank"]),
@@ -101,7 +110,7 @@ def log_summary(e: dict[str, Any]) -> None:
         e["dp"],
     )
     log.info(
-        "stage %d: bytes sent per rank per step ours %s %s (ledger) = paper %d + our step's "
+        "stage %s: bytes sent per rank per step ours %s %s (ledger) = paper %d + our step's "
         "scalars %s ((loss, tokens)%s, float64); torch %d %s, of which its gradient norm %s "
         "(counted at the dispatcher, not by our ledger)",
         z, " / ".join(str(b) for b in e["comm_bytes_by_rank"]), e["comm_bytes_by_op"],
@@ -110,7 +119,7 @@ def log_summary(e: dict[str, Any]) -> None:
         e["torch_comm_bytes_by_op"], e["torch_comm_norm_bytes_by_op"],
     )  # fmt: skip
     if e["note"]:
-        log.info("stage %d: %s", z, e["note"])
+        log.info("stage %s: %s", z, e["note"])
 
 
 def plot_state_bytes(entries: list[dict[str, Any]], path: str) -> None:
@@ -124,7 +133,7 @@ def plot_state_bytes(entries: list[dict[str, Any]], path: str) -> None:
 
     bars = []
     for e in entries:
-        z = e["zero"]
+        z = e["stage"]
         bars.append((f"stage {z}\nours", e["state_by_kind_per_rank"][0]))
         bars.append((f"stage {z}\ntorch", e["torch_state_by_kind_per_rank"][0]))
         bars.append((f"stage {z}\nformula", e["formula_by_kind"]))

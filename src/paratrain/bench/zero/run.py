@@ -4,7 +4,10 @@ Ours: the engine `paratrain train --zero s` builds in float32 (stage 0: plain
 `DataParallel`; 1 and 2: `ZeroDataParallel`; 3: `FullyShardedDataParallel` over the GPT's
 units) and the one `train_step`. Peers (peer.py: PEERS): DDP for stage 0, DDP +
 `ZeroRedundancyOptimizer` for 1, FSDP2 `fully_shard(reshard_after_forward=False)` for 2,
-FSDP2 `fully_shard` per block then the root for 3, each stepped by `torch_step`. Both
+FSDP2 `fully_shard` per block then the root for 3, each stepped by `torch_step`; the
+HSDP row ("hsdp") is our ZeRO-3 in HSDP_REPLICAS replica groups (`--replicas`) against
+FSDP2 `fully_shard` on a 2-D device mesh (replicate, shard) (at dp 2 each replica group is
+one rank on both sides: the gradient is all-reduced, nothing is sharded). Both
 sides start from the same full GPT (same seed on every rank), take the same batches (each
 rank its 1/dp of the global batch), clip at the same global gradient norm and run AdamW
 at a constant learning rate with decay on matrices only, in float32, on gloo ranks with
@@ -40,18 +43,25 @@ from paratrain.train.build import build_model
 
 log = logging.getLogger(__name__)
 DP = 2  # on 2 cores only 2-rank timings mean anything
-STAGES = (0, 1, 2, 3)
+HSDP = "hsdp"  # the row of ZeRO-3 in replica groups against FSDP2's HSDP
+HSDP_REPLICAS = 2
+STAGES = (0, 1, 2, 3, HSDP)
 
 
-def _stage_config(cfg: RunConfig, zero: int, dp: int) -> RunConfig:
+def _stage_config(cfg: RunConfig, stage: int | str, dp: int) -> RunConfig:
+    """The run configuration of one row: a ZeRO stage, or ZeRO-3 in replica groups."""
     cfg = copy.deepcopy(cfg)
-    cfg.parallel.dp, cfg.parallel.zero, cfg.train.dtype = dp, zero, DTYPE
+    zero, replicas = (3, HSDP_REPLICAS) if isinstance(stage, str) else (stage, 1)  # HSDP
+    if dp % replicas:
+        raise ValueError(f"the {HSDP} row needs dp divisible by {replicas}; got --dp {dp}")
+    p = cfg.parallel
+    p.dp, p.zero, p.replicas, cfg.train.dtype = dp, zero, replicas, DTYPE
     return cfg
 
 
 def run_zero_comparisons(
     pairs: int,
-    stages: list[int],
+    stages: list[int | str],
     cfg: RunConfig,
     tokens: torch.Tensor,
     dp: int = DP,
@@ -64,17 +74,19 @@ def run_zero_comparisons(
     global_batches = [sampler.global_batch_at(s) for s in range(WARMUP + pairs + 1)]
     n_params = sum(p.numel() for p in build_model(cfg).parameters() if p.requires_grad)
     out = []
-    for zero in stages:
-        stage_cfg = _stage_config(cfg, zero, dp)
+    for stage in stages:
+        stage_cfg = _stage_config(cfg, stage, dp)
+        zero, replicas = stage_cfg.parallel.zero, stage_cfg.parallel.replicas
         results = run_ranks(compare_stage, dp, zero, global_batches, stage_cfg, timeout=1800)
-        out.append(summarize(zero, dp, results, n_params))
+        out.append(summarize(zero, dp, results, n_params, replicas))
     return out
 
 
-def parse_stages(text: str) -> list[int]:
-    """'0,1,2,3' -> [0, 1, 2, 3]; a ValueError naming the valid stages otherwise."""
+def parse_stages(text: str) -> list[int | str]:
+    """'0,1,2,3,hsdp' -> [0, 1, 2, 3, 'hsdp']; a ValueError naming the valid ones otherwise."""
+    words = [s.strip() for s in text.split(",") if s.strip()]
     try:
-        stages = [int(s) for s in text.split(",") if s.strip()]
+        stages: list[int | str] = [w if w == HSDP else int(w) for w in words]
     except ValueError:
         stages = [-1]
     if not stages or any(s not in STAGES for s in stages):
@@ -84,7 +96,7 @@ def parse_stages(text: str) -> list[int]:
 
 def run_zero_bench(
     pairs: int = 20,
-    stages: list[int] | None = None,
+    stages: list[int | str] | None = None,
     out: str | None = None,
     dp: int = DP,
     cfg: RunConfig | None = None,
@@ -95,11 +107,11 @@ def run_zero_bench(
     torch.set_num_threads(1)
     stages = list(STAGES) if stages is None else stages
     cfg = norm_only(cfg or RunConfig())
-    for zero in stages:
+    for stage in stages:
         log.info(
-            "stage %d peer: torch %s; clip_grad_norm_(foreach=True) at %g; gloo, %d ranks, "
+            "stage %s peer: torch %s; clip_grad_norm_(foreach=True) at %g; gloo, %d ranks, "
             "1 thread each, %s",
-            zero, PEERS[zero], cfg.train.grad_clip, dp, DTYPE,
+            stage, PEERS[stage], cfg.train.grad_clip, dp, DTYPE,
         )  # fmt: skip
     tokens = load_tokens("").train if tokens is None else tokens
     entries = run_zero_comparisons(pairs, stages, cfg, tokens, dp)

@@ -47,6 +47,7 @@ from paratrain.comm import compat
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard
 from paratrain.parallel.data_parallel.fsdp_units import Event, FlatUnit, GatheredBytes
+from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MemoryReport
@@ -67,6 +68,8 @@ class FullyShardedDataParallel(ShardedReplica):
     share: which of the module's parameters it holds (param_share.py): under expert
         parallelism one wrapper holds the dense parameters by the plan's units, another
         the experts by units of their own, each sharded over its own group.
+    hybrid: HSDP (hybrid.py): shard over `hybrid.shard`, a part of `group`, and all-reduce
+        the reduced shards over `hybrid.replicate`; `group` stays every rank holding it.
     """
 
     def __init__(
@@ -78,11 +81,13 @@ class FullyShardedDataParallel(ShardedReplica):
         prefetch: int = 1,
         reduce_op: str = "sum",
         share: ParamShare = EVERY_PARAMETER,
+        hybrid: HybridGroups | None = None,
     ) -> None:
         super().__init__()
         if prefetch < 0 or reduce_op not in ("avg", "sum"):
             raise ValueError(f"prefetch {prefetch} (>= 0) / reduce_op {reduce_op!r}")
         self.module, self.group, self.prefetch, self.reduce_op = module, group, prefetch, reduce_op
+        self.hybrid = hybrid
         self.precision, self.share = precision or MixedPrecision(), share
         broadcast_parameters(module, group, share)
         self.tracker = GatheredBytes()
@@ -137,7 +142,7 @@ class FullyShardedDataParallel(ShardedReplica):
         rest = [(n, p) for n, p in self.share.named(self.module) if id(p) not in claimed]
         if rest:
             units.insert(0, ("<root>", [], rest))
-        args = (self.group, self.precision, self.tracker)
+        args = (self.shard_group, self.precision, self.tracker)
         return [FlatUnit(i, n, m, named, *args) for i, (n, m, named) in enumerate(units)]
 
     # -- gathering -------------------------------------------------------------------------
@@ -204,8 +209,10 @@ class FullyShardedDataParallel(ShardedReplica):
         if data is None:  # no gradient reached this unit in this backward
             data = u.shard.grad.new_zeros(u.layout.padded, dtype=self.precision.param_dtype)
         send = data.to(self.precision.reduce_dtype)
-        sizes = [u.layout.shard] * self.group.size
-        handle = comm.reduce_scatter(send, self.group, self.reduce_op, sizes=sizes, async_op=True)
+        sizes = [u.layout.shard] * self.shard_group.size
+        handle = comm.reduce_scatter(
+            send, self.shard_group, self.reduce_op, sizes=sizes, async_op=True
+        )
         self._pending.append((u, handle, send))
         u.ready.clear()
 
@@ -228,9 +235,11 @@ class FullyShardedDataParallel(ShardedReplica):
         yield
 
     def finish_gradient_sync(self) -> None:
-        """Everything was reduced at the end of each backward; only free what is left."""
+        """Everything was reduced within the shard group at the end of each backward; free
+        what is left, and under HSDP all-reduce the shards across the replicas."""
         for u in self.units:
             u.free()
+        self._all_reduce_across_replicas()
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         del set_to_none
@@ -247,7 +256,7 @@ class FullyShardedDataParallel(ShardedReplica):
 
     @property
     def sharded_over(self) -> comm.CommGroup:
-        return self.group
+        return self.shard_group
 
     def _after_update(self) -> None:
         """Drop any gathered copy: the next forward gathers the updated shards."""
@@ -266,7 +275,7 @@ class FullyShardedDataParallel(ShardedReplica):
             if u.shard.master is not None:
                 known.append(("master", u.shard.master))
         n = sum(u.layout.numel for u in self.units)
-        k = self.group.size
+        k = self.shard_group.size
         extra = sum(u.layout.shard for u in self.units) - -(-n // k)  # beyond ceil(N/k)
         p = self.precision
         padding = {"params": extra * p.param_bytes, "grads": extra * p.param_bytes}

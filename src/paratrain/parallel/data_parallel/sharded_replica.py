@@ -4,7 +4,8 @@ the gradient exists only as this rank's flat shards.
 `ZeroDataParallel` keeps one flat buffer, `FullyShardedDataParallel` one per unit; both
 expose them as `shards` (flat_buffer.FlatShard: compute-dtype parameters, reduced gradient,
 fp32 master copy) and say over which group they are disjoint (`sharded_over`: the dp
-group, or None for ZeRO stage 0, whose single shard is the whole buffer). Scaling, the
+group, HSDP's replica group (hybrid.py), or None for ZeRO stage 0, whose single shard is
+the whole buffer). Scaling, the
 squared norms, sums over other groups, the optimizer, checkpoint pieces and full weights
 are then the same code for both.
 """
@@ -22,9 +23,11 @@ from paratrain import comm
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
 from paratrain.parallel.data_parallel.grad_lists import all_reduce_in_place, scale_, squared_norms
+from paratrain.parallel.data_parallel.hybrid import HybridGroups, all_reduce_across_replicas
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
 from paratrain.parallel.data_parallel.whole_module import adam_state, complete_state_dict
+from paratrain.parallel.mixed_precision import MixedPrecision
 
 
 class ShardedReplica(nn.Module, abc.ABC):
@@ -35,6 +38,21 @@ class ShardedReplica(nn.Module, abc.ABC):
     group: comm.CommGroup
     scaler: Any
     share: ParamShare = EVERY_PARAMETER  # ZeRO-1/2 may hold some of the module's parameters
+    hybrid: HybridGroups | None = None  # HSDP: shard within a replica group (hybrid.py)
+    reduce_op: str
+    precision: MixedPrecision
+
+    @property
+    def shard_group(self) -> comm.CommGroup:
+        """The ranks the flat buffers are split over: the replica group under HSDP."""
+        return self.hybrid.shard if self.hybrid is not None else self.group
+
+    def _all_reduce_across_replicas(self) -> None:
+        """HSDP: the step's reduced shards, summed (or averaged) over the replicas."""
+        if self.hybrid is not None:
+            grads = [s.grad for s in self.shards]
+            dtype = self.precision.reduce_dtype
+            all_reduce_across_replicas(grads, self.hybrid.replicate, self.reduce_op, dtype)
 
     @property
     @abc.abstractmethod

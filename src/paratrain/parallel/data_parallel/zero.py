@@ -53,6 +53,7 @@ from paratrain.parallel.data_parallel.flat_buffer import (
     flat_buckets,
     make_shard,
 )
+from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MemoryReport
@@ -69,6 +70,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     loop's way), "avg" for per-replica mean losses (DDP's way). accumulate: stage 2 with
     K micro-batches, "shard" (reduce-scatter each one) or "full" (module docstring).
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
+    hybrid: HSDP (hybrid.py): shard within `hybrid.shard`, a part of `group`.
     """
 
     def __init__(
@@ -81,20 +83,21 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         reduce_op: str = "sum",
         accumulate: str = "shard",
         share: ParamShare = EVERY_PARAMETER,
+        hybrid: HybridGroups | None = None,
     ) -> None:
         super().__init__()
-        if stage not in (0, 1, 2):
-            raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (3: fsdp.py)")
+        if stage not in (0, 1, 2) or (hybrid is not None and stage == 0):
+            raise ValueError(f"ZeroDataParallel stage {stage}; valid: 0, 1, 2 (HSDP: 1, 2)")
         if reduce_op not in ("avg", "sum") or accumulate not in ZERO2_ACCUMULATE:
             raise ValueError(f"reduce_op {reduce_op!r} / accumulate {accumulate!r}")
-        self.module, self.group, self.stage = module, group, stage
+        self.module, self.group, self.stage, self.hybrid = module, group, stage, hybrid
         self.precision = precision or MixedPrecision()
         self.reduce_op, self.accumulate, self.share = reduce_op, accumulate, share
         broadcast_parameters(module, group, share)
         named = share.named(module)[::-1]
         self._params = [p for _, p in named]
-        rank = group.rank if stage >= 1 else 0
-        self.layout = FlatLayout(named, group.size if stage >= 1 else 1)
+        rank = self.shard_group.rank if stage >= 1 else 0  # under HSDP, in a replica group
+        self.layout = FlatLayout(named, self.shard_group.size if stage >= 1 else 1)
         self.flat_params, master_from = self._flatten_params(rank)
         lo, hi = self.layout.shard_range(rank)
         dtype = self.precision.param_dtype
@@ -215,7 +218,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         else:
             sizes = self.layout.split_sizes(bucket.start, bucket.end)
             handle = comm.reduce_scatter(
-                send, self.group, op=self.reduce_op, sizes=sizes, async_op=True
+                send, self.shard_group, op=self.reduce_op, sizes=sizes, async_op=True
             )
         self._pending.append((bucket, handle, send))
 
@@ -225,7 +228,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
             if result.data_ptr() != self.flat_grads[bucket.start : bucket.end].data_ptr():
                 self.flat_grads[bucket.start : bucket.end].copy_(result)
             return
-        lo, hi = self.layout.shard_range(self.group.rank)
+        lo, hi = self.layout.shard_range(self.shard.rank)
         a, b = max(bucket.start, lo), min(bucket.end, hi)
         if a < b:
             target = self.shard.grad[a - lo : b - lo]
@@ -243,6 +246,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         self._drain()
         self._reset_round()
         self._touched.clear()
+        self._all_reduce_across_replicas()
         if self.stage >= 1:  # only the shard's gradient is reduced: hide the rest
             for p in self._params:
                 p.grad = None
@@ -264,7 +268,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
 
     @property
     def sharded_over(self) -> comm.CommGroup | None:
-        return self.group if self.stage >= 1 else None
+        return self.shard_group if self.stage >= 1 else None
 
     def _after_update(self) -> None:
         if self.stage >= 1:
@@ -274,8 +278,8 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     def _gather_params(self) -> None:
         """Every rank updated its shard: all-gather them into the full parameters, in
         place (the shard is this rank's piece of them): no full-size receive buffer."""
-        sizes = [self.layout.shard] * self.group.size
-        comm.all_gather_flat(self.shard.param, self.group, sizes=sizes, out=self.flat_params)
+        sizes = [self.layout.shard] * self.shard_group.size
+        comm.all_gather_flat(self.shard.param, self.shard_group, sizes=sizes, out=self.flat_params)
 
     # -- state -----------------------------------------------------------------------------
     def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
