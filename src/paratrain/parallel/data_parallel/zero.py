@@ -24,15 +24,8 @@ reduce-scatter starts from the hook that completes it and overlaps the earlier l
 backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (flat_buffer.py): a
 bucket's reduce-scatter gives each rank the part of the bucket inside its shard.
 
-Driving it is the `Replica` protocol (replica.py), as for every wrapper; the training
-step (train/step.py) does, in order:
-    model = ZeroDataParallel(module, group, stage=2, precision=MixedPrecision.of("bf16"))
-    opt = model.build_optimizer(lr, weight_decay, betas)
-    model.zero_grad()
-    for each micro-batch: (inside model.no_sync() for all but the last) loss.backward()
-    model.finish_gradient_sync()
-    model.scale_grads_(1 / global_tokens); clip by the global norm of model.grad_squares()
-    opt.step()                         # updates this rank's shard, all-gathers parameters
+It is driven through the `Replica` protocol (replica.py), like every wrapper: the training
+step (train/step.py) never asks which stage it runs.
 """
 
 from __future__ import annotations
