@@ -181,3 +181,17 @@ def missing() -> list[str]:
         except Exception as e:  # whatever the failure, it is this name's report
             problems.append(f"{name}: {type(e).__name__}: {e}")
     return problems
+
+
+def storage_id(t: torch.Tensor) -> int:
+    """Which storage a tensor's memory is: the storage object's own address (private
+    `_cdata`, in every supported release). Not `data_ptr()`: under fake tensors
+    (simulate/) no storage has memory, and every data pointer is 0."""
+    return t.untyped_storage()._cdata
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b start at the same byte of the same storage (`a.data_ptr() ==
+    b.data_ptr()` for real tensors, and also true to fake ones)."""
+    start = a.storage_offset() * a.element_size()
+    return storage_id(a) == storage_id(b) and start == b.storage_offset() * b.element_size()
