@@ -1,0 +1,91 @@
+"""One simulated rank: `paratrain train`'s own loop (train/loop.py `train`) on this rank of
+a fake world, and what it measured per step, under the keys the prediction uses.
+
+The measurement is taken as `paratrain train` takes it (train/prediction.py): the model
+state is the loop's record at the last step's end; bytes and calls per group are the
+ledger's between the last two step ends (the first step also carries set-up), and the
+FLOPs are `FlopCounterMode`'s between the same two marks.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
+
+from paratrain.comm.group import CommOptions
+from paratrain.config import RunConfig, device_type
+from paratrain.data.tokens import TokenData
+from paratrain.mesh import Mesh
+from paratrain.plan.rank_traffic import AXES
+from paratrain.simulate.fake import SimulatedTensors, join_fake_world
+from paratrain.train.loop import train
+from paratrain.train.prediction import STATE_KINDS
+
+
+def fake_tokens(cfg: RunConfig) -> TokenData:
+    """Token streams just long enough for the run's steps and validation: shapes only."""
+    t = cfg.train
+    train_len = t.steps * t.global_batch * t.seq_len + 1
+    val_len = t.val_batches * t.micro_batch * t.seq_len + 1
+    return TokenData(
+        train=torch.zeros(train_len, dtype=torch.int32),
+        val=torch.zeros(val_len, dtype=torch.int32),
+        vocab_size=cfg.model.vocab_size,
+        fingerprint="simulated",
+        description="fake tokens (simulation)",
+    )
+
+
+class StepMarks:
+    """The ledger's bytes and calls per group and the FLOPs so far, at each step's end."""
+
+    def __init__(self, mesh: Mesh, flops: FlopCounterMode) -> None:
+        self.mesh, self.flops = mesh, flops
+        self.marks: list[dict[str, Any]] = []
+
+    def mark(self, *_: Any) -> None:
+        totals = self.mesh.ledger.totals()
+        self.marks.append(
+            {
+                "bytes": {a: self.mesh.ledger.bytes_sent(group=a) for a in AXES},
+                "calls": {a: sum(t.calls for (g, _), t in totals.items() if g == a) for a in AXES},
+                "flops": self.flops.get_total_flops(),
+            }
+        )
+
+    def last_step(self) -> dict[str, Any]:
+        before, after = self.marks[-2], self.marks[-1]
+        return {
+            "bytes": {a: after["bytes"][a] - before["bytes"][a] for a in AXES},
+            "calls": {a: after["calls"][a] - before["calls"][a] for a in AXES},
+            "flops": after["flops"] - before["flops"],
+        }
+
+
+def simulate_rank(cfg: RunConfig, rank: int) -> dict[str, Any]:
+    """Build and train global rank `rank` of cfg's layout in this process, on fake
+    tensors and the fake backend; its measurement. The process joins a fake world: run
+    it in a process of its own (ranks.py)."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("TORCH_DISABLE_ADDR2LINE", "1")  # no symbolizing of fake errors
+    join_fake_world(rank, cfg.world_size)
+    p = cfg.parallel
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
+    device = torch.device(device_type(cfg))
+    try:
+        with SimulatedTensors(), FlopCounterMode(display=False) as flops:
+            mesh = Mesh.build(
+                dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options,
+                device=device, control_backend="fake",
+            )  # fmt: skip
+            marks = StepMarks(mesh, flops)
+            result = train(cfg, mesh, fake_tokens(cfg), marks.mark, on_start=marks.mark)
+            mesh.close()
+    finally:
+        dist.destroy_process_group()
+    state = result.extra["model_state_bytes"]
+    return {"rank": rank, **{k: int(state[k]) for k in STATE_KINDS}, **marks.last_step()}
