@@ -73,11 +73,11 @@ def checked_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     cfg = checked_config(args)
-    from paratrain.simulate.compare import disagreements, predictions, table
+    from paratrain.simulate.compare import comparison_lines, disagreements, rank_predictions
     from paratrain.simulate.ranks import mesh_shape, parse_ranks, simulate_ranks
 
     ranks = parse_ranks(args.ranks, mesh_shape(cfg))  # before any process starts
-    predicted = predictions(cfg, ranks)
+    predicted = rank_predictions(cfg, ranks)
     differ = False
     for measured in simulate_ranks(cfg, ranks):
         mine = predicted[measured["rank"]]
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"rank": measured["rank"], "measured": measured, "predicted": mine}))
         else:
-            print("\n".join(table(measured, mine)), flush=True)
+            print("\n".join(comparison_lines(measured, mine)), flush=True)
     if differ:
         print("paratrain simulate: the planner and the runtime disagree", file=sys.stderr)
     return 1 if differ else 0

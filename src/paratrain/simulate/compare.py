@@ -19,7 +19,7 @@ from paratrain.plan.time import model_training_flops
 from paratrain.train.prediction import STATE_KINDS, Prediction, predict
 
 
-def predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, Any]]:
+def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, Any]]:
     """{rank: prediction} for each of `ranks`, keyed as `simulate_rank`'s measurement."""
     every: Prediction = predict(cfg)
     model, _, _, _ = planner_inputs(cfg)
@@ -56,7 +56,7 @@ def disagreements(measured: dict[str, Any], predicted: dict[str, Any]) -> list[s
     return [what for what, m, p in rows(measured, predicted)[:-1] if p is not None and m != p]
 
 
-def table(measured: dict[str, Any], predicted: dict[str, Any]) -> list[str]:
+def comparison_lines(measured: dict[str, Any], predicted: dict[str, Any]) -> list[str]:
     """One rank's comparison as text lines: what, measured, predicted, difference."""
     lines = [f"rank {measured['rank']}:", f"  {'':22}{'measured':>18}{'predicted':>18}{'diff':>14}"]
     for what, m, p in rows(measured, predicted):

@@ -9,7 +9,6 @@ FLOPs are `FlopCounterMode`'s between the same two marks.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -71,21 +70,35 @@ def simulate_rank(cfg: RunConfig, rank: int) -> dict[str, Any]:
     tensors and the fake backend; its measurement. The process joins a fake world: run
     it in a process of its own (ranks.py)."""
     torch.set_num_threads(1)
-    os.environ.setdefault("TORCH_DISABLE_ADDR2LINE", "1")  # no symbolizing of fake errors
     join_fake_world(rank, cfg.world_size)
-    p = cfg.parallel
-    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
-    device = torch.device(device_type(cfg))
     try:
-        with SimulatedTensors(), FlopCounterMode(display=False) as flops:
-            mesh = Mesh.build(
-                dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options,
-                device=device, control_backend="fake",
-            )  # fmt: skip
-            marks = StepMarks(mesh, flops)
-            result = train(cfg, mesh, fake_tokens(cfg), marks.mark, on_start=marks.mark)
+        with SimulatedTensors():
+            mesh = build_mesh(cfg, control_backend="fake")
+            measured = measure_training(cfg, mesh, fake_tokens(cfg))
             mesh.close()
     finally:
         dist.destroy_process_group()
+    return {"rank": rank, **measured}
+
+
+def build_mesh(cfg: RunConfig, control_backend: str = "gloo") -> Mesh:
+    """The mesh `paratrain train` builds for cfg (train/worker.py), on the run's device
+    type (one GPU's index does not matter to a simulation)."""
+    p = cfg.parallel
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
+    device = torch.device(device_type(cfg))
+    return Mesh.build(
+        dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=device,
+        control_backend=control_backend,
+    )  # fmt: skip
+
+
+def measure_training(cfg: RunConfig, mesh: Mesh, data: TokenData) -> dict[str, Any]:
+    """Train on `mesh` as `paratrain train` does; the model state at the last step's end,
+    the ledger's bytes and calls per group and the FLOPs of the last step. The same on a
+    real mesh: the faithfulness tests measure real runs with it."""
+    with FlopCounterMode(display=False) as flops:
+        marks = StepMarks(mesh, flops)
+        result = train(cfg, mesh, data, marks.mark, on_start=marks.mark)
     state = result.extra["model_state_bytes"]
-    return {"rank": rank, **{k: int(state[k]) for k in STATE_KINDS}, **marks.last_step()}
+    return {**{k: int(state[k]) for k in STATE_KINDS}, **marks.last_step()}
