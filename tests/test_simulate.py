@@ -59,7 +59,7 @@ def test_simulated_ranks_equal_the_planner_at_scale(name):
     cfg = layout(**AT_SCALE[name])
     ranks = [0, cfg.world_size - 1]  # the last holds the padding, the last stage
     predicted = rank_predictions(cfg, ranks)
-    for measured in simulate_ranks(cfg, ranks):
+    for measured, _ in simulate_ranks(cfg, ranks):
         assert measured["bytes"]["dp" if cfg.parallel.cp == 1 else "dp_cp"] > 0
         assert disagreements(measured, predicted[measured["rank"]]) == []
 
@@ -88,7 +88,7 @@ def test_a_simulated_rank_measures_what_the_real_run_measures(family):
     cfg = layout(world=4, steps=2, **FAMILIES[family])
     # order "gloo": the real ranks run the very CommOptions the simulation builds from cfg
     real = run_distributed(measure_real, 4, cfg, order="gloo")
-    (simulated,) = simulate_ranks(cfg, [3])
+    ((simulated, _),) = simulate_ranks(cfg, [3])
     assert simulated == real[3]
     assert simulated["flops"] > 0 and sum(simulated["calls"].values()) > 0
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._ops import HigherOrderOperator as HigherOrderOperator
+from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
 
 # The single-tensor all-gather and reduce-scatter were renamed in torch 2.13
@@ -195,3 +196,24 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     b.data_ptr()` for real tensors, and also true to fake ones)."""
     start = a.storage_offset() * a.element_size()
     return storage_id(a) == storage_id(b) and start == b.storage_offset() * b.element_size()
+
+
+def _cpu_flash_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+    return flop_counter.sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward_flops(
+    grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any
+) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad, query, key, value)
+
+
+def attention_flop_formulas() -> dict[Any, Any]:
+    """FlopCounterMode's `custom_mapping` for the CPU's fused attention kernel, which its
+    registry leaves out (2.11-2.14: it counts the CUDA kernels only), so that attention is
+    counted on every device, as the CUDA kernels are (full, not halved when causal)."""
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    }

@@ -79,13 +79,16 @@ def run(args: argparse.Namespace) -> int:
     ranks = parse_ranks(args.ranks, mesh_shape(cfg))  # before any process starts
     predicted = rank_predictions(cfg, ranks)
     differ = False
-    for measured in simulate_ranks(cfg, ranks):
+    for measured, host in simulate_ranks(cfg, ranks):
         mine = predicted[measured["rank"]]
         differ = differ or bool(disagreements(measured, mine))
         if args.json:
-            print(json.dumps({"rank": measured["rank"], "measured": measured, "predicted": mine}))
-        else:
-            print("\n".join(comparison_lines(measured, mine)), flush=True)
+            row = {"rank": measured["rank"], "measured": measured, "predicted": mine}
+            print(json.dumps(row | {"host": host}), flush=True)
+            continue
+        print("\n".join(comparison_lines(measured, mine)), flush=True)
+        print(f"  (this machine: {host['seconds']:.0f} s, "
+              f"{host['max_rss_bytes'] / 2**30:.2f} GiB at most)", flush=True)  # fmt: skip
     if differ:
         print("paratrain simulate: the planner and the runtime disagree", file=sys.stderr)
     return 1 if differ else 0

@@ -9,12 +9,15 @@ FLOPs are `FlopCounterMode`'s between the same two marks.
 
 from __future__ import annotations
 
+import resource
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
+from paratrain.comm.compat import attention_flop_formulas
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
 from paratrain.data.tokens import TokenData
@@ -81,6 +84,15 @@ def simulate_rank(cfg: RunConfig, rank: int) -> dict[str, Any]:
     return {"rank": rank, **measured}
 
 
+def simulate_rank_on_host(cfg: RunConfig, rank: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """`simulate_rank`, and what it cost this machine: seconds and the process's peak
+    resident memory (the process is the rank's own, so the peak is the rank's)."""
+    start = time.perf_counter()
+    measured = simulate_rank(cfg, rank)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return measured, {"seconds": time.perf_counter() - start, "max_rss_bytes": peak_kib * 1024}
+
+
 def build_mesh(cfg: RunConfig, control_backend: str = "gloo") -> Mesh:
     """The mesh `paratrain train` builds for cfg (train/worker.py), on the run's device
     type (one GPU's index does not matter to a simulation)."""
@@ -97,7 +109,7 @@ def measure_training(cfg: RunConfig, mesh: Mesh, data: TokenData) -> dict[str, A
     """Train on `mesh` as `paratrain train` does; the model state at the last step's end,
     the ledger's bytes and calls per group and the FLOPs of the last step. The same on a
     real mesh: the faithfulness tests measure real runs with it."""
-    with FlopCounterMode(display=False) as flops:
+    with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as flops:
         marks = StepMarks(mesh, flops)
         result = train(cfg, mesh, data, marks.mark, on_start=marks.mark)
     state = result.extra["model_state_bytes"]

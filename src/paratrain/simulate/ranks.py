@@ -15,7 +15,7 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
-from paratrain.simulate.rank import simulate_rank
+from paratrain.simulate.rank import simulate_rank_on_host
 
 
 def mesh_shape(cfg: RunConfig) -> MeshShape:
@@ -50,12 +50,13 @@ def parse_ranks(text: str, shape: MeshShape) -> list[int]:
     return sorted(set(ranks))
 
 
-def simulate_ranks(cfg: RunConfig, ranks: list[int]) -> list[dict[str, Any]]:
+def simulate_ranks(cfg: RunConfig, ranks: list[int]) -> list[tuple[dict[str, Any], dict]]:
     """Each rank in a fresh process, one at a time (a process joins one fake world, and a
-    rank of a large model needs the machine's memory to itself)."""
+    rank of a large model needs the machine's memory to itself): (its measurement, its
+    cost on this machine), in the order of `ranks`."""
     spawn = multiprocessing.get_context("spawn")
     results = []
     for rank in ranks:
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-            results.append(pool.submit(simulate_rank, cfg, rank).result())
+            results.append(pool.submit(simulate_rank_on_host, cfg, rank).result())
     return results
