@@ -11,13 +11,16 @@ group, and FlopCounterMode's FLOPs, which depend on shapes only, never on values
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from paratrain import cli
 from paratrain.config import RunConfig
+from paratrain.mesh import MeshShape
 from paratrain.simulate.compare import disagreements, rank_predictions
 from paratrain.simulate.rank import build_mesh, measure_training
-from paratrain.simulate.ranks import simulate_ranks
+from paratrain.simulate.ranks import role_ranks, simulate_ranks
 from paratrain.validate import resolve
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
@@ -115,3 +118,17 @@ def test_bad_input_is_one_line_and_exit_2_before_any_process(argv, says, capsys,
     assert cli.main(["simulate", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_roles_are_each_stage_at_the_first_and_last_dp_and_tp_coordinates():
+    shape = MeshShape(dp=4, pp=2, tp=4)
+    # (pp, dp, tp) -> rank = (pp * 4 + dp) * 4 + tp
+    assert role_ranks(shape) == [0, 3, 12, 15, 16, 19, 28, 31]
+
+
+def test_json_gives_measured_and_predicted_under_the_same_keys(capsys):
+    assert cli.main(["simulate", *W8, "--ranks", "7", "--json"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    row = json.loads(line)
+    assert row["rank"] == 7 and row["measured"].keys() == row["predicted"].keys()
+    assert row["measured"] == row["predicted"] | {"calls": row["measured"]["calls"]}
