@@ -9,13 +9,14 @@ changes this file only.
 from __future__ import annotations
 
 import copy
+import importlib
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._ops import HigherOrderOperator as HigherOrderOperator
-from torch.utils import flop_counter
+from torch._subclasses.fake_tensor import FakeTensorMode as FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
 
 # The single-tensor all-gather and reduce-scatter were renamed in torch 2.13
@@ -199,13 +200,17 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _cpu_flash_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
-    return flop_counter.sdpa_flop_count(query, key, value)
+    from torch.utils.flop_counter import sdpa_flop_count  # only simulations count FLOPs
+
+    return sdpa_flop_count(query, key, value)
 
 
 def _cpu_flash_backward_flops(
     grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any
 ) -> int:
-    return flop_counter.sdpa_backward_flop_count(grad, query, key, value)
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad, query, key, value)
 
 
 def attention_flop_formulas() -> dict[Any, Any]:
@@ -217,3 +222,15 @@ def attention_flop_formulas() -> dict[Any, Any]:
         aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
         aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
     }
+
+
+def register_fake_backend() -> None:
+    """Make torch's "fake" process-group backend known (simulate/): torch registers it when
+    its testing module is imported (2.11-2.14), and Python imports a module once, so
+    calling this again changes nothing."""
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")
+
+
+# The op behind every host-side read of a tensor's value (.item(), float(t), bool(t));
+# private (underscored) in every supported release. simulate/ answers it under fake tensors.
+HOST_READ_OP = torch.ops.aten._local_scalar_dense.default

@@ -14,17 +14,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-# The only private torch names of simulate/: torch registers the "fake" backend when this
-# module is imported (2.13; Python imports a module once, so registering is idempotent).
-FAKE_BACKEND_MODULE = "torch.testing._internal.distributed.fake_pg"
+from paratrain.comm.compat import HOST_READ_OP, FakeTensorMode, register_fake_backend
 
 
 def join_fake_world(rank: int, world: int) -> None:
     """This process becomes `rank` of a world of `world` ranks, none of which exist: every
     collective completes at once and leaves its output's values undefined."""
-    __import__(FAKE_BACKEND_MODULE)
+    register_fake_backend()  # once per process, idempotent (comm/compat.py)
     # A HashStore: no other rank will connect, and the watchdog publishes into it.
     dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world)
 
@@ -40,6 +37,6 @@ class SimulatedTensors(FakeTensorMode):
     """Fake tensors whose host-side reads get `scalar_stand_in` instead of an error."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is HOST_READ_OP:
             return scalar_stand_in(args[0].dtype)
         return super().__torch_dispatch__(func, types, args, kwargs)
