@@ -146,6 +146,12 @@ FORBIDDEN = [
     ("paratrain.data", "paratrain.parallel", "data knows no strategy"),
     ("paratrain.data", "paratrain.comm", "data knows no process group"),
     ("paratrain.spawn", "paratrain.", "the spawner is a leaf: benches and tests share it"),
+    ("paratrain.simulate", "paratrain.validate", "the command checks input before processes"),
+    ("paratrain.simulate", "paratrain.bench", "a simulation builds what train builds"),
+    ("paratrain.simulate", "paratrain.commands", "a command uses the simulation"),
+    ("paratrain.simulate", "paratrain.cli", "a command uses the simulation"),
+    ("paratrain.train", "paratrain.simulate", "training never depends on its simulation"),
+    ("paratrain.plan", "paratrain.simulate", "the planner is pure: it never runs a step"),
 ]
 
 

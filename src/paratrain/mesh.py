@@ -69,6 +69,7 @@ class Mesh:
         ledger: Ledger | None = None,
         device: torch.device | str = "cpu",
         replicas: int = 1,
+        control_backend: str = "gloo",
     ) -> Mesh:
         """Create the groups of every axis. Every rank must call this, in the same order.
 
@@ -76,7 +77,8 @@ class Mesh:
         share this rank's ledger, the options (timeout, default algorithm, checking) and a
         watchdog that publishes the ledger for hang reports. `device`: where this rank's
         model and batches live (cuda:LOCAL_RANK with NCCL). `replicas`: HSDP's replica
-        groups (module docstring).
+        groups (module docstring). `control_backend`: gloo, or "fake" in a simulated world
+        (simulate/), where no other rank exists to rendezvous.
         """
         shape = MeshShape(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, replicas=replicas)
         ledger = ledger if ledger is not None else Ledger()
@@ -103,16 +105,16 @@ class Mesh:
         for kind in DERIVED:
             base, alias = same_as.get(kind, ("", False))
             groups[kind] = groups[base] if alias else cls._build_axis(shape, kind, rank, common)
-        groups["control"] = cls._build_control(world, rank, common)
+        groups["control"] = cls._build_control(world, rank, common, control_backend)
         _share_streams(list(groups.values()))
         return cls(shape, rank, groups, ledger, watchdog, options, torch.device(device))
 
     @staticmethod
-    def _build_control(world: int, rank: int, common: _Shared) -> CommGroup:
+    def _build_control(world: int, rank: int, common: _Shared, backend: str = "gloo") -> CommGroup:
         """The host-side group over every rank: gloo whatever the axes' backend, so in
         gloo's order even when the axes run in NCCL's (`CommOptions.order`)."""
         ranks = list(range(world))
-        pg = dist.new_group(ranks, backend="gloo") if world > 1 else None
+        pg = dist.new_group(ranks, backend=backend) if world > 1 else None
         control = _Shared(**common)
         control["options"] = replace(common["options"], order="gloo")
         return CommGroup("control", pg, ranks, rank, **control)

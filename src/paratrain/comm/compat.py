@@ -9,6 +9,7 @@ changes this file only.
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._ops import HigherOrderOperator as HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensorMode as FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
 
 # The single-tensor all-gather and reduce-scatter were renamed in torch 2.13
@@ -196,3 +198,54 @@ def missing() -> list[str]:
         except Exception as e:  # whatever the failure, it is this name's report
             problems.append(f"{name}: {type(e).__name__}: {e}")
     return problems
+
+
+def storage_id(t: torch.Tensor) -> int:
+    """Which storage a tensor's memory is: the storage object's own address (private
+    `_cdata`, in every supported release). Not `data_ptr()`: under fake tensors
+    (simulate/) no storage has memory, and every data pointer is 0."""
+    return int(t.untyped_storage()._cdata)
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b start at the same byte of the same storage (`a.data_ptr() ==
+    b.data_ptr()` for real tensors, and also true to fake ones)."""
+    start = a.storage_offset() * a.element_size()
+    return storage_id(a) == storage_id(b) and start == b.storage_offset() * b.element_size()
+
+
+def _cpu_flash_flops(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count  # only simulations count FLOPs
+
+    return int(sdpa_flop_count(query, key, value))
+
+
+def _cpu_flash_backward_flops(
+    grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return int(sdpa_backward_flop_count(grad, query, key, value))
+
+
+def attention_flop_formulas() -> dict[Any, Any]:
+    """FlopCounterMode's `custom_mapping` for the CPU's fused attention kernel, which its
+    registry leaves out (2.11-2.14: it counts the CUDA kernels only), so that attention is
+    counted on every device, as the CUDA kernels are (full, not halved when causal)."""
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    }
+
+
+def register_fake_backend() -> None:
+    """Make torch's "fake" process-group backend known (simulate/): torch registers it when
+    its testing module is imported (2.11-2.14), and Python imports a module once, so
+    calling this again changes nothing."""
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")
+
+
+# The op behind every host-side read of a tensor's value (.item(), float(t), bool(t));
+# private (underscored) in every supported release. simulate/ answers it under fake tensors.
+HOST_READ_OP = torch.ops.aten._local_scalar_dense.default

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from paratrain.comm import ordering, ring, tree
 from paratrain.comm.algos import choose_algo
 from paratrain.comm.call import Done, Handle, Pending, begin, describe, finish, issued, run_ours
+from paratrain.comm.compat import same_memory
 from paratrain.comm.group import CommGroup
 from paratrain.comm.reduction import NATIVE_OPS, check_op, finish_avg_
 from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
@@ -67,7 +68,7 @@ def all_reduce(
     def done() -> torch.Tensor:
         if op == "avg" and algo == "native":
             finish_avg_(flat, group.size)
-        if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        if not same_memory(flat, tensor) or not tensor.is_contiguous():
             tensor.copy_(flat.view_as(tensor))
         return tensor
 
@@ -141,6 +142,6 @@ def reduce(
 
 
 def _copy_back(flat: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    if flat.data_ptr() != tensor.data_ptr():
+    if not same_memory(flat, tensor):
         tensor.copy_(flat.view_as(tensor))
     return tensor

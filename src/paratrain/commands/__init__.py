@@ -17,6 +17,7 @@ from types import ModuleType
 COMMANDS = {
     "train": "train",
     "plan": "plan",
+    "simulate": "simulate",
     "bench": "bench",
     "schedule": "schedule",
     "export": "export",

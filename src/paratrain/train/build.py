@@ -86,6 +86,17 @@ def build_model(
         if ckpt is None:
             raise ValueError(f"--init-from {source!r}: no complete checkpoint")
         load_weights(model, read_model(ckpt.path), f"--init-from {source}")
+    return move_to(model, device)
+
+
+def move_to(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """`model.to(device)`, skipped when every tensor is already there: a no-op for real
+    tensors, and under fake tensors (simulate/) `to` would swap each parameter for a copy,
+    which fails on parameters the fake mode holds weak references to."""
+    device = torch.device(device)
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.device == device for t in tensors):
+        return model
     return model.to(device)
 
 
@@ -147,7 +158,7 @@ def build_engine(
     """
     p, t = cfg.parallel, cfg.train
     plan = plan if plan is not None else plan_of(cfg)
-    model = build_model(cfg, mesh.device) if model is None else model.to(mesh.device)
+    model = build_model(cfg, mesh.device) if model is None else move_to(model, mesh.device)
     split = token_split(model, plan, mesh, cfg)
     tracker = None
     if mesh.size("tp") > 1:

@@ -43,15 +43,22 @@ def global_grad_norm(
     # entries (dp for sharded wrappers; ep for experts; none for whole replicas)
     sums: list[tuple[list[comm.CommGroup], torch.Tensor]] = []
     for part in parts:
-        names = [name in tp_split for name in part.names]
-        split = torch.tensor(names, dtype=torch.bool, device=device)
+        # Positions, not a boolean mask: the same elements in the same order (the same
+        # sums), and a result size known without reading the mask, as fake tensors need.
+        split = [name in tp_split for name in part.names]
+        on, off = (
+            torch.tensor(
+                [i for i, s in enumerate(split) if s == side], dtype=torch.long, device=device
+            )
+            for side in (True, False)
+        )
         groups = [g for g in (part.sharded_over, part.split_over) if g is not None and g.size > 1]
         target = next((t for gs, t in sums if _same(gs, groups)), None)
         if target is None:
             target = torch.zeros(2, dtype=torch.float64, device=device)
             sums.append((groups, target))
-        target[0] += part.squares[split].sum()
-        target[1] += part.squares[~split].sum()
+        target[0] += part.squares[on].sum()
+        target[1] += part.squares[off].sum()
     for groups, target in sums:  # the same list on every rank: the same calls
         for group in groups:
             comm.all_reduce(target, group, op="sum")

@@ -21,6 +21,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from paratrain import comm
+from paratrain.comm.compat import same_memory
 from paratrain.module_names import matching
 from paratrain.parallel.data_parallel.flat_buffer import FlatLayout, FlatShard, make_shard
 from paratrain.parallel.mixed_precision import MixedPrecision
@@ -128,7 +129,7 @@ class FlatUnit:
         self.gather()
         out = self.handle.wait()  # (padded,)
         self.handle = None
-        assert out.data_ptr() == self.full.data_ptr()
+        assert same_memory(out, self.full)
         self.gathered = True
 
     def free(self) -> None:

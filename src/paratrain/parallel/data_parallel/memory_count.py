@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain.comm.compat import storage_id
 from paratrain.parallel.data_parallel.replica import MOMENTS, MemoryReport
 
 
@@ -28,9 +29,9 @@ def count_memory(
         if t is None:
             return
         storage = t.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+        if storage.nbytes() == 0 or storage_id(t) in seen:
             return
-        seen.add(storage.data_ptr())
+        seen.add(storage_id(t))
         totals[kind] += storage.nbytes()
 
     for kind, t in known:

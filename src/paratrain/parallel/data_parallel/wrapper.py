@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.comm.compat import same_memory
 from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.data_parallel.buckets import Bucket, build_buckets
 from paratrain.parallel.data_parallel.memory_count import count_memory
@@ -118,7 +119,7 @@ class DataParallel(SyncSwitch, nn.Module):
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         bucket, i = self._bucket_of[id(p)]
-        if p.grad is not None and p.grad.data_ptr() != bucket.views[i].data_ptr():
+        if p.grad is not None and not same_memory(p.grad, bucket.views[i]):
             # .grad was replaced (zero_grad(set_to_none=True) before this backward): this
             # is the first gradient of the step, so it overwrites the stale view.
             bucket.views[i].copy_(p.grad)
@@ -149,7 +150,7 @@ class DataParallel(SyncSwitch, nn.Module):
         this step contributes zeros, since other ranks may have one for it.
         """
         for p, view in zip(bucket.params, bucket.views, strict=True):
-            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            if p.grad is not None and not same_memory(p.grad, view):
                 view.copy_(p.grad)
             elif p.grad is None and id(p) not in self._touched:
                 view.zero_()

@@ -37,6 +37,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.comm import compat
+from paratrain.comm.compat import same_memory
 from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import (
@@ -148,7 +149,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         seg = self.layout.segments[i]
         if self.stage <= 1:
             view = self._grad_views[i]
-            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            if p.grad is not None and not same_memory(p.grad, view):
                 view.copy_(p.grad)  # .grad was replaced since zero_grad: first gradient
                 p.grad = view
         else:
@@ -218,7 +219,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     def _complete(self, bucket: FlatBucket, handle: comm.Pending, send: torch.Tensor) -> None:
         result = handle.wait()
         if self.stage == 0 and self.flat_grads is not None:  # always set at stage 0
-            if result.data_ptr() != self.flat_grads[bucket.start : bucket.end].data_ptr():
+            if not same_memory(result, self.flat_grads[bucket.start : bucket.end]):
                 self.flat_grads[bucket.start : bucket.end].copy_(result)
             return
         lo, hi = self.layout.shard_range(self.shard.rank)

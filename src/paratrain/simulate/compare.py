@@ -1,0 +1,62 @@
+"""The planner's prediction for a simulated rank, under the measurement's keys, and the
+two side by side.
+
+State bytes and bytes per group come from the same per-rank formulas `paratrain train`
+compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
+(where the step's work splits evenly; None elsewhere). Not yet predicted, so `None` here
+and "-" in the table: calls per group (the planner counts bytes, not calls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paratrain.config import RunConfig
+from paratrain.plan.rank_flops import rank_step_flops
+from paratrain.plan.rank_traffic import AXES
+from paratrain.plan.run_inputs import planner_inputs
+from paratrain.train.prediction import STATE_KINDS, Prediction, predict
+
+
+def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """{rank: prediction} for each of `ranks`, keyed as `simulate_rank`'s measurement."""
+    every: Prediction = predict(cfg)
+    model, workload, layout, _ = planner_inputs(cfg)
+    flops = rank_step_flops(model, workload, layout)
+    return {
+        r: {
+            "rank": r,
+            **{k: every.model_state[r][k] for k in STATE_KINDS},
+            "bytes": dict(every.bytes_per_step[r]),
+            "calls": dict.fromkeys(AXES),
+            "flops": flops,
+        }
+        for r in ranks
+    }
+
+
+def rows(measured: dict[str, Any], predicted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(what, measured, predicted) for every quantity; groups where both are zero left out."""
+    out = [(k, measured[k], predicted[k]) for k in STATE_KINDS]
+    for kind in ("bytes", "calls"):
+        for a in AXES:
+            m, p = measured[kind][a], predicted[kind][a]
+            if m or p:
+                out.append((f"{kind} {a}", m, p))
+    out.append(("flops", measured["flops"], predicted["flops"]))
+    return out
+
+
+def disagreements(measured: dict[str, Any], predicted: dict[str, Any]) -> list[str]:
+    """The quantities the planner predicts exactly and the simulation measured otherwise."""
+    return [what for what, m, p in rows(measured, predicted) if p is not None and m != p]
+
+
+def comparison_lines(measured: dict[str, Any], predicted: dict[str, Any]) -> list[str]:
+    """One rank's comparison as text lines: what, measured, predicted, difference."""
+    lines = [f"rank {measured['rank']}:", f"  {'':16}{'measured':>22}{'predicted':>22}{'diff':>18}"]
+    for what, m, p in rows(measured, predicted):
+        diff = "-" if p is None else f"{m - p:+,}"
+        shown = "-" if p is None else f"{p:,}"
+        lines.append(f"  {what:16}{m:>22,}{shown:>22}{diff:>18}")
+    return lines

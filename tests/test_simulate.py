@@ -1,0 +1,134 @@
+"""`paratrain simulate` (simulate/): a rank built and trained as `train` builds it, on fake
+tensors over torch's fake process group.
+
+Exactness: at world sizes no other test reaches, each simulated rank's model-state bytes
+and bytes per group per step equal the planner's per-rank prediction exactly (both count
+tensor sizes and ring formulas: no rounding anywhere). Faithfulness: at world 4 on gloo,
+a simulated rank measures exactly what the same rank of a real run measures, with the
+same measuring code (`measure_training`): state bytes, the ledger's bytes and calls per
+group, and FlopCounterMode's FLOPs, which depend on shapes only, never on values.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paratrain import cli
+from paratrain.config import RunConfig
+from paratrain.mesh import MeshShape
+from paratrain.simulate.compare import disagreements, rank_predictions
+from paratrain.simulate.rank import build_mesh, measure_training
+from paratrain.simulate.ranks import role_ranks, simulate_ranks
+from paratrain.validate import resolve_and_check
+from tests.distributed import run_distributed
+from tests.equivalence import tiny_config, tiny_data
+
+LAYOUT_FIELDS = ("dp", "pp", "tp", "cp", "zero", "sequence_parallel", "schedule", "chunks")
+
+
+def layout(
+    world: int, steps: int = 1, dtype: str = "float32", k: int = 2, **parallel: object
+) -> RunConfig:
+    cfg = tiny_config(steps=steps, micro_batch=1)
+    cfg.model.n_layer = 8
+    cfg.train.dtype = dtype
+    p = cfg.parallel
+    p.nproc = world
+    for key, value in parallel.items():
+        assert key in LAYOUT_FIELDS, key
+        setattr(p, key, value)
+    cfg.train.global_batch = k * world // (p.tp * p.pp * p.cp)  # K micro-batches of one row
+    return resolve_and_check(cfg, world)
+
+
+# Beyond any world that trains here: ZeRO's shards of a few thousand parameters, vocab and
+# heads split by tp, interleaved stages over 8 layers.
+AT_SCALE = {
+    "zero1 dp 128": dict(world=128, zero=1),
+    "zero3 tp 2 dp 64": dict(world=128, tp=2, zero=3),
+    "zero2 bf16 dp 96": dict(world=96, zero=2, dtype="bfloat16"),
+    "tp 2 sp dp 32": dict(world=64, tp=2, sequence_parallel=True),
+    "tp 2, pp 4 interleaved, zero 1": dict(
+        world=64, tp=2, pp=4, zero=1, schedule="interleaved", chunks=2, k=4
+    ),
+    "cp 2 tp 2": dict(world=64, cp=2, tp=2),
+}
+
+
+@pytest.mark.parametrize("name", list(AT_SCALE))
+def test_simulated_ranks_equal_the_planner_at_scale(name):
+    cfg = layout(**AT_SCALE[name])
+    ranks = [0, cfg.world_size - 1]  # the last holds the padding, the last stage
+    predicted = rank_predictions(cfg, ranks)
+    for measured, _ in simulate_ranks(cfg, ranks):
+        assert measured["bytes"]["dp" if cfg.parallel.cp == 1 else "dp_cp"] > 0
+        assert disagreements(measured, predicted[measured["rank"]]) == []
+
+
+def measure_real(rank: int, world: int, cfg: RunConfig) -> dict:
+    mesh = build_mesh(cfg)
+    try:
+        return {"rank": rank, **measure_training(cfg, mesh, tiny_data())}
+    finally:
+        mesh.close()
+
+
+FAMILIES = {
+    "dp": dict(zero=0),
+    "zero1": dict(zero=1),
+    "zero2 bf16": dict(zero=2, dtype="bfloat16"),
+    "zero3": dict(zero=3),
+    "tp sp": dict(tp=2, sequence_parallel=True),
+    "pp 1f1b": dict(pp=2),
+    "cp": dict(cp=2),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_simulated_rank_measures_what_the_real_run_measures(family):
+    cfg = layout(world=4, steps=2, **FAMILIES[family])
+    # order "gloo": the real ranks run the very CommOptions the simulation builds from cfg
+    real = run_distributed(measure_real, 4, cfg, order="gloo")
+    ((simulated, _),) = simulate_ranks(cfg, [3])
+    assert simulated == real[3]
+    assert simulated["flops"] > 0 and sum(simulated["calls"].values()) > 0
+
+
+W8 = ["--world", "8", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--world", "10", "--tp", "4"], "world size 10 is not divisible by"),
+        ([*W8, "--ranks", "0,8"], "rank 8 is outside the world of 8"),
+        ([*W8, "--ranks", "last"], "give 'roles' or ranks"),
+        ([*W8, "--data", "x.txt"], "has no meaning under simulation"),
+        ([*W8, "--dtype", "float16"], "--dtype float16"),
+        (["--world", "8", "--tp", "8"], "tp=8 must divide"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_any_process(argv, says, capsys, monkeypatch):
+    def no_process(*_):
+        raise AssertionError("a process started")
+
+    monkeypatch.setattr("paratrain.simulate.ranks.simulate_ranks", no_process)
+    assert cli.main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_roles_are_each_stage_at_the_first_and_last_dp_and_tp_coordinates():
+    shape = MeshShape(dp=4, pp=2, tp=4)
+    # (pp, dp, tp) -> rank = (pp * 4 + dp) * 4 + tp
+    assert role_ranks(shape) == [0, 3, 12, 15, 16, 19, 28, 31]
+
+
+def test_json_gives_measured_and_predicted_under_the_same_keys(capsys):
+    assert cli.main(["simulate", *W8, "--ranks", "7", "--json"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    row = json.loads(line)
+    assert row["rank"] == 7 and row["measured"].keys() == row["predicted"].keys()
+    assert row["measured"] == row["predicted"] | {"calls": row["measured"]["calls"]}
