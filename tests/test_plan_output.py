@@ -12,7 +12,7 @@ from paratrain.plan.cluster import cluster_preset, cluster_with
 from paratrain.plan.layout import Workload
 from paratrain.plan.model import model_preset
 from paratrain.plan.recommend import plan
-from paratrain.plan.summary import DEFAULT_ROWS, fastest
+from paratrain.plan.summary import DEFAULT_ROWS, fastest_fitting
 
 LLAMA_64 = ["--preset", "llama3-8b", "--gpus", "64"]
 
@@ -86,7 +86,7 @@ def test_chart_only_when_asked_and_shows_recommended_and_fastest(capsys, tmp_pat
     cluster = cluster_with(cluster_preset("seeds-80gb-nvlink300-ib50-1e14"), gpus=64)
     result = plan(model_preset("llama3-8b"), cluster, Workload(global_batch=512))
     shown = chart_layouts(result, "memory", max_layouts=5)
-    assert shown[0] is result.recommended and fastest(result) in shown
+    assert shown[0] is result.recommended and fastest_fitting(result) in shown
     path = tmp_path / "c.png"
     assert main(["plan", "--preset", "7b", "--dp", "8", "--chart", str(path)]) == 0
     assert path.stat().st_size > 1000 and f"chart: {path}" in capsys.readouterr().out

@@ -10,8 +10,6 @@ import dataclasses
 import math
 from pathlib import Path
 
-import torch
-
 from paratrain.config import (
     ARCHS,
     BACKENDS,
@@ -33,6 +31,7 @@ from paratrain.config import (
     RunConfig,
     parse_straggler,
 )
+from paratrain.machine import cuda_available
 from paratrain.models.plans import check_context_parallel, check_tensor_parallel
 from paratrain.models.presets import preset
 from paratrain.validate_compile import check_compile
@@ -155,18 +154,21 @@ def _check_comm(cfg: RunConfig) -> None:
 
 def _resolve_device_defaults(cfg: RunConfig, local_procs: int) -> None:
     """Device first (auto: cuda when present), then the backend and dtype it implies."""
-    p, cuda = cfg.parallel, torch.cuda.is_available()
+    p, cuda = cfg.parallel, cuda_available()  # no torch loaded where no driver is
     if p.device == "auto":
         p.device = "cuda" if cuda else "cpu"
     elif p.device not in DEVICES:
         raise ValueError(f"--device {p.device!r}; valid: auto, {', '.join(DEVICES)}")
     elif p.device == "cuda" and not cuda:
         raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu")
-    if p.device == "cuda" and local_procs > torch.cuda.device_count():
-        raise ValueError(
-            f"{local_procs} ranks on this node with --device cuda need {local_procs} GPUs (one "
-            f"per rank); it has {torch.cuda.device_count()}"
-        )
+    if p.device == "cuda":
+        import torch
+
+        if local_procs > torch.cuda.device_count():
+            raise ValueError(
+                f"{local_procs} ranks on this node with --device cuda need {local_procs} GPUs "
+                f"(one per rank); it has {torch.cuda.device_count()}"
+            )
     wanted = "nccl" if p.device == "cuda" else "gloo"
     if p.backend == "auto":
         p.backend = wanted

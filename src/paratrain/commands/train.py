@@ -13,7 +13,6 @@ from typing import Any
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
 from paratrain.config import RunConfig
-from paratrain.validate import check_effective, resolve
 
 log = logging.getLogger("paratrain")
 HELP = "train the GPT (default: 2 CPU workers, stdlib data)"
@@ -35,9 +34,15 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.2f}"
 
 
+def _count(n: int, noun: str) -> str:
+    """ "1 process", "2 processes": the plural a count needs."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
+
 def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    steps, world = _count(summary["steps"], "step"), _count(summary["world_size"], "process")
     print(
-        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
+        f"trained {steps} on {world}: "
         f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
         f"run directory {summary['run_dir']}",
@@ -59,7 +64,7 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from paratrain.launch import torchrun_env
-    from paratrain.train.worker import WorkerEnv, run_worker
+    from paratrain.validate import check_effective, resolve
 
     env = torchrun_env()
     setup_logging(env["rank"] if env else 0)
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         from paratrain.train.failure import run_then_exit
+        from paratrain.train.worker import WorkerEnv, run_worker
 
         def work() -> None:
             worker_env = WorkerEnv(use_env_rendezvous=True, **env)

@@ -33,10 +33,12 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from paratrain.data.tokenizer import EOT, eot_id, load_tokenizer, text_files
 
@@ -317,6 +319,8 @@ class ShardedTokens:
             start += hi - lo
             shard += 1
         joined = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        import torch  # here: checking or preparing data (this module) needs no torch
+
         return torch.from_numpy(joined)
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 from paratrain.plan.cluster import GB
 from paratrain.plan.estimate import Estimate
 from paratrain.plan.recommend import Plan
-from paratrain.plan.summary import fastest, shown_rows
+from paratrain.plan.summary import fastest_fitting, shown_rows
 
 
 def chart_layouts(plan: Plan, sort: str = "time", max_layouts: int = 24) -> list[Estimate]:
     """The table's fitting layouts by `sort`, the recommended first, the fastest always in."""
     shown = [e for e in shown_rows(plan, sort, show_all=True) if e.time is not None]
     shown = shown[:max_layouts]
-    quick = fastest(plan)
+    quick = fastest_fitting(plan)
     if quick is not None and quick not in shown:
         shown[-1:] = [quick]
     return shown
@@ -29,7 +29,7 @@ def chart(plan: Plan, path: str | Path, sort: str = "time", max_layouts: int = 2
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown, quick = chart_layouts(plan, sort, max_layouts), fastest(plan)
+    shown, quick = chart_layouts(plan, sort, max_layouts), fastest_fitting(plan)
     # "*" marks the recommendation, "f" the fastest layout that fits.
     labels = [
         ("* " if e is plan.recommended else "f " if e is quick else "") + e.layout.label

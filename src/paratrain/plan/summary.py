@@ -29,7 +29,7 @@ SORT_KEYS: dict[str, Callable[[Estimate], float]] = {
 }
 
 
-def fastest(plan: Plan) -> Estimate | None:
+def fastest_fitting(plan: Plan) -> Estimate | None:
     """The fitting layout with the shortest step."""
     timed = [e for e in plan.estimates if e.fits and e.time is not None]
     return min(timed, key=_step, default=None)
@@ -59,7 +59,7 @@ def _axes(e: Estimate) -> str:
 
 def recommendation_lines(plan: Plan) -> list[str]:
     """Two lines: the recommendation and why; the fastest that fits and what it trades."""
-    best, quick = plan.recommended, fastest(plan)
+    best, quick = plan.recommended, fastest_fitting(plan)
     cap = plan.cluster.gpu_memory_bytes / GB
     if best is None:
         return [f"recommended: none; no layout fits in {cap:.0f} GB per GPU (see --all)"]
