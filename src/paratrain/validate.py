@@ -34,6 +34,7 @@ from paratrain.config import (
 from paratrain.machine import cuda_available
 from paratrain.models.plans import check_context_parallel, check_tensor_parallel
 from paratrain.models.presets import preset
+from paratrain.validate_batch import check_schedule_batch, indivisible_batch
 from paratrain.validate_compile import check_compile
 from paratrain.validate_experts import check_experts
 
@@ -233,10 +234,7 @@ def _resolve_batch(cfg: RunConfig) -> None:
     if t.global_batch == 0:
         raise ValueError("give --global-batch G or --microbatches K (both are 0)")
     if t.global_batch % per_pass != 0:
-        raise ValueError(
-            f"--global-batch {t.global_batch} is not divisible by micro-batch * dp = "
-            f"{t.micro_batch} * {dp} = {per_pass}; use a multiple of {per_pass}"
-        )
+        raise ValueError(indivisible_batch(t.global_batch, t.micro_batch, dp))
     k = t.global_batch // per_pass
     if t.microbatches and t.microbatches != k:
         raise ValueError(
@@ -266,9 +264,7 @@ def _check_pipeline(cfg: RunConfig) -> None:
         )
     if p.dp_mode == "async":
         raise ValueError("--dp-mode async does not combine with a pipeline; use --pp 1")
-    from paratrain.parallel.pipeline import build_schedule
-
-    build_schedule(p.schedule, p.pp, cfg.train.microbatches, p.chunks)
+    check_schedule_batch(cfg)
 
 
 def _check_zero(cfg: RunConfig) -> None:
