@@ -5,6 +5,7 @@ file, the tokenizer a run's ids need, and whether "text" is really binary.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,9 @@ def binary_reason(head: bytes) -> str | None:
     MAX_INVALID_UTF8 of them not UTF-8), or None for text."""
     if b"\0" in head:
         return f"has NUL bytes (the first at byte {head.index(0)})"
-    text = head.decode("utf-8", errors="replace")
-    # a multi-byte character cut at the end of the sniffed head is not an error
-    bad = text.rstrip("\ufffd").count("\ufffd")
+    # final=False: a multi-byte character cut at the end of the sniffed head is no error
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    bad = text.count("\ufffd")
     if head and bad / len(head) > MAX_INVALID_UTF8:
         return f"is {bad / len(head):.0%} invalid UTF-8 in its first {len(head):,} bytes"
     return None
