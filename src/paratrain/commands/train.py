@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         source = latest_checkpoint(Path(cfg.train.init_from))
         if source is not None:  # else build_model says there is none
             note_absent_buffers(source.path, cfg.model)
+    if env is None:  # the layout's predicted memory fits this machine
+        from paratrain.train.fits import check_fits
+
+        check_fits(cfg)
     if args.dry_run:
         from paratrain.train.dry_run import dry_run_lines
 
