@@ -91,18 +91,6 @@ def not_run(c: DocCommand) -> str | None:
 COMMANDS = doc_commands()
 
 
-@pytest.fixture(autouse=True)
-def _logging_as_it_was():
-    """main() configures logging on the stderr capsys gives this test; later tests must not
-    write to that stream once it is closed."""
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:], root.level = handlers, level
-
-
 def test_the_docs_have_commands_of_every_kind():
     names = {c.argv[0] for c in COMMANDS if c.fenced}
     assert {"train", "plan", "bench", "schedule", "export", "eval", "sample"} <= names
