@@ -10,7 +10,9 @@ this module reads and writes the files and our run directories:
   `paratrain train --init-from RUN_DIR` starts from on any mesh, and `export` and `eval`
   read like any run's; the tokenizer's files are copied into RUN_DIR/tokenizer/.
 - export: a run's latest checkpoint -> a directory that
-  `transformers.AutoModelForCausalLM.from_pretrained` loads.
+  `transformers.AutoModelForCausalLM.from_pretrained` loads, with the tokenizer's files
+  (a byte-level one written for a byte-level run), the special ids in config.json and a
+  README saying how to feed it (hf_card.py).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from paratrain.models import hf
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
 from paratrain.train.export import pick_checkpoint
+from paratrain.train.hf_card import model_card, special_ids, tokenizer_files
 
 CONFIG = "config.json"
+CARD = "README.md"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_DIR = "tokenizer"
@@ -120,12 +124,16 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    (tmp / CONFIG).write_text(json.dumps(hf.to_hf_config(m), indent=2) + "\n")
-    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     tokenizer = run_dir / TOKENIZER_DIR
+    ids = special_ids(tokenizer)  # config.json says how documents start, end and pad
+    (tmp / CONFIG).write_text(json.dumps(hf.to_hf_config(m) | ids, indent=2) + "\n")
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     if tokenizer.is_dir():
         for f in tokenizer.iterdir():
             shutil.copy2(f, tmp / f.name)
+    for name, text in tokenizer_files(tokenizer, m.max_seq_len).items():
+        (tmp / name).write_text(text)
+    (tmp / CARD).write_text(model_card(run_dir.name, m.arch, m, ckpt.step, ids))
     if out.exists():
         out.rmdir()
     tmp.replace(out)  # complete or absent
