@@ -63,7 +63,12 @@ REFUSALS = [
     ["train", "--data", "/bin/ls", "--dry-run"],
     ["plan", "--preset", "8b"],
     ["bench", "nothing"],
-    ["eval", "/nonexistent"],
+    ["eval", "/nonexistent", "--data", "x.txt"],
+    ["export", "/nonexistent"],
+    ["sample", "/nonexistent", "--prompt", "x"],
+    ["import-hf", "/nonexistent", "--out", "y"],
+    ["tokenizer", "train", "--data", "/nonexistent", "--vocab-size", "300", "--out", "t.json"],
+    ["prepare", "--data", "/nonexistent", "--tokenizer", "t.json", "--out", "o"],
 ]
 
 

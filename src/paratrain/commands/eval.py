@@ -4,6 +4,7 @@ process or on a mesh of workers (the work: paratrain/eval_command.py)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "a run's loss and perplexity on a data file"
 
@@ -21,6 +22,8 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.run_dir).is_dir():  # refused before torch loads
+        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
     from paratrain.eval_command import eval_command  # launches workers, as train does
 
     return eval_command(args)
