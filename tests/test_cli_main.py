@@ -58,6 +58,8 @@ def test_misspellings_are_refused_with_the_nearest_valid_one(capsys, argv, sugge
 
 REFUSALS = [
     ["train", "--nproc", "3", "--dp", "2"],
+    ["train", "--nproc", "4", "--pp", "2", "--schedule", "interleaved", "--chunks", "2"],
+    ["schedule", "--stages", "0"],
     ["train", "--model", "gpt-tinyy"],
     ["train", "--bogus"],
     ["train", "--data", "/bin/ls", "--dry-run"],
