@@ -37,6 +37,9 @@ def test_json_is_the_whole_stdout_and_nothing_is_written_unasked(capsys, tmp_pat
     out = capsys.readouterr().out
     data = json.loads(out)  # the whole of stdout is one JSON document
     assert data["recommended"] and len(data["layouts"]) > DEFAULT_ROWS
+    assert data["fastest"]["step_time_s"] == min(
+        e["step_time_s"] for e in data["layouts"] if e["fits"]
+    )
     assert list(tmp_path.iterdir()) == []  # no runs/plan.png unless --chart
 
 

@@ -32,6 +32,7 @@ from paratrain.plan.layout import (
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import table
+from paratrain.plan.summary import fastest_fitting
 
 # The flags live in arguments.py; the CLI builds its parser from here.
 __all__ = ["add_plan_arguments", "plan_from_args", "run_plan", "specs_from_args"]
@@ -172,7 +173,9 @@ def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None
         return run_published()
     result = plan_from_args(args)
     if args.json:
-        print(json.dumps(result.as_dict()), flush=True)
+        quick = fastest_fitting(result)
+        data = result.as_dict() | {"fastest": quick.as_dict() if quick else None}
+        print(json.dumps(data), flush=True)
     else:
         print(table(result, args.sort, args.all), flush=True)
     if args.chart:
