@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from paratrain import __version__
 from paratrain.commands import COMMANDS, command
@@ -32,7 +32,7 @@ EPILOG = (
 
 
 class OneLineParser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--step 7` must not mean `--steps 7`
         super().__init__(*args, **kwargs)
 

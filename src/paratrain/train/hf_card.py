@@ -74,7 +74,8 @@ def special_ids(tokenizer_dir: Path) -> dict[str, int | None]:
 
 def tokenizer_files(tokenizer_dir: Path, max_seq_len: int) -> dict[str, str]:
     """The files to write beside the weights that the run's tokenizer directory lacks."""
-    files = {}
+    files: dict[str, str] = {}
+    settings: dict[str, Any]
     if not (tokenizer_dir / "tokenizer.json").is_file():
         files["tokenizer.json"] = byte_tokenizer_json()
         settings = {"pad_token": byte_to_unicode()[BYTE_PAD_ID]}
