@@ -60,13 +60,23 @@ def check_schedule_batch(cfg: RunConfig) -> None:
         ) from None
 
 
-def _in_flags(message: str) -> str:
-    """The schedule's message (its own parameter names) in the command line's words."""
+TRAIN_WORDS = {"num_microbatches": "K", "num_stages": "--pp", "chunks": "--chunks"}
+
+
+def _in_flags(message: str, words: dict[str, str] = TRAIN_WORDS) -> str:
+    """The schedule's message (its own parameter names) in the command line's words:
+    `num_stages=2` -> `--pp 2`, `num_microbatches=1` -> `K = 1` (no flag: G / (b dp))."""
     message = re.sub(r"^\w[\w-]*: ", "", message)  # "interleaved: " is said already
-    for name, flag in (("num_microbatches", "K"), ("num_stages", "--pp"), ("chunks", "--chunks")):
-        message = re.sub(rf"\b{name}\s*=\s*(\d+)", rf"{flag} = \1", message)
-    message = message.replace("--pp = ", "--pp ").replace("--chunks = ", "--chunks ")
+    for name, flag in words.items():
+        sep = " = " if not flag.startswith("--") else " "
+        message = re.sub(rf"\b{name}\s*=\s*(-?\d+)", rf"{flag}{sep}\1", message)
     return re.sub(r"schedule '([\w-]+)'", r"--schedule \1", message)
+
+
+def schedule_in_flags(message: str) -> str:
+    """`paratrain schedule`'s refusal, in its flags (--stages, --microbatches, --chunks)."""
+    words = {"num_microbatches": "--microbatches", "num_stages": "--stages", "chunks": "--chunks"}
+    return _in_flags(message, words)
 
 
 def _fixes(cfg: RunConfig, dp: int) -> str:

@@ -56,7 +56,12 @@ def simulate(args: argparse.Namespace) -> Simulation:
     chunks = (
         args.chunks if args.chunks is not None else (2 if args.schedule == "interleaved" else 1)
     )
-    schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    try:
+        schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    except ValueError as e:  # the schedule's parameter names, said as this command's flags
+        from paratrain.validate_batch import schedule_in_flags
+
+        raise ValueError(f"--schedule {args.schedule}: {schedule_in_flags(str(e))}") from None
     return check_schedule(schedule, Costs(forward=1.0, backward=args.backward_cost))
 
 
