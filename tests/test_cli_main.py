@@ -76,7 +76,12 @@ REFUSALS = [
 
 def test_refusals_answer_before_torch_loads():
     """A refusal needing no torch must not wait for it (seconds): asserted on what was
-    imported, not on time, so that a loaded machine cannot fail it."""
+    imported, not on time, so that a loaded machine cannot fail it. Where a GPU driver is
+    present, --device auto asks torch whether CUDA works, so train's refusals say cpu."""
+    from paratrain.machine import cuda_driver_present
+
+    device = ["--device", "cpu"] if cuda_driver_present() else []
+    refusals = [r + device if r[0] == "train" else r for r in REFUSALS]
     code = (
         "import json, sys\n"
         "from paratrain.cli import main\n"
@@ -90,14 +95,14 @@ def test_refusals_answer_before_torch_loads():
         "print(json.dumps(seen))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(REFUSALS)],
+        [sys.executable, "-c", code, json.dumps(refusals)],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     )
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == [[2, False]] * len(REFUSALS), list(zip(REFUSALS, seen, strict=True))
+    assert seen == [[2, False]] * len(refusals), list(zip(refusals, seen, strict=True))
 
 
 def test_a_closed_pipe_ends_quietly():

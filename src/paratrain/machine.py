@@ -15,9 +15,14 @@ from pathlib import Path
 _DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd")
 
 
+def cuda_driver_present() -> bool:
+    """A GPU driver is loaded here: whether CUDA works then only torch can say."""
+    return any(Path(p).exists() for p in _DRIVER_FILES)
+
+
 def cuda_available() -> bool:
     """torch.cuda.is_available(), without importing torch where no driver is present."""
-    if "torch" not in sys.modules and not any(Path(p).exists() for p in _DRIVER_FILES):
+    if "torch" not in sys.modules and not cuda_driver_present():
         return False
     import torch
 

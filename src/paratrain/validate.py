@@ -155,7 +155,9 @@ def _check_comm(cfg: RunConfig) -> None:
 
 def _resolve_device_defaults(cfg: RunConfig, local_procs: int) -> None:
     """Device first (auto: cuda when present), then the backend and dtype it implies."""
-    p, cuda = cfg.parallel, cuda_available()  # no torch loaded where no driver is
+    p = cfg.parallel
+    # torch answers only where a driver is present, and only if the device is to be decided
+    cuda = p.device in ("auto", "cuda") and cuda_available()
     if p.device == "auto":
         p.device = "cuda" if cuda else "cpu"
     elif p.device not in DEVICES:
