@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,9 @@ def _max_id(ids: np.ndarray, p: Path) -> int:
 
     highest = -1
     chunks = range(0, len(ids), CHUNK)
-    for start in tqdm(chunks, desc=f"checking {p.name}", unit="chunk", delay=1.0, leave=False):
+    bar = tqdm(chunks, desc=f"checking {p.name}", unit="chunk", delay=1.0, leave=False,
+               disable=not sys.stderr.isatty())  # fmt: skip
+    for start in bar:  # the bar's frames only on a terminal, not into a log
         highest = max(highest, int(ids[start : start + CHUNK].max()))
     return highest
 
