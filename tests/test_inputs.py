@@ -27,6 +27,8 @@ def test_binary_given_as_text_is_refused_with_the_way_to_pass_ids(capsys, tmp_pa
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 64)
     err = refused(capsys, "train", "--data", str(binary), "--dry-run")
     assert "has NUL bytes" in err and ".bin of uint16" in err
+    err = refused(capsys, "eval", str(tmp_path), "--data", str(binary))
+    assert "has NUL bytes" in err
 
 
 def test_text_with_a_little_invalid_utf8_is_still_text():

@@ -24,6 +24,11 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not Path(args.run_dir).is_dir():  # refused before torch loads
         raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
+    data = Path(args.data)
+    if data.is_file() and data.suffix != ".bin":  # a binary given as text: refused, as train
+        from paratrain.data.files import check_is_text
+
+        check_is_text(data)
     from paratrain.eval_command import eval_command  # launches workers, as train does
 
     return eval_command(args)
