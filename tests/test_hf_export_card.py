@@ -67,3 +67,15 @@ def test_a_bpe_export_carries_its_tokenizer_and_its_end_of_text_id(tmp_path):
     assert config["eos_token_id"] == config["bos_token_id"] == config["pad_token_id"] == eot
     assert tok.eos_token_id == eot and tok("def x").input_ids
     assert f"eos {eot}" in (out / "README.md").read_text()
+
+
+def test_an_import_without_its_tokenizer_claims_no_special_ids(tmp_path):
+    out = _export(_imported(tmp_path, vocab=384))  # not bytes, and no tokenizer came along
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
+        None,
+        None,
+        None,
+    )
+    assert not (out / "tokenizer.json").exists()
+    assert "feed the ids of the tokenizer the data was made with" in (out / "README.md").read_text()

@@ -2,7 +2,7 @@
 feed it: the special ids in config.json, the tokenizer's files, and a README (model card)
 saying what the ids are.
 
-Two kinds of run:
+Three kinds of run:
 - with a tokenizer (`tokenizer train`'s byte-level BPE, or an import's): its files go
   along; the special ids are its tokenizer_config.json's tokens when it has one, else
   `<|endoftext|>` as bos, eos and pad (GPT-2's convention, pad added).
@@ -11,6 +11,8 @@ Two kinds of run:
   GPT-2's config would otherwise default to 50256, outside the vocabulary); pad is 0, the
   NUL byte, which training text never holds (data/files.py refuses it). A tokenizer.json
   that maps each byte to its own id is written, so AutoTokenizer works too.
+- token ids of an unknown tokenizer (.bin data, an import without its tokenizer's files):
+  the special ids are null and the README says to use the data's own tokenizer.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ from paratrain.data.tokenizer import EOT
 
 SPECIAL = ("bos", "eos", "pad")
 BYTE_PAD_ID = 0
+BYTES = 256
+
+
+def ids_kind(run_dir: Path, meta: dict[str, Any], vocab_size: int) -> str:
+    """What the model's ids are: "tokenizer" (the run has one), "bytes" (trained on text
+    as bytes, or an import of 256 ids without a tokenizer), or "unknown" (.bin ids, or an
+    import whose tokenizer did not come along)."""
+    if (run_dir / "tokenizer" / "tokenizer.json").is_file():
+        return "tokenizer"
+    if "imported_from" in meta:
+        return "bytes" if vocab_size == BYTES else "unknown"
+    from paratrain.config_toml import from_toml_text
+
+    config = run_dir / "config.toml"
+    data = from_toml_text(config.read_text()).data.path if config.is_file() else ""
+    return "unknown" if data.endswith(".bin") else "bytes"
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -55,11 +73,13 @@ def _token_name(value: Any) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def special_ids(tokenizer_dir: Path) -> dict[str, int | None]:
-    """config.json's bos_token_id, eos_token_id and pad_token_id for the run's tokenizer."""
+def special_ids(tokenizer_dir: Path, kind: str) -> dict[str, int | None]:
+    """config.json's bos_token_id, eos_token_id and pad_token_id for the run's ids (null
+    where unknown, so that GPT2Config's 50256 is not assumed)."""
     file = tokenizer_dir / "tokenizer.json"
-    if not file.is_file():
-        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": BYTE_PAD_ID}
+    if kind != "tokenizer":
+        pad = BYTE_PAD_ID if kind == "bytes" else None
+        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": pad}
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(file))
@@ -72,11 +92,13 @@ def special_ids(tokenizer_dir: Path) -> dict[str, int | None]:
     return ids
 
 
-def tokenizer_files(tokenizer_dir: Path, max_seq_len: int) -> dict[str, str]:
+def tokenizer_files(tokenizer_dir: Path, max_seq_len: int, kind: str) -> dict[str, str]:
     """The files to write beside the weights that the run's tokenizer directory lacks."""
     files: dict[str, str] = {}
     settings: dict[str, Any]
-    if not (tokenizer_dir / "tokenizer.json").is_file():
+    if kind == "unknown":
+        return files
+    if kind == "bytes":
         files["tokenizer.json"] = byte_tokenizer_json()
         settings = {"pad_token": byte_to_unicode()[BYTE_PAD_ID]}
     else:
@@ -87,9 +109,19 @@ def tokenizer_files(tokenizer_dir: Path, max_seq_len: int) -> dict[str, str]:
     return files
 
 
-def model_card(name: str, arch: str, m: Any, step: int, ids: dict[str, int | None]) -> str:
-    """README.md: what the model is and how to feed it."""
-    byte_level = ids["bos_token_id"] is None and ids["pad_token_id"] == BYTE_PAD_ID
+UNKNOWN_IDS = (
+    "No tokenizer came with this run (token ids given as a .bin, or an import without "
+    "its tokenizer's files): feed the ids of the tokenizer the data was made with."
+)
+
+
+def model_card(
+    name: str, arch: str, m: Any, step: int, ids: dict[str, int | None], kind: str
+) -> str:
+    """README.md: what the model is and how to feed it (kind: ids_kind's answer)."""
+    byte_level = kind == "bytes"
+    if kind == "unknown":
+        return _card_head(name, arch, m, step) + UNKNOWN_IDS + "\n"
     feed = (
         "Byte-level: the model reads raw UTF-8 bytes, token id = byte value (0-255), with "
         "no bos or eos token (documents were concatenated). Give ids as\n"
@@ -105,6 +137,20 @@ def model_card(name: str, arch: str, m: Any, step: int, ids: dict[str, int | Non
         "bytes(out[0].tolist()).decode(errors='replace')" if byte_level else "tok.decode(out[0])"
     )
     load_tok = "" if byte_level else 'tok = transformers.AutoTokenizer.from_pretrained("DIR")\n'
+    return f"""{_card_head(name, arch, m, step)}{feed}
+
+```python
+import torch, transformers
+model = transformers.AutoModelForCausalLM.from_pretrained("DIR")  # DIR: this directory
+{load_tok}prompt = "def "
+ids = {encode if byte_level else "torch.tensor([" + encode + "])"}
+out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id={ids["pad_token_id"]})
+print({decode})
+```
+"""
+
+
+def _card_head(name: str, arch: str, m: Any, step: int) -> str:
     layers = f"{m.n_layer} layer" + ("" if m.n_layer == 1 else "s")
     return f"""---
 library_name: transformers
@@ -117,14 +163,4 @@ d_model {m.d_model}, {m.n_head} heads, vocabulary {m.vocab_size}, context {m.max
 
 ## How to feed it
 
-{feed}
-
-```python
-import torch, transformers
-model = transformers.AutoModelForCausalLM.from_pretrained("DIR")  # DIR: this directory
-{load_tok}prompt = "def "
-ids = {encode if byte_level else "torch.tensor([" + encode + "])"}
-out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id={ids["pad_token_id"]})
-print({decode})
-```
 """

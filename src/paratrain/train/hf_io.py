@@ -33,7 +33,7 @@ from paratrain.models import hf
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
 from paratrain.train.export import pick_checkpoint
-from paratrain.train.hf_card import model_card, special_ids, tokenizer_files
+from paratrain.train.hf_card import ids_kind, model_card, special_ids, tokenizer_files
 
 CONFIG = "config.json"
 CARD = "README.md"
@@ -107,8 +107,8 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
         raise ValueError(f"--out {out} already exists and is not empty; give a new directory")
     ckpt = pick_checkpoint(run_dir, step)
     cfg = RunConfig()
-    meta_model = checkpoint.read_meta(ckpt.path)["model"]
-    cfg.model = dataclasses.replace(cfg.model, **meta_model)
+    meta = checkpoint.read_meta(ckpt.path)
+    cfg.model = dataclasses.replace(cfg.model, **meta["model"])
     m = cfg.model
     if m.num_experts:
         raise ValueError(
@@ -125,15 +125,16 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     tokenizer = run_dir / TOKENIZER_DIR
-    ids = special_ids(tokenizer)  # config.json says how documents start, end and pad
+    kind = ids_kind(run_dir, meta, m.vocab_size)
+    ids = special_ids(tokenizer, kind)  # config.json says how documents start, end and pad
     (tmp / CONFIG).write_text(json.dumps(hf.to_hf_config(m) | ids, indent=2) + "\n")
     save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     if tokenizer.is_dir():
         for f in tokenizer.iterdir():
             shutil.copy2(f, tmp / f.name)
-    for name, text in tokenizer_files(tokenizer, m.max_seq_len).items():
+    for name, text in tokenizer_files(tokenizer, m.max_seq_len, kind).items():
         (tmp / name).write_text(text)
-    (tmp / CARD).write_text(model_card(run_dir.name, m.arch, m, ckpt.step, ids))
+    (tmp / CARD).write_text(model_card(run_dir.name, m.arch, m, ckpt.step, ids, kind))
     if out.exists():
         out.rmdir()
     tmp.replace(out)  # complete or absent
