@@ -79,15 +79,23 @@ def schedule_in_flags(message: str) -> str:
     return _in_flags(message, words)
 
 
+MAX_K = 4096  # suggestions are searched among schedules of at most this many micro-batches
+
+
 def _fixes(cfg: RunConfig, dp: int) -> str:
-    """'; use --micro-batch b or --global-batch G' with the nearest values that build."""
-    t, fixes = cfg.train, []
+    """'; use --micro-batch b or --global-batch G' with the nearest values that build.
+    Bounded: each try builds a schedule of K x stages actions, so only K <= MAX_K and a few
+    dozen tries (a huge batch gets the schedule's reason alone)."""
+    t, p, fixes = cfg.train, cfg.parallel, []
     per_rank = t.global_batch // dp
-    for b in range(t.micro_batch - 1, 0, -1):
+    for b in range(t.micro_batch - 1, max(0, t.micro_batch - 1 - MAX_K), -1):
+        if per_rank // b > MAX_K:
+            break
         if per_rank % b == 0 and _builds(cfg, per_rank // b):
             fixes.append(f"--micro-batch {b} (K = {per_rank // b})")
             break
-    for k in range(t.microbatches + 1, 8 * t.microbatches + 64):
+    tries = max(64, 2 * p.pp * p.chunks)
+    for k in range(t.microbatches + 1, min(t.microbatches + tries, MAX_K) + 1):
         if _builds(cfg, k):
             fixes.append(f"--global-batch {k * t.micro_batch * dp} (K = {k})")
             break
