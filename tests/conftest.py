@@ -1,3 +1,4 @@
+import logging
 import os
 
 import pytest
@@ -13,3 +14,13 @@ def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     cache across sessions). Ranks come from a forkserver started before this fixture, so
     each rank sets the variable itself (tests/test_compile.py)."""
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(tmp_path_factory.mktemp("inductor"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_it_was():
+    """`paratrain.cli.main` run in a test configures logging on the stderr that capsys gives
+    that test; a later test must not log to that stream once it is closed."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:], root.level = handlers, level

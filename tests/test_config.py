@@ -69,7 +69,7 @@ BAD_INPUTS = [
     (["--n-head", "3"], "--n-head 3 does not divide --d-model 128"),
     (["--seq-len", "512"], "--seq-len 512 exceeds --max-seq-len 256"),
     (["--data", "/no/such/file.txt"], "--data '/no/such/file.txt' does not exist"),
-    (["--global-batch", "10"], "--global-batch 10 is not divisible by micro-batch * dp = 8 * 2"),
+    (["--global-batch", "10"], "--global-batch 10 is not divisible by --micro-batch * dp = 8 * 2"),
     (["--microbatches", "3"], "--microbatches 3 disagrees with --global-batch 16"),
     (
         ["--tp", "2", "--n-head", "3", "--d-model", "96"],

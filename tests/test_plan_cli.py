@@ -56,7 +56,8 @@ def test_zero2_layout_answers_2n_plus_14n_over_k_by_default(capsys):
     for extra in ([], ["--zero2-accumulate", "full"]):
         code, out, _ = run(capsys, *base, *extra, "--json")
         assert code == 0
-        (entry,) = json.loads(out.strip().splitlines()[-1])["layouts"]
+        (entry,) = json.loads(out)["layouts"]
+        code, out, _ = run(capsys, *base, *extra)
         (line,) = [x for x in out.splitlines() if x.startswith("ZeRO-2 assumes")]
         (row,) = [x for x in out.splitlines() if x.startswith("* tp1.pp1.dp8.z2")]
         answers[entry["zero2_accumulate"]] = entry, line, row
@@ -89,7 +90,8 @@ def test_zero2_accumulate_flag_charges_one_option_and_shows_the_other(capsys):
     for option in ("full", "shard"):
         code, out, _ = run(capsys, *base, "--zero2-accumulate", option, "--json")
         assert code == 0
-        (entries[option],) = json.loads(out.strip().splitlines()[-1])["layouts"]
+        (entries[option],) = json.loads(out)["layouts"]
+        code, out, _ = run(capsys, *base, "--zero2-accumulate", option)
         assert "    ZeRO-2, K = 8, " + option in out and "(charged) | " in out
     full, shard = entries["full"], entries["shard"]
     assert full["model_state_bytes_per_gpu"]["grad_accumulation"] == 14_000_000_000

@@ -154,7 +154,9 @@ def test_plan_flags_for_cp_and_experts(capsys):
         out = capsys.readouterr()
         return code, out.out + out.err
 
-    code, out = run("--preset", "llama3-8b", "--seq-len", "65536", "--cp", "8", "--dp", "1")
+    code, out = run(
+        "--preset", "llama3-8b", "--seq-len", "65536", "--cp", "8", "--dp", "1", "--all"
+    )  # fmt: skip
     assert code == 0 and "tp1.cp8.pp1.dp1.z0" in out
     code, out = run("--preset", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--tp", "8")
     assert code == 0 and ".ep8" in out

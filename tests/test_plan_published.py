@@ -151,4 +151,6 @@ def test_cli_published_and_json_fields(capsys):
     (layout,) = json.loads(lines[-1])["layouts"]
     assert layout["model_tflops_per_gpu"] == pytest.approx(137.0, abs=0.1)
     assert layout["mfu"] == pytest.approx(137.0 / 312, abs=1e-3)
+    assert main(args.replace(" --json", "").split()) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert "TFLOP/s" in next(x for x in lines if x.startswith("layout"))

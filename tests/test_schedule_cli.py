@@ -113,10 +113,10 @@ def test_no_json_line_without_the_flag(capsys):
     [
         (
             ["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"],
-            "num_microbatches=6 is not a multiple of num_stages=4",
+            "--microbatches 6 is not a multiple of --stages 4",
         ),
-        (["--schedule", "1f1b", "--stages", "2", "--chunks", "2"], "chunks=2; valid: 1"),
-        (["--schedule", "gpipe", "--stages", "0"], "num_stages=0"),
+        (["--schedule", "1f1b", "--stages", "2", "--chunks", "2"], "--chunks 2; valid: 1"),
+        (["--schedule", "gpipe", "--stages", "0"], "--schedule gpipe: --stages 0"),
         (["--schedule", "gpipe", "--backward-cost", "0"], "--backward-cost 0.0; valid: > 0"),
     ],
 )

@@ -13,10 +13,10 @@ import sys
 import uuid
 from pathlib import Path
 from signal import SIGKILL, SIGTERM
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 WORKER_FLAG = "--launched-worker"  # tells a worker that the launcher prepared the run dir
 # How long a signalled launcher waits for its workers to finish their step and save before
@@ -62,6 +62,10 @@ def launch_local(
 
 
 def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
+    # torch here, not at the top: a refused command never loads it (cli answers in < 2 s)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     """Run `python -m paratrain ARGV` in N local workers with torchrun's environment."""
     config = LaunchConfig(
         min_nodes=1,

@@ -126,17 +126,19 @@ def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
     parser.set_defaults(min_pairs=minimum)
 
 
-def _comm_flags(parser: argparse.ArgumentParser) -> None:
-    from paratrain.bench.comm import sweep
+# bench/comm/sweep.py's OPS and DEFAULT_SIZES_FLAG, written out: sweep imports the comm
+# package, hence torch, which a parser must not (tests/test_cli_main.py checks they agree).
+COMM_OPS_FLAG = "all_reduce,reduce_scatter,all_gather,broadcast,reduce,all_to_all"
+COMM_SIZES_FLAG = "1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB"
 
-    parser.add_argument("--ops", default=",".join(sweep.OPS), help="collectives, comma-separated")
+
+def _comm_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", default=COMM_OPS_FLAG, help="collectives, comma-separated")
     parser.add_argument(
         "--algos", default="native,ring,tree,pairwise", help="algorithms to compare"
     )
     parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
-    parser.add_argument(
-        "--sizes", default=sweep.DEFAULT_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB"
-    )
+    parser.add_argument("--sizes", default=COMM_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB")
     parser.add_argument(
         "--repeats",
         type=int,

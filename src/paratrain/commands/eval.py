@@ -5,6 +5,7 @@ process or on a mesh of workers (the work: commands/eval_launch.py)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "a run's loss and perplexity on its held-out split or a data file"
 
@@ -25,6 +26,13 @@ def add_arguments(ev: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.run_dir).is_dir():  # refused before torch loads
+        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
+    data = Path(args.data) if args.data is not None else None
+    if data is not None and data.is_file() and data.suffix != ".bin":  # binary as text
+        from paratrain.data.files import check_is_text
+
+        check_is_text(data)
     from paratrain.commands.eval_launch import evaluate_run  # launches workers, as train does
 
     return evaluate_run(args)

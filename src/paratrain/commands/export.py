@@ -24,11 +24,11 @@ def add_arguments(export: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():  # refused before torch loads
+        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
     from paratrain.trained.safetensors_file import export_safetensors
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"{args.run_dir!r} is not a directory; give a paratrain run directory")
     if args.format == "hf":
         from paratrain.trained.hf_directory import export_hf
 

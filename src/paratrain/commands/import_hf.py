@@ -14,11 +14,11 @@ def add_arguments(imp: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    hf_dir = Path(args.hf_dir)
+    if not hf_dir.is_dir():  # refused before torch loads
+        raise ValueError(f"{args.hf_dir!r} is not a directory; give a save_pretrained directory")
     from paratrain.trained.hf_directory import import_hf
 
-    hf_dir = Path(args.hf_dir)
-    if not hf_dir.is_dir():
-        raise ValueError(f"{args.hf_dir!r} is not a directory; give a save_pretrained directory")
     run_dir = import_hf(hf_dir, args.out)
     print(f"wrote {run_dir} (train from it: paratrain train --init-from {run_dir})", flush=True)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "tokenize text into memory-mapped token shards"
@@ -21,9 +22,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 0:
         raise ValueError(f"--workers {args.workers}: 0 (one per core) or more")
-    meta = prepare(
-        Path(args.data), Path(args.tokenizer), Path(args.out), args.val_fraction, args.workers
-    )
+    data, tokenizer, out = Path(args.data), Path(args.tokenizer), Path(args.out)
+    # the bar's carriage-return frames only where a terminal draws them, not into a log
+    progress = sys.stderr.isatty()
+    meta = prepare(data, tokenizer, out, args.val_fraction, args.workers, progress)
     n, d = meta["tokens"], meta["documents"]
     print(
         f"wrote {args.out}: {n['train']:,} train tokens ({d['train']:,} documents), "

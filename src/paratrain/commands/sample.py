@@ -25,10 +25,11 @@ def _run_dir(text: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    run_dir = _run_dir(args.run_dir)  # refused before torch loads
     from paratrain.trained.run_model import sample
 
     text = sample(
-        _run_dir(args.run_dir),
+        run_dir,
         args.prompt,
         args.max_new_tokens,
         args.temperature,

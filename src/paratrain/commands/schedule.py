@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paratrain.config import SCHEDULES
-from paratrain.measure.chrome_trace import write_chrome_trace
-from paratrain.measure.gantt import write_gantt
-from paratrain.measure.pipeline_spans import spans_from_simulation
-from paratrain.measure.text_timeline import render_grid
-from paratrain.parallel.pipeline.check import Simulation, check_schedule
-from paratrain.parallel.pipeline.schedules import Costs, build_schedule
-from paratrain.plan import pipeline
+
+if TYPE_CHECKING:  # the rest inside the functions: parallel.pipeline's package loads torch
+    from paratrain.parallel.pipeline.check import Simulation
 
 HELP = "simulate a pipeline schedule"
 
@@ -52,16 +48,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def simulate(args: argparse.Namespace) -> Simulation:
     """The checked simulation of the requested schedule; ValueError on bad input."""
+    from paratrain.parallel.pipeline.check import check_schedule
+    from paratrain.parallel.pipeline.schedules import Costs, build_schedule
+
     if args.backward_cost <= 0:
         raise ValueError(f"--backward-cost {args.backward_cost}; valid: > 0")
     chunks = (
         args.chunks if args.chunks is not None else (2 if args.schedule == "interleaved" else 1)
     )
-    schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    try:
+        schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    except ValueError as e:  # the schedule's parameter names, said as this command's flags
+        from paratrain.validate.batch_messages import schedule_in_flags
+
+        raise ValueError(f"--schedule {args.schedule}: {schedule_in_flags(str(e))}") from None
     return check_schedule(schedule, Costs(forward=1.0, backward=args.backward_cost))
 
 
 def schedule_summary(sim: Simulation) -> dict[str, Any]:
+    from paratrain.plan import pipeline
+
     sch = sim.schedule
     s, k, v = sch.num_stages, sch.num_microbatches, sch.chunks
     formula = pipeline.bubble_fraction(s, k, v, sch.name, sim.costs.backward)
@@ -82,6 +88,11 @@ def schedule_summary(sim: Simulation) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from paratrain.measure.chrome_trace import write_chrome_trace
+    from paratrain.measure.gantt import write_gantt
+    from paratrain.measure.pipeline_spans import spans_from_simulation
+    from paratrain.measure.text_timeline import render_grid
+
     sim = simulate(args)
     result = schedule_summary(sim)
     print(render_grid(sim))

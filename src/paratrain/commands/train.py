@@ -9,7 +9,6 @@ from pathlib import Path
 
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
-from paratrain.validate import check_effective, resolve_and_check
 
 log = logging.getLogger("paratrain")
 HELP = "train the GPT (default: 2 CPU workers, stdlib data)"
@@ -29,7 +28,7 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from paratrain.launch import torchrun_env
-    from paratrain.train.worker import WorkerEnv, run_worker
+    from paratrain.validate import check_effective, resolve_and_check
 
     env = torchrun_env()
     setup_logging(env["rank"] if env else 0)
@@ -61,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         source = latest_checkpoint(Path(cfg.train.init_from))
         if source is not None:  # else build_model says there is none
             note_absent_buffers(source.path, cfg.model)
+    if env is None:  # the layout's predicted memory fits this machine
+        from paratrain.train.fits import check_fits
+
+        check_fits(cfg)
     if args.dry_run:
         from paratrain.train.dry_run import dry_run_lines
 
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         from paratrain.train.failure import run_then_exit
+        from paratrain.train.worker import WorkerEnv, run_worker
 
         def work() -> None:
             worker_env = WorkerEnv(use_env_rendezvous=True, **env)

@@ -61,9 +61,15 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.2f}"
 
 
+def _count(n: int, noun: str) -> str:
+    """ "1 process", "2 processes": the plural a count needs."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
+
 def print_summary(summary: dict[str, Any], as_json: bool) -> None:
     print(
-        f"trained {summary['steps']} steps on {summary['world_size']} processes: "
+        f"trained {_count(summary['steps'], 'step')} on "
+        f"{_count(summary['world_size'], 'process')}: "
         f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"validation {summary['val_loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s; "
         f"run directory {summary['run_dir']}",

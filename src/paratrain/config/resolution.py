@@ -19,7 +19,8 @@ def resolve(cfg: RunConfig, world_size: int, cuda: bool | None = None) -> RunCon
     """A copy of cfg with device, backend and dtype (auto), dp (0) and the batch's G and K
     (either from the other) filled in; cfg is left as it was.
 
-    cuda: whether this machine has a CUDA device; default: ask torch.
+    cuda: whether this machine has a CUDA device; default: ask torch (validate passes
+    machine.py's answer, which loads torch only where a GPU driver is).
     """
     if cuda is None:
         import torch  # only here: the configuration itself needs no torch

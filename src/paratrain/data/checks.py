@@ -2,6 +2,7 @@
 it is refused here, in one line naming the path and what would be valid.
 
 - a path that is missing, unreadable or empty, or a folder with no text files;
+- a binary file given as text (NUL bytes, or much invalid UTF-8: data/files.py);
 - too little text (or ids) for one training sequence, or for one validation batch;
 - a .bin whose size is not a whole number of uint16 ids, or whose ids exceed the model's
   vocabulary (read through a memory map in chunks: time proportional to the file, memory
@@ -13,14 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from paratrain.data.files import check_is_text, data_tokenizer, is_val_file
 from paratrain.data.prepare import is_prepared, read_data_meta
 from paratrain.data.tokenizer import TEXT_SUFFIXES, load_tokenizer
-from paratrain.data.tokens import data_tokenizer, is_val_file
 
 CHUNK = 1 << 24  # ids per read of a .bin's maximum: 32 MiB of uint16
 
@@ -51,6 +53,7 @@ def check_data(cfg: Any) -> str:
     elif p.suffix == ".bin":
         sizes = _bin_split(p, cfg)
     else:
+        check_is_text(p)
         n = p.stat().st_size
         held = max(1, int(n * cfg.data.val_fraction))
         sizes = (n - held, held)
@@ -94,7 +97,9 @@ def _max_id(ids: np.ndarray, p: Path) -> int:
 
     highest = -1
     chunks = range(0, len(ids), CHUNK)
-    for start in tqdm(chunks, desc=f"checking {p.name}", unit="chunk", delay=1.0, leave=False):
+    bar = tqdm(chunks, desc=f"checking {p.name}", unit="chunk", delay=1.0, leave=False,
+               disable=not sys.stderr.isatty())  # fmt: skip
+    for start in bar:  # the bar's frames only on a terminal, not into a log
         highest = max(highest, int(ids[start : start + CHUNK].max()))
     return highest
 

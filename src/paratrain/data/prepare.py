@@ -33,12 +33,14 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from paratrain.data.tokenizer import EOT, eot_id, load_tokenizer, text_files
+if TYPE_CHECKING:
+    import torch
+
+from paratrain.data.tokenizer import EOT, eot_id, input_files, load_tokenizer
 
 META = "meta.json"
 TOKENIZER_COPY = "tokenizer.json"
@@ -47,17 +49,6 @@ SPLITS = ("train", "val")
 # trip to a worker, three files) vanish; a few hundred MB still make dozens of jobs for
 # the workers to share, and an interrupted run loses at most one job per worker.
 JOB_BYTES = 8 << 20
-
-
-def _inputs(path: Path) -> list[Path]:
-    if path.is_dir():
-        files = text_files(path)
-        if not files:
-            raise ValueError(f"--data {str(path)!r} holds no text or JSON-lines files")
-        return files
-    if not path.is_file():
-        raise ValueError(f"--data {str(path)!r} does not exist; give a text or JSON-lines file")
-    return [path]
 
 
 def _held_out(key: str, val_fraction: float) -> bool:
@@ -216,31 +207,50 @@ def prepare(
     tokenizer = load_tokenizer(tokenizer_file)
     if eot_id(tokenizer) is None:
         raise ValueError(f"--tokenizer {str(tokenizer_file)!r} has no {EOT} token")
-    vocab = tokenizer.get_vocab_size()
     digest = hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()
     if (out / META).is_file():
         raise ValueError(f"--out {out} is already a prepared data set; give a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-    started = out / "prepare.json"  # what an interrupted run was doing: it must not change
+    root = data if data.is_dir() else data.parent
+    pieces = [  # refused before anything is written: data missing, or no text in it
+        p for f in input_files(data) for p in _pieces(f, f.relative_to(root).as_posix(), job_bytes)
+    ]
     settings = {"data": str(data.resolve()), "tokenizer_sha256": digest, "val": val_fraction}
     settings["job_bytes"] = job_bytes  # the jobs' boundaries follow from it
+    created = not out.exists()
+    try:
+        return _prepare_into(out, pieces, tokenizer, tokenizer_file, settings, workers, progress)
+    except ValueError:  # a refusal (a bad document) leaves no directory it made behind
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _prepare_into(
+    out: Path,
+    pieces: list[FileRange],
+    tokenizer: Any,
+    tokenizer_file: Path,
+    settings: dict[str, Any],
+    workers: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """prepare's work once its inputs are checked; an interruption is resumed from `out`."""
+    vocab, val_fraction = tokenizer.get_vocab_size(), settings["val"]
+    out.mkdir(parents=True, exist_ok=True)
+    started = out / "prepare.json"  # what an interrupted run was doing: it must not change
     if started.is_file() and json.loads(started.read_text()) != settings:
         raise ValueError(f"--out {out} holds an interrupted prepare of other inputs")
     started.write_text(json.dumps(settings) + "\n")
     dtype = "uint16" if vocab <= 2**16 else "uint32"
-    root = data if data.is_dir() else data.parent
-    pieces = [
-        p for f in _inputs(data) for p in _pieces(f, f.relative_to(root).as_posix(), job_bytes)
-    ]
     jobs = [
         Job(i, group, str(out), dtype, val_fraction)
-        for i, group in enumerate(_group(pieces, job_bytes))
+        for i, group in enumerate(_group(pieces, settings["job_bytes"]))
     ]
     todo = [j for j in jobs if not _done(j)]
     _run(todo, workers or min(len(todo), os.cpu_count() or 1), tokenizer_file, progress)
     shards = [json.loads(_record(j).read_text()) for j in jobs]
     meta = {
-        "tokenizer_sha256": digest,
+        "tokenizer_sha256": settings["tokenizer_sha256"],
         "vocab_size": vocab,
         "eot": eot_id(tokenizer),
         "dtype": dtype,
@@ -317,6 +327,8 @@ class ShardedTokens:
             start += hi - lo
             shard += 1
         joined = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        import torch  # here: checking or preparing data (this module) needs no torch
+
         return torch.from_numpy(joined)
 
 

@@ -47,6 +47,19 @@ def text_files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in wanted)
 
 
+def input_files(path: Path) -> list[Path]:
+    """The files of --data (a file, or a folder's text and JSON-lines files); ValueError
+    naming the path when there are none."""
+    if path.is_dir():
+        files = text_files(path)
+        if not files:
+            raise ValueError(f"--data {str(path)!r} holds no text or JSON-lines files")
+        return files
+    if not path.is_file():
+        raise ValueError(f"--data {str(path)!r} does not exist; give a text or JSON-lines file")
+    return [path]
+
+
 def _text_of(row: Any, f: Path, n: int) -> str:
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
         raise ValueError(f"{f}:{n}: a JSON-lines document needs a string field 'text'")
@@ -63,6 +76,7 @@ def train_tokenizer(data: Path, vocab_size: int, out: Path) -> int:
         raise ValueError(f"--vocab-size {vocab_size}: more than the 256 bytes, at most 2^32")
     if out.exists():
         raise ValueError(f"--out {out} already exists; give a new file name")
+    size = sum(f.stat().st_size for f in input_files(data))
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -73,6 +87,12 @@ def train_tokenizer(data: Path, vocab_size: int, out: Path) -> int:
         show_progress=False,
     )
     bpe.train_from_iterator(documents(data), trainer)
+    reached = bpe.get_vocab_size()
+    if reached < vocab_size:  # BPE stops when no pair repeats: the text was too small
+        raise ValueError(
+            f"--data {str(data)!r}: {size:,} bytes of text give only {reached} ids, fewer than "
+            f"--vocab-size {vocab_size}; give more text, or --vocab-size {reached} or less"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     bpe.save(str(out))
     return bpe.get_vocab_size()

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from paratrain.data.prepare import TOKENIZER_COPY, ShardedTokens, is_prepared, read_data_meta
+from paratrain.data.files import data_tokenizer, is_val_file
+from paratrain.data.prepare import ShardedTokens, is_prepared, read_data_meta
 from paratrain.data.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 
@@ -33,13 +34,6 @@ class TokenData:
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
-
-
-def is_val_file(relative: str, val_fraction: float) -> bool:
-    # Hash of the path, not its position, so that the split of a file never changes when
-    # other files are added or removed.
-    digest = hashlib.sha256(relative.encode()).digest()
-    return int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
 
 
 def _files_to_tokens(root: Path, files: list[Path], val_fraction: float, what: str) -> TokenData:
@@ -203,14 +197,6 @@ def on_device(batches: list[torch.Tensor], device: torch.device) -> list[torch.T
     if device.type != "cuda":
         return [b.to(device) for b in batches]
     return [b.pin_memory().to(device, non_blocking=True) for b in batches]
-
-
-def data_tokenizer(cfg: Any) -> Path | None:
-    """The tokenizer.json a run's data is encoded with: --tokenizer's, or a prepared
-    directory's own copy; None for bytes and .bin ids."""
-    if is_prepared(cfg.data.path):
-        return Path(cfg.data.path) / TOKENIZER_COPY
-    return Path(cfg.data.tokenizer) if cfg.data.tokenizer else None
 
 
 def keep_tokenizer(cfg: Any, run_dir: Path) -> None:

@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import argparse
 
-from paratrain.plan.cluster import CLUSTER_PRESETS, DEFAULT_CLUSTER
+from paratrain.plan.cluster import CLUSTER_DESCRIPTIONS, DEFAULT_CLUSTER
 from paratrain.plan.layout import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATE
 from paratrain.plan.model import MODEL_PRESETS
+from paratrain.plan.summary import DEFAULT_ROWS, SORTS
 
 DEFAULT_MODEL = "7b"
 DEFAULT_SEQ_LEN = 2048  # for a model given by its parameter count alone
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    presets = ", ".join([*MODEL_PRESETS, *CLUSTER_PRESETS])
+    clusters = "; ".join(f"{k}: {v}" for k, v in CLUSTER_DESCRIPTIONS.items())
     p.add_argument(
         "--preset",
         action="append",
         default=[],
         metavar="NAME",
-        help=f"model or cluster preset, repeatable: {presets} "
-        f"(default: {DEFAULT_MODEL}, {DEFAULT_CLUSTER})",
+        help=f"a model and a cluster preset, repeatable (default: {DEFAULT_MODEL}, "
+        f"{DEFAULT_CLUSTER}). Models: {', '.join(MODEL_PRESETS)}. Clusters, "
+        f"{clusters.replace('%', '%%')}",
     )
     _model_arguments(p.add_argument_group("model (overrides the preset)"))
     _training_arguments(p.add_argument_group("training"))
@@ -141,11 +143,27 @@ def _layout_arguments(lay: argparse._ArgumentGroup) -> None:
 
 
 def _output_arguments(out: argparse._ArgumentGroup) -> None:
-    out.add_argument("--json", action="store_true", help="print the plan as JSON, last line")
     out.add_argument(
-        "--chart", default="runs/plan.png", help="PNG chart path (default runs/plan.png)"
+        "--json", action="store_true", help="print only the plan as JSON (one line) on stdout"
     )
-    out.add_argument("--no-chart", action="store_true", help="do not write the chart")
+    out.add_argument(
+        "--sort",
+        default="time",
+        choices=SORTS,
+        help="order of the table: step time, memory per GPU or MFU (default time)",
+    )
+    out.add_argument(
+        "--all",
+        action="store_true",
+        help=f"list every layout, and the rejected ones with why (default: the best "
+        f"{DEFAULT_ROWS})",
+    )
+    out.add_argument(
+        "--chart",
+        metavar="FILE",
+        help="write a PNG chart of the listed layouts, the recommended and the fastest among them",
+    )
+    out.add_argument("--no-chart", action="store_true", help=argparse.SUPPRESS)  # the old default
     out.add_argument(
         "--validate",
         action="store_true",

@@ -27,6 +27,9 @@ class ClusterSpec:
     # HBM bytes/s per GPU: pointwise ops (norms, GELU, softmax, dropout, residual adds) are
     # memory-bound and timed at this bandwidth (plan/stage_time.py); 0: not counted.
     memory_bw: float = 0.0
+    # The GPU's datasheet peak, the denominator of MFU, where peak_flops is not it (the
+    # seeds' 1e14 is an effective rate, not a datasheet figure); 0: peak_flops is.
+    datasheet_flops: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("gpus", "gpus_per_node", "gpu_memory_bytes", "intra_bw", "inter_bw")
@@ -55,6 +58,16 @@ class ClusterSpec:
         return self.peak_flops * self.utilisation
 
     @property
+    def mfu_peak_flops(self) -> float:
+        """What MFU divides by: the datasheet peak per GPU."""
+        return self.datasheet_flops or self.peak_flops
+
+    @property
+    def efficiency(self) -> float:
+        """The fraction of the datasheet peak the matmuls are taken to reach."""
+        return self.effective_flops / self.mfu_peak_flops
+
+    @property
     def nodes(self) -> int:
         return max(1, self.gpus // self.gpus_per_node)
 
@@ -74,6 +87,7 @@ class ClusterSpec:
 # `fit_efficiency`, bisection; tests/test_plan_published.py refits it). Every other
 # published row is then a prediction (docs/planner.md, `paratrain plan --published`).
 A100_EFFICIENCY = 0.6436
+A100_PEAK_FLOPS = 312e12  # dense bf16, the A100 datasheet
 # No published H100 run with its whole layout (micro-batch, chunks, recomputation) was
 # found to fit on, so the H100 keeps the order of magnitude of Megatron-LM's reported MFU
 # (41-48% on H100, Megatron-LM README): assumed, not calibrated.
@@ -81,7 +95,7 @@ H100_EFFICIENCY = 0.5
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "a100-80gb-nvlink300-ib25": ClusterSpec(
         "a100-80gb-nvlink300-ib25",
-        *(8, 8, 80 * GB, 300 * GB, 25 * GB, 5e-6, 10e-6, 312e12),
+        *(8, 8, 80 * GB, 300 * GB, 25 * GB, 5e-6, 10e-6, A100_PEAK_FLOPS),
         utilisation=A100_EFFICIENCY,
         memory_bw=2039 * GB,
     ),
@@ -90,7 +104,7 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     # is the inter-node link, Omni-Path here). The same GPU, so the same efficiency.
     "a100-80gb-nvlink300-ib6-omnipath": ClusterSpec(
         "a100-80gb-nvlink300-ib6-omnipath",
-        *(8, 8, 80 * GB, 300 * GB, 6.25 * GB, 5e-6, 10e-6, 312e12),
+        *(8, 8, 80 * GB, 300 * GB, 6.25 * GB, 5e-6, 10e-6, A100_PEAK_FLOPS),
         utilisation=A100_EFFICIENCY,
         memory_bw=2039 * GB,
     ),
@@ -102,10 +116,23 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     ),
     # The seeds' figures (example 9.2.2): NVLink 300 GB/s per direction, InfiniBand 400 Gb/s
     # = 50 GB/s, 1e14 FLOP/s effective per GPU (so utilisation 1 of a 1e14 "peak"); no
-    # memory bandwidth, so their worked examples reproduce.
+    # memory bandwidth, so their worked examples reproduce. The hardware is an A100 80 GB
+    # (80 GB, NVLink 300): MFU is against its 312 TFLOP/s, so the 1e14 reads as 32%.
     "seeds-80gb-nvlink300-ib50-1e14": ClusterSpec(
-        "seeds-80gb-nvlink300-ib50-1e14", 8, 8, 80 * GB, 300 * GB, 50 * GB, 5e-6, 10e-6, 1e14, 1.0
+        "seeds-80gb-nvlink300-ib50-1e14",
+        *(8, 8, 80 * GB, 300 * GB, 50 * GB, 5e-6, 10e-6, 1e14, 1.0),
+        datasheet_flops=A100_PEAK_FLOPS,
     ),
+}
+# One line each for `plan --help` and the table: what hardware, and where its figures are from.
+CLUSTER_DESCRIPTIONS = {
+    "a100-80gb-nvlink300-ib25": "DGX A100 80 GB nodes (Megatron-LM's Selene), "
+    "312 TFLOP/s bf16 peak, efficiency 64% fitted on one published run",
+    "a100-80gb-nvlink300-ib6-omnipath": "BLOOM's Jean Zay A100 80 GB nodes, "
+    "6.25 GB/s per GPU between nodes, efficiency as a100",
+    "h100-80gb-nvlink450-ib50": "DGX H100 nodes, 989 TFLOP/s bf16 peak, efficiency 50% assumed",
+    "seeds-80gb-nvlink300-ib50-1e14": "the seeds' textbook cluster: A100-class 80 GB GPUs at "
+    "1e14 FLOP/s effective (32% of the 312 TFLOP/s peak), no memory-bandwidth term",
 }
 DEFAULT_CLUSTER = "seeds-80gb-nvlink300-ib50-1e14"
 
@@ -120,6 +147,8 @@ def cluster_with(spec: ClusterSpec, **changes: float | None) -> ClusterSpec:
     """The spec with every non-None change applied; `gpus` defaults to one node."""
     # Each value of its field's type (the CLI's flags); replace checks the names.
     given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
+    if "peak_flops" in given and "datasheet_flops" not in given:
+        given["datasheet_flops"] = 0.0  # a peak given by flag is the datasheet's
     if "gpus_per_node" in given and "gpus" not in given:
         given["gpus"] = given["gpus_per_node"]
     return replace(spec, **given) if given else spec

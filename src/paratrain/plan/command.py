@@ -1,4 +1,4 @@
-"""`paratrain plan`: flags to specs, specs to a plan, the plan to a table, JSON and a chart.
+"""`paratrain plan`: flags to specs, specs to a plan, the plan to a table, JSON or a chart.
 
 Flags override presets: `--preset 7b --preset a100-80gb-nvlink300-ib25 --gpus 64`.
 Every bad value raises ValueError naming it and what is valid; cli.main prints one line.
@@ -9,7 +9,9 @@ so that the planner stays pure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -29,7 +31,8 @@ from paratrain.plan.layout import (
 )
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
-from paratrain.plan.report import chart, table
+from paratrain.plan.report import table
+from paratrain.plan.summary import fastest_fitting
 
 # The flags live in arguments.py; the CLI builds its parser from here.
 __all__ = ["add_plan_arguments", "plan_from_args", "run_plan", "specs_from_args"]
@@ -153,11 +156,12 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 
 def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None) -> int:
-    """Print the table (and JSON last); write the chart.
+    """Print the table, or with --json only the plan's JSON; write a chart if asked.
 
     `--published` prints only the published-runs comparison and returns its status.
     validate: `plan --validate`'s measured runs, which the CLI hands in (the planner imports
-    no benchmark); they run after the table, and their status is the command's.
+    no benchmark); they run after the table (on stderr under --json, so that stdout stays
+    one JSON document), and their status is the command's.
     """
     if args.validate_cases and not args.validate:
         raise ValueError("--validate-cases needs --validate")
@@ -168,10 +172,18 @@ def run_plan(args: argparse.Namespace, validate: Callable[[], int] | None = None
 
         return run_published()
     result = plan_from_args(args)
-    print(table(result), flush=True)
-    if not args.no_chart:
-        print(f"chart: {chart(result, args.chart)}", flush=True)
-    status = validate() if validate is not None else 0
     if args.json:
-        print(json.dumps(result.as_dict()), flush=True)
-    return status
+        quick = fastest_fitting(result)
+        data = result.as_dict() | {"fastest": quick.as_dict() if quick else None}
+        print(json.dumps(data), flush=True)
+    else:
+        print(table(result, args.sort, args.all), flush=True)
+    if args.chart:
+        from paratrain.plan.chart import chart
+
+        path = chart(result, args.chart, args.sort)
+        print(f"chart: {path}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    if validate is None:
+        return 0
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        return validate()

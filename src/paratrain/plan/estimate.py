@@ -62,7 +62,7 @@ class Estimate:
 
     @property
     def mfu(self) -> float | None:
-        """model_tflops_per_gpu over the GPU's peak."""
+        """model_tflops_per_gpu over the GPU's datasheet peak (not the calibrated rate)."""
         tflops = self.model_tflops_per_gpu
         return None if tflops is None else tflops * 1e12 / self.peak_flops
 
@@ -204,7 +204,7 @@ def estimate(
     """
     state = model_state(model, workload, layout)
     est = Estimate(layout, state, capacity_bytes=cluster.gpu_memory_bytes)
-    est.peak_flops = cluster.peak_flops
+    est.peak_flops = cluster.mfu_peak_flops
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout)

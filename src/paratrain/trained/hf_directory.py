@@ -10,7 +10,9 @@ this module reads and writes the files and our run directories:
   `paratrain train --init-from RUN_DIR` starts from on any mesh, and `export` and `eval`
   read like any run's; the tokenizer's files are copied into RUN_DIR/tokenizer/.
 - export: a run's latest checkpoint -> a directory that
-  `transformers.AutoModelForCausalLM.from_pretrained` loads.
+  `transformers.AutoModelForCausalLM.from_pretrained` loads, with the tokenizer's files
+  (a byte-level one written for a byte-level run), the special ids in config.json and a
+  README saying how to feed it (hf_card.py).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from paratrain.config import RunConfig
 from paratrain.models import hf
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
+from paratrain.trained.hf_card import ids_kind, model_card, special_ids, tokenizer_files
 from paratrain.trained.safetensors_file import pick_checkpoint
 
 CONFIG = "config.json"
+CARD = "README.md"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_DIR = "tokenizer"
@@ -103,8 +107,8 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
         raise ValueError(f"--out {out} already exists and is not empty; give a new directory")
     ckpt = pick_checkpoint(run_dir, step)
     cfg = RunConfig()
-    meta_model = checkpoint.read_meta(ckpt.path)["model"]
-    cfg.model = dataclasses.replace(cfg.model, **meta_model)
+    meta = checkpoint.read_meta(ckpt.path)
+    cfg.model = dataclasses.replace(cfg.model, **meta["model"])
     m = cfg.model
     if m.num_experts:
         raise ValueError(
@@ -120,12 +124,17 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    (tmp / CONFIG).write_text(json.dumps(hf.to_hf_config(m), indent=2) + "\n")
-    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     tokenizer = run_dir / TOKENIZER_DIR
+    kind = ids_kind(run_dir, meta, m.vocab_size)
+    ids = special_ids(tokenizer, kind)  # config.json says how documents start, end and pad
+    (tmp / CONFIG).write_text(json.dumps(hf.to_hf_config(m) | ids, indent=2) + "\n")
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     if tokenizer.is_dir():
         for f in tokenizer.iterdir():
             shutil.copy2(f, tmp / f.name)
+    for name, text in tokenizer_files(tokenizer, m.max_seq_len, kind).items():
+        (tmp / name).write_text(text)
+    (tmp / CARD).write_text(model_card(run_dir.name, m.arch, m, ckpt.step, ids, kind))
     if out.exists():
         out.rmdir()
     tmp.replace(out)  # complete or absent

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from paratrain.config import RunConfig, resolve
+from paratrain.machine import cuda_available
 from paratrain.validate.field_checks import check_fields
 from paratrain.validate.rules_compile import compile_rules
 from paratrain.validate.rules_data import data_rules
@@ -56,7 +57,7 @@ def check(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> No
 
 def resolve_and_check(cfg: RunConfig, world_size: int, local_procs: int | None = None) -> RunConfig:
     """The configuration a run starts from: `cfg` resolved (a copy) and checked."""
-    check_fields(cfg)  # first as given: resolve asks torch about CUDA, these need no torch
-    resolved = resolve(cfg, world_size)
+    check_fields(cfg)  # first as given: these need no torch
+    resolved = resolve(cfg, world_size, cuda_available())  # torch only where a driver is
     check(resolved, world_size, local_procs)
     return resolved

@@ -7,6 +7,7 @@ import math
 
 from paratrain.config import RunConfig, parse_straggler
 from paratrain.config.resolution import replicas
+from paratrain.validate.batch_messages import indivisible_batch
 
 
 def mesh_rules(cfg: RunConfig, world_size: int) -> None:
@@ -45,10 +46,7 @@ def batch_rules(cfg: RunConfig) -> None:
     if t.global_batch == 0:
         raise ValueError("give --global-batch G or --microbatches K (both are 0)")
     if t.global_batch % per_pass != 0:
-        raise ValueError(
-            f"--global-batch {t.global_batch} is not divisible by micro-batch * dp = "
-            f"{t.micro_batch} * {dp} = {per_pass}; use a multiple of {per_pass}"
-        )
+        raise ValueError(indivisible_batch(t.global_batch, t.micro_batch, dp))
     k = t.global_batch // per_pass
     if t.microbatches != k:
         raise ValueError(

@@ -4,6 +4,7 @@ the schedule itself (built now, so its errors name the valid K and chunks)."""
 from __future__ import annotations
 
 from paratrain.config import RunConfig
+from paratrain.validate.batch_messages import check_schedule_batch
 
 
 def pipeline_rules(cfg: RunConfig) -> None:
@@ -21,6 +22,4 @@ def pipeline_rules(cfg: RunConfig) -> None:
         )
     if p.dp_mode == "async":
         raise ValueError("--dp-mode async does not combine with a pipeline; use --pp 1")
-    from paratrain.parallel.pipeline import build_schedule
-
-    build_schedule(p.schedule, p.pp, cfg.train.microbatches, p.chunks)
+    check_schedule_batch(cfg)  # refused in flags, with a batch that would work

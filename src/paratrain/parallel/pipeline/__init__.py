@@ -15,8 +15,10 @@ activations is handed to the runtime (`meter=`).
 See docs/pipeline.md for the schedules, their bubbles and memory, with sources.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from paratrain.parallel.pipeline.check import Simulation, check_schedule
-from paratrain.parallel.pipeline.runtime import PipelineRuntime
 from paratrain.parallel.pipeline.schedules import (
     Action,
     Costs,
@@ -29,9 +31,30 @@ from paratrain.parallel.pipeline.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
-from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
+
+if TYPE_CHECKING:
+    from paratrain.parallel.pipeline.runtime import PipelineRuntime
+    from paratrain.parallel.pipeline.stage import PipelinePlan, split_into_stages, stage_layout
+    from paratrain.parallel.pipeline.tied import TiedWeights, find_tied_weights
+
+# The schedules and their checker are pure; these need torch, so they load on first use:
+# checking a schedule (a refusal, `paratrain schedule`) must not wait for torch.
+_NEEDS_TORCH = {
+    "PipelineRuntime": "runtime",
+    "PipelinePlan": "stage",
+    "split_into_stages": "stage",
+    "stage_layout": "stage",
+    "TiedWeights": "tied",
+    "find_tied_weights": "tied",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NEEDS_TORCH:
+        return getattr(importlib.import_module(f"{__name__}.{_NEEDS_TORCH[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Action",

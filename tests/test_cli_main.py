@@ -1,0 +1,135 @@
+"""What a user meets first at the command line (issue 30): --version, help, "did you mean",
+no prefix matching, refusals before torch loads, a quiet closed pipe, plurals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paratrain import __version__
+from paratrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refused(capsys, *argv: str) -> str:
+    """The one line of a refusal (exit 2, argparse's or the command's)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_version_and_help_for_users(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"paratrain {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "usage: paratrain COMMAND" in out and "examples:" in out
+    assert ".py" not in out and "tests/" not in out  # no developer notes
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["trian"], "did you mean 'train'?"),
+        (["train", "--step", "7", "--dry-run"], "did you mean --steps?"),
+        (["train", "--tie"], "did you mean --tie-embeddings?"),
+        (["train", "--model", "gpt-tinyy"], "did you mean 'gpt-tiny'?"),
+        (["train", "--schedule", "1f1c"], "did you mean '1f1b'?"),
+        (["plan", "--preset", "llama3-8"], "did you mean 'llama3-8b'?"),
+        (["plan", "--sort", "mem"], "did you mean 'memory'?"),
+        (["bench", "dp", "--pair", "3"], "did you mean --pairs?"),
+    ],
+)
+def test_misspellings_are_refused_with_the_nearest_valid_one(capsys, argv, suggestion):
+    # --step and --tie were silently taken as --steps and --tie-embeddings (allow_abbrev)
+    assert suggestion in refused(capsys, *argv)
+
+
+REFUSALS = [
+    ["train", "--nproc", "3", "--dp", "2"],
+    ["train", "--nproc", "4", "--pp", "2", "--schedule", "interleaved", "--chunks", "2"],
+    ["schedule", "--stages", "0"],
+    ["train", "--model", "gpt-tinyy"],
+    ["train", "--bogus"],
+    ["train", "--data", "/bin/ls", "--dry-run"],
+    ["plan", "--preset", "8b"],
+    ["bench", "nothing"],
+    ["eval", "/nonexistent", "--data", "x.txt"],
+    ["export", "/nonexistent"],
+    ["sample", "/nonexistent", "--prompt", "x"],
+    ["import-hf", "/nonexistent", "--out", "y"],
+    ["tokenizer", "train", "--data", "/nonexistent", "--vocab-size", "300", "--out", "t.json"],
+    ["prepare", "--data", "/nonexistent", "--tokenizer", "t.json", "--out", "o"],
+]
+
+
+def test_refusals_answer_before_torch_loads():
+    """A refusal needing no torch must not wait for it (seconds): asserted on what was
+    imported, not on time, so that a loaded machine cannot fail it. Where a GPU driver is
+    present, --device auto asks torch whether CUDA works, so train's refusals say cpu."""
+    from paratrain.machine import cuda_driver_present
+
+    device = ["--device", "cpu"] if cuda_driver_present() else []
+    refusals = [r + device if r[0] == "train" else r for r in REFUSALS]
+    code = (
+        "import json, sys\n"
+        "from paratrain.cli import main\n"
+        "seen = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        rc = main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        rc = e.code\n"
+        "    seen.append([rc, 'torch' in sys.modules])\n"
+        "print(json.dumps(seen))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(refusals)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == [[2, False]] * len(refusals), list(zip(refusals, seen, strict=True))
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`paratrain plan --all | head -1`: more output than a pipe holds, reader gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "plan", "--preset", "llama3-8b", "--gpus", "64"]
+        + ["--all"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout.readline().startswith(b"recommended: ")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and err == ""
+
+
+def test_bench_comm_flag_defaults_are_the_sweeps():
+    from paratrain.bench.comm import sweep
+    from paratrain.commands.bench import COMM_OPS_FLAG, COMM_SIZES_FLAG
+
+    assert (COMM_OPS_FLAG, COMM_SIZES_FLAG) == (",".join(sweep.OPS), sweep.DEFAULT_SIZES_FLAG)
+
+
+def test_the_summary_counts_in_the_right_plural(capsys):
+    from paratrain.commands.train_launch import print_summary
+
+    summary = dict(steps=1, world_size=1, initial_loss=1.0, final_loss=1.0, val_loss=1.0)
+    print_summary({**summary, "tokens_per_s": 1.0, "run_dir": "runs/x"}, as_json=False)
+    assert "trained 1 step on 1 process:" in capsys.readouterr().out
