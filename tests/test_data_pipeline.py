@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from paratrain.cli import main
-from paratrain.data.prepare import ShardedTokens, prepare
+from paratrain.data.prepare import prepare
+from paratrain.data.prepared import ShardedTokens
 from paratrain.data.tokenizer import (
     EOT,
     load_tokenizer,

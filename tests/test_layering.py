@@ -8,7 +8,8 @@ import: at the top, inside functions, and under TYPE_CHECKING. Checked:
   bench/ or train/); strategies never import a model (parallel/ nothing from models/);
   the comm layer imports nothing above it; models/ import nothing distributed; training
   code does not borrow from the input checker (validate/) or the benchmarks; the
-  configuration and the spawner (spawn.py) are leaves.
+  configuration and the spawner (spawn.py) are leaves;
+- sizes: no file over 300 lines, no function over 60 (small files with one job).
 """
 
 from __future__ import annotations
@@ -245,3 +246,28 @@ def test_the_shared_names_are_still_shared():
         for name in _public_definitions(module):
             counts[name] = counts.get(name, 0) + 1
     assert [n for n in SHARED_NAMES if counts.get(n, 0) < 2] == []
+
+
+# --- sizes: small files with one job ------------------------------------------------------
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60  # issue 29: the house's rooms stay small
+
+
+def _sizes() -> tuple[list[str], list[str]]:
+    files, functions = [], []
+    for path in sorted((SRC / ROOT).rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(SRC)
+        if text.count("\n") > MAX_FILE_LINES:
+            files.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    functions.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return files, functions
+
+
+def test_no_file_over_300_lines_and_no_function_over_60():
+    files, functions = _sizes()
+    assert files == [] and functions == [], "split by concern:\n" + "\n".join(files + functions)

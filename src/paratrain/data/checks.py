@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from paratrain.data.files import check_is_text, data_tokenizer, is_val_file
-from paratrain.data.prepare import is_prepared, read_data_meta
+from paratrain.data.prepared import is_prepared, read_data_meta
 from paratrain.data.tokenizer import TEXT_SUFFIXES, load_tokenizer
 
 CHUNK = 1 << 24  # ids per read of a .bin's maximum: 32 MiB of uint16

@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from paratrain.data.prepare import TOKENIZER_COPY, is_prepared
+from paratrain.data.prepared import TOKENIZER_COPY, is_prepared
 
 SNIFF_BYTES = 1 << 16  # what is read of a text file to tell text from binary
 MAX_INVALID_UTF8 = 0.01  # a little Latin-1 in a UTF-8 text is tolerated; binary is not

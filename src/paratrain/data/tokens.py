@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from paratrain.data.files import data_tokenizer, is_val_file
-from paratrain.data.prepare import ShardedTokens, is_prepared, read_data_meta
+from paratrain.data.prepared import ShardedTokens, is_prepared, read_data_meta
 from paratrain.data.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 

@@ -57,8 +57,19 @@ def _moe_flags_need_experts(args: argparse.Namespace, model: ModelSpec) -> None:
 
 
 def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Workload]:
+    """The planner's three inputs from the flags: model, cluster, workload."""
+    model_name, cluster_name = _presets(args.preset)
+    for flag in ("params", "gpu_memory_gb", "intra_bw_gbs", "inter_bw_gbs", "peak_flops"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    model = _model(args, model_name)
+    _moe_flags_need_experts(args, model)
+    return model, _cluster(args, cluster_name), _workload(args)
+
+
+def _presets(names: list[str]) -> tuple[str | None, str | None]:
+    """(model preset, cluster preset) among the positional names, at most one of each."""
     model_name, cluster_name = None, None
-    for name in args.preset:
+    for name in names:
         if name in MODEL_PRESETS and model_name is None:
             model_name = name
         elif name in CLUSTER_PRESETS and cluster_name is None:
@@ -66,8 +77,10 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         else:
             valid = ", ".join([*MODEL_PRESETS, *CLUSTER_PRESETS])
             raise ValueError(f"preset {name!r} unknown or given twice; valid: {valid}")
-    for flag in ("params", "gpu_memory_gb", "intra_bw_gbs", "inter_bw_gbs", "peak_flops"):
-        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    return model_name, cluster_name
+
+
+def _model(args: argparse.Namespace, model_name: str | None) -> ModelSpec:
     shape = (args.layers, args.hidden, args.heads, args.vocab)
     if args.params is not None and model_name is None and all(v is None for v in shape):
         model = ModelSpec(
@@ -91,9 +104,12 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         if args.capacity_factor is not None:
             _positive("--capacity-factor", args.capacity_factor)
             model = replace(model, capacity_factor=args.capacity_factor)
-    _moe_flags_need_experts(args, model)
+    return model
+
+
+def _cluster(args: argparse.Namespace, cluster_name: str | None) -> ClusterSpec:
     us = 1e-6
-    cluster = cluster_with(
+    return cluster_with(
         cluster_preset(cluster_name or DEFAULT_CLUSTER),
         gpus=args.gpus,
         gpus_per_node=args.gpus_per_node,
@@ -106,10 +122,13 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         utilisation=args.utilisation,
         memory_bw=None if args.memory_bw_gbs is None else args.memory_bw_gbs * GB,
     )
+
+
+def _workload(args: argparse.Namespace) -> Workload:
     g = args.global_batch
     if g is None and args.microbatches is None:
         g = 512
-    workload = Workload(
+    return Workload(
         micro_batch=args.micro_batch,
         global_batch=g,
         microbatches=args.microbatches,
@@ -124,7 +143,6 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         attention=args.attention,
         moe_imbalance=args.moe_imbalance,
     )
-    return model, cluster, workload
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:

@@ -21,7 +21,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
-from paratrain.data.prepare import is_prepared
+from paratrain.data.prepared import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
 from paratrain.models.gpt import IGNORE_INDEX
