@@ -1,5 +1,6 @@
 """`paratrain plan`: predict memory, communication, bubbles and step time for every layout
-(plan/command.py), and with --validate run the planner's cases and compare (bench/planner/)."""
+(commands/plan_run.py; flags: plan_flags.py), and with --validate run the planner's cases
+and compare (bench/planner/)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ HELP = "predict memory, communication, bubbles and step time"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from paratrain.plan.arguments import add_plan_arguments
+    from paratrain.commands.plan_flags import add_plan_arguments
 
     add_plan_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from paratrain.commands.logging_setup import setup_logging
-    from paratrain.plan.command import run_plan
+    from paratrain.commands.plan_run import run_plan
 
     setup_logging(0)
     return run_plan(args, validate=plan_validation(args))

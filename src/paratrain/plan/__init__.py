@@ -2,9 +2,10 @@
 
 No process groups and no tensors: dataclasses in, dataclasses out (ARCHITECTURE.md). Data
 flows: model.py and cluster.py (specs and presets) and layout.py (a candidate and the batch
-arithmetic) -> the formulas memory.py, comm.py, pipeline.py, time.py -> estimate.py (one
-layout, the busiest GPU) -> recommend.py (search and the seeds' rule) -> report.py (table
-and chart); command.py is `paratrain plan`. rank_memory.py and rank_traffic.py count every
+arithmetic) -> the formulas memory.py, activations.py, comm.py, pipeline.py, time.py ->
+estimate.py (one layout, the busiest GPU) -> recommend.py (search and the seeds' rule) ->
+summary.py, report.py and chart.py (what is shown); `paratrain plan`'s flags and run are
+commands/plan_flags.py and commands/plan_run.py. rank_memory.py and rank_traffic.py count every
 rank of our own runtime exactly, for `plan --validate` and `paratrain train`'s prediction.
 stage_time.py times the busiest GPU (matmuls at the calibrated efficiency, pointwise ops at
 memory bandwidth); published.py holds published runs as data and published_check.py

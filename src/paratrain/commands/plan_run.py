@@ -1,4 +1,5 @@
-"""`paratrain plan`: flags to specs, specs to a plan, the plan to a table, JSON or a chart.
+"""The work of `paratrain plan`: flags to specs, specs to a plan (plan/), the plan to a
+table, JSON or a chart.
 
 Flags override presets: `--preset 7b --preset a100-80gb-nvlink300-ib25 --gpus 64`.
 Every bad value raises ValueError naming it and what is valid; cli.main prints one line.
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from paratrain.plan.arguments import DEFAULT_MODEL, DEFAULT_SEQ_LEN, add_plan_arguments
+from paratrain.commands.plan_flags import DEFAULT_MODEL, DEFAULT_SEQ_LEN
 from paratrain.plan.cluster import (
     CLUSTER_PRESETS,
     DEFAULT_CLUSTER,
@@ -34,8 +35,7 @@ from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import table
 from paratrain.plan.summary import fastest_fitting
 
-# The flags live in arguments.py; the CLI builds its parser from here.
-__all__ = ["add_plan_arguments", "plan_from_args", "run_plan", "specs_from_args"]
+__all__ = ["plan_from_args", "run_plan", "specs_from_args"]  # the flags: plan_flags.py
 
 
 def _positive(name: str, value: float | None) -> None:
