@@ -78,6 +78,11 @@ def not_run(c: DocCommand) -> str | None:
     name, flags = c.argv[0] if c.argv else "", set(c.argv)
     if name == "bench":
         return "a benchmark: minutes of timed pairs"
+    if name == "simulate":
+        return (
+            "full-size ranks, a minute or more each (docs/planner.md's table); "
+            "tests/test_simulate.py runs layouts at world 64-128 on a small model"
+        )
     if name == "plan" and "--validate" in flags:
         return "trains small layouts; tests/test_plan_cli.py runs its cases"
     if name in ("export", "sample", "eval"):
