@@ -19,7 +19,8 @@ def indivisible_batch(global_batch: int, micro_batch: int, dp: int) -> str:
     fixes = [f"--global-batch {per_pass * max(1, round(global_batch / per_pass))}"]
     if global_batch % dp == 0:
         per_rank = global_batch // dp
-        b = max(d for d in range(1, micro_batch) if per_rank % d == 0)
+        top = min(micro_batch - 1, per_rank)  # bounded: flags can be huge (2^63)
+        b = next((d for d in range(top, max(0, top - 4096), -1) if per_rank % d == 0), 1)
         fixes.append(f"--micro-batch {b} (G / dp = {per_rank} per replica)")
     return (
         f"--global-batch {global_batch} is not divisible by --micro-batch * dp = "
