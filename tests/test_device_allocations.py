@@ -53,7 +53,7 @@ HOST_SIDE = {
         "the token stream read from disk; batches move to the device in `on_device`",
     ("data/tokens.py", "_encoded", "tensor"):
         "the token stream encoded with a tokenizer; batches move to the device in `on_device`",
-    ("data/prepare.py", "ShardedTokens.__getitem__", "from_numpy"):
+    ("data/prepared.py", "ShardedTokens.__getitem__", "from_numpy"):
         "windows read from memory-mapped shards; batches move to the device in `on_device`",
     ("trained/run_model.py", "sample", "Generator"):
         "sample runs the model in one process on the host: its draws come from a CPU stream",
