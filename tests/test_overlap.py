@@ -36,12 +36,25 @@ def hidden(mechanism: str, algo: str, workload: LinearStack) -> tuple[float, lis
     return by_wait, [h for r in ranks for h in r["hidden_all"]]
 
 
+# Measurements per algorithm before the goal is declared missed. With two test files at a
+# time on two cores, the communication thread can go unscheduled for a whole pair and
+# its wait shows as exposed: measured 0.47 once in CI where a quiet machine gives 0.86.
+# A lost overlap measures near 0 every time (the control below, and the blocking ring in
+# the docstring: -0.01 to 0.03), so a second or third measurement cannot pass it.
+ATTEMPTS = 3
+
+
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_half_the_communication_hides_behind_compute(mechanism):
     by_step = []
     for algo in ("native", "ring"):
-        by_wait, pairs = hidden(mechanism, algo, WORKLOAD)
-        assert by_wait >= GOAL, (algo, by_wait, pairs)
+        seen = []
+        for _ in range(ATTEMPTS):
+            by_wait, pairs = hidden(mechanism, algo, WORKLOAD)
+            seen.append(by_wait)
+            if by_wait >= GOAL:
+                break
+        assert by_wait >= GOAL, (algo, seen, pairs)
         by_step += pairs
     assert statistics.median(by_step) > 0, by_step  # the steps got faster
 
