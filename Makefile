@@ -54,10 +54,18 @@ $(TORCH_VENVS)/venv-torch-%/.base:
 
 # A stamp is the venv's, not an intermediate file of `venv-torch-V`: make must keep it.
 .PRECIOUS: $(TORCH_VENVS)/venv-torch-%/.base
+# A venv built before a dependency was added lacks its wheel in WHEEL_CACHE: the offline
+# install then fails, and the cache is topped up (`pip download` fetches only what is missing).
 venv-torch-%: $(TORCH_VENVS)/venv-torch-%/.base
+	grep -v '^torch==' constraints.txt > $(TORCH_VENVS)/venv-torch-$*/constraints.txt
 	$(TORCH_VENVS)/venv-torch-$*/bin/python -m pip install --quiet --no-index \
 	    --find-links $(WHEEL_CACHE) --constraint $(TORCH_VENVS)/venv-torch-$*/constraints.txt \
-	    'torch==$*' --editable '.[test]'
+	    'torch==$*' --editable '.[test]' || \
+	( $(TORCH_VENVS)/venv-torch-$*/bin/python -m pip download --quiet --dest $(WHEEL_CACHE) \
+	    --constraint $(TORCH_VENVS)/venv-torch-$*/constraints.txt 'torch==$*' '.[test]' && \
+	  $(TORCH_VENVS)/venv-torch-$*/bin/python -m pip install --quiet --no-index \
+	    --find-links $(WHEEL_CACHE) --constraint $(TORCH_VENVS)/venv-torch-$*/constraints.txt \
+	    'torch==$*' --editable '.[test]' )
 	$(TORCH_VENVS)/venv-torch-$*/bin/python -c "import torch; \
 	    assert torch.__version__.split('+')[0] == '$*', torch.__version__; \
 	    print('torch', torch.__version__, 'on the CPU:', torch.ones(2) @ torch.ones(2))"
