@@ -130,6 +130,17 @@ CASES = [
     Case("attention dropout with cp", ["--cp", "2", "--dropout", "0.1", "--data", TEXT], _text),
     Case("`--ep 2` on a dense model", ["--nproc", "2", "--ep", "2"]),
     Case(
+        "`--optimizer muon` under ZeRO (`--zero 1`)",
+        ["--nproc", "2", "--zero", "1", "--optimizer", "muon"],
+    ),
+    Case("a Muon flag without `--optimizer muon`", ["--muon-momentum", "0.9"]),
+    Case(
+        "`--muon-momentum nan`",
+        ["--optimizer", "muon", "--muon-momentum", "nan", "--data", TEXT],
+        _text,
+    ),
+    Case("`--muon-ns-steps 0`", ["--optimizer", "muon", "--muon-ns-steps", "0"]),
+    Case(
         "HSDP replica groups that do not divide dp (`--replicas 3` of 4 ranks)",
         ["--nproc", "4", "--micro-batch", "1", "--zero", "1", "--replicas", "3"],
     ),

@@ -250,6 +250,11 @@ INEFFECTIVE = {
     "model.bias_rate": (["--bias-rate", "0.001"], [], MOE),
     "model.shared_expert": (["--shared-expert"], [], MOE),
     "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
+    "train.muon_momentum": (["--muon-momentum", "0.9"], [], ["--optimizer", "muon"]),
+    "train.muon_nesterov": (["--no-muon-nesterov"], [], ["--optimizer", "muon"]),
+    "train.muon_ns_steps": (["--muon-ns-steps", "3"], [], ["--optimizer", "muon"]),
+    "train.muon_lr_adjust": (["--muon-lr-adjust", "original"], [], ["--optimizer", "muon"]),
+    "train.muon_ns_dtype": (["--muon-ns-dtype", "float32"], [], ["--optimizer", "muon"]),
     "parallel.replicas": (["--replicas", "2"], [], ["--zero", "1"]),
     "parallel.zero2_accumulate": (
         ["--zero2-accumulate", "full"], ["--zero", "2"], ["--zero", "2", "--global-batch", "32"]

@@ -59,8 +59,10 @@ def test_offsets_against_a_known_transfer():
         moved = wire.deltas(before, wire.settled_counters())
     by_local = {d.local: d for d in moved.values()}
     out, back = by_local[ends[0]], by_local[ends[1]]
-    assert (out.acked, out.sent, out.received, out.retrans) == (3_000_001, 3_000_001, 1234, 0)
-    assert (back.acked, back.sent, back.received) == (1234, 1234, 3_000_001)
+    # bytes_sent counts retransmitted copies too: on a loaded machine loopback TCP does
+    # retransmit (14,875 bytes once in CI), so what is exact is sent = delivered + retrans.
+    assert (out.acked, out.sent - out.retrans, out.received) == (3_000_001, 3_000_001, 1234)
+    assert (back.acked, back.sent - back.retrans, back.received) == (1234, 1234, 3_000_001)
     assert out.segments >= 3_000_001 // 65536  # loopback segments are at most 64 KB
     assert out.peer == ends[1]
 

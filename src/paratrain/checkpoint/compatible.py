@@ -45,6 +45,10 @@ def check_files(path: Path) -> None:
             raise ValueError(f"checkpoint {path} is damaged: {name} {what}")
 
 
+# What a checkpoint that does not record a field was saved with (older checkpoints).
+SAVED_BEFORE = {"optimizer": "adamw"}
+
+
 def check_compatible(
     meta: dict[str, Any], cfg: RunConfig, path: Path, train: tuple[str, ...] = RESUMED
 ) -> None:
@@ -55,7 +59,7 @@ def check_compatible(
         if key in meta["model"] and meta["model"][key] != value:
             problems.append(f"model.{key} = {value} but the checkpoint has {meta['model'][key]}")
     for key in train:
-        saved, now = meta["train"].get(key), getattr(cfg.train, key)
+        saved, now = meta["train"].get(key, SAVED_BEFORE.get(key)), getattr(cfg.train, key)
         if saved is not None and saved != now:
             problems.append(f"train.{key} = {now} but the checkpoint has {saved}")
     if train:

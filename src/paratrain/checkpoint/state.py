@@ -168,28 +168,38 @@ class RankState:
             counter.fill_(float(step))
 
 
+def _prefix(key: str) -> str:
+    """A piece's tensor key as the checkpoint spells it: `model`, or `optim.<moment>`."""
+    return "model" if key == "model" else f"optim.{key}"
+
+
 def rank_state(
     replicas: Sequence[Checkpointed], optimizers: Sequence[Any], tp: comm.CommGroup
 ) -> RankState:
     """Model values (fp32 master copies where they exist) and AdamW moments, as boxes.
 
-    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>`, and
+    Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>` (a Muon matrix:
+    `optim.momentum_buffer.<name>`), and
     `buffer.<name>` for persistent buffers. A name whose pieces all live on other dp ranks
     is present with no boxes, so that every rank's key set is the same.
     """
     tensors: dict[str, Sharded] = {}
     counters: list[torch.Tensor] = []
+    places: dict[str, Any] = {}
+    kept: set[str] = set()  # the places this rank holds pieces of, under their own keys
     for replica, optimizer in zip(replicas, optimizers, strict=True):
         where = tp_placements(replica.module, tp)
+        places.update({place.name: place for place in where.values()})
         pieces, steps = replica.checkpoint_pieces(optimizer)
         counters += steps
         for piece in pieces:
             place = where[piece.name]
+            kept.add(place.name)
             for key, values in piece.tensors.items():
-                name = f"{'model' if key == 'model' else f'optim.{key}'}.{place.name}"
-                tensors[name] = _boxes(piece, values, place)
-        for place in where.values():
-            for key in ("model", *(f"optim.{m}" for m in MOMENTS)):
-                tensors.setdefault(f"{key}.{place.name}", Sharded(place.shape, []))
+                tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
+    for name, place in places.items():
+        if name not in kept:  # all of it held on other dp ranks (sharded: AdamW's moments)
+            for key in ("model", *MOMENTS):
+                tensors[f"{_prefix(key)}.{name}"] = Sharded(place.shape, [])
     tensors.update(buffer_state([r.module for r in replicas]))
     return RankState(tensors, counters)

@@ -55,7 +55,8 @@ CHECKPOINTS = "checkpoints"
 META_FILE = "paratrain.json"
 COMMIT_FILE = ".metadata"  # DCP's, renamed into place after every shard is written
 PREFIX = "step_"
-RESUMED = ("global_batch", "seq_len")  # what a resumed run keeps, beside the model
+# What a resumed run keeps, beside the model (the optimizer: its state is what is saved).
+RESUMED = ("global_batch", "seq_len", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,12 @@ def run_meta(
         "layout": layout_of(cfg, mesh),
         "chunks": cfg.parallel.chunks,
         "model": asdict(cfg.model),
-        "train": {"global_batch": t.global_batch, "seq_len": t.seq_len, "seed": t.seed},
+        "train": {
+            "global_batch": t.global_batch,
+            "seq_len": t.seq_len,
+            "seed": t.seed,
+            "optimizer": t.optimizer,
+        },
         "data_fingerprint_sha256": fingerprint,
         "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -5,8 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from paratrain.config.choices import AUTO, COMPUTE_DTYPES, LR_SCALINGS, RECOMPUTE_MODES
-from paratrain.config.conditions import PIPELINE, SYNC
+from paratrain.config.choices import (
+    AUTO,
+    COMPUTE_DTYPES,
+    LR_SCALINGS,
+    MUON_LR_ADJUSTS,
+    MUON_NS_DTYPES,
+    OPTIMIZERS,
+    RECOMPUTE_MODES,
+)
+from paratrain.config.conditions import MUON, PIPELINE, SYNC
 from paratrain.config.fields import Effect, param
 
 
@@ -38,6 +46,30 @@ class TrainConfig:
     )
     beta1: float = param(0.9, "AdamW beta1.", at_least=0, below=1)
     beta2: float = param(0.95, "AdamW beta2.", at_least=0, below=1)
+    optimizer: str = param(
+        "adamw",
+        "muon: Muon for the model plan's hidden matrices, AdamW (as configured) for the rest.",
+        choices=OPTIMIZERS,
+    )
+    muon_momentum: float = param(0.95, "Muon's momentum.", at_least=0, below=1, effect=MUON)
+    muon_nesterov: bool = param(True, "Muon's Nesterov momentum.", effect=MUON)
+    muon_ns_steps: int = param(
+        5, "Muon's Newton-Schulz iterations per step.", at_least=1, below=100, effect=MUON
+    )
+    muon_lr_adjust: str = param(
+        "match-rms-adamw",
+        "Muon's rate per matrix: original scales lr by sqrt(max(1, rows/cols)); "
+        "match-rms-adamw by 0.2 sqrt(max(rows, cols)), so AdamW's lr carries over.",
+        choices=MUON_LR_ADJUSTS,
+        effect=MUON,
+    )
+    muon_ns_dtype: str = param(
+        "bfloat16",
+        "Muon's Newton-Schulz precision: bfloat16 as torch.optim.Muon; float32 keeps layouts "
+        "that sum gradients in other orders within float32 rounding of each other.",
+        choices=MUON_NS_DTYPES,
+        effect=MUON,
+    )
     recompute: str = param("none", "Activation recomputation per block.", choices=RECOMPUTE_MODES)
     compile: bool = param(
         False,

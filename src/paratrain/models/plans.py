@@ -177,6 +177,9 @@ class ModelPlan:
         parallelism splits, and what the data-parallel wrappers reduce over the expert-dp
         group instead of dp (parallel/expert_parallel/); moe_tensor_parallel: the TP plan
         then (the MoE replicated).
+    muon_matrices: the modules whose `weight` is a hidden matrix, which `--optimizer muon`
+        orthogonalizes (attention and MLP projections); everything else (embeddings, the
+        head, norms, biases, routers, stacked experts) stays with AdamW.
     """
 
     tensor_parallel: dict[str, str]
@@ -190,6 +193,7 @@ class ModelPlan:
     compile_units: tuple[str, ...] = ("blocks.*",)  # each block its own graph(s)
     moe_layers: str = "blocks.*.mlp"
     moe_tensor_parallel: dict[str, str] | None = None
+    muon_matrices: tuple[str, ...] = ()
 
 
 EXPERTS = "experts"  # the child of an MoE layer that holds its experts (models/moe.py)
@@ -205,6 +209,9 @@ GPT_PLAN = ModelPlan(
     context_attention="blocks.*.attn.core",
     context_positions="positions",  # the learned absolute positions' indices
     moe_tensor_parallel=GPT_MOE_TP_PLAN,
+    muon_matrices=tuple(
+        f"blocks.*.{m}" for m in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
+    ),
 )
 
 LLAMA_PLAN = ModelPlan(
@@ -217,6 +224,10 @@ LLAMA_PLAN = ModelPlan(
     context_attention="blocks.*.attn.core",
     context_positions="blocks.*.attn.positions",  # each attention's rotary angles
     moe_tensor_parallel=LLAMA_MOE_TP_PLAN,
+    muon_matrices=tuple(
+        f"blocks.*.{m}"
+        for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+    ),
 )
 
 PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS

@@ -34,6 +34,7 @@ from paratrain import comm
 from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
+from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.replica import GradSquares, Replica
 from paratrain.parallel.pipeline import PipelineRuntime, TiedWeights
 from paratrain.parallel.tensor_parallel.rng import RngTracker
@@ -84,9 +85,15 @@ class Engine:
         return any(r.scaler is not None for r in self.replicas)
 
     def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float]
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        muon: MuonSettings | None = None,
     ) -> OptimizerSet:
-        return OptimizerSet([r.build_optimizer(lr, weight_decay, betas) for r in self.replicas])
+        """AdamW (or, with `muon`, Muon and AdamW) over what each replica updates."""
+        optimizers = [r.build_optimizer(lr, weight_decay, betas, muon=muon) for r in self.replicas]
+        return OptimizerSet(optimizers)
 
     def grad_norm(self) -> float:
         """The global L2 norm of the reduced gradient, the same on every rank."""

@@ -23,7 +23,7 @@ from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
 from paratrain.train.engine import Engine
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
-from paratrain.train.optim import LrSchedule, Rewarmup, peak_lr
+from paratrain.train.optim import LrSchedule, Rewarmup, muon_settings, peak_lr
 from paratrain.train.resume import restore
 from paratrain.train.step import SkippedSteps, train_step
 from paratrain.train.straggler import straggle
@@ -98,7 +98,8 @@ def _build(
     # --init-from's weights, unless a checkpoint is about to replace them
     engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=resume is None))
     seed_rank_stream(t.seed, mesh.global_rank)
-    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
+    betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
+    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)
     first, rewarm = 0, Rewarmup()
     if resume is not None:
         first, rewarm = restore(resume, engine, optimizer, mesh, cfg, peak_lr(cfg))

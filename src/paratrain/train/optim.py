@@ -1,7 +1,8 @@
-"""The learning-rate schedule, and the replicas' optimizers driven as one.
+"""The learning-rate schedule, Muon's settings, and the replicas' optimizers driven as one.
 
 The optimizers themselves (AdamW, decay on matrices and embeddings; the sharded AdamW of
-ZeRO) are built by each data-parallel wrapper: parallel/data_parallel/adamw.py.
+ZeRO; Muon with AdamW) are built by each data-parallel wrapper: parallel/data_parallel/
+adamw.py and muon.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from paratrain.config import LR_SCALINGS, RunConfig
+from paratrain.models.plans import PLANS
+from paratrain.parallel.data_parallel.muon_math import MuonSettings
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,22 @@ class LrSchedule:
     def __call__(self, step: int) -> float:
         lr = learning_rate(step, self.peak, self.warmup, self.total, self.min_ratio)
         return lr * self.rewarm.factor(step)
+
+
+def muon_settings(cfg: RunConfig) -> MuonSettings | None:
+    """Muon's settings under `--optimizer muon` (its matrices from the model plan), else
+    None: AdamW for everything."""
+    t = cfg.train
+    if t.optimizer != "muon":
+        return None
+    return MuonSettings(
+        matrices=PLANS[cfg.model.arch].muon_matrices,
+        momentum=t.muon_momentum,
+        nesterov=t.muon_nesterov,
+        ns_steps=t.muon_ns_steps,
+        lr_adjust=t.muon_lr_adjust,
+        ns_dtype=getattr(torch, t.muon_ns_dtype),
+    )
 
 
 def peak_lr(cfg: RunConfig) -> float:

@@ -23,7 +23,7 @@ from paratrain.config import RunConfig
 from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model
-from paratrain.train.optim import peak_lr
+from paratrain.train.optim import muon_settings, peak_lr
 from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
 from paratrain.trained.run_model import (
     eval_seq_len,
@@ -47,7 +47,8 @@ def evaluate_on_mesh(
     try:
         engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=False))
         t = cfg.train
-        optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, (t.beta1, t.beta2))
+        betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
+        optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)
         ckpt = checkpoint.latest_checkpoint(run_dir)
         assert ckpt is not None  # checked before launch
         load_engine_weights(ckpt, engine, optimizer, mesh, cfg)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from paratrain.comm.compat import storage_id
-from paratrain.parallel.data_parallel.replica import MOMENTS, MemoryReport
+from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM, MemoryReport
 
 
 def count_memory(
@@ -39,7 +39,7 @@ def count_memory(
     for state in optimizer_states:
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                add("optimizer" if key in MOMENTS else "other", value)
+                add("optimizer" if key in (*MOMENTS, MUON_MOMENTUM) else "other", value)
     for p in module.parameters() if module is not None else ():
         add("other", p.data)
         add("other", p.grad)

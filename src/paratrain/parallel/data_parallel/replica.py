@@ -25,9 +25,11 @@ import torch
 from torch import nn
 
 from paratrain.comm.group import CommGroup
+from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.mixed_precision import DynamicLossScaler
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state tensors, shaped like the parameter
+MUON_MOMENTUM = "momentum_buffer"  # Muon's (torch.optim.Muon's name), shaped like its matrix
 
 
 @dataclass(frozen=True)
@@ -153,9 +155,15 @@ class Replica(Protocol):
         ...
 
     def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        eps: float = 1e-8,
+        muon: MuonSettings | None = None,
     ) -> Any:
-        """AdamW over what this rank updates; driven as `param_groups[i]["lr"]`, `step()`."""
+        """AdamW over what this rank updates (with `muon`, Muon over the plan's matrices and
+        AdamW over the rest); driven as `param_groups[i]["lr"]`, `step()`."""
         ...
 
     def memory_report(self, optimizer: Any = None) -> MemoryReport: ...

@@ -24,6 +24,7 @@ from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
 from paratrain.parallel.data_parallel.grad_lists import all_reduce_in_place, scale_, squared_norms
 from paratrain.parallel.data_parallel.hybrid import HybridGroups, all_reduce_across_replicas
+from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
 from paratrain.parallel.data_parallel.whole_module import adam_state, complete_state_dict
@@ -129,8 +130,15 @@ class ShardedReplica(nn.Module, abc.ABC):
 
     # -- the update and its state -----------------------------------------------------------
     def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        eps: float = 1e-8,
+        muon: MuonSettings | None = None,
     ) -> ShardedAdamW:
+        if muon is not None:  # refused before any worker starts (validate/rules_optimizer.py)
+            raise ValueError(f"{type(self).__name__}: Muon over flat shards is not implemented")
         return ShardedAdamW(
             self.shards, self.group, lr, weight_decay, betas, eps, self._after_update, self.scaler
         )

@@ -15,7 +15,8 @@ from paratrain.parallel.data_parallel.grad_lists import (
     scale_,
     squared_norms,
 )
-from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
+from paratrain.parallel.data_parallel.muon import WholeMuon
+from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM, GradSquares, StatePiece
 
 
 class WholeGradients:
@@ -88,18 +89,25 @@ def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: Comm
 
 
 def whole_checkpoint_pieces(
-    module: nn.Module, optimizer: torch.optim.Optimizer, only: Collection[str] | None = None
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | WholeMuon,
+    only: Collection[str] | None = None,
 ) -> tuple[list[StatePiece], list[torch.Tensor]]:
-    """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW: each
-    parameter (of `only`, if given) is one piece, [0, numel), with its moments; and
-    AdamW's step counters."""
+    """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW (or Muon and
+    AdamW): each parameter (of `only`, if given) is one piece, [0, numel), with its
+    moments (a Muon matrix: its momentum); and AdamW's step counters."""
     pieces, counters = [], []
     for name, p in module.named_parameters():
         if only is not None and name not in only:
             continue
-        state = adam_state(optimizer, p)
-        counters.append(state["step"])
-        tensors = {"model": p.data.view(-1)} | {k: state[k].view(-1) for k in MOMENTS}
+        if isinstance(optimizer, WholeMuon) and p in optimizer.momentum:
+            moments = {MUON_MOMENTUM: optimizer.momentum[p]}
+        else:
+            adam = optimizer.adamw if isinstance(optimizer, WholeMuon) else optimizer
+            state = adam_state(adam, p)
+            counters.append(state["step"])
+            moments = {k: state[k] for k in MOMENTS}
+        tensors = {"model": p.data.view(-1)} | {k: v.view(-1) for k, v in moments.items()}
         pieces.append(StatePiece(name, p.shape, 0, p.numel(), tensors))
     return pieces, counters
 

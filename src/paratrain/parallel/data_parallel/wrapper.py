@@ -33,6 +33,8 @@ from paratrain.comm.compat import same_memory
 from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.data_parallel.buckets import Bucket, build_buckets
 from paratrain.parallel.data_parallel.memory_count import count_memory
+from paratrain.parallel.data_parallel.muon import WholeMuon, muon_matrix_names
+from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import GradSquares, MemoryReport, StatePiece
 from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
@@ -191,9 +193,22 @@ class DataParallel(SyncSwitch, nn.Module):
         all_reduce_whole_grads_(self.module, [n for n in names if mine is None or n in mine], group)
 
     def build_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
-    ) -> torch.optim.AdamW:
-        return adamw(self.module, lr, weight_decay, betas, eps, self.share.names)
+        self,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        eps: float = 1e-8,
+        muon: MuonSettings | None = None,
+    ) -> torch.optim.AdamW | WholeMuon:
+        mine = self.share.names
+        if muon is None:
+            return adamw(self.module, lr, weight_decay, betas, eps, mine)
+        matrices = [
+            n for n in muon_matrix_names(self.module, muon.matrices) if mine is None or n in mine
+        ]
+        others = [n for n, _ in self.share.named(self.module) if n not in set(matrices)]
+        rest = adamw(self.module, lr, weight_decay, betas, eps, others)
+        return WholeMuon(self.module, matrices, rest, self.group, lr, weight_decay, muon)
 
     def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
         """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments
