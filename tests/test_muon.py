@@ -88,7 +88,9 @@ def _steps_on_rank(rank, world_size, steps, nesterov):
     others = [n for n in named if n not in names]
     ref_adamw = torch.optim.AdamW(param_groups(reference, DECAY, others), lr=LR, betas=BETAS)
     generator = torch.Generator().manual_seed(rank)
-    for _ in range(steps):
+    for step in range(steps):
+        for group in [*opt.param_groups, *ref_muon.param_groups, *ref_adamw.param_groups]:
+            group["lr"] = LR / (step + 1)  # a schedule reaches Muon's group as AdamW's
         x = torch.randint(0, 256, (2, 16), generator=generator)
         dp(x[:, :-1], x[:, 1:]).backward()
         dp.finish_gradient_sync()
