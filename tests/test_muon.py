@@ -226,3 +226,29 @@ def test_a_muon_checkpoint_resumes_exactly_and_on_another_layout(tmp_path):
         if layout == dict(dp=2):
             assert resumed == tail
         assert resumed == pytest.approx(tail, rel=1e-5), layout
+
+
+def _one_matrix_on_ranks(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8, bias=False))
+    reference = copy.deepcopy(model)
+    mesh = Mesh.build(dp=world_size, options=CommOptions())
+    dp = DataParallel(model, mesh.group("dp"))
+    opt = dp.build_optimizer(LR, DECAY, BETAS, muon=MuonSettings(("0",)))
+    ref = torch.optim.Muon(reference.parameters(), lr=LR, weight_decay=DECAY,
+                           adjust_lr_fn="match_rms_adamw")  # fmt: skip
+    for step in range(3):
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * step + rank))
+        dp(x).square().mean().backward()
+        dp.finish_gradient_sync()
+        reference[0].weight.grad = model[0].weight.grad.clone()
+        opt.step()
+        ref.step()
+        dp.zero_grad()
+    mesh.close()
+    return torch.equal(model[0].weight, reference[0].weight)
+
+
+def test_a_rank_that_owns_no_matrix_only_receives():
+    """One matrix over two ranks: rank 1 orthogonalizes nothing and still steps it."""
+    assert run_distributed(_one_matrix_on_ranks, 2) == [True, True]

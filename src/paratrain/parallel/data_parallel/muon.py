@@ -119,8 +119,10 @@ class WholeMuon:
         sizes = [width * sum(self.matrices[i].numel() for i in mine) for mine in by_owner]
         device = self.matrices[0].device
         own = by_owner[self.group.rank]
-        flat = torch.cat([wide[i].reshape(-1) for i in own]) if own else torch.empty(0)
-        flat = flat.to(device=device, dtype=dtype)
+        if own:
+            flat = torch.cat([wide[i].reshape(-1) for i in own]).to(device=device, dtype=dtype)
+        else:  # more ranks than matrices: this one only receives
+            flat = torch.empty(0, device=device, dtype=dtype)
         gathered = comm.all_gather_flat(flat.view(torch.uint8), self.group, sizes=sizes)
         out, offset = {}, 0
         for mine in by_owner:
