@@ -21,6 +21,7 @@ from paratrain.parallel.data_parallel import DataParallel, muon_math
 from paratrain.parallel.data_parallel.adamw import param_groups
 from paratrain.parallel.data_parallel.muon import muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
+from paratrain.plan import muon as plan_muon
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
@@ -129,11 +130,11 @@ def test_data_parallel_muon_is_bitwise_torch_muon_fed_the_same_gradients(world_s
 
 
 def test_balanced_owners_spread_the_work():
-    costs = [muon_math.orthogonalize_flops(s, 5) for s in [(64, 16)] * 4 + [(16, 16)] * 4]
-    owners = muon_math.balanced_owners(costs, 2)
+    costs = [plan_muon.iteration_flops(s) for s in [(64, 16)] * 4 + [(16, 16)] * 4]
+    owners = plan_muon.balanced_owners(costs, 2)
     load = [sum(c for c, o in zip(costs, owners, strict=True) if o == r) for r in range(2)]
     assert load[0] == load[1]
-    assert muon_math.balanced_owners(costs, 1) == [0] * len(costs)
+    assert plan_muon.balanced_owners(costs, 1) == [0] * len(costs)
 
 
 def _train_on_ranks(rank, world_size, cfg, data, layout):
@@ -252,3 +253,48 @@ def _one_matrix_on_ranks(rank, world_size):
 def test_a_rank_that_owns_no_matrix_only_receives():
     """One matrix over two ranks: rank 1 orthogonalizes nothing and still steps it."""
     assert run_distributed(_one_matrix_on_ranks, 2) == [True, True]
+
+
+def _many_layouts(rank, world_size, configs):
+    from tests.test_prediction import train_and_compare
+
+    return [train_and_compare(rank, world_size, cfg, tiny_data()) for cfg in configs]
+
+
+def test_the_planner_counts_muons_state_and_all_gather_exactly_per_rank():
+    """Model state (one momentum per matrix, two moments for the rest) and bytes sent by
+    group, Muon's all-gather of each owner's results included, predicted = measured on
+    every rank: dp 3 (bfloat16: 2 bytes; owners of unequal load), dp 2 x pp 2 (float32),
+    and cp 2 x dp 2 (the gradient group dp_cp)."""
+    from tests.test_prediction import config
+
+    configs = []
+    for layout, ns in [(dict(dp=3), "bfloat16"), (dict(dp=2, pp=2), "float32"),
+                       (dict(dp=2, cp=2, nproc=4), "bfloat16")]:  # fmt: skip
+        cfg = config(**layout)
+        cfg.train.optimizer, cfg.train.muon_ns_dtype = "muon", ns
+        configs.append(cfg)
+    worlds = [3, 4, 4]
+    for cfg, world in zip(configs, worlds, strict=True):
+        for compared in run_distributed(_many_layouts, world, [cfg]):
+            predicted, measured = compared[0]["predicted"], compared[0]["measured"]
+            assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+            assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_dry_run_states_the_split_the_runtime_makes(arch):
+    """`--dry-run`'s line (from the planner's block_matrices) against the parameters the
+    optimizer really gives Muon (from the plan's module names on the built model)."""
+    from paratrain.models.registry import plain_model
+    from paratrain.train.dry_run import muon_split
+
+    cfg = muon_config()
+    cfg.model.arch = arch
+    model = plain_model(cfg.model)
+    names = set(muon_matrix_names(model, (GPT_PLAN if arch == "gpt" else LLAMA_PLAN).muon_matrices))
+    muon = sum(p.numel() for n, p in model.named_parameters() if n in names)
+    other = sum(p.numel() for n, p in model.named_parameters() if n not in names)
+    line = muon_split(cfg)
+    assert f"Muon for {len(names)} matrices ({muon:,} parameters" in line
+    assert f"AdamW for the other {other:,} parameters" in line

@@ -87,6 +87,9 @@ class Workload:
     # The router's load imbalance: tokens routed to the busiest expert-parallel rank over
     # the mean, >= 1 (1: uniform routing). A capacity factor caps it (plan/moe.py).
     moe_imbalance: float = 1.0
+    # --optimizer muon (plan/muon.py): the bytes per element of its Newton-Schulz precision
+    # (2 bfloat16, 4 float32), which its all-gather moves; 0: AdamW only.
+    muon_ns_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -108,6 +111,8 @@ class Workload:
             raise ValueError(f"train tokens {self.train_tokens}; must be > 0")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention {self.attention!r}; valid: {', '.join(ATTENTION)}")
+        if self.muon_ns_bytes not in (0, 2, 4):
+            raise ValueError(f"Muon bytes per element {self.muon_ns_bytes}; valid: 0, 2, 4")
         if not self.moe_imbalance >= 1:
             raise ValueError(f"MoE imbalance {self.moe_imbalance}; must be >= 1 (1: uniform)")
         if self.zero2_accumulate not in ZERO2_ACCUMULATE:

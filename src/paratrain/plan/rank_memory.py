@@ -30,6 +30,7 @@ from paratrain.plan.memory import (
     model_state_bytes,
 )
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon import momentum_elements
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
 STATE_KINDS = ("params", "grads", "optimizer", "master")
@@ -165,11 +166,16 @@ def rank_model_state(
 
     `formula_model_state`, with all the flat buffers' padding (`padding_bytes`) counted
     under params: train/engine.py `Engine.memory_report` adds the wrappers'
-    MemoryReport.padding to params. The total is what the buffers hold.
+    MemoryReport.padding to params. The total is what the buffers hold. Under Muon
+    (whole parameters only) its matrices hold one momentum instead of AdamW's two.
     """
     formula = formula_model_state(model, workload, layout, stage)
     pad = sum(padding_bytes(model, workload, layout, stage).values())
-    return replace(formula, params=formula.params + pad)
+    state = replace(formula, params=formula.params + pad)
+    if workload.muon_ns_bytes:  # whole matrices: one momentum each instead of two moments
+        muon = workload.precision.moment_bytes * momentum_elements(model, layout, stage)
+        state = replace(state, optimizer=state.optimizer - muon)
+    return state
 
 
 def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) -> ModelState:

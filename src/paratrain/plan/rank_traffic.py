@@ -43,6 +43,7 @@ from paratrain.plan import comm
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon import gather_bytes as muon_gather_bytes
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
@@ -140,11 +141,17 @@ def _dp_gradients(
         return _zero_traffic(model, workload, layout, microbatches, at)
     # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
     # chunk and for buckets whose element counts k divides.
+    rank = data_rank(layout, at)
     sent = sum(
-        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, data_rank(layout, at))
+        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, rank)
         for n in chunk_params(model, layout, at.stage)
     )
-    return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
+    group = group_name("dp_cp", layout)
+    terms = [RankTraffic(group, "all_reduce", "gradients", sent)]
+    if workload.muon_ns_bytes:  # the owners' orthogonalized matrices (plan/muon.py)
+        muon = muon_gather_bytes(model, layout, at.stage, rank, workload.muon_ns_bytes)
+        terms.append(RankTraffic(group, "all_gather", "Muon's orthogonalized matrices", muon))
+    return terms
 
 
 def _share_gradients(

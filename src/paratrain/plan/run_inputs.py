@@ -12,6 +12,7 @@ from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
 
+MUON_NS_BYTES = {"bfloat16": 2, "float32": 4}  # config.choices.MUON_NS_DTYPES
 EP_NOTE = (
     "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
     "layer and pass; the run's routing moves more or less"
@@ -29,6 +30,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
         zero2_accumulate=p.zero2_accumulate,
+        muon_ns_bytes=MUON_NS_BYTES[t.muon_ns_dtype] if t.optimizer == "muon" else 0,
     )
     notes = []
     if experts is not None:  # the dense model of the same shape; rank_experts.py adds them

@@ -13,9 +13,24 @@ from paratrain.comm.algos import algorithms_line
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import to_toml
 from paratrain.mesh import AXES, MeshShape
+from paratrain.models.plans import PLANS
+from paratrain.plan.model import spec_of
+from paratrain.plan.muon import block_matrices
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.train.optim import warmup_note
 from paratrain.train.prediction import MB, describe_prediction, predict
+
+
+def muon_split(cfg: RunConfig) -> str:
+    """Which parameters Muon takes (the plan's matrices) and how many AdamW keeps."""
+    model = spec_of(cfg.model, cfg.train.seq_len)
+    matrices = block_matrices(model.shape) * cfg.model.n_layer
+    muon = sum(rows * cols for rows, cols in matrices)
+    patterns = ", ".join(PLANS[cfg.model.arch].muon_matrices)
+    return (
+        f"optimizer: Muon for {len(matrices)} matrices ({muon:,} parameters: {patterns}); "
+        f"AdamW for the other {model.params - muon:,} parameters"
+    )
 
 
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
@@ -45,6 +60,7 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     lines += ["", f"# {algorithms_line(p.comm_algo)}", "", f"# data: {data}"]
     note = warmup_note(cfg)
     lines += [f"# {note}"] if note is not None else []
+    lines += [f"# {muon_split(cfg)}"] if cfg.train.optimizer == "muon" else []
     lines += ["", "# plan"] + (
         describe_prediction(pred) if pred is not None else ["async: not predicted"]
     )

@@ -26,6 +26,11 @@ def optimizer_rules(cfg: RunConfig) -> None:
             f"--optimizer muon with --tp {p.tp}: Muon over tensor-parallel shards of a matrix "
             "is not implemented yet; use --tp 1 or --optimizer adamw"
         )
+    if cfg.model.num_experts:
+        raise ValueError(
+            f"--optimizer muon with --num-experts {cfg.model.num_experts}: Muon with a mixture "
+            "of experts is not tested yet; use a dense model or --optimizer adamw"
+        )
     if not PLANS[cfg.model.arch].muon_matrices:
         raise ValueError(
             f"--optimizer muon: the {cfg.model.arch} model plan names no hidden matrix for "

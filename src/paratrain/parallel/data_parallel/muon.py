@@ -9,8 +9,8 @@ One step, after the gradients are averaged over the group (every rank holds the 
 1. AdamW steps the other parameters, as `adamw()` would alone;
 2. every rank moves every matrix's momentum, M <- mu M + (1 - mu) G (elementwise and cheap,
    so each rank keeps all of them and a checkpoint finds them anywhere);
-3. each matrix is orthogonalized once, by one owner (`balanced_owners`: the work spread
-   by its cost); the owners' bfloat16 results travel in one all-gather;
+3. each matrix is orthogonalized once, by one owner (plan/muon.py `owners_of`: the work
+   spread by its cost); the owners' bfloat16 results travel in one all-gather;
 4. every rank applies W <- W (1 - lr wd) - lr_adj O to every matrix.
 Each step runs the arithmetic of torch.optim.Muon on the same values in the same layouts, so
 the parameters are bitwise those of torch.optim.Muon plus AdamW fed the same gradients
@@ -30,6 +30,7 @@ from paratrain.module_names import matching
 from paratrain.parallel.data_parallel import muon_math
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.replica import MUON_MOMENTUM
+from paratrain.plan.muon import owners_of
 
 
 def muon_matrix_names(module: nn.Module, patterns: Sequence[str]) -> list[str]:
@@ -58,8 +59,7 @@ class WholeMuon:
         self.matrices = [named[n] for n in self.names]
         self.adamw, self.group, self.settings = adamw, group, settings
         ranks = group.size if group is not None else 1
-        costs = [muon_math.orthogonalize_flops(p.shape, settings.ns_steps) for p in self.matrices]
-        self.owners = muon_math.balanced_owners(costs, ranks)
+        self.owners = owners_of([(p.shape[0], p.shape[1]) for p in self.matrices], ranks)
         self.momentum: dict[torch.Tensor, torch.Tensor] = {
             p: torch.zeros_like(p) for p in self.matrices
         }

@@ -1,5 +1,6 @@
-"""Muon's arithmetic, pure: the Newton-Schulz orthogonalization, the learning-rate
-adjustment by shape, and which rank orthogonalizes which matrix.
+"""Muon's arithmetic, pure: the Newton-Schulz orthogonalization and the learning-rate
+adjustment by shape (which rank orthogonalizes which matrix is the planner's:
+plan/muon.py).
 
 Muon (Jordan et al. 2024; Liu et al. 2025, "Muon is Scalable for LLM Training",
 arXiv:2502.16982) keeps a momentum buffer per hidden matrix and steps along its
@@ -85,23 +86,3 @@ def adjusted_lr(lr: float, shape: torch.Size | tuple[int, ...], how: str) -> flo
     if how == "match-rms-adamw":
         return lr * 0.2 * math.sqrt(max(rows, cols))
     raise ValueError(f"Muon lr adjustment {how!r}; valid: {', '.join(LR_ADJUSTS)}")
-
-
-def orthogonalize_flops(shape: torch.Size | tuple[int, ...], steps: int) -> int:
-    """Multiply-adds of `steps` iterations on an (m, n) matrix, m <= n after orientation:
-    the Gram matrix (m^2 n), its square (m^3) and the product with x (m^2 n)."""
-    m, n = sorted((int(shape[0]), int(shape[1])))
-    return steps * (2 * m * m * n + m**3)
-
-
-def balanced_owners(costs: list[int], ranks: int) -> list[int]:
-    """The rank that orthogonalizes each matrix: largest first, each to the rank with the
-    least work so far (ties to the lower rank), so every rank computes the same answer and
-    the most loaded rank carries at most the average plus one matrix."""
-    load = [0] * ranks
-    owners = [0] * len(costs)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        rank = min(range(ranks), key=lambda r: (load[r], r))
-        owners[i] = rank
-        load[rank] += costs[i]
-    return owners

@@ -1,0 +1,85 @@
+"""Muon's costs, written once: the hidden matrices of a block, which rank orthogonalizes
+each (the runtime, parallel/data_parallel/muon.py, takes its owners from here), and what a
+rank holds and sends for them.
+
+Under `--optimizer muon` with whole parameters (data parallelism, pipelines, context
+parallelism) every rank of a replica's gradient group (dp_cp) keeps one momentum buffer
+per matrix instead of AdamW's two moments, and each step all-gathers the owners'
+orthogonalized matrices in the Newton-Schulz precision (2 bytes in bfloat16, 4 in float32):
+a ring all-gather of chunks of unequal size, one per owner, in which rank r sends every
+chunk but that of rank r + 1 (comm/traffic.py's `ring_all_gather`).
+"""
+
+from __future__ import annotations
+
+from paratrain.models.presets import ffn_width, kv_heads
+from paratrain.plan.layout import Layout
+from paratrain.plan.model import ModelSpec, Shape
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+
+Matrix = tuple[int, int]  # (rows, cols): (out_features, in_features) of a linear layer
+
+
+def block_matrices(shape: Shape) -> list[Matrix]:
+    """One block's Muon matrices, in the order the model's named_parameters gives them
+    (models/plans.py `muon_matrices`): GPT's q, k, v, proj, fc, proj; Llama's q, k, v, o,
+    gate, up, down."""
+    h, f = shape.d_model, ffn_width(shape)
+    if shape.arch == "gpt":
+        return [(h, h)] * 4 + [(f, h), (h, f)]
+    d_kv = kv_heads(shape) * (h // shape.n_head)
+    return [(h, h), (d_kv, h), (d_kv, h), (h, h), (f, h), (f, h), (h, f)]
+
+
+def iteration_flops(matrix: Matrix) -> int:
+    """Multiply-adds of one Newton-Schulz iteration on an (m, n) matrix, m <= n after
+    orientation: the Gram matrix (m^2 n), its square (m^3), the product with x (m^2 n)."""
+    m, n = sorted(matrix)
+    return 2 * m * m * n + m**3
+
+
+def balanced_owners(costs: list[int], ranks: int) -> list[int]:
+    """The rank that orthogonalizes each matrix: largest first, each to the rank with the
+    least work so far (ties to the lower rank), so every rank computes the same answer and
+    the most loaded rank carries at most the average plus one matrix."""
+    load = [0] * ranks
+    owners = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owners[i] = rank
+        load[rank] += costs[i]
+    return owners
+
+
+def owners_of(matrices: list[Matrix], ranks: int) -> list[int]:
+    """`balanced_owners` by the iteration's cost (the number of iterations scales every
+    matrix alike, so it changes no owner)."""
+    return balanced_owners([iteration_flops(m) for m in matrices], ranks)
+
+
+def chunk_matrices(model: ModelSpec, layout: Layout, stage: int) -> list[list[Matrix]]:
+    """The Muon matrices of each chunk on `stage` (each chunk has its own optimizer)."""
+    s, c = layout.pp, layout.chunks
+    layers = virtual_stage_layers(model.shape.n_layer, s, c)
+    per_block = block_matrices(model.shape)
+    return [per_block * layers[vs] for vs in stage_virtual_stages(stage, s, c)]
+
+
+def momentum_elements(model: ModelSpec, layout: Layout, stage: int) -> int:
+    """Elements of Muon's momentum on a rank of `stage`: one per matrix element."""
+    return sum(r * c for chunk in chunk_matrices(model, layout, stage) for r, c in chunk)
+
+
+def gather_bytes(model: ModelSpec, layout: Layout, stage: int, rank: int, ns_bytes: int) -> int:
+    """What rank `rank` of the gradient group sends per step in the all-gathers of the
+    orthogonalized matrices (one per chunk)."""
+    k = layout.data_ranks
+    if k == 1:
+        return 0
+    sent = 0
+    for matrices in chunk_matrices(model, layout, stage):
+        owned = [0] * k
+        for (r, c), owner in zip(matrices, owners_of(matrices, k), strict=True):
+            owned[owner] += r * c * ns_bytes
+        sent += sum(owned) - owned[(rank + 1) % k]
+    return sent
