@@ -154,7 +154,24 @@ def muon_config(**layout):
     return cfg
 
 
-LAYOUTS = [dict(dp=2), dict(dp=4), dict(pp=2), dict(cp=2), dict(dp=2, pp=2)]
+# (the mesh, the rest of the layout): whole parameters, then ZeRO's flat shards and HSDP
+LAYOUTS = [
+    (dict(dp=2), {}),
+    (dict(dp=4), {}),
+    (dict(pp=2), {}),
+    (dict(cp=2), {}),
+    (dict(dp=2, pp=2), {}),
+    (dict(dp=2), dict(zero=1)),
+    (dict(dp=4), dict(zero=2)),
+    (dict(dp=2), dict(zero=3)),
+    (dict(dp=2, pp=2), dict(zero=1)),
+    (dict(dp=4, replicas=2), dict(zero=3)),
+]
+
+
+def _layout_id(layout):
+    mesh, extra = layout
+    return " ".join(f"{k} {v}" for k, v in {**mesh, **extra}.items())
 
 
 @pytest.fixture(scope="module")
@@ -165,20 +182,19 @@ def single_muon_run():
     return run_distributed(_train_on_ranks, 1, cfg, tiny_data(), dict(dp=1))[0]
 
 
-@pytest.mark.parametrize(
-    "layout", LAYOUTS, ids=lambda d: " ".join(f"{k} {v}" for k, v in d.items())
-)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
 def test_muon_trains_equal_to_one_process_under_each_layout(layout, single_muon_run):
     """Losses and Muon's matrices within 1e-5 relative of one process (the issue's bound),
     with float32 Newton-Schulz: the layouts average the same gradients in other orders, and
     bfloat16 would turn a last-bit difference into a rounding of 2^-8 (muon_math.py).
     AdamW's parameters are compared by the AdamW equivalence tests: here a key bias, whose
     gradient is rounding noise (softmax ignores it), moves by lr whatever its sign."""
-    cfg = muon_config(**layout)
-    cfg.parallel.dp = layout.get("dp", 1)
+    mesh, extra = layout
+    cfg = muon_config(**mesh, **extra)
+    cfg.parallel.dp = mesh.get("dp", 1)
     cfg.train.microbatches = cfg.train.global_batch // (cfg.train.micro_batch * cfg.parallel.dp)
-    world = cfg.parallel.dp * layout.get("pp", 1) * layout.get("cp", 1)
-    records = run_distributed(_train_on_ranks, world, cfg, tiny_data(), layout)
+    world = cfg.parallel.dp * mesh.get("pp", 1) * mesh.get("cp", 1)
+    records = run_distributed(_train_on_ranks, world, cfg, tiny_data(), mesh)
     losses, state = single_muon_run
     from paratrain.models.registry import plain_model
 
@@ -193,13 +209,13 @@ def test_muon_trains_equal_to_one_process_under_each_layout(layout, single_muon_
     assert compared == matrices
 
 
-def _checkpointed_run(rank, world_size, layout, run_dir, resume_step):
+def _checkpointed_run(rank, world_size, layout, run_dir, resume_step, zero=0):
     from pathlib import Path
 
     from paratrain import checkpoint as ck
     from paratrain.train.loop import train
 
-    cfg = muon_config(**layout)
+    cfg = muon_config(**layout, zero=zero)
     cfg.train.steps, cfg.train.checkpoint_every, cfg.train.rewarmup_steps = 6, 3, 0
     cfg.parallel.dp = layout.get("dp", 1)
     cfg.train.microbatches = cfg.train.global_batch // (cfg.train.micro_batch * cfg.parallel.dp)
@@ -298,3 +314,54 @@ def test_dry_run_states_the_split_the_runtime_makes(arch):
     line = muon_split(cfg)
     assert f"Muon for {len(names)} matrices ({muon:,} parameters" in line
     assert f"AdamW for the other {other:,} parameters" in line
+
+
+def _train_counting(rank, world_size, cfg, mesh_layout):
+    """_train_on_ranks, counting this rank's Newton-Schulz calls from outside the optimizer."""
+    calls = []
+    wide = muon_math.orthogonalize_wide
+    muon_math.orthogonalize_wide = lambda u, *a: calls.append(u.shape) or wide(u, *a)
+    losses, state = _train_on_ranks(rank, world_size, cfg, tiny_data(), mesh_layout)
+    return losses, state, len(calls)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_sharded_muon_at_two_ranks_is_bitwise_whole_muon(zero):
+    """At two ranks every reduced gradient is one sum of two, the same in any order, so
+    ZeRO's reduce-scattered shards hold the all-reduce's values: Muon over the shards (the
+    matrices' pieces sent to their owners and the results back) must then give bitwise
+    the parameters of Muon over whole matrices, in torch.optim.Muon's bfloat16. And each
+    matrix is orthogonalized once per step: matrices x steps calls over both ranks."""
+    runs = {}
+    for stage in (0, zero):
+        cfg = muon_config(dp=2, zero=stage)
+        cfg.train.muon_ns_dtype = "bfloat16"
+        cfg.train.micro_batch, cfg.train.microbatches = 4, 1  # one sum per step
+        runs[stage] = run_distributed(_train_counting, 2, cfg, dict(dp=2))
+    (whole, *_), (sharded, *_) = runs[0], runs[zero]
+    assert sharded[0] == whole[0]
+    for name, value in whole[1].items():
+        assert torch.equal(sharded[1][name], value), name
+    calls = [r[2] for r in runs[zero]]
+    assert sum(calls) == 2 * 6 * 4 and min(calls) > 0  # 12 matrices, 4 steps
+
+
+def test_a_sharded_muon_checkpoint_resumes_exactly_and_whole():
+    """ZeRO-3's pieces of the momentum (each rank its own) are saved as one tensor per
+    matrix: ZeRO-3 continues bitwise, and one process (whole matrices) or ZeRO-1 within
+    the layouts' 1e-5."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "saved"
+        full = run_distributed(_checkpointed_run, 2, dict(dp=2), str(saved), 0, 3)[0]
+        tail = full[3:]
+        for layout, zero in [(dict(dp=2), 3), (dict(dp=1), 0), (dict(dp=2), 1)]:
+            run = Path(tmp) / f"dp{layout['dp']}-zero{zero}"
+            shutil.copytree(saved, run)
+            resumed = run_distributed(_checkpointed_run, layout["dp"], layout, str(run), 3, zero)[0]
+            if zero == 3:
+                assert resumed == tail
+            assert resumed == pytest.approx(tail, rel=1e-5), (layout, zero)

@@ -168,6 +168,13 @@ class RankState:
             counter.fill_(float(step))
 
 
+def _moment_keys(optimizer: Any, name: str) -> tuple[str, ...]:
+    """The optimizer state a checkpoint stores beside parameter `name` (torch's AdamW,
+    which has no `moment_keys`: its two moments)."""
+    keys = getattr(optimizer, "moment_keys", None)
+    return tuple(keys(name)) if keys is not None else MOMENTS
+
+
 def _prefix(key: str) -> str:
     """A piece's tensor key as the checkpoint spells it: `model`, or `optim.<moment>`."""
     return "model" if key == "model" else f"optim.{key}"
@@ -185,11 +192,12 @@ def rank_state(
     """
     tensors: dict[str, Sharded] = {}
     counters: list[torch.Tensor] = []
-    places: dict[str, Any] = {}
+    places: dict[str, tuple[Any, tuple[str, ...]]] = {}  # name -> (place, its moments)
     kept: set[str] = set()  # the places this rank holds pieces of, under their own keys
     for replica, optimizer in zip(replicas, optimizers, strict=True):
         where = tp_placements(replica.module, tp)
-        places.update({place.name: place for place in where.values()})
+        for local, place in where.items():
+            places.setdefault(place.name, (place, _moment_keys(optimizer, local)))
         pieces, steps = replica.checkpoint_pieces(optimizer)
         counters += steps
         for piece in pieces:
@@ -197,9 +205,9 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
-    for name, place in places.items():
-        if name not in kept:  # all of it held on other dp ranks (sharded: AdamW's moments)
-            for key in ("model", *MOMENTS):
+    for name, (place, moments) in places.items():
+        if name not in kept:  # all of it held on other dp ranks (sharded)
+            for key in ("model", *moments):
                 tensors[f"{_prefix(key)}.{name}"] = Sharded(place.shape, [])
     tensors.update(buffer_state([r.module for r in replicas]))
     return RankState(tensors, counters)

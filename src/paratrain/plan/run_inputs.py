@@ -13,6 +13,10 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
 
 MUON_NS_BYTES = {"bfloat16": 2, "float32": 4}  # config.choices.MUON_NS_DTYPES
+MUON_NOTE = (
+    "muon over ZeRO's shards: model state and traffic predicted as AdamW's (its momentum "
+    "per piece and the two all-to-alls of the matrices' pieces are not modelled yet)"
+)
 EP_NOTE = (
     "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
     "layer and pass; the run's routing moves more or less"
@@ -23,6 +27,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     model, experts = run_model(m, t.seq_len)
+    whole_muon = t.optimizer == "muon" and p.zero == 0
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,
@@ -30,9 +35,10 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
         zero2_accumulate=p.zero2_accumulate,
-        muon_ns_bytes=MUON_NS_BYTES[t.muon_ns_dtype] if t.optimizer == "muon" else 0,
+        # Muon over whole matrices; over ZeRO's shards it is not modelled yet (MUON_NOTE)
+        muon_ns_bytes=MUON_NS_BYTES[t.muon_ns_dtype] if whole_muon else 0,
     )
-    notes = []
+    notes = [MUON_NOTE] if t.optimizer == "muon" and not whole_muon else []
     if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
         notes.append("experts: activations counted as the dense model's")
         if p.ep > 1:

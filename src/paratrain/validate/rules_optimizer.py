@@ -16,11 +16,6 @@ def optimizer_rules(cfg: RunConfig) -> None:
             "--optimizer muon with --dp-mode async: the parameter server runs AdamW; "
             "use --dp-mode sync or --optimizer adamw"
         )
-    if p.zero > 0:
-        raise ValueError(
-            f"--optimizer muon with --zero {p.zero}: Muon over ZeRO's flat shards is not "
-            "implemented yet; use --zero 0 or --optimizer adamw"
-        )
     if p.tp > 1:
         raise ValueError(
             f"--optimizer muon with --tp {p.tp}: Muon over tensor-parallel shards of a matrix "

@@ -22,7 +22,9 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.comm import compat
-from paratrain.parallel.data_parallel.flat_buffer import FlatShard
+from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
+from paratrain.parallel.data_parallel.replica import MOMENTS
+from paratrain.parallel.data_parallel.whole_module import adam_state
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
 
 
@@ -132,3 +134,22 @@ class ShardedAdamW:
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
+
+    @property
+    def states(self) -> list[dict[str, Any]]:
+        """Every state dict this optimizer holds (the memory report counts them)."""
+        return list(self.inner.state.values())
+
+    def piece_moments(self, si: int, piece: Piece) -> dict[str, torch.Tensor]:
+        """AdamW's moments of one piece of shard `si` (views of live storage)."""
+        state = adam_state(self.inner, self.shards[si].optimized)
+        at = slice(piece.shard_offset, piece.shard_offset + piece.numel)
+        return {key: state[key][at] for key in MOMENTS}
+
+    def moment_keys(self, name: str) -> tuple[str, ...]:
+        return MOMENTS
+
+    def step_counters(self) -> list[torch.Tensor]:
+        return [
+            adam_state(self.inner, s.optimized)["step"] for s in self.shards if s.optimized.numel()
+        ]

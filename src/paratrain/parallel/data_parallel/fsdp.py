@@ -51,6 +51,7 @@ from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MemoryReport
+from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
@@ -268,7 +269,7 @@ class FullyShardedDataParallel(ShardedReplica):
         """The most bytes of gathered parameters alive at once since zero_grad()."""
         return self.tracker.peak
 
-    def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
+    def memory_report(self, optimizer: ShardedAdamW | ShardedMuon | None = None) -> MemoryReport:
         known: list[tuple[str, torch.Tensor]] = []
         for u in self.units:
             known += [("params", u.shard.param), ("grads", u.shard.grad), ("params", u.full)]
@@ -279,10 +280,11 @@ class FullyShardedDataParallel(ShardedReplica):
         extra = sum(u.layout.shard for u in self.units) - -(-n // k)  # beyond ceil(N/k)
         p = self.precision
         padding = {"params": extra * p.param_bytes, "grads": extra * p.param_bytes}
-        padding["optimizer"] = extra * 8 if optimizer is not None else 0
+        # AdamW's moments cover the whole shard; Muon's AdamW skips the padding
+        padding["optimizer"] = extra * 8 if isinstance(optimizer, ShardedAdamW) else 0
         if p.has_master:
             padding["master"] = extra * 4
-        states = optimizer.inner.state.values() if optimizer is not None else ()
+        states = optimizer.states if optimizer is not None else ()
         whole = self.module if self.share.names is None else None  # else count the share
         return count_memory(known, padding, whole, states)
 

@@ -29,7 +29,7 @@ from paratrain import comm
 from paratrain.module_names import matching
 from paratrain.parallel.data_parallel import muon_math
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
-from paratrain.parallel.data_parallel.replica import MUON_MOMENTUM
+from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM
 from paratrain.plan.muon import owners_of
 
 
@@ -77,6 +77,10 @@ class WholeMuon:
         state: dict[torch.Tensor, dict[str, Any]] = dict(self.adamw.state)
         state.update({p: {MUON_MOMENTUM: m} for p, m in self.momentum.items()})
         return state
+
+    def moment_keys(self, name: str) -> tuple[str, ...]:
+        """The state a checkpoint stores for parameter `name` beside its value."""
+        return (MUON_MOMENTUM,) if name in self.names else MOMENTS
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients belong to the wrapper (`wrapper.zero_grad()`); nothing to do here."""

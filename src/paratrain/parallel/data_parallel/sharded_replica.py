@@ -24,10 +24,12 @@ from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
 from paratrain.parallel.data_parallel.grad_lists import all_reduce_in_place, scale_, squared_norms
 from paratrain.parallel.data_parallel.hybrid import HybridGroups, all_reduce_across_replicas
+from paratrain.parallel.data_parallel.muon import muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import MOMENTS, GradSquares, StatePiece
-from paratrain.parallel.data_parallel.whole_module import adam_state, complete_state_dict
+from paratrain.parallel.data_parallel.replica import GradSquares, StatePiece
+from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
+from paratrain.parallel.data_parallel.whole_module import complete_state_dict
 from paratrain.parallel.mixed_precision import MixedPrecision
 
 
@@ -136,29 +138,32 @@ class ShardedReplica(nn.Module, abc.ABC):
         betas: tuple[float, float],
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
-    ) -> ShardedAdamW:
-        if muon is not None:  # refused before any worker starts (validate/rules_optimizer.py)
-            raise ValueError(f"{type(self).__name__}: Muon over flat shards is not implemented")
-        return ShardedAdamW(
-            self.shards, self.group, lr, weight_decay, betas, eps, self._after_update, self.scaler
-        )
+    ) -> ShardedAdamW | ShardedMuon:
+        if muon is None:
+            return ShardedAdamW(
+                self.shards, self.group, lr, weight_decay, betas, eps, self._after_update,
+                self.scaler,
+            )  # fmt: skip
+        mine = {n for n, _ in self.share.named(self.module)}
+        names = [n for n in muon_matrix_names(self.module, muon.matrices) if n in mine]
+        return ShardedMuon(
+            self.shards, self.shard_group, lr, weight_decay, betas, eps, names, muon,
+            self._after_update, self.scaler,
+        )  # fmt: skip
 
     def checkpoint_pieces(
-        self, optimizer: ShardedAdamW
+        self, optimizer: ShardedAdamW | ShardedMuon
     ) -> tuple[list[StatePiece], list[torch.Tensor]]:
-        pieces, counters = [], []
-        for shard in self.shards:
+        pieces = []
+        for si, shard in enumerate(self.shards):
             if not shard.optimized.numel():
                 continue  # nothing of this buffer lives here; the optimizer skipped it
-            state = adam_state(optimizer.inner, shard.optimized)
-            counters.append(state["step"])
-            full = {"model": shard.optimized} | {k: state[k] for k in MOMENTS}
             for piece in shard.layout.local_pieces(shard.rank):
                 at = slice(piece.shard_offset, piece.shard_offset + piece.numel)
-                tensors = {key: t[at] for key, t in full.items()}
+                tensors = {"model": shard.optimized[at]} | optimizer.piece_moments(si, piece)
                 seg = piece.segment
                 pieces.append(StatePiece(seg.name, seg.shape, piece.lo, piece.hi, tensors))
-        return pieces, counters
+        return pieces, optimizer.step_counters()
 
     @torch.no_grad()
     def after_load(self) -> None:

@@ -51,6 +51,7 @@ from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import MemoryReport
+from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
@@ -276,7 +277,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         comm.all_gather_flat(self.shard.param, self.shard_group, sizes=sizes, out=self.flat_params)
 
     # -- state -----------------------------------------------------------------------------
-    def memory_report(self, optimizer: ShardedAdamW | None = None) -> MemoryReport:
+    def memory_report(self, optimizer: ShardedAdamW | ShardedMuon | None = None) -> MemoryReport:
         known = [("params", self.flat_params), ("grads", self.shard.grad)]
         known += [("grads", b.buffer) for b in self.buckets if b.buffer is not None]
         known += [("grads", send) for _, _, send in self._pending]
@@ -288,7 +289,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         padding = {"params": pad * self.flat_params.element_size()}
         if self.flat_grads is not None:
             padding["grads"] = pad * self.flat_grads.element_size()
-        states = optimizer.inner.state.values() if optimizer is not None else ()
+        states = optimizer.states if optimizer is not None else ()
         whole = self.module if self.share.names is None else None  # else count the share
         return count_memory(known, padding, whole, states)
 
