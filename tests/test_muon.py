@@ -138,11 +138,15 @@ def test_balanced_owners_spread_the_work():
 
 
 def _train_on_ranks(rank, world_size, cfg, data, layout):
+    from paratrain.parallel.tensor_parallel.state import full_state_dict
     from paratrain.train.loop import train
 
     mesh = Mesh.build(**layout, options=CommOptions())
     result = train(cfg, mesh, data)
-    state = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+    if layout.get("tp", 1) > 1:  # the shards put together, under the plain model's names
+        state = full_state_dict(result.model, mesh.group("tp"))
+    else:
+        state = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
     return [m.loss for m in result.metrics], state
 
 
@@ -161,6 +165,8 @@ LAYOUTS = [
     (dict(pp=2), {}),
     (dict(cp=2), {}),
     (dict(dp=2, pp=2), {}),
+    (dict(tp=2), {}),
+    (dict(dp=2, tp=2), {}),
     (dict(dp=2), dict(zero=1)),
     (dict(dp=4), dict(zero=2)),
     (dict(dp=2), dict(zero=3)),
@@ -193,7 +199,7 @@ def test_muon_trains_equal_to_one_process_under_each_layout(layout, single_muon_
     cfg = muon_config(**mesh, **extra)
     cfg.parallel.dp = mesh.get("dp", 1)
     cfg.train.microbatches = cfg.train.global_batch // (cfg.train.micro_batch * cfg.parallel.dp)
-    world = cfg.parallel.dp * mesh.get("pp", 1) * mesh.get("cp", 1)
+    world = cfg.parallel.dp * mesh.get("pp", 1) * mesh.get("cp", 1) * mesh.get("tp", 1)
     records = run_distributed(_train_on_ranks, world, cfg, tiny_data(), mesh)
     losses, state = single_muon_run
     from paratrain.models.registry import plain_model
@@ -281,16 +287,18 @@ def test_the_planner_counts_muons_state_and_all_gather_exactly_per_rank():
     """Model state (one momentum per matrix, two moments for the rest) and bytes sent by
     group, Muon's all-gather of each owner's results included, predicted = measured on
     every rank: dp 3 (bfloat16: 2 bytes; owners of unequal load), dp 2 x pp 2 (float32),
-    and cp 2 x dp 2 (the gradient group dp_cp)."""
+    cp 2 x dp 2 (the gradient group dp_cp), and tp 2 with dp 2 and alone (the shards to
+    their owners and back over tp)."""
     from tests.test_prediction import config
 
     configs = []
     for layout, ns in [(dict(dp=3), "bfloat16"), (dict(dp=2, pp=2), "float32"),
-                       (dict(dp=2, cp=2, nproc=4), "bfloat16")]:  # fmt: skip
+                       (dict(dp=2, cp=2, nproc=4), "bfloat16"), (dict(dp=2, tp=2), "bfloat16"),
+                       (dict(tp=2, dp=1), "float32")]:  # fmt: skip
         cfg = config(**layout)
         cfg.train.optimizer, cfg.train.muon_ns_dtype = "muon", ns
         configs.append(cfg)
-    worlds = [3, 4, 4]
+    worlds = [3, 4, 4, 4, 2]
     for cfg, world in zip(configs, worlds, strict=True):
         for compared in run_distributed(_many_layouts, world, [cfg]):
             predicted, measured = compared[0]["predicted"], compared[0]["measured"]

@@ -66,20 +66,44 @@ def chunk_matrices(model: ModelSpec, layout: Layout, stage: int) -> list[list[Ma
 
 
 def momentum_elements(model: ModelSpec, layout: Layout, stage: int) -> int:
-    """Elements of Muon's momentum on a rank of `stage`: one per matrix element."""
-    return sum(r * c for chunk in chunk_matrices(model, layout, stage) for r, c in chunk)
+    """Elements of Muon's momentum on a rank of `stage`: one per element of its shard of
+    each matrix (every plan's Muon matrices are split over tp)."""
+    whole = sum(r * c for chunk in chunk_matrices(model, layout, stage) for r, c in chunk)
+    return whole // layout.tp
 
 
 def gather_bytes(model: ModelSpec, layout: Layout, stage: int, rank: int, ns_bytes: int) -> int:
-    """What rank `rank` of the gradient group sends per step in the all-gathers of the
-    orthogonalized matrices (one per chunk)."""
-    k = layout.data_ranks
+    """What rank `rank` of the gradient group (dp_cp) sends per step in the all-gathers of
+    the results (one per chunk): each replica's shards of the results its ranks own, a ring
+    all-gather of unequal chunks. Owners are numbered d tp + t (parallel/data_parallel/
+    muon_exchange.py)."""
+    k, t = layout.data_ranks, layout.tp
     if k == 1:
         return 0
     sent = 0
     for matrices in chunk_matrices(model, layout, stage):
-        owned = [0] * k
-        for (r, c), owner in zip(matrices, owners_of(matrices, k), strict=True):
-            owned[owner] += r * c * ns_bytes
-        sent += sum(owned) - owned[(rank + 1) % k]
+        held = [0] * k  # bytes of each replica's shards of the results
+        for (r, c), owner in zip(matrices, owners_of(matrices, k * t), strict=True):
+            held[owner // t] += r * c // t * ns_bytes
+        sent += sum(held) - held[(rank + 1) % k]
+    return sent
+
+
+def tp_bytes(
+    model: ModelSpec, layout: Layout, stage: int, dp_rank: int, tp_rank: int, ns_bytes: int
+) -> int:
+    """What a rank sends over tp per step: its float32 shards of the updates of the matrices
+    its replica's other tp ranks own, and, for each matrix it owns, every other tp rank's
+    shard of the result in the Newton-Schulz precision (two all-to-alls per chunk)."""
+    t = layout.tp
+    if t == 1:
+        return 0
+    sent = 0
+    for matrices in chunk_matrices(model, layout, stage):
+        for (r, c), owner in zip(matrices, owners_of(matrices, layout.data_ranks * t), strict=True):
+            d, owner_t = divmod(owner, t)
+            if d != dp_rank:
+                continue
+            shard = r * c // t
+            sent += 4 * shard if owner_t != tp_rank else (t - 1) * shard * ns_bytes
     return sent

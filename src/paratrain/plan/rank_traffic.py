@@ -39,11 +39,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paratrain.plan import comm
+from paratrain.plan import comm, muon
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.muon import gather_bytes as muon_gather_bytes
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
@@ -141,17 +140,25 @@ def _dp_gradients(
         return _zero_traffic(model, workload, layout, microbatches, at)
     # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
     # chunk and for buckets whose element counts k divides.
-    rank = data_rank(layout, at)
     sent = sum(
-        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, rank)
+        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, data_rank(layout, at))
         for n in chunk_params(model, layout, at.stage)
     )
-    group = group_name("dp_cp", layout)
-    terms = [RankTraffic(group, "all_reduce", "gradients", sent)]
-    if workload.muon_ns_bytes:  # the owners' orthogonalized matrices (plan/muon.py)
-        muon = muon_gather_bytes(model, layout, at.stage, rank, workload.muon_ns_bytes)
-        terms.append(RankTraffic(group, "all_gather", "Muon's orthogonalized matrices", muon))
-    return terms
+    return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
+
+
+def _muon_terms(
+    model: ModelSpec, workload: Workload, layout: Layout, at: Coords
+) -> list[RankTraffic]:
+    """Muon over whole (or tp-split) matrices: the owners' results all-gathered over the
+    gradient group, and over tp the shards to their owners and back (plan/muon.py)."""
+    ns, rank = workload.muon_ns_bytes, data_rank(layout, at)
+    gathered = muon.gather_bytes(model, layout, at.stage, rank, ns)
+    out = [RankTraffic(group_name("dp_cp", layout), "all_gather", "Muon's results", gathered)]
+    if layout.tp > 1:
+        sent = muon.tp_bytes(model, layout, at.stage, rank, at.tp_rank, ns)
+        out.append(RankTraffic("tp", "all_to_all", "Muon's matrices to owners and back", sent))
+    return out
 
 
 def _share_gradients(
@@ -270,6 +277,8 @@ def rank_traffic(
         for e in comm.pp_traffic(model, workload, layout, ONE_NODE, microbatches, at.stage):
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
     out += cp_terms(model, workload, layout, microbatches, at.stage)
+    if workload.muon_ns_bytes:
+        out += _muon_terms(model, workload, layout, at)
     if experts is not None:
         out += moe_terms(model, experts, workload, layout, microbatches, at)
     return out + runtime_scalars(layout, at, experts is not None)

@@ -92,7 +92,9 @@ class Engine:
         muon: MuonSettings | None = None,
     ) -> OptimizerSet:
         """AdamW (or, with `muon`, Muon and AdamW) over what each replica updates."""
-        optimizers = [r.build_optimizer(lr, weight_decay, betas, muon=muon) for r in self.replicas]
+        optimizers = [
+            r.build_optimizer(lr, weight_decay, betas, muon=muon, tp=self.tp) for r in self.replicas
+        ]
         return OptimizerSet(optimizers)
 
     def grad_norm(self) -> float:

@@ -16,10 +16,10 @@ def optimizer_rules(cfg: RunConfig) -> None:
             "--optimizer muon with --dp-mode async: the parameter server runs AdamW; "
             "use --dp-mode sync or --optimizer adamw"
         )
-    if p.tp > 1:
+    if p.tp > 1 and p.zero > 0:
         raise ValueError(
-            f"--optimizer muon with --tp {p.tp}: Muon over tensor-parallel shards of a matrix "
-            "is not implemented yet; use --tp 1 or --optimizer adamw"
+            f"--optimizer muon with --tp {p.tp} and --zero {p.zero}: Muon over ZeRO's shards of "
+            "tensor-parallel matrices is not implemented yet; use --zero 0 or --tp 1"
         )
     if cfg.model.num_experts:
         raise ValueError(

@@ -27,9 +27,10 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.module_names import matching
-from paratrain.parallel.data_parallel import muon_math
+from paratrain.parallel.data_parallel import muon_exchange, muon_math
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM
+from paratrain.parallel.tensor_parallel.state import sharded_parameters
 from paratrain.plan.muon import owners_of
 
 
@@ -41,8 +42,9 @@ def muon_matrix_names(module: nn.Module, patterns: Sequence[str]) -> list[str]:
 
 
 class WholeMuon:
-    """Muon over `names` of `module` (whole on every rank of `group`) and `adamw` over the
-    rest; driven like a torch optimizer: `param_groups[i]["lr"]`, `step()`."""
+    """Muon over `names` of `module` (whole on every rank of `group`, or split over `tp`
+    along the dimension `sharded_parameters` gives) and `adamw` over the rest; driven like
+    a torch optimizer: `param_groups[i]["lr"]`, `step()`."""
 
     def __init__(
         self,
@@ -53,13 +55,25 @@ class WholeMuon:
         lr: float,
         weight_decay: float,
         settings: MuonSettings,
+        tp: comm.CommGroup | None = None,
     ) -> None:
         named = dict(module.named_parameters())
         self.names = list(names)
         self.matrices = [named[n] for n in self.names]
         self.adamw, self.group, self.settings = adamw, group, settings
-        ranks = group.size if group is not None else 1
-        self.owners = owners_of([(p.shape[0], p.shape[1]) for p in self.matrices], ranks)
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        split = sharded_parameters(module) if self.tp is not None else {}
+        for n in self.names if self.tp is not None else ():
+            if n not in split:  # every plan's Muon matrix is column- or row-parallel
+                raise ValueError(f"Muon matrix {n} is not split over tp: not supported")
+        self.dims = [split[n][1] if n in split else 0 for n in self.names]
+        t = self.tp.size if self.tp is not None else 1
+        self.shapes = [  # the whole matrices' shapes, tp shards put together
+            tuple(s * (t if d == dim else 1) for d, s in enumerate(p.shape))
+            for p, dim in zip(self.matrices, self.dims, strict=True)
+        ]
+        dp = group.size if group is not None else 1
+        self.owners = owners_of([(r, c) for r, c in self.shapes], dp * t)
         self.momentum: dict[torch.Tensor, torch.Tensor] = {
             p: torch.zeros_like(p) for p in self.matrices
         }
@@ -89,23 +103,58 @@ class WholeMuon:
     def step(self) -> None:
         self.adamw.step()
         stepped = [i for i, p in enumerate(self.matrices) if p.grad is not None]
-        s, rank = self.settings, self.group.rank if self.group is not None else 0
-        wide: dict[int, torch.Tensor] = {}
+        s = self.settings
         for i in stepped:
             p = self.matrices[i]
             assert p.grad is not None
-            buf = self.momentum[p]
-            buf.lerp_(p.grad, 1 - s.momentum)
-            if self.owners[i] == rank:
-                update = p.grad.lerp(buf, s.momentum) if s.nesterov else buf
-                wide[i] = muon_math.orthogonalize_wide(update, s.ns_steps, s.ns_dtype)
-        results = self._exchange(stepped, wide)
+            self.momentum[p].lerp_(p.grad, 1 - s.momentum)
+        results = self._split_results(stepped) if self.tp else self._whole(stepped)
         lr, decay = self.muon_group["lr"], self.muon_group["weight_decay"]
         for i in stepped:
             p = self.matrices[i]
-            step_lr = muon_math.adjusted_lr(lr, p.shape, s.lr_adjust)
+            step_lr = muon_math.adjusted_lr(lr, self.shapes[i], s.lr_adjust)
             p.mul_(1 - lr * decay)
-            p.add_(muon_math.as_update(results[i], p.shape), alpha=-step_lr)
+            p.add_(results[i], alpha=-step_lr)
+
+    def _update(self, i: int) -> torch.Tensor:
+        """What Muon orthogonalizes for matrix i: the momentum, or with Nesterov the
+        gradient moved towards it (torch.optim.Muon's `grad.lerp(buf, momentum)`)."""
+        p, s = self.matrices[i], self.settings
+        buf = self.momentum[p]
+        return p.grad.lerp(buf, s.momentum) if s.nesterov and p.grad is not None else buf
+
+    def _whole(self, stepped: list[int]) -> dict[int, torch.Tensor]:
+        """Whole matrices: each owner orthogonalizes its own, then one all-gather; the
+        results in torch.optim.Muon's layout (a tall matrix's as a transposed view)."""
+        s, rank = self.settings, self.group.rank if self.group is not None else 0
+        wide = {
+            i: muon_math.orthogonalize_wide(self._update(i), s.ns_steps, s.ns_dtype)
+            for i in stepped
+            if self.owners[i] == rank
+        }
+        results = self._exchange(stepped, wide)
+        return {i: muon_math.as_update(results[i], self.shapes[i]) for i in stepped}
+
+    def _split_results(self, stepped: list[int]) -> dict[int, torch.Tensor]:
+        """Matrices split over tp: this rank's shard of every result (muon_exchange.py)."""
+        assert self.tp is not None
+        s, t = self.settings, self.tp.size
+        d = self.group.rank if self.group is not None else 0
+        ours = {
+            i: self._update(i) for i in stepped if muon_exchange.owner_of(self.owners[i], t)[0] == d
+        }
+        whole = muon_exchange.gather_to_owners(ours, self.owners, self.dims, d, self.tp)
+        results = {i: muon_math.newton_schulz(m, s.ns_steps, s.ns_dtype) for i, m in whole.items()}
+        shapes = {i: self.matrices[i].shape for i in ours}
+        mine = muon_exchange.scatter_from_owners(
+            results, shapes, self.owners, self.dims, d, self.tp, s.ns_dtype
+        )
+        if self.group is not None and self.group.size > 1:
+            numels = [p.numel() for p in self.matrices]
+            mine = muon_exchange.gather_over_replicas(
+                mine, numels, self.owners, stepped, t, self.group, s.ns_dtype
+            )
+        return {i: mine[i].view(self.matrices[i].shape) for i in stepped}
 
     def _exchange(
         self, stepped: list[int], wide: dict[int, torch.Tensor]

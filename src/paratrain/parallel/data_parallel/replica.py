@@ -161,9 +161,11 @@ class Replica(Protocol):
         betas: tuple[float, float],
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
+        tp: CommGroup | None = None,
     ) -> Any:
         """AdamW over what this rank updates (with `muon`, Muon over the plan's matrices and
-        AdamW over the rest); driven as `param_groups[i]["lr"]`, `step()`."""
+        AdamW over the rest; `tp`: the group the matrices are split over); driven as
+        `param_groups[i]["lr"]`, `step()`."""
         ...
 
     def memory_report(self, optimizer: Any = None) -> MemoryReport: ...

@@ -138,12 +138,15 @@ class ShardedReplica(nn.Module, abc.ABC):
         betas: tuple[float, float],
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
+        tp: comm.CommGroup | None = None,
     ) -> ShardedAdamW | ShardedMuon:
         if muon is None:
             return ShardedAdamW(
                 self.shards, self.group, lr, weight_decay, betas, eps, self._after_update,
                 self.scaler,
             )  # fmt: skip
+        if tp is not None and tp.size > 1:  # refused before any worker starts
+            raise ValueError("Muon over ZeRO's shards of tensor-parallel matrices: not implemented")
         mine = {n for n, _ in self.share.named(self.module)}
         names = [n for n in muon_matrix_names(self.module, muon.matrices) if n in mine]
         return ShardedMuon(

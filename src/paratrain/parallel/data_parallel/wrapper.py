@@ -199,6 +199,7 @@ class DataParallel(SyncSwitch, nn.Module):
         betas: tuple[float, float],
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
+        tp: comm.CommGroup | None = None,
     ) -> torch.optim.AdamW | WholeMuon:
         mine = self.share.names
         if muon is None:
@@ -208,7 +209,7 @@ class DataParallel(SyncSwitch, nn.Module):
         ]
         others = [n for n, _ in self.share.named(self.module) if n not in set(matrices)]
         rest = adamw(self.module, lr, weight_decay, betas, eps, others)
-        return WholeMuon(self.module, matrices, rest, self.group, lr, weight_decay, muon)
+        return WholeMuon(self.module, matrices, rest, self.group, lr, weight_decay, muon, tp)
 
     def memory_report(self, optimizer: torch.optim.Optimizer | None = None) -> MemoryReport:
         """Whole parameters, the bucket buffers that hold the gradients, AdamW's moments
