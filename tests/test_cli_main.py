@@ -122,7 +122,7 @@ def test_a_closed_pipe_ends_quietly():
 
 def test_bench_comm_flag_defaults_are_the_sweeps():
     from paratrain.bench.comm import sweep
-    from paratrain.commands.bench import COMM_OPS_FLAG, COMM_SIZES_FLAG
+    from paratrain.commands.bench_flags import COMM_OPS_FLAG, COMM_SIZES_FLAG
 
     assert (COMM_OPS_FLAG, COMM_SIZES_FLAG) == (",".join(sweep.OPS), sweep.DEFAULT_SIZES_FLAG)
 

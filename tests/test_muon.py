@@ -66,6 +66,29 @@ def test_the_plans_give_muon_the_hidden_matrices_only():
     assert len(names) == 2 * 7 and not any("emb" in n or "norm" in n or "head" in n for n in names)
 
 
+def test_the_split_is_the_same_on_meta_and_under_tensor_parallelism():
+    """Names, not shapes: a model built on the meta device, and one whose projections tensor
+    parallelism has replaced (local shards of other shapes), give Muon the same parameters
+    as the plain model."""
+    from paratrain.models.registry import plain_model
+    from paratrain.parallel.tensor_parallel.apply import apply_tensor_parallel
+
+    cfg = tiny_config()
+    plain = muon_matrix_names(plain_model(cfg.model), GPT_PLAN.muon_matrices)
+    with torch.device("meta"):
+        meta = plain_model(cfg.model)
+    assert muon_matrix_names(meta, GPT_PLAN.muon_matrices) == plain
+    split = apply_tensor_parallel(plain_model(cfg.model), GPT_PLAN.tensor_parallel, _FakeTp())
+    assert dict(split.named_parameters())["blocks.0.mlp.fc.weight"].shape == (64, 32)  # a shard
+    assert muon_matrix_names(split, GPT_PLAN.muon_matrices) == plain
+
+
+class _FakeTp:
+    """A tp group of 2 seen from rank 0, for building the split model (no communication)."""
+
+    size, rank, name = 2, 0, "tp"
+
+
 def _steps_on_rank(rank, world_size, steps, nesterov):
     """DP over `world_size` ranks with Muon; beside it, in the same process, torch.optim.Muon
     and AdamW fed each step's averaged gradients. Returns what the test compares."""
@@ -340,7 +363,15 @@ def test_sharded_muon_at_two_ranks_is_bitwise_whole_muon(zero):
     matrices' pieces sent to their owners and the results back) must then give bitwise
     the parameters of Muon over whole matrices, in torch.optim.Muon's bfloat16. And each
     matrix is orthogonalized once per step: matrices x steps calls over both ranks."""
-    runs = {}
+    from paratrain.models.registry import plain_model
+    from paratrain.parallel.data_parallel.flat_buffer import FlatLayout
+
+    model = plain_model(muon_config().model)  # ZeRO-1/2's buffer: parameters in reverse
+    layout = FlatLayout(list(model.named_parameters())[::-1], 2)
+    cut = layout.shard_range(0)[1]
+    split = [s.name for s in layout.segments if s.start < cut < s.end]
+    assert split and set(split) <= set(muon_matrix_names(model, GPT_PLAN.muon_matrices))
+    runs = {}  # (a matrix crosses the shard boundary: its pieces must meet at the owner)
     for stage in (0, zero):
         cfg = muon_config(dp=2, zero=stage)
         cfg.train.muon_ns_dtype = "bfloat16"

@@ -1,5 +1,5 @@
 """`paratrain bench NAME`: our implementation against its PyTorch-native peer, alternating
-pairs; the flags of each benchmark and how it is run (the benches themselves: bench/).
+pairs; how each benchmark is run (its flags: bench_flags.py; the benches themselves: bench/).
 
 Every bench prints a readable report; `--json` adds one JSON object as the last line of
 stdout. A bench whose two sides disagree (losses beyond tolerance) or whose ranks fail
@@ -16,136 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from paratrain.commands.bench_flags import add_arguments as add_arguments  # the registry's
+
 HELP = "benchmarks against PyTorch-native peers"
-JSON_HELP = "print a JSON result as last line"
-
-
-def add_arguments(bench: argparse.ArgumentParser) -> None:
-    # The CLI's parser class (one-line errors) for the sub-commands too.
-    benches = bench.add_subparsers(dest="name", required=True, parser_class=type(bench))
-    _step_benches(benches)
-    _layout_benches(benches)
-    for parser in benches.choices.values():
-        parser.add_argument("--json", action="store_true", help=JSON_HELP)
-
-
-Subparsers = Any  # argparse's _SubParsersAction, private
-
-
-def _step_benches(benches: Subparsers) -> None:
-    """The benches of one training step or one mechanism, in `bench --help`'s order."""
-    overhead = benches.add_parser("overhead", help="our training step against a plain loop")
-    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
-    _compile(overhead)
-    _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
-    dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
-    _pairs(dp, 4)
-    dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
-    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
-    _compile(dp)
-    tp = benches.add_parser("tp", help="tensor parallel against torch DTensor")
-    _pairs(tp, 4)
-    tp.add_argument(
-        "--sequence-parallel",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="both sides sequence parallel (ours; DTensor SequenceParallel)",
-    )
-    _compile(tp)
-    overlap = benches.add_parser("overlap", help="communication hidden behind compute, by time")
-    _pairs(overlap, 4)
-    overlap.add_argument(
-        "--mechanisms", default="dp-buckets,zero2,fsdp-prefetch", help="comma-separated"
-    )
-    overlap.add_argument("--algos", default="native,ring", help="comma-separated")
-
-
-def _layout_benches(benches: Subparsers) -> None:
-    """The benches of layouts, schedules, ZeRO stages, cp and ep, in `bench --help`'s order."""
-    layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
-    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
-    pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
-    _pairs(pp, 2)
-    pp.add_argument(
-        "--schedules",
-        default="",
-        help="ours, comma-separated (default gpipe,1f1b,interleaved,zb-h1; without zb-h1 "
-        "under --compile)",
-    )
-    _compile(pp)
-    pp.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
-    pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
-    zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
-    _pairs(zero, 4)
-    zero.add_argument(
-        "--stages",
-        default="0,1,2,3,hsdp",
-        help="ZeRO stages, comma-separated; hsdp: ZeRO-3 in 2 replica groups against FSDP2's"
-        " HSDP on a 2-D mesh",
-    )
-    zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
-    zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
-    _compile(zero)
-    cp = benches.add_parser("cp", help="context-parallel attention against one process")
-    _pairs(cp, 2)
-    cp.add_argument("--methods", default="ring,alltoall", help="ours, comma-separated")
-    cp.add_argument("--seq-len", type=int, default=2048, help="tokens of the whole sequence")
-    cp.add_argument("--batch", type=int, default=1, help="sequences")
-    cp.add_argument("--heads", type=int, default=8, help="query heads")
-    cp.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
-    cp.add_argument("--head-dim", type=int, default=64, help="dimension of a head")
-    moe = benches.add_parser("moe", help="expert dispatch and combine against tokens per rank")
-    _pairs(moe, 2)
-    moe.add_argument("--tokens", default="256,1024,4096", help="tokens per rank, a sweep")
-    moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
-    moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
-    moe.add_argument("--top-k", type=int, default=2, help="experts per token")
-    model = benches.add_parser("model", help="our GPT and Llama against transformers' models")
-    _pairs(model, 4)
-    model.add_argument(
-        "--models", default="gpt-tiny,llama-tiny", help="presets, comma-separated (gpt2-124m...)"
-    )
-    model.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    model.add_argument("--batch", type=int, default=8, help="sequences per step")
-    model.add_argument("--what", default="fwd-bwd,step", help="forward+backward, whole step")
-
-
-def _compile(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile each block of both sides with torch.compile, as `train --compile`",
-    )
-
-
-def _pairs(parser: argparse.ArgumentParser, minimum: int) -> None:
-    parser.add_argument(
-        "--pairs", type=int, default=20, help=f"alternating step pairs (at least {minimum})"
-    )
-    parser.set_defaults(min_pairs=minimum)
-
-
-# bench/comm/sweep.py's OPS and DEFAULT_SIZES_FLAG, written out: sweep imports the comm
-# package, hence torch, which a parser must not (tests/test_cli_main.py checks they agree).
-COMM_OPS_FLAG = "all_reduce,reduce_scatter,all_gather,broadcast,reduce,all_to_all"
-COMM_SIZES_FLAG = "1KB,4KB,16KB,64KB,256KB,1MB,4MB,16MB,64MB"
-
-
-def _comm_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ops", default=COMM_OPS_FLAG, help="collectives, comma-separated")
-    parser.add_argument(
-        "--algos", default="native,ring,tree,pairwise", help="algorithms to compare"
-    )
-    parser.add_argument("--world-sizes", default="2,4,8", help="ranks per run, e.g. 2,4,8")
-    parser.add_argument("--sizes", default=COMM_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB")
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=10,
-        help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
-    )
-    parser.add_argument("--out", default="runs/bench-comm.png", help="PNG plot ('' for none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,6 +145,12 @@ def _model(args: argparse.Namespace) -> tuple[Any, int]:
     return run_model_bench(_names(args.models), args.pairs, *sizes, _names(args.what)), 0
 
 
+def _muon(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.muon.run import run_muon_bench
+
+    return run_muon_bench(args.pairs, args.steps, args.every), 0
+
+
 def _names(flag: str) -> list[str]:
     return [n.strip() for n in flag.split(",") if n.strip()]
 
@@ -288,4 +167,5 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "cp": _cp,
     "moe": _moe,
     "model": _model,
+    "muon": _muon,
 }

@@ -26,6 +26,7 @@ from torch import nn
 
 from paratrain.config import RunConfig
 from paratrain.train.engine import Engine
+from paratrain.train.optim import muon_settings
 from paratrain.train.step import train_step
 
 
@@ -52,7 +53,8 @@ class OurSide:
     def __init__(self, engine: Engine, cfg: RunConfig) -> None:
         t = cfg.train
         self.engine = engine
-        self.optimizer = engine.build_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
+        betas, muon = (t.beta1, t.beta2), muon_settings(cfg)  # AdamW, or --optimizer muon's
+        self.optimizer = engine.build_optimizer(t.lr, t.weight_decay, betas, muon=muon)
         self.lr, self.grad_clip = t.lr, t.grad_clip
 
     def __call__(self, micro_batches: list[torch.Tensor]) -> float:
