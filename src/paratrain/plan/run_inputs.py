@@ -8,6 +8,7 @@ notes, printed beside the prediction.
 from __future__ import annotations
 
 from paratrain.config import RunConfig
+from paratrain.config.resolution import muon_ns_dtype
 from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
@@ -36,7 +37,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
         zero2_accumulate=p.zero2_accumulate,
         # Muon over whole matrices; over ZeRO's shards it is not modelled yet (MUON_NOTE)
-        muon_ns_bytes=MUON_NS_BYTES[t.muon_ns_dtype] if whole_muon else 0,
+        muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if whole_muon else 0,
     )
     notes = [MUON_NOTE] if t.optimizer == "muon" and not whole_muon else []
     if experts is not None:  # the dense model of the same shape; rank_experts.py adds them

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from paratrain.config import LR_SCALINGS, RunConfig
+from paratrain.config.resolution import muon_ns_dtype
 from paratrain.models.plans import PLANS
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 
@@ -114,7 +115,7 @@ def muon_settings(cfg: RunConfig) -> MuonSettings | None:
         nesterov=t.muon_nesterov,
         ns_steps=t.muon_ns_steps,
         lr_adjust=t.muon_lr_adjust,
-        ns_dtype=getattr(torch, t.muon_ns_dtype),
+        ns_dtype=getattr(torch, muon_ns_dtype(t.muon_ns_dtype, cfg.parallel.device)),
     )
 
 

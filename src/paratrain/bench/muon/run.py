@@ -39,7 +39,7 @@ def run_muon_bench(
     torch.set_num_threads(1)
     base = base or RunConfig()
     cfg = norm_only(base)
-    cfg.train.optimizer = "muon"
+    cfg.train.optimizer, cfg.train.muon_ns_dtype = "muon", "bfloat16"  # the peer's precision
     cfg.parallel.dp = WORLD
     data = data or load_tokens("")
     t = cfg.train
