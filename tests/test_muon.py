@@ -404,3 +404,26 @@ def test_a_sharded_muon_checkpoint_resumes_exactly_and_whole():
             if zero == 3:
                 assert resumed == tail
             assert resumed == pytest.approx(tail, rel=1e-5), (layout, zero)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "zb-h1"])
+def test_muon_under_the_other_pipeline_schedules(schedule):
+    """1F1B is in the layouts above; the others, each against one process on a 4-layer
+    model (interleaved: 2 chunks per stage, each chunk its own Muon)."""
+    single = muon_config(dp=1)
+    single.model.n_layer, single.train.microbatches = 4, 4
+    losses, state = run_distributed(_train_on_ranks, 1, single, tiny_data(), dict(dp=1))[0]
+    cfg = muon_config(dp=1, pp=2, schedule=schedule, chunks=2 if schedule == "interleaved" else 1)
+    cfg.model.n_layer, cfg.train.microbatches = 4, 4
+    records = run_distributed(_train_on_ranks, 2, cfg, tiny_data(), dict(pp=2))
+    compared = 0
+    for rank_losses, rank_state in records:
+        assert rank_losses == pytest.approx(losses, rel=1e-5)
+        for key, value in rank_state.items():
+            head, _, rest = key.partition(".")
+            name = rest if head.isdigit() else key  # interleaved: a ModuleList of chunks
+            if name.endswith(".weight") and value.dim() == 2 and "blocks" in name:
+                diff = (value - state[name]).norm() / state[name].norm()
+                assert diff <= 1e-5, (name, diff.item())
+                compared += 1
+    assert compared == 4 * 6  # every block's six matrices, on one stage or the other
