@@ -427,3 +427,27 @@ def test_muon_under_the_other_pipeline_schedules(schedule):
                 assert diff <= 1e-5, (name, diff.item())
                 compared += 1
     assert compared == 4 * 6  # every block's six matrices, on one stage or the other
+
+
+def _bytes_per_step(rank, world_size, cfg):
+    from tests.test_prediction import train_tracked
+
+    _, compared, mesh = train_tracked(cfg, tiny_data())
+    mesh.close()
+    return compared["measured"]["bytes_sent_per_step"][rank]["dp"]
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_sharded_muon_sends_at_most_a_quarter_more_than_adamw(zero):
+    """Moonlight's bound (Liu et al. 2025): Muon's traffic per step within 1.25x AdamW's
+    under ZeRO-1 (and ZeRO-3 here). Owners hold a piece of their matrix, so only matrices
+    that straddle shards travel. Measured by the ledger over the last step, every rank."""
+    from tests.test_prediction import config
+
+    sent = {}
+    for optimizer in ("adamw", "muon"):
+        cfg = config(dp=2, zero=zero)
+        cfg.train.optimizer = optimizer
+        sent[optimizer] = run_distributed(_bytes_per_step, 2, cfg)
+    for adamw_bytes, muon_bytes in zip(sent["adamw"], sent["muon"], strict=True):
+        assert adamw_bytes < muon_bytes <= 1.25 * adamw_bytes, (adamw_bytes, muon_bytes)

@@ -51,6 +51,22 @@ def balanced_owners(costs: list[int], ranks: int) -> list[int]:
     return owners
 
 
+def owners_among(costs: list[int], held: list[dict[int, int]], ranks: int) -> list[int]:
+    """Owners when the matrices are in pieces on several ranks (ZeRO's shards): largest
+    first, each to the least loaded rank among those that hold a piece of it (ties: the
+    one holding the most of it, then the lower rank). A matrix inside one rank's shard is
+    that rank's, so it never travels; one that straddles goes to a holder.
+
+    held[i]: {rank: elements of matrix i that rank holds}."""
+    load = [0] * ranks
+    owners = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(held[i], key=lambda r: (load[r], -held[i][r], r))
+        owners[i] = rank
+        load[rank] += costs[i]
+    return owners
+
+
 def owners_of(matrices: list[Matrix], ranks: int) -> list[int]:
     """`balanced_owners` by the iteration's cost (the number of iterations scales every
     matrix alike, so it changes no owner)."""

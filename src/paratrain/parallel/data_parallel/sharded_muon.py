@@ -7,13 +7,15 @@ gradients are reduce-scattered into the shards:
 1. AdamW steps the runs of other parameters;
 2. each rank moves the momentum of its pieces and forms their update (Nesterov or not);
 3. one all-to-all sends every piece's update, in float32, to the rank that owns its
-   matrix (plan/muon.py `owners_of`, over all the shards' matrices), which assembles the
+   matrix (plan/muon.py `owners_among`: a rank that holds a piece of it, so a matrix
+   inside one shard never travels, the work balanced among the holders), which assembles the
    matrices, orthogonalizes each once and sends every rank, in a second all-to-all, the
    result for its pieces, as raw bytes of the Newton-Schulz precision;
 4. each rank applies W <- W (1 - lr wd) - lr_adj O to its pieces, and the wrapper
    gathers the parameters as after AdamW.
-Only the pieces of a matrix cross the wire, each at most twice: no rank gathers the
-model. The arithmetic per element is WholeMuon's (muon.py), so the result is the same.
+Only the pieces of matrices that straddle shards cross the wire, each at most twice: no
+rank gathers the model. The arithmetic per element is WholeMuon's (muon.py), so the
+result is the same.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM
 from paratrain.parallel.data_parallel.whole_module import adam_state
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
-from paratrain.plan.muon import owners_of
+from paratrain.plan.muon import iteration_flops, owners_among
 
 Run = tuple[int, int, int]  # (shard index, start, end) of AdamW's elements in a shard
 
@@ -117,9 +119,13 @@ class ShardedMuon:
         # The ranks the buffers are split over (1 under ZeRO stage 0: every rank holds all).
         self.k = shards[0].layout.k if shards else 1
         self.me = shards[0].rank if shards else 0
-        shapes = [(seg.shape[0], seg.shape[1]) for _, seg in self.matrices]
-        self.owners = owners_of(shapes, self.k)
         self.pieces = pieces_by_rank(shards, self.matrices, self.k)  # [q][i]: q's piece of i
+        costs = [iteration_flops((seg.shape[0], seg.shape[1])) for _, seg in self.matrices]
+        held = [
+            {q: self.pieces[q][i].numel for q in range(self.k) if i in self.pieces[q]}
+            for i in range(len(self.matrices))
+        ]
+        self.owners = owners_among(costs, held, self.k)
         self.momentum = {
             i: shards[self.matrices[i][0]].optimized.new_zeros(p.numel)
             for i, p in self.pieces[self.me].items()
