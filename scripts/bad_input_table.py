@@ -135,10 +135,6 @@ CASES = [
     ),
     Case("a Muon flag without `--optimizer muon`", ["--muon-momentum", "0.9"]),
     Case(
-        "`--optimizer muon` with a mixture of experts",
-        ["--model", "moe-tiny", "--optimizer", "muon"],
-    ),
-    Case(
         "`--muon-momentum nan`",
         ["--optimizer", "muon", "--muon-momentum", "nan", "--data", TEXT],
         _text,

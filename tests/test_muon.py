@@ -451,3 +451,29 @@ def test_sharded_muon_sends_at_most_a_quarter_more_than_adamw(zero):
         sent[optimizer] = run_distributed(_bytes_per_step, 2, cfg)
     for adamw_bytes, muon_bytes in zip(sent["adamw"], sent["muon"], strict=True):
         assert adamw_bytes < muon_bytes <= 1.25 * adamw_bytes, (adamw_bytes, muon_bytes)
+
+
+def test_muon_with_expert_parallelism_equals_one_process():
+    """moe-tiny at dp 2 x ep 2 (one micro-batch per replica, so the routers see the
+    reference's whole batch: test_moe_training.py): the attention matrices are Muon's in
+    the dense replica, the stacked experts and routers AdamW's in theirs; losses and the
+    matrices within 1e-5 of one process."""
+    from tests.test_moe_training import layout_config, train_layouts
+
+    configs = {}
+    for dp, ep in ((1, 1), (2, 2)):
+        cfg = layout_config(dp, 1, ep, 0, "native")
+        cfg.train.optimizer, cfg.train.muon_ns_dtype = "muon", "float32"
+        configs[dp] = cfg
+    (single,) = run_distributed(train_layouts, 1, [configs[1]], tiny_data())[0:1]
+    records = run_distributed(train_layouts, 2, [configs[2]], tiny_data())
+    reference = single[0]
+    matrices = [n for n in reference.state if ".attn." in n and n.endswith(".weight")]
+    assert len(matrices) == 4 * configs[1].model.n_layer
+    for (record,) in records:
+        assert record.losses == pytest.approx(reference.losses, rel=1e-5)
+        for name in matrices:
+            diff = (record.state[name] - reference.state[name]).norm() / reference.state[
+                name
+            ].norm()
+            assert diff <= 1e-5, (name, diff.item())

@@ -15,8 +15,8 @@ from paratrain.plan.rank_experts import run_model
 
 MUON_NS_BYTES = {"bfloat16": 2, "float32": 4}  # config.choices.MUON_NS_DTYPES
 MUON_NOTE = (
-    "muon over ZeRO's shards: model state and traffic predicted as AdamW's (its momentum "
-    "per piece and the two all-to-alls of the matrices' pieces are not modelled yet)"
+    "muon over ZeRO's shards or with experts: model state and traffic predicted as AdamW's "
+    "(not modelled yet)"
 )
 EP_NOTE = (
     "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
@@ -28,7 +28,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     model, experts = run_model(m, t.seq_len)
-    whole_muon = t.optimizer == "muon" and p.zero == 0
+    whole_muon = t.optimizer == "muon" and p.zero == 0 and not m.num_experts
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,

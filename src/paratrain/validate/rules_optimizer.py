@@ -21,11 +21,6 @@ def optimizer_rules(cfg: RunConfig) -> None:
             f"--optimizer muon with --tp {p.tp} and --zero {p.zero}: Muon over ZeRO's shards of "
             "tensor-parallel matrices is not implemented yet; use --zero 0 or --tp 1"
         )
-    if cfg.model.num_experts:
-        raise ValueError(
-            f"--optimizer muon with --num-experts {cfg.model.num_experts}: Muon with a mixture "
-            "of experts is not tested yet; use a dense model or --optimizer adamw"
-        )
     if not PLANS[cfg.model.arch].muon_matrices:
         raise ValueError(
             f"--optimizer muon: the {cfg.model.arch} model plan names no hidden matrix for "
