@@ -62,10 +62,10 @@ def pieces_by_rank(
     a piece of: every rank knows every rank's, so no sizes need exchanging."""
     pieces: list[dict[int, Piece]] = [{} for _ in range(k)]
     for q in range(k):
+        held = [{p.segment.name: p for p in s.layout.local_pieces(q)} for s in shards]
         for i, (si, seg) in enumerate(matrices):
-            for p in shards[si].layout.local_pieces(q):
-                if p.segment.name == seg.name:
-                    pieces[q][i] = p
+            if seg.name in held[si]:
+                pieces[q][i] = held[si][seg.name]
     return pieces
 
 
@@ -91,18 +91,9 @@ class ShardedMuon:
         self.matrix_names = set(matrices)
         self.runs = adamw_runs(shards, self.matrix_names)
         self.run_params = [shards[si].optimized[a:b] for si, a, b in self.runs]
-        self.inner = (
-            torch.optim.AdamW(
-                self.run_params,
-                lr=lr,
-                betas=betas,
-                eps=eps,
-                weight_decay=0.0,
-                **fastest(self.run_params),
-            )  # fmt: skip
-            if self.run_params
-            else None
-        )
+        adamw: dict[str, Any] = dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+        adamw |= fastest(self.run_params)
+        self.inner = torch.optim.AdamW(self.run_params, **adamw) if self.run_params else None
         self._decayed = [
             s.optimized[p.shard_offset : p.shard_offset + p.numel]
             for s in shards
