@@ -14,20 +14,16 @@ the results (zero 0), or sends the matrices' pieces to their owners and back (ze
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from torch import nn
 
-from paratrain.bench.harness.pairs import time_pairs
-from paratrain.bench.harness.sides import OurSide, rank_share, torch_step
+from paratrain.bench.harness.ddp_pairs import ddp_pairs
 from paratrain.config import RunConfig
-from paratrain.mesh import Mesh
 from paratrain.models.plans import PLANS
 from paratrain.parallel.data_parallel.adamw import param_groups
 from paratrain.parallel.data_parallel.muon import muon_matrix_names
-from paratrain.train.build import build_engine, build_model
 
 PEERS = {
     0: "DistributedDataParallel(gradient_as_bucket_view=True) + torch.optim.Muon(matrices) + "
@@ -57,10 +53,10 @@ class Optimizers:
             o.step()
 
 
-def peer_optimizer(module: nn.Module, cfg: RunConfig, zero: int) -> Optimizers:
+def peer_optimizer(module: nn.Module, cfg: RunConfig) -> Optimizers:
     """torch.optim.Muon for the plan's matrices and AdamW for the rest, plain (zero 0) or
     each under ZeroRedundancyOptimizer (zero 1)."""
-    t = cfg.train
+    t, zero = cfg.train, cfg.parallel.zero
     names = muon_matrix_names(module, PLANS[cfg.model.arch].muon_matrices)
     named = dict(module.named_parameters())
     others = [n for n in named if n not in names]
@@ -89,19 +85,4 @@ def compare_muon(
 ) -> dict[str, Any]:
     """One rank: per-pair times and losses after one warm-up step of each, and the largest
     parameter difference at the end."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    t = cfg.train
-    batches = [[b] for b in rank_share(global_batches, rank, world)]
-    ours = OurSide(build_engine(cfg, mesh=Mesh.build(dp=world)), cfg)
-    module = build_model(cfg)
-    ddp = DistributedDataParallel(module, gradient_as_bucket_view=True)
-    opt = peer_optimizer(module, cfg, cfg.parallel.zero)
-    peer = functools.partial(torch_step, ddp, opt, lr=t.lr, grad_clip=t.grad_clip)
-    warm = (ours(batches[0]), peer(batches[0]))
-    rows = time_pairs(ours, peer, batches[1:])
-    ours.engine.replicas[0].materialize()
-    mine = dict(ours.engine.replicas[0].module.named_parameters())
-    diff = max((mine[n] - p).abs().max().item() for n, p in module.named_parameters())
-    return {"losses": [warm] + [(r.ours_loss, r.peer_loss) for r in rows], "rows": rows,
-            "max_param_diff": diff}  # fmt: skip
+    return ddp_pairs(rank, world, global_batches, cfg, peer_optimizer)
