@@ -21,17 +21,26 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 Subparsers = Any  # argparse's _SubParsersAction, private
 
 
+def count(text: str) -> int:
+    """A bench's count (steps, rounds, ranks, sizes): a whole number, at least 1, refused
+    by the parser otherwise, before anything runs."""
+    value = int(text)  # not a number: argparse says "invalid count value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def _step_benches(benches: Subparsers) -> None:
     """The benches of one training step or one mechanism, in `bench --help`'s order."""
     overhead = benches.add_parser("overhead", help="our training step against a plain loop")
-    overhead.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    overhead.add_argument("--rounds", type=int, default=7, help="alternating rounds of each loop")
+    overhead.add_argument("--steps", type=count, default=20, help="timed steps per round")
+    overhead.add_argument("--rounds", type=count, default=7, help="alternating rounds of each loop")
     _compile(overhead)
     _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
     dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")
     _pairs(dp, 4)
     dp.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of both wrappers")
-    dp.add_argument("--async-steps", type=int, default=40, help="steps of the straggler runs")
+    dp.add_argument("--async-steps", type=count, default=40, help="steps of the straggler runs")
     _compile(dp)
     tp = benches.add_parser("tp", help="tensor parallel against torch DTensor")
     _pairs(tp, 4)
@@ -53,7 +62,7 @@ def _step_benches(benches: Subparsers) -> None:
 def _layout_benches(benches: Subparsers) -> None:
     """The benches of layouts, schedules, ZeRO stages, cp and ep, in `bench --help`'s order."""
     layouts = benches.add_parser("layouts", help="every 8-rank layout: time, bytes, memory")
-    layouts.add_argument("--steps", type=int, default=4, help="steps per layout (first: warm-up)")
+    layouts.add_argument("--steps", type=count, default=4, help="steps per layout (first: warm-up)")
     pp = benches.add_parser("pp", help="pipeline schedules against torch pipelining")
     _pairs(pp, 2)
     pp.add_argument(
@@ -63,7 +72,7 @@ def _layout_benches(benches: Subparsers) -> None:
         "under --compile)",
     )
     _compile(pp)
-    pp.add_argument("--microbatches", type=int, default=8, help="micro-batches K per step")
+    pp.add_argument("--microbatches", type=count, default=8, help="micro-batches K per step")
     pp.add_argument("--out", default="runs/bench-pp", help="folder for Gantt PNGs ('' none)")
     zero = benches.add_parser("zero", help="ZeRO 0-3 against DDP, +ZeRO, FSDP2")
     _pairs(zero, 4)
@@ -73,35 +82,35 @@ def _layout_benches(benches: Subparsers) -> None:
         help="ZeRO stages, comma-separated; hsdp: ZeRO-3 in 2 replica groups against FSDP2's"
         " HSDP on a 2-D mesh",
     )
-    zero.add_argument("--dp", type=int, default=2, help="ranks (time only at 2 on 2 cores)")
+    zero.add_argument("--dp", type=count, default=2, help="ranks (time only at 2 on 2 cores)")
     zero.add_argument("--out", default="runs/bench-zero.png", help="PNG plot ('' for none)")
     _compile(zero)
     cp = benches.add_parser("cp", help="context-parallel attention against one process")
     _pairs(cp, 2)
     cp.add_argument("--methods", default="ring,alltoall", help="ours, comma-separated")
-    cp.add_argument("--seq-len", type=int, default=2048, help="tokens of the whole sequence")
-    cp.add_argument("--batch", type=int, default=1, help="sequences")
-    cp.add_argument("--heads", type=int, default=8, help="query heads")
-    cp.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
-    cp.add_argument("--head-dim", type=int, default=64, help="dimension of a head")
+    cp.add_argument("--seq-len", type=count, default=2048, help="tokens of the whole sequence")
+    cp.add_argument("--batch", type=count, default=1, help="sequences")
+    cp.add_argument("--heads", type=count, default=8, help="query heads")
+    cp.add_argument("--kv-heads", type=count, default=4, help="key/value heads")
+    cp.add_argument("--head-dim", type=count, default=64, help="dimension of a head")
     moe = benches.add_parser("moe", help="expert dispatch and combine against tokens per rank")
     _pairs(moe, 2)
     moe.add_argument("--tokens", default="256,1024,4096", help="tokens per rank, a sweep")
-    moe.add_argument("--d-model", type=int, default=512, help="width of a token's row")
-    moe.add_argument("--experts", type=int, default=8, help="experts, split over 2 ranks")
-    moe.add_argument("--top-k", type=int, default=2, help="experts per token")
+    moe.add_argument("--d-model", type=count, default=512, help="width of a token's row")
+    moe.add_argument("--experts", type=count, default=8, help="experts, split over 2 ranks")
+    moe.add_argument("--top-k", type=count, default=2, help="experts per token")
     model = benches.add_parser("model", help="our GPT and Llama against transformers' models")
     _pairs(model, 4)
     model.add_argument(
         "--models", default="gpt-tiny,llama-tiny", help="presets, comma-separated (gpt2-124m...)"
     )
-    model.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    model.add_argument("--batch", type=int, default=8, help="sequences per step")
+    model.add_argument("--seq-len", type=count, default=128, help="tokens per sequence")
+    model.add_argument("--batch", type=count, default=8, help="sequences per step")
     model.add_argument("--what", default="fwd-bwd,step", help="forward+backward, whole step")
     muon = benches.add_parser("muon", help="our Muon against torch.optim.Muon; Muon vs AdamW")
     _pairs(muon, 4)
-    muon.add_argument("--steps", type=int, default=300, help="steps of the training runs")
-    muon.add_argument("--every", type=int, default=50, help="held-out loss every so many steps")
+    muon.add_argument("--steps", type=count, default=300, help="steps of the training runs")
+    muon.add_argument("--every", type=count, default=50, help="held-out loss every so many steps")
 
 
 def _compile(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +143,7 @@ def _comm_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=COMM_SIZES_FLAG, help="message sizes, e.g. 1KB,1MB,64MB")
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=count,
         default=10,
         help="timed samples (a third, at least 3, above 4 MB or with more ranks than cores)",
     )
