@@ -41,7 +41,7 @@ def gather_to_owners(
     ins = [sum(updates[i].numel() for i in to[t]) for t in range(k)]
     mine = to[me]
     outs = [sum(updates[i].numel() for i in mine)] * k  # every shard is as large
-    device = next(iter(updates.values())).device if updates else torch.device("cpu")
+    device = next(iter(updates.values())).device if updates else tp.device
     flat = torch.cat(send) if send else torch.empty(0, device=device)
     got = comm.all_to_all(flat, tp, ins, outs)
     pieces: dict[int, list[torch.Tensor]] = {i: [] for i in mine}
