@@ -30,7 +30,11 @@ def test_a_users_torchrun_refuses_a_layout_beyond_memory_once_before_training(tm
         workers.append(
             subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
         )
-    said = [w.communicate(timeout=60)[1] for w in workers]
+    try:
+        said = [w.communicate(timeout=60)[1] for w in workers]
+    finally:  # a worker that went on to train (the check missing) must not outlive the test
+        for w in workers:
+            w.kill()
     assert [w.returncode for w in workers] == [2, 2], said
     assert said[1] == "", said[1]  # local rank 0 speaks for its node
     line = said[0].strip()
