@@ -60,3 +60,37 @@ def test_a_users_torchrun_rank_0_exits_with_the_stop_signals_status(
     assert f"{signal_name}; no checkpoint was saved" in err[0].replace(")", ""), err
     # Our launcher's workers exit 0 after a stop: the launcher reports it, with the status.
     assert train_command._work(None, env, launched_worker=True, as_json=False) == 0
+
+
+def test_a_users_torchrun_stop_names_its_checkpoint_and_a_resume_through_torchrun(
+    tmp_path, monkeypatch, capsys
+):
+    """Our launcher cannot continue a torchrun job: the line says to start torchrun again."""
+    from paratrain import checkpoint as ck
+    from paratrain.train import worker
+
+    saved = ck.checkpoint_path(tmp_path, 3)
+    saved.mkdir(parents=True)
+    (saved / ck.COMMIT_FILE).write_bytes(b"")  # complete, as far as the line is concerned
+    (saved / ck.META_FILE).write_text("{}")
+    summary = {"stopped_at_step": 3, "stopped_by": "SIGTERM", "run_dir": str(tmp_path)}
+    monkeypatch.setattr(worker, "run_worker", lambda cfg, env, run_dir_prepared: summary)
+    env = {"rank": 0, "world_size": 2, "local_rank": 0, "local_world_size": 2}
+    assert train_command._work(None, env, launched_worker=False, as_json=False) == 143
+    assert capsys.readouterr().err.strip() == (
+        f"paratrain train: stopped by SIGTERM; checkpoint of step 3 in {saved}; "
+        f"continue with torchrun again and `-m paratrain train --resume {tmp_path}`"
+    )
+
+
+def test_a_users_torchrun_resumes_in_the_run_directory_it_is_given(tmp_path):
+    """The command the stop's line suggests: rank 0 writes into --resume's directory (it
+    refused it as "already exists and is not empty" before) and keeps its config."""
+    from paratrain.train.run_dir import worker_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("# the first start's\n")
+    assert worker_run_dir(str(run), str(run)) == run
+    assert (run / "config.1.toml").read_text() == "# the first start's\n"
+    assert worker_run_dir(str(tmp_path / "new"), "") == tmp_path / "new"  # a fresh --out
