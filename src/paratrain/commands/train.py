@@ -59,16 +59,25 @@ def run(args: argparse.Namespace) -> int:
 def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunConfig, str]:
     """The configuration resolved and checked, and the data in words: every refusal before
     any worker starts (under a user's torchrun, before this rank trains)."""
-    from paratrain.validate import check_effective, resolve_and_check
+    from paratrain.validate import resolve_and_check
 
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
-    cfg = resolve_and_check(cfg, world, env["local_world_size"] if env else None)
-    if not args.launched_worker:  # our launcher's workers read the config it wrote
-        check_effective(cfg, explicit_fields(args))
+    given = None if args.launched_worker else explicit_fields(args)  # ours: the config written
+    data: list[str] = []
+
+    def data_check(candidate: RunConfig) -> None:  # the same on either device: before torch
+        if env is None:  # the data, whole and sufficient, before any worker starts
+            from paratrain.data.checks import check_data
+
+            data.append(check_data(candidate))
+
+    local = env["local_world_size"] if env else None
+    cfg = resolve_and_check(cfg, world, local, given, device_free=data_check)
     if args.dry_run and env is not None:
         raise ValueError("--dry-run starts no worker: run it without torchrun")
-    return cfg, _check_inputs(cfg, env, args.launched_worker)
+    _check_inputs(cfg, env, args.launched_worker)
+    return cfg, "".join(data)
 
 
 def _work(cfg: RunConfig, env: dict[str, Any], launched_worker: bool, as_json: bool) -> int:
@@ -88,10 +97,10 @@ def _work(cfg: RunConfig, env: dict[str, Any], launched_worker: bool, as_json: b
     return 0
 
 
-def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: bool) -> str:
-    """What a worker would fail on, refused before any starts: the checkpoint to resume,
-    the data (returned in words), --init-from's weights, the predicted memory (also under
-    a user's torchrun, where no launcher of ours checked it)."""
+def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: bool) -> None:
+    """What a worker would fail on beyond the data, refused before any starts: the
+    checkpoint to resume, --init-from's weights, the predicted memory (also under a user's
+    torchrun, where no launcher of ours checked it)."""
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
         from paratrain.checkpoint import find_resumable
 
@@ -99,11 +108,6 @@ def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: b
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )
-    data = ""
-    if env is None:  # the data, whole and sufficient, before any worker starts
-        from paratrain.data.checks import check_data
-
-        data = check_data(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model
         from paratrain.checkpoint.whole_model import check_init_source
 
@@ -122,4 +126,3 @@ def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: b
         # node's ranks contiguously); our launcher's workers were checked before it started.
         first = env["rank"] - env["local_rank"] if env else 0
         check_fits(cfg, range(first, first + env["local_world_size"]) if env else None)
-    return data
