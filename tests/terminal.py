@@ -18,7 +18,7 @@ class Terminal:
     def __init__(self, argv: list[str], cwd: Path, rows: int = 0, columns: int = 0) -> None:
         """rows = columns = 0: the size `script -qec CMD /dev/null` reports under a pipe."""
         self._master, slave = os.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        resize(slave, rows, columns)
 
         def controlling_terminal() -> None:  # in the child: a session whose terminal is ours
             os.setsid()
@@ -52,6 +52,10 @@ class Terminal:
     def output(self) -> str:
         return b"".join(self._chunks).decode(errors="replace")
 
+    def resize(self, rows: int, columns: int) -> None:
+        """As a terminal window resized: the kernel sends SIGWINCH to the foreground group."""
+        resize(self._master, rows, columns)
+
     def type_ctrl_c(self) -> None:
         os.write(self._master, b"\x03")  # the terminal sends SIGINT to the foreground group
 
@@ -67,6 +71,11 @@ class Terminal:
         self._reader.join(10)
         os.close(self._master)
         return code, self.output
+
+
+def resize(fd: int, rows: int, columns: int) -> None:
+    """Set the size of the pseudo-terminal behind `fd` (either end)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
 def screen_lines(output: str) -> list[str]:

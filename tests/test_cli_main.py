@@ -74,17 +74,17 @@ REFUSALS = [
 ]
 
 
-def test_refusals_answer_before_torch_loads():
+@pytest.mark.parametrize("driver", ["as here", "faked present"])
+def test_refusals_answer_before_torch_loads(driver):
     """A refusal needing no torch must not wait for it (seconds): asserted on what was
-    imported, not on time, so that a loaded machine cannot fail it. Where a GPU driver is
-    present, --device auto asks torch whether CUDA works, so train's refusals say cpu."""
-    from paratrain.machine import cuda_driver_present
-
-    device = ["--device", "cpu"] if cuda_driver_present() else []
-    refusals = [r + device if r[0] == "train" else r for r in REFUSALS]
+    imported, not on time, so that a loaded machine cannot fail it. With a GPU driver
+    present (faked here, on a CPU machine), `--device auto` could mean either device and
+    only torch can say which: a refusal that holds on both is given without it."""
+    fake = "import paratrain.machine as m; m.cuda_driver_present = lambda: True\n"
     code = (
         "import json, sys\n"
-        "from paratrain.cli import main\n"
+        + (fake if driver == "faked present" else "")
+        + "from paratrain.cli import main\n"
         "seen = []\n"
         "for argv in json.loads(sys.argv[1]):\n"
         "    try:\n"
@@ -95,14 +95,45 @@ def test_refusals_answer_before_torch_loads():
         "print(json.dumps(seen))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(refusals)],
+        [sys.executable, "-c", code, json.dumps(REFUSALS)],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     )
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == [[2, False]] * len(refusals), list(zip(refusals, seen, strict=True))
+    assert seen == [[2, False]] * len(REFUSALS), list(zip(REFUSALS, seen, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("backend", "world", "torch_asked", "said"),
+    [
+        ("auto", 3, False, "the world size is 3"),  # dp 2 on 3 ranks: on either device
+        ("nccl", 2, True, "--backend nccl with --device cpu"),  # only the CPU refuses
+        ("gloo", 2, True, None),  # only cuda refuses: torch says this machine has none
+    ],
+)
+def test_auto_device_refusals_torch_need_not_decide_come_without_it(
+    monkeypatch, backend, world, torch_asked, said
+):
+    """A GPU driver is here (faked) and torch not loaded: `--device auto` is checked as
+    cpu and as cuda first; torch is asked only when the two answers differ or both pass."""
+    import importlib
+
+    from paratrain.config import RunConfig
+
+    check_module = importlib.import_module("paratrain.validate.check")  # not the function
+    asked = []
+    monkeypatch.setattr(check_module, "cuda_known", lambda: None)
+    monkeypatch.setattr(check_module, "cuda_available", lambda: asked.append(1) or False)
+    cfg = RunConfig()
+    cfg.parallel.nproc, cfg.parallel.dp, cfg.parallel.backend = world, 2, backend
+    if said is None:
+        assert check_module.resolve_and_check(cfg, world).parallel.device == "cpu"
+    else:
+        with pytest.raises(ValueError, match=said):
+            check_module.resolve_and_check(cfg, world)
+    assert bool(asked) == torch_asked
 
 
 def test_a_closed_pipe_ends_quietly():

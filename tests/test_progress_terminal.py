@@ -56,3 +56,33 @@ def test_off_a_terminal_a_line_every_log_every_steps_and_the_first_and_last(capl
     progress.close()
     assert progress.bar is None
     assert [int(m.split()[1].split("/")[0]) for m in caplog.messages] == logged
+
+
+def test_the_bar_follows_a_resized_terminal(tmp_path):
+    """Drawn into a real pseudo-terminal whose window is narrowed between two steps: the
+    next frame fills the new width (it kept the width it started with before)."""
+    import os
+    import select
+
+    from tests.terminal import resize
+
+    master, slave = os.openpty()
+    resize(master, 24, 100)
+    stream = os.fdopen(slave, "w")
+    try:
+        progress = Progress(6, log_every=1, enabled=True, stream=stream)
+        progress.update(_metrics(1))
+        resize(master, 24, 60)
+        progress.update(_metrics(2))
+        progress.close()
+        stream.flush()
+        chunks = []
+        while select.select([master], [], [], 1.0)[0]:  # all that was drawn, however split
+            chunks.append(os.read(master, 1 << 16))
+        drawn = b"".join(chunks).decode()
+    finally:
+        stream.close()
+        os.close(master)
+    frames = [f.replace("\x1b[K", "").rstrip() for f in drawn.replace("\n", "\r").split("\r")]
+    widths = {int(f.split("/")[0].split()[-1]): len(f) for f in frames if f.startswith("step ")}
+    assert widths[1] == 100 and widths[2] == 60, frames

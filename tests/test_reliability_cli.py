@@ -229,6 +229,9 @@ def test_sigterm_checkpoints_and_stops_then_resume_continues_exactly(tmp_path, r
     assert code == 143, err
     assert "stopped by" in err and f"--resume {out}" in err
     stopped = ck.latest_checkpoint(out).step
+    # one line about the stop: its checkpoint is named there, not announced before it
+    assert "stop requested" not in err and f"checkpoint step {stopped}" not in err, err
+    assert len([line for line in err.splitlines() if "stop" in line]) == 1, err
     assert 4 <= stopped < STEPS and steps_logged(out) == list(range(1, stopped + 1))
     other = "async" if mode == "sync" else "sync"
     as_other = refused("--resume", str(out), "--dp-mode", other, cwd=tmp_path)

@@ -1,8 +1,9 @@
 """What this machine has, asked without loading torch where the answer allows: whether a
 CUDA device may be present, and how much memory a rank can use.
 
-A refusal must answer before torch loads (several seconds here), so `cuda_available` looks
-for the driver's device files first and asks torch only when they exist.
+A refusal must answer before torch loads (several seconds here), so `cuda_known` looks for
+the driver's device files first and answers None (only torch can say) when they exist;
+validate/check.py then checks both answers before it asks torch.
 """
 
 from __future__ import annotations
@@ -20,10 +21,21 @@ def cuda_driver_present() -> bool:
     return any(Path(p).exists() for p in _DRIVER_FILES)
 
 
+def cuda_known() -> bool | None:
+    """torch.cuda.is_available() where it is known without loading torch: False with no
+    driver, torch's answer once torch is loaded; None where only loading torch can say."""
+    if "torch" in sys.modules:
+        import torch
+
+        return torch.cuda.is_available()
+    return None if cuda_driver_present() else False
+
+
 def cuda_available() -> bool:
     """torch.cuda.is_available(), without importing torch where no driver is present."""
-    if "torch" not in sys.modules and not cuda_driver_present():
-        return False
+    known = cuda_known()
+    if known is not None:
+        return known
     import torch
 
     return torch.cuda.is_available()

@@ -61,8 +61,10 @@ def save_server(
     cfg: RunConfig,
     fingerprint: str,
     keep: int = 0,
+    announce: bool = True,
 ) -> Path:
-    """Write the server's checkpoint of `step` (by the server alone); return its directory."""
+    """Write the server's checkpoint of `step` (by the server alone); return its directory.
+    announce: log it (False: a debug line; a stop's own line names it)."""
     path = checkpoint.checkpoint_path(run_dir, step)
     state, s = _server_state(server.model, server.optimizer, mesh), server.state
     meta = checkpoint.run_meta(cfg, mesh, step, state.adam_step(), fingerprint)
@@ -79,7 +81,8 @@ def save_server(
     with saving(path, step, remover=True):  # the server saves alone
         checkpoint.start_dir(path, meta)
         checkpoint.write_entries(path, entries, None)
-    log.info(
+    log.log(
+        logging.INFO if announce else logging.DEBUG,
         "checkpoint step %d (update %d): %s (%.2f s)",
         step, s.version, path, time.perf_counter() - start,
     )  # fmt: skip

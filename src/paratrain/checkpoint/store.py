@@ -178,8 +178,10 @@ def save(
     fingerprint: str,
     keep: int = 0,
     storage_writer: Any = None,
+    announce: bool = True,
 ) -> Path:
     """Write this step's checkpoint (collective over every rank); return its directory.
+    announce: rank 0 logs it (False: a debug line; a stop's own line names it).
 
     Checkpointing coordinates over the control group (host-side gloo, which DCP's object
     collectives need); each tensor is written from wherever it lives.
@@ -197,7 +199,8 @@ def save(
         start = time.perf_counter()
         write_entries(path, entries, world.pg, storage_writer)
     if mesh.global_rank == 0:
-        log.info("checkpoint step %d: %s (%.2f s)", step, path, time.perf_counter() - start)
+        level = logging.INFO if announce else logging.DEBUG
+        log.log(level, "checkpoint step %d: %s (%.2f s)", step, path, time.perf_counter() - start)
         prune(run_dir, keep)
     return path
 

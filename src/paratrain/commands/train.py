@@ -32,48 +32,75 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from paratrain.launch import torchrun_env
-    from paratrain.validate import check_effective, resolve_and_check
 
     env = torchrun_env()
     setup_logging(env["rank"] if env else 0)
-    cfg = config_from_args(args)
-    world = env["world_size"] if env else cfg.parallel.nproc
-    cfg = resolve_and_check(cfg, world, env["local_world_size"] if env else None)
-    if not args.launched_worker:  # our launcher's workers read the config it wrote
-        check_effective(cfg, explicit_fields(args))
-    data = _check_inputs(cfg, env, args.launched_worker)
+    try:
+        cfg, data = _checked(args, env)
+    except ValueError:
+        # Under a user's torchrun every rank runs the same checks: one line per node.
+        if env is not None and not args.launched_worker and env["local_rank"] != 0:
+            return 2
+        raise
     if args.dry_run:
         from paratrain.train.dry_run import dry_run_lines
 
-        if env is not None:
-            raise ValueError("--dry-run starts no worker: run it without torchrun")
         print("\n".join(dry_run_lines(cfg, data)), flush=True)
         return 0
     if env is not None:  # a worker: of our launcher, or of a user's torchrun
         from paratrain.train.failure import run_then_exit
-        from paratrain.train.worker import WorkerEnv, run_worker
 
-        def work() -> None:
-            worker_env = WorkerEnv(use_env_rendezvous=True, **env)
-            summary = run_worker(cfg, worker_env, run_dir_prepared=args.launched_worker)
-            if summary is not None and not args.launched_worker:  # torchrun's rank 0
-                from paratrain.commands.train_launch import print_summary, report_stopped
-
-                if "stopped_at_step" in summary:
-                    run_dir, by = Path(summary["run_dir"]), summary.get("stopped_by")
-                    report_stopped(run_dir, None, by)
-                else:
-                    print_summary(summary, args.json)
-
-        run_then_exit(work, env, "train")
+        run_then_exit(lambda: _work(cfg, env, args.launched_worker, args.json), env, "train")
     from paratrain.commands.train_launch import launch_and_report
 
     return launch_and_report(cfg, args.json)
 
 
-def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: bool) -> str:
-    """What a worker would fail on, refused before any starts: the checkpoint to resume,
-    the data (returned in words), --init-from's weights, the predicted memory."""
+def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunConfig, str]:
+    """The configuration resolved and checked, and the data in words: every refusal before
+    any worker starts (under a user's torchrun, before this rank trains)."""
+    from paratrain.validate import resolve_and_check
+
+    cfg = config_from_args(args)
+    world = env["world_size"] if env else cfg.parallel.nproc
+    given = None if args.launched_worker else explicit_fields(args)  # ours: the config written
+    data: list[str] = []
+
+    def data_check(candidate: RunConfig) -> None:  # the same on either device: before torch
+        if env is None:  # the data, whole and sufficient, before any worker starts
+            from paratrain.data.checks import check_data
+
+            data.append(check_data(candidate))
+
+    local = env["local_world_size"] if env else None
+    cfg = resolve_and_check(cfg, world, local, given, device_free=data_check)
+    if args.dry_run and env is not None:
+        raise ValueError("--dry-run starts no worker: run it without torchrun")
+    _check_inputs(cfg, env, args.launched_worker)
+    return cfg, "".join(data)
+
+
+def _work(cfg: RunConfig, env: dict[str, Any], launched_worker: bool, as_json: bool) -> int:
+    """A worker's run; the exit status. Under a user's torchrun rank 0 reports as the
+    launcher would: the summary, or the stop's line and 128 + the signal."""
+    from paratrain.train.worker import WorkerEnv, run_worker
+
+    worker_env = WorkerEnv(use_env_rendezvous=True, **env)
+    summary = run_worker(cfg, worker_env, run_dir_prepared=launched_worker)
+    if summary is None or launched_worker:  # our launcher reports (exit 0: no failure)
+        return 0
+    from paratrain.commands.train_launch import print_summary, report_stopped
+
+    if "stopped_at_step" in summary:
+        return report_stopped(Path(summary["run_dir"]), None, summary.get("stopped_by"))
+    print_summary(summary, as_json)
+    return 0
+
+
+def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: bool) -> None:
+    """What a worker would fail on beyond the data, refused before any starts: the
+    checkpoint to resume, --init-from's weights, the predicted memory (also under a user's
+    torchrun, where no launcher of ours checked it)."""
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
         from paratrain.checkpoint import find_resumable
 
@@ -81,11 +108,6 @@ def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: b
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )
-    data = ""
-    if env is None:  # the data, whole and sufficient, before any worker starts
-        from paratrain.data.checks import check_data
-
-        data = check_data(cfg)
     if cfg.train.init_from and env is None:  # the source's weights fit this model
         from paratrain.checkpoint.whole_model import check_init_source
 
@@ -97,8 +119,10 @@ def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: b
         source = latest_checkpoint(Path(cfg.train.init_from))
         if source is not None:  # else build_model says there is none
             note_absent_buffers(source.path, cfg.model)
-    if env is None:  # the layout's predicted memory fits this machine
+    if env is None or not launched_worker:  # the predicted memory fits this machine
         from paratrain.train.fits import check_fits
 
-        check_fits(cfg)
-    return data
+        # Under a user's torchrun, each node checks its own ranks (torchrun numbers a
+        # node's ranks contiguously); our launcher's workers were checked before it started.
+        first = env["rank"] - env["local_rank"] if env else 0
+        check_fits(cfg, range(first, first + env["local_world_size"]) if env else None)

@@ -137,11 +137,10 @@ def report_stopped(run_dir: Path, before: Any, signal_name: str | None) -> int:
         saved = "no checkpoint was saved"
     elif ckpt is None:  # stopped before its first checkpoint: as a start that failed
         saved = undo_failed_start(before)
-    else:
-        saved = (
-            f"checkpoint of step {ckpt.step} in {ckpt.path}; "
-            f"continue with `paratrain train --resume {run_dir}`"
-        )
+    else:  # under torchrun our launcher cannot continue it: the user's torchrun can
+        resume = f"paratrain train --resume {run_dir}"
+        how = f"`{resume}`" if before is not None else f"torchrun again and `-m {resume}`"
+        saved = f"checkpoint of step {ckpt.step} in {ckpt.path}; continue with {how}"
     # On a terminal, a bar that a second signal left unfinished is cleared first.
     clear = "\r\x1b[K" if sys.stderr.isatty() else ""
     line = f"{clear}paratrain train: stopped by {why or signal_name}; {saved}"

@@ -153,12 +153,16 @@ class _Server:
         last = step >= t.steps
         asked = server.stop_asked or (self.stop is not None and self.stop())
         if asked and not last:
-            log.warning("stop requested: saving a checkpoint after step %d", step)
+            # the user is told once, by the stop's line, which names this checkpoint
+            log.debug("stop requested: saving a checkpoint after step %d", step)
             self.stopped_at = step
         due = t.checkpoint_every > 0 and step % t.checkpoint_every == 0
         if self.run_dir is not None and (last or self.stopped_at or due):
             fingerprint, keep = self.data.fingerprint, t.keep_checkpoints
-            save_server(self.run_dir, step, server, self.mesh, self.cfg, fingerprint, keep)
+            announce = self.stopped_at is None
+            save_server(
+                self.run_dir, step, server, self.mesh, self.cfg, fingerprint, keep, announce
+            )
         return self.stopped_at is not None
 
     def _step_metrics(self, step: int) -> StepMetrics:

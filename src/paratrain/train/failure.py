@@ -67,14 +67,15 @@ def report_failure(
     return status
 
 
-def run_then_exit(work: Callable[[], None], env: dict[str, Any], command: str) -> NoReturn:
-    """A launched worker's whole life: `work()`, its error printed once if it fails, then
-    exit without running C++ static destructors (gloo and store threads torn down in the
-    wrong order have aborted a finished worker now and then: "terminate called without an
-    active exception", which the launcher would report as a failure)."""
+def run_then_exit(work: Callable[[], int | None], env: dict[str, Any], command: str) -> NoReturn:
+    """A launched worker's whole life: `work()` (its exit status, None for 0), its error
+    printed once if it fails, then exit without running C++ static destructors (gloo and
+    store threads torn down in the wrong order have aborted a finished worker now and then:
+    "terminate called without an active exception", which the launcher would report as a
+    failure)."""
     status = 0
     try:
-        work()
+        status = work() or 0
     except SystemExit:
         raise
     except StoppedAtOnce as e:  # what the user asked for: nothing to print

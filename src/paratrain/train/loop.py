@@ -79,11 +79,13 @@ def train(
             on_step(metrics[-1])
         last = step + 1 == t.steps
         if stop is not None and not last and stop():
-            log.info("stop requested: saving a checkpoint after step %d", step + 1)  # rank 0
+            # the user is told once, by the stop's line, which names this checkpoint
+            log.debug("stop requested: saving a checkpoint after step %d", step + 1)
             stopped_at = step + 1
         if run_dir is not None and (last or stopped_at or _due(step + 1, t.checkpoint_every)):
-            keep = t.keep_checkpoints
-            checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, data.fingerprint, keep)
+            keep, fingerprint, announce = t.keep_checkpoints, data.fingerprint, not stopped_at
+            checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, fingerprint, keep,
+                            announce=announce)  # fmt: skip
         if stopped_at:
             break
     return _finish(cfg, engine, optimizer, data, metrics, first, stopped_at, mesh.device)

@@ -1,10 +1,11 @@
 """What rank 0 shows while training: one live bar on a terminal, a log line every
 --log-every steps otherwise.
 
-The bar is tqdm's, sized once from the terminal (a pseudo-terminal may report 0 rows and
-0 columns, as `script` under a pipe does; tqdm then draws nothing, so 0 falls back to
-80 x 24). While it is live, rank 0's log lines go through `tqdm.write`, which clears the
-bar, prints the line and draws the bar again, so a checkpoint's line never splits it.
+The bar is tqdm's, sized from the terminal at every step, so it follows a resized window
+(a pseudo-terminal may report 0 rows and 0 columns, as `script` under a pipe does; tqdm's
+own dynamic_ncols would then draw nothing, so 0 falls back to 80 x 24). While it is live,
+rank 0's log lines go through `tqdm.write`, which clears the bar, prints the line and
+draws the bar again, so a checkpoint's line never splits it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Progress:
         self.total = total_steps
         self.first = first_step + 1
         stream = stream or sys.stderr
+        self.stream = stream
         self.bar: tqdm | None = None
         self._redirect = ExitStack()
         if enabled and stream.isatty():
@@ -75,6 +77,8 @@ class Progress:
     def _show(self, m: StepMetrics) -> None:
         assert self.bar is not None
         more = {"compile_s": f"{m.compile_s:.1f}"} if m.compile_s else {}
+        # the window may have been resized since the last step: draw at its size now
+        self.bar.ncols, self.bar.nrows = terminal_size(self.stream)
         # update's redraw waits out tqdm's mininterval; set_postfix's, after it, does not:
         # every step is shown, however fast the steps before it came
         self.bar.update(m.step - self.bar.n)  # the global step, also after a resume

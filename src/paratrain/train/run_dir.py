@@ -61,6 +61,16 @@ def _cause(e: OSError) -> str:
     return f"{e.strerror or e}{where}; give a directory that can be created and written"
 
 
+def worker_run_dir(out: str, resume: str) -> Path:
+    """Where rank 0 of a user's torchrun writes: a new --out, or --resume's run directory
+    (writable, its config kept as config.<n>.toml before this start rewrites it)."""
+    if not resume:
+        return prepare_run_dir(out)
+    path = check_writable(Path(resume), "--resume")
+    keep_previous_config(path)
+    return path
+
+
 def keep_previous_config(run_dir: Path) -> None:
     """Before a resumed run rewrites config.toml: keep the old one as config.<n>.toml."""
     path = run_dir / CONFIG_FILE

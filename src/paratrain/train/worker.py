@@ -93,7 +93,8 @@ def _share_run_dir(cfg: RunConfig, mesh: Mesh, prepared: bool) -> Path:
     answer: str | ValueError | None = None
     if mesh.global_rank == 0:
         try:
-            answer = cfg.train.out if prepared else str(rd.prepare_run_dir(cfg.train.out))
+            t = cfg.train
+            answer = t.out if prepared else str(rd.worker_run_dir(t.out, t.resume))
         except ValueError as e:
             answer = e
     answer = comm.broadcast_object(answer, mesh.control)

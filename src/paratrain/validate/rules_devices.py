@@ -6,10 +6,11 @@ from __future__ import annotations
 from paratrain.config import RunConfig
 
 
-def device_rules(cfg: RunConfig, local_procs: int) -> None:
-    """local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE, else --nproc)."""
+def device_rules(cfg: RunConfig, local_procs: int, count_gpus: bool = True) -> None:
+    """local_procs: ranks on this node (torchrun's LOCAL_WORLD_SIZE, else --nproc).
+    count_gpus False: cuda is only a candidate for `auto`, and counting would load torch."""
     p = cfg.parallel
-    if p.device == "cuda":
+    if p.device == "cuda" and count_gpus:
         _check_gpus(local_procs)
     wanted = "nccl" if p.device == "cuda" else "gloo"
     if p.backend != wanted:
