@@ -35,8 +35,9 @@ EXIT_WAIT_S = 30.0  # the longest a finished rank waits for the others before it
 
 
 @functools.cache
-def _get_context() -> Any:
-    """One forkserver per process, started on first use with torch already imported."""
+def forkserver_context() -> Any:
+    """One forkserver per process, started on first use with torch already imported: a
+    process forked from it starts in milliseconds (`paratrain simulate` runs each rank so)."""
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     return context
@@ -112,7 +113,7 @@ def run_ranks(
     `fn` must be a module-level function (it is pickled by reference). Raises RankFailed
     with the first failing rank's traceback, or TimeoutError naming the ranks still running.
     """
-    ctx = _get_context()
+    ctx = forkserver_context()
     tmp = tempfile.mkdtemp(prefix="paratrain-test-")
     results = ctx.Queue()
     procs = [

@@ -9,13 +9,13 @@ ep classes are not yet told apart (issue 32).
 
 from __future__ import annotations
 
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
 from paratrain.simulate.rank import simulate_rank_on_host
+from paratrain.spawn import forkserver_context
 
 
 def mesh_shape(cfg: RunConfig) -> MeshShape:
@@ -53,10 +53,10 @@ def parse_ranks(text: str, shape: MeshShape) -> list[int]:
 def simulate_ranks(cfg: RunConfig, ranks: list[int]) -> list[tuple[dict[str, Any], dict]]:
     """Each rank in a fresh process, one at a time (a process joins one fake world, and a
     rank of a large model needs the machine's memory to itself): (its measurement, its
-    cost on this machine), in the order of `ranks`."""
-    spawn = multiprocessing.get_context("spawn")
+    cost on this machine), in the order of `ranks`. Each is forked from a server that has
+    torch imported, never from this process (its fake world would come along)."""
     results = []
     for rank in ranks:
-        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        with ProcessPoolExecutor(max_workers=1, mp_context=forkserver_context()) as pool:
             results.append(pool.submit(simulate_rank_on_host, cfg, rank).result())
     return results
