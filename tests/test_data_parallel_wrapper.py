@@ -12,9 +12,9 @@ from torch import nn
 from paratrain import comm
 from paratrain.comm.traffic import ring_all_reduce
 from paratrain.mesh import Mesh
-from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.data_parallel.adamw import adamw
+from paratrain.token_rows import IGNORE_INDEX
 from paratrain.train.build import build_model
 from paratrain.train.engine import FlatEngine
 from paratrain.train.step import train_step

@@ -19,8 +19,7 @@ from torch import nn
 from paratrain.models.kv_cache import KVCache, LayerCache
 from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
 from paratrain.models.position_dependent import CoreAttention, Positions
-
-IGNORE_INDEX = -100  # target id that is masked out of the loss (padding)
+from paratrain.token_rows import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.models.kv_cache import KVCache, LayerCache
 from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
 from paratrain.models.position_dependent import CoreAttention, Positions
+from paratrain.token_rows import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -219,12 +219,12 @@ def _pipeline_engine(
         split=split,
         stage_loss=aux_loss if cfg.model.num_experts else None,  # MoE balancing losses
     )
-    # The runtime weights each micro-batch's mean loss by 1/K: replicas average (over
-    # dp_cp: under cp every rank's chunks hold as many tokens, full rows only). Split
-    # experts sum over expert_dp, and the engine divides them by dp_cp (grads.py).
+    # The engine weights each micro-batch's mean loss by its target tokens: replicas sum
+    # (over dp_cp), split experts over expert_dp, and the engine divides every gradient by
+    # the global batch's tokens, as the flat engine does.
     (dense, dp_cp), *experts = shares
     hybrid = hybrid_groups(mesh)
-    replicas = [data_parallel(c, dp_cp, cfg, plan, "avg", dense, hybrid) for c in chunks]
+    replicas = [data_parallel(c, dp_cp, cfg, plan, "sum", dense, hybrid) for c in chunks]
     more = [data_parallel(c, g, cfg, plan, "sum", s) for s, g in experts for c in chunks
             if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
@@ -245,7 +245,7 @@ def data_parallel(
     """The wrapper the configuration asks for (see the module docstring).
 
     reduce_op: "sum" for losses normalised by the global token count (the flat engine),
-    "avg" for per-replica mean losses (the pipeline runtime, DDP's convention).
+    "avg" for per-replica mean losses (DDP's convention; the engines normalise themselves).
     share: the parameters it holds (all; or, under expert parallelism, train/experts.py).
     hybrid: HSDP's groups (`hybrid_groups`), for ZeRO 1-3 only (validate refuses the rest).
     """

@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
@@ -42,6 +41,7 @@ from paratrain.parallel.tensor_parallel.state import (
     sequence_parallel_parameters,
     sharded_parameters,
 )
+from paratrain.token_rows import IGNORE_INDEX
 from paratrain.train.clip import global_grad_norm
 from paratrain.train.microbatch_passes import WHOLE, accumulate_gradients, evaluate
 from paratrain.train.optim import OptimizerSet
@@ -179,9 +179,9 @@ class PipelineEngine(Engine):
         dp: comm.CommGroup | None = None,
         more: Sequence[Replica] = (),
     ) -> None:
-        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens. `more`
-        reduce by sum over their groups (expert_dp): each micro-batch's mean loss counts
-        once per data-parallel rank, so they are divided by the dense replicas' group."""
+        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens. Every
+        replica sums over its group (`more`, the split experts, over expert_dp), and the
+        engine divides the sums by the global batch's target tokens."""
         super().__init__([*replicas, *more], tp, runtime.group)
         self.chunk_replicas, self.more = replicas, list(more)
         self.runtime, self.tokens_group = runtime, replicas[0].group
@@ -193,21 +193,24 @@ class PipelineEngine(Engine):
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
         for r in self.replicas:
             r.zero_grad()
+        # Each micro-batch weighs its target tokens (this rank's, under cp its chunks'): the
+        # gradients hold sums over tokens, as the flat engine's, divided below by the global
+        # batch's count, which a loss mask makes differ between micro-batches and replicas.
+        counts = [int((self.runtime.split(b)[1] != IGNORE_INDEX).sum()) for b in micro_batches]
         with contextlib.ExitStack() as stack:
             for r in self.replicas:  # one dp reduction per chunk, after the whole schedule
                 stack.enter_context(r.no_sync())
-            loss = self.runtime.run_step(micro_batches)
+            loss_sum = self.runtime.run_step(micro_batches, [float(n) for n in counts])
         for r in self.replicas:
             r.finish_gradient_sync()
-        for r in self.more:  # expert_parallel/grads.py: 1/dp, not 1/expert_dp
-            r.scale_grads_(1.0 / self.chunk_replicas[0].group.size)
         self._complete_partial_grads()
         self._sum_tied_grads()
-        tokens = sum(self.runtime.split(b)[1].numel() for b in micro_batches)
-        # The runtime weights every micro-batch equally: full-length rows only.
-        stats = torch.tensor([loss * tokens, tokens], dtype=torch.float64, device=self.device)
+        stats = torch.tensor([loss_sum, sum(counts)], dtype=torch.float64, device=self.device)
         comm.all_reduce(stats, self.tokens_group, op="sum")
-        return float(stats[0] / stats[1]), int(stats[1])
+        tokens = int(stats[1])
+        for r in self.replicas:  # sums -> the mean (the split experts' too: grads.py)
+            r.scale_grads_(1.0 / max(tokens, 1))
+        return float(stats[0]) / max(tokens, 1), tokens
 
     def _sum_tied_grads(self) -> None:
         if not self.tied or self.ends is None:
@@ -253,7 +256,7 @@ def _equally_weighted(batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     groups: list[list[torch.Tensor]] = []
     joinable = False  # the last group is full batches
     for b in batches:
-        full = not bool((b == IGNORE_INDEX).any())
+        full = not bool((b < 0).any())  # every token a target (token_rows.py)
         if full and joinable and groups[-1][0].shape == b.shape:
             groups[-1].append(b)
         else:

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import torch
 
 from paratrain import comm
-from paratrain.models.gpt import IGNORE_INDEX
 from paratrain.parallel.context_parallel import TokenShard
+from paratrain.token_rows import IGNORE_INDEX
 
 WHOLE = TokenShard()  # cp = 1: every token of the micro-batch
 

@@ -22,6 +22,7 @@ from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig
 from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
+from paratrain.token_rows import target_count
 from paratrain.train.build import build_engine, build_model
 from paratrain.train.optim import muon_settings, peak_lr
 from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
@@ -60,4 +61,4 @@ def evaluate_on_mesh(
     dist.destroy_process_group()
     if mesh.global_rank != 0:
         return None
-    return scores(loss, int((windows[:, 1:] >= 0).sum()))
+    return scores(loss, target_count(windows))

@@ -24,7 +24,7 @@ from paratrain.config.toml_file import from_toml_text
 from paratrain.data.prepared import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
-from paratrain.models.gpt import IGNORE_INDEX
+from paratrain.token_rows import PAD, split_rows, target_count
 from paratrain.train.build import build_model
 
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
@@ -158,11 +158,11 @@ def eval_seq_len(cfg: RunConfig, seq_len: int | None) -> int:
 def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
     """(W, n + 1) windows that overlap by one (each window's last token is the next one's
     first input), so that every token but the first is predicted exactly once; the last
-    window's tail is padding (IGNORE_INDEX), masked out of the loss."""
+    window's tail is padding (token_rows.PAD), no target of the loss."""
     windows = []
     for start in range(0, tokens.numel() - 1, n):
         piece = tokens[start : start + n + 1]
-        padded = torch.full((n + 1,), IGNORE_INDEX, dtype=torch.long, device="cpu")
+        padded = torch.full((n + 1,), PAD, dtype=torch.long, device="cpu")
         padded[: piece.numel()] = piece
         windows.append(padded)
     return torch.stack(windows)
@@ -178,9 +178,8 @@ def evaluate_file(
     n = eval_seq_len(cfg, seq_len)
     total, count = 0.0, 0
     for rows in eval_windows(eval_tokens(cfg, run_dir, data), n).split(batch):
-        targets = rows[:, 1:]
-        valid = int((targets != IGNORE_INDEX).sum())
-        total += float(model(rows[:, :-1].clamp(min=0), targets)) * valid
+        valid = target_count(rows)
+        total += float(model(*split_rows(rows))) * valid
         count += valid
     return scores(total / count, count)
 

@@ -28,6 +28,7 @@ from paratrain.module_names import matching
 from paratrain.parallel.context_parallel import layout
 from paratrain.parallel.context_parallel.ring import ring_attention
 from paratrain.parallel.context_parallel.ulysses import ulysses_attention
+from paratrain.token_rows import split_rows
 
 # method -> (attention, load-balanced layout); config.CP_METHODS lists the same names
 METHODS = {"ring": (ring_attention, True), "alltoall": (ulysses_attention, False)}
@@ -113,8 +114,7 @@ class TokenShard:
         return cls(group.size, group.rank, balanced(method))
 
     def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Masked (padding) positions are fed token 0; their targets carry the mask.
-        inputs, targets = batch[:, :-1].clamp(min=0), batch[:, 1:]  # (b, T) each
+        inputs, targets = split_rows(batch)  # (b, T) each; the mask in the targets
         if self.cp == 1:
             return inputs, targets
         inputs, targets = (

@@ -29,11 +29,10 @@ gradient, `BW` computes the weight gradients from those, so no node's work is do
 (split_backward.py).
 
 Loss: the last virtual stage computes each micro-batch's mean token loss and backpropagates
-loss / K. All micro-batches hold the same number of tokens, so the gradients accumulated
-over the K micro-batches equal those of one step on the whole batch. Terms of the loss that
-other stages compute (`stage_loss`: a mixture of experts' balancing losses) ride on their
-outputs' backward, also / K (stage_loss.py), and the step's loss is then the sum over the
-stages rather than the last stage's.
+it times the micro-batch's share of the objective (StepState.share: 1 / K, or the weight
+the engine gives, its target tokens). Terms of the loss that other stages compute
+(`stage_loss`: a mixture of experts' balancing losses) ride on their outputs' backward
+with the same factor (stage_loss.py); the step's loss is then summed over the stages.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -67,24 +65,9 @@ from paratrain.parallel.pipeline.schedules import (
 )
 from paratrain.parallel.pipeline.split_backward import backward_input
 from paratrain.parallel.pipeline.stage_loss import StageLoss, attach
-from paratrain.parallel.pipeline.step_state import StepState, held_bytes
+from paratrain.parallel.pipeline.step_state import SavedTensorMeter, StepState, held_bytes
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
-
-
-class SavedTensorMeter(Protocol):
-    """What the runtime reads of a meter over one chunk's forward: the storages autograd
-    saved for backward, data_ptr -> bytes (measure/activations.py: ActivationMeter)."""
-
-    storages: dict[int, int]
-
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: Any) -> Any: ...
-
-
-def whole_rows(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of T + 1 ids -> (inputs, targets), (b, T) each; padding (-100) reads id 0."""
-    return batch[:, :-1].clamp(min=0), batch[:, 1:]
+from paratrain.token_rows import split_rows
 
 
 class PipelineRuntime:
@@ -103,7 +86,7 @@ class PipelineRuntime:
         hidden_size: int,
         dtype: torch.dtype = torch.float32,
         meter: Callable[[nn.Module], SavedTensorMeter] | None = None,
-        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = whole_rows,
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = split_rows,
         stage_loss: StageLoss | None = None,
     ) -> None:
         if group.size != schedule.num_stages:
@@ -131,14 +114,18 @@ class PipelineRuntime:
         self._calls: dict[Schedule, dict[int, list[Batch]]] = {}  # per action index
 
     # -- public API -----------------------------------------------------------------
-    def run_step(self, micro_batches: list[torch.Tensor]) -> float:
-        """Forward and backward of all K micro-batches (rows of T + 1 token ids each)."""
+    def run_step(
+        self, micro_batches: list[torch.Tensor], weights: list[float] | None = None
+    ) -> float:
+        """Forward and backward of all K micro-batches (rows of T + 1 token ids each): the
+        gradients and the loss of the mean of their mean losses, or with `weights` of the
+        sum of each mean loss times its weight (the engine's: its target tokens)."""
         if len(micro_batches) != self.schedule.num_microbatches:
             raise ValueError(
                 f"{len(micro_batches)} micro-batches given, schedule {self.schedule.name} "
                 f"was built for K={self.schedule.num_microbatches}"
             )
-        return self._execute(self.schedule, micro_batches, train=True)
+        return self._execute(self.schedule, micro_batches, train=True, weights=weights)
 
     @torch.no_grad()
     def run_forward(self, micro_batches: list[torch.Tensor]) -> float:
@@ -157,12 +144,18 @@ class PipelineRuntime:
         return [p for chunk in self.chunks for p in chunk.parameters()]
 
     # -- execution ------------------------------------------------------------------
-    def _execute(self, schedule: Schedule, micro_batches: list[torch.Tensor], train: bool) -> float:
+    def _execute(
+        self,
+        schedule: Schedule,
+        micro_batches: list[torch.Tensor],
+        train: bool,
+        weights: list[float] | None = None,
+    ) -> float:
         st = StepState(micro_batches, train, self.device)
+        st.weights = weights
         st.params = [[p for p in c.parameters() if p.requires_grad] for c in self.chunks]
         rows, tokens = self.split(micro_batches[0])[0].shape
         self._shape = (rows, tokens, self.hidden_size)  # (b, T, C) of every message
-        self._num_micro = len(micro_batches)
         trace = StepTrace(self.stage, time.perf_counter(), 0.0)
         handlers = {F: self._forward, B: self._backward, BI: self._backward_input,
                     BW: self._backward_weight, SEND_F: self._send, SEND_B: self._send,
@@ -189,7 +182,7 @@ class PipelineRuntime:
         self.last_trace = trace
         if train:
             self.last_train_trace = trace
-        loss = st.loss_sum if train else st.loss_sum / self._num_micro
+        loss = st.loss_sum if train else st.loss_sum / len(micro_batches)
         # The loss lives on the last stage (it owns the last virtual stage); one scalar
         # broadcast so that every stage can log it, or summed when stages hold terms of it.
         if self.stage_loss is not None:
@@ -209,17 +202,18 @@ class PipelineRuntime:
             x.requires_grad_(st.train)
         chunk = self.chunks[a.chunk]
         meter = self.meter(chunk) if st.train and self.meter is not None else None
+        share = st.share(a.microbatch)
         with meter or contextlib.nullcontext():
             if vs == last:
-                loss = chunk(x, targets)  # mean over this micro-batch's tokens
-                st.loss_sum += loss.detach() / self._num_micro if st.train else loss.detach()
-                y = loss / self._num_micro  # so the K backwards sum to one big batch's grad
+                loss = chunk(x, st.scored(a.microbatch, targets))  # mean over its tokens
+                st.loss_sum += share(loss.detach()) if st.train else loss.detach()
+                y = share(loss)  # so the K backwards sum to the step's objective's gradient
             else:
                 y = chunk(x)  # (b, T, C)
                 term = self.stage_loss(chunk) if st.train and self.stage_loss else None
                 if term is not None:
-                    st.loss_sum += term.detach() / self._num_micro
-                    y = attach(y, term / self._num_micro)
+                    st.loss_sum += share(term.detach())
+                    y = attach(y, share(term))
         if vs != last:
             self._hand_over(st, ("act", a.microbatch, a.chunk), y.detach(), +1)
         if st.train:
