@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 from paratrain.config import RunConfig
-from paratrain.data.tokens import BatchSampler, TokenData
+from paratrain.data.document_rows import training_rows
+from paratrain.data.tokens import TokenData
+from paratrain.token_rows import split_rows, target_count
 
 # Tolerances are derived on the machine that runs the test, from a float64 reference, not
 # fitted to one CPU's figures. A float32 run differs from the exact (float64) trajectory by
@@ -169,7 +171,7 @@ def plain_training(
         lr=t.lr,
         betas=(t.beta1, t.beta2),
     )
-    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
         for group in opt.param_groups:
@@ -179,7 +181,12 @@ def plain_training(
         step_loss = 0.0
         parts = accumulate if len(batch) % accumulate == 0 else 1  # equal parts only
         for part in batch.chunk(parts):
-            loss = model(part[:, :-1], part[:, 1:]) / parts
+            if data.supervised:  # the mean over the batch's targets: each part by its count
+                if target_count(part) == 0:
+                    continue
+                loss = model(*split_rows(part)) * (target_count(part) / target_count(batch))
+            else:
+                loss = model(part[:, :-1], part[:, 1:]) / parts
             loss.backward()
             step_loss += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
@@ -242,7 +249,7 @@ def run_steps(engine, cfg: RunConfig, data: TokenData, dp_group) -> tuple[list, 
     t = cfg.train
     lr = LrSchedule.of(cfg)
     optimizer = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
-    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
         micro = sampler.replica_microbatches(step, dp_group.rank, dp_group.size, t.micro_batch)

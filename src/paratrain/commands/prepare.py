@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from paratrain.data.supervised import FORMATS
+
 HELP = "tokenize text into memory-mapped token shards"
 
 
@@ -15,6 +17,13 @@ def add_arguments(prep: argparse.ArgumentParser) -> None:
     prep.add_argument("--out", required=True, help="the data directory (resumed if interrupted)")
     prep.add_argument("--val-fraction", type=float, default=0.05, help="documents held out")
     prep.add_argument("--workers", type=int, default=0, help="processes; 0: one per core")
+    prep.add_argument(
+        "--format",
+        default="text",
+        choices=FORMATS,
+        help="text (every token a target), chat (JSON lines of 'messages'; only the "
+        "assistant's turns are targets) or prompt-completion (only the completion is)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,10 +34,11 @@ def run(args: argparse.Namespace) -> int:
     data, tokenizer, out = Path(args.data), Path(args.tokenizer), Path(args.out)
     # the bar's carriage-return frames only where a terminal draws them, not into a log
     progress = sys.stderr.isatty()
-    meta = prepare(data, tokenizer, out, args.val_fraction, args.workers, progress)
+    meta = prepare(data, tokenizer, out, args.val_fraction, args.workers, progress, fmt=args.format)
     n, d = meta["tokens"], meta["documents"]
+    kind = "documents" if args.format == "text" else f"{args.format} examples"
     print(
-        f"wrote {args.out}: {n['train']:,} train tokens ({d['train']:,} documents), "
+        f"wrote {args.out}: {n['train']:,} train tokens ({d['train']:,} {kind}), "
         f"{n['val']:,} held out ({d['val']:,}), {meta['dtype']}",
         flush=True,
     )

@@ -12,6 +12,7 @@ from paratrain.config.choices import (
     MUON_LR_ADJUSTS,
     MUON_NS_DTYPES,
     OPTIMIZERS,
+    PACKINGS,
     RECOMPUTE_MODES,
 )
 from paratrain.config.conditions import MUON, PIPELINE, SYNC
@@ -167,4 +168,11 @@ class DataConfig:
             lambda c: not (c.data.path and (Path(c.data.path) / "meta.json").is_file()),
             "text or a .bin (a prepared directory has its own held-out split)",
         ),
+    )
+    packing: str = param(
+        "auto",
+        "Rows of a batch: stream (windows of the token stream, documents side by side), "
+        "none (one document a row, cut or padded to --seq-len + 1; a prepared directory), "
+        "auto (none for supervised data, stream otherwise).",
+        choices=PACKINGS,
     )

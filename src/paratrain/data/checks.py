@@ -39,6 +39,11 @@ def tokenizer_vocab(cfg: Any) -> int | None:
 def check_data(cfg: Any) -> str:
     """Refuse what a worker would fail on; return what was checked, in words."""
     path, tokenizer = cfg.data.path, cfg.data.tokenizer
+    if cfg.data.packing == "none" and not is_prepared(path):
+        raise ValueError(
+            f"--packing none cuts one row per document, which only a data set from "
+            f"`paratrain prepare` records; --data {path or 'the default'!r} is not one"
+        )
     if is_prepared(path):
         return _check_prepared(cfg, Path(path), tokenizer)
     if tokenizer:
@@ -141,5 +146,29 @@ def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
             f"the model's is {cfg.model.vocab_size}; leave --vocab-size out or raise it"
         )
     n = meta["tokens"]
-    _check_enough(str(path), (n["train"], n["val"]), cfg, False)
-    return f"prepared {path}: {n['train']:,} training and {n['val']:,} held-out tokens"
+    supervised = meta.get("format", "text") != "text"
+    if cfg.data.packing == "none" or (cfg.data.packing == "auto" and supervised):
+        _check_documents(path, meta, cfg)
+    else:
+        _check_enough(str(path), (n["train"], n["val"]), cfg, False)
+    kind = f"{meta['format']} examples, " if supervised else ""
+    return f"prepared {path}: {kind}{n['train']:,} training and {n['val']:,} held-out tokens"
+
+
+def _check_documents(path: Path, meta: dict[str, Any], cfg: Any) -> None:
+    """One row per document: the lengths recorded, a document to train on, and a
+    validation batch of documents."""
+    if not all("docs" in shard[s] for shard in meta["shards"] for s in ("train", "val")):
+        raise ValueError(
+            f"--data {str(path)!r} was prepared before documents' lengths were recorded, "
+            "which --packing none needs; prepare it again"
+        )
+    docs, t = meta["documents"], cfg.train
+    if docs["train"] < 1:
+        raise ValueError(f"--data {str(path)!r} holds no training document")
+    if t.val_batches and docs["val"] < t.micro_batch:
+        raise ValueError(
+            f"--data {str(path)!r} holds out {docs['val']} documents, fewer than one "
+            f"batch of --micro-batch {t.micro_batch}; give more data, a larger "
+            "--val-fraction at prepare, or --val-batches 0"
+        )

@@ -3,19 +3,22 @@ maps, so a corpus larger than memory trains in constant memory.
 
     paratrain prepare --data corpus/ --tokenizer tokenizer.json --out data/corpus
 
-Input: a text file, a JSON-lines file (each line's `text`), or a folder of them. The
-sorted inputs are cut into pieces, a whole file each, except that a JSON-lines file over
-JOB_BYTES is cut at line starts into runs of lines of at least JOB_BYTES; consecutive
-pieces are then grouped into jobs of at most JOB_BYTES (a larger piece is a job of its
-own). So the jobs depend only on the sorted listing, the file sizes and where a large
-file's lines start, never on the worker count or on timing. Worker processes, each with
-the tokenizer loaded once, run the jobs. A job encodes its documents, `<|endoftext|>`
-after each, and sends one to the held-out split when the hash of (file, n) says so, n
-counting the documents from the start of the file, whichever piece holds it (a
-document's split never depends on the others or on the cuts). Job k writes
-`train_k.bin` and `val_k.bin` (k as five digits; uint16 ids when the vocabulary fits,
-else uint32) and then its record `shard_k.json`: the pieces it read, documents, tokens
-and each document's length. The shards, read in order, hold the documents in the sorted
+Input: a text file, a JSON-lines file (each line's `text`, or under a supervised
+`--format` each line an example), or a folder of them. The sorted inputs are cut into
+pieces, a whole file each, except that a JSON-lines file over JOB_BYTES is cut at line
+starts into runs of lines of at least JOB_BYTES; consecutive pieces are then grouped
+into jobs of at most JOB_BYTES (a larger piece is a job of its own). So the jobs depend
+only on the sorted listing, the file sizes and where a large file's lines start, never
+on the worker count or on timing. Worker processes, each with the tokenizer loaded once,
+run the jobs. A job encodes its documents, `<|endoftext|>` after each, and sends one to
+the held-out split when the hash of (file, n) says so, n counting the documents from the
+start of the file, whichever piece holds it (a document's split never depends on the
+others or on the cuts). Job k writes `train_k.bin` and `val_k.bin` (k as five digits;
+uint16 ids when the vocabulary fits, else uint32), `train_k.docs` and `val_k.docs` (each
+document's length, int64), under a supervised `--format` (chat, prompt-completion:
+supervised.py) `train_k.mask` and `val_k.mask` (a byte per token, 1 where it is a loss
+target), and then its record `shard_k.json`: the pieces it read, documents, tokens and
+each document's length. The shards, read in order, hold the documents in the sorted
 inputs' order. A job whose record names its pieces and whose files have the recorded
 sizes is done; an interrupted run, run again, does only the rest and writes the same
 bytes as an uninterrupted one. `meta.json` (the tokenizer's hash, the vocabulary, the
@@ -29,7 +32,6 @@ import json
 import multiprocessing
 import os
 import shutil
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,90 +39,21 @@ from typing import Any
 
 import numpy as np
 
-from paratrain.data.prepared import META, SPLITS, TOKENIZER_COPY
+from paratrain.data.prepare_inputs import (
+    FileRange,
+    documents_of,
+    group_pieces,
+    held_out,
+    pieces_of,
+)
+from paratrain.data.prepared import META, SPLITS, TOKENIZER_COPY, shard_files
+from paratrain.data.supervised import FORMATS, render
 from paratrain.data.tokenizer import EOT, eot_id, input_files, load_tokenizer
 
 # Input bytes per job: a few seconds of encoding, beside which a job's own costs (a round
 # trip to a worker, three files) vanish; a few hundred MB still make dozens of jobs for
 # the workers to share, and an interrupted run loses at most one job per worker.
 JOB_BYTES = 8 << 20
-
-
-def _held_out(key: str, val_fraction: float) -> bool:
-    digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
-
-
-@dataclass(frozen=True)
-class FileRange:
-    """Bytes [start, end) of one input file: all of it, or a run of whole lines."""
-
-    source: str  # the input file
-    key: str  # its path relative to --data: its documents' split is hashed from it
-    start: int
-    end: int
-    first_doc: int = 0  # documents before `start` (a document's n counts from the file's start)
-    first_line: int = 1  # the line at `start`, for error messages
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-def _pieces(f: Path, key: str, job_bytes: int) -> list[FileRange]:
-    size = f.stat().st_size
-    if f.suffix != ".jsonl" or size <= job_bytes:
-        return [FileRange(str(f), key, 0, size)]
-    pieces, start, first_doc, first_line = [], 0, 0, 1
-    at, docs, lines = 0, 0, 0
-    with f.open("rb") as rows:
-        for row in rows:  # lines end at b"\n" only, as _documents reads them
-            if at - start >= job_bytes:
-                pieces.append(FileRange(str(f), key, start, at, first_doc, first_line))
-                start, first_doc, first_line = at, docs, lines + 1
-            at, docs, lines = at + len(row), docs + bool(row.strip()), lines + 1
-    return [*pieces, FileRange(str(f), key, start, at, first_doc, first_line)]
-
-
-def _group(pieces: list[FileRange], job_bytes: int) -> list[tuple[FileRange, ...]]:
-    """Consecutive pieces, in order, up to job_bytes a job (a larger piece alone)."""
-    jobs: list[tuple[FileRange, ...]] = []
-    current: list[FileRange] = []
-    held = 0  # current's bytes
-    for p in pieces:
-        if current and held + p.size > job_bytes:
-            jobs.append(tuple(current))
-            current, held = [], 0
-        current.append(p)
-        held += p.size
-    return [*jobs, tuple(current)] if current else jobs
-
-
-def _documents(p: FileRange) -> Iterator[tuple[str, str]]:
-    """(split key, text) of each document of a piece: a text file is one document, a
-    JSON-lines line one unless blank."""
-    f = Path(p.source)
-    if f.suffix != ".jsonl":
-        yield f"{p.key}:0", f.read_text(errors="replace")
-        return
-    with f.open("rb") as rows:
-        rows.seek(p.start)
-        data = rows.read(p.end - p.start)
-    n = p.first_doc
-    for number, row in enumerate(data.split(b"\n"), start=p.first_line):
-        if row.strip():
-            yield f"{p.key}:{n}", _text(row, f, number)
-            n += 1
-
-
-def _text(row: bytes, f: Path, number: int) -> str:
-    try:
-        doc = json.loads(row.decode())
-    except ValueError as e:  # not UTF-8, or not JSON
-        raise ValueError(f"{f}:{number}: not a line of JSON ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-        raise ValueError(f"{f}:{number}: a JSON-lines document needs a string field 'text'")
-    return str(doc["text"])  # a str already: checked above
 
 
 @dataclass(frozen=True)
@@ -130,6 +63,7 @@ class Job:
     out: str
     dtype: str
     val_fraction: float
+    fmt: str = "text"  # supervised formats also write each token's loss mask
 
     @property
     def inputs(self) -> list[list[Any]]:
@@ -150,34 +84,59 @@ def _done(job: Job) -> bool:
     if not record.is_file():
         return False
     counts = json.loads(record.read_text())
-    itemsize = np.dtype(job.dtype).itemsize
     return counts.get("inputs") == job.inputs and all(
-        (Path(job.out) / counts[s]["file"]).is_file()
-        and (Path(job.out) / counts[s]["file"]).stat().st_size == counts[s]["tokens"] * itemsize
+        (Path(job.out) / name).is_file() and (Path(job.out) / name).stat().st_size == size
         for s in SPLITS
+        for name, size in shard_files(counts[s], job.dtype)
     )
+
+
+def _encoded(job: Job, tokenizer: Any, eot: int) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Each split's documents as (ids, loss mask); text has every token a target."""
+    docs: dict[str, list[tuple[list[int], list[int]]]] = {s: [] for s in SPLITS}
+    # One document a call: encode_batch spent the same CPU per token here (4 MB of the
+    # standard library), and its threads would only compete with the other workers.
+    for key, where, doc in (d for p in job.pieces for d in documents_of(p, job.fmt)):
+        split = "val" if held_out(key, job.val_fraction) else "train"
+        if job.fmt == "text":
+            ids = tokenizer.encode(doc).ids + [eot]
+            docs[split].append((ids, []))
+            continue
+        try:
+            docs[split].append(render(doc, job.fmt, tokenizer, eot))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    return docs
+
+
+def _write(path: Path, arrays: list[np.ndarray], dtype: str) -> int:
+    """The arrays joined into `path` (written whole or not at all); its element count."""
+    data = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+    tmp = path.with_name(path.name + ".tmp")
+    data.astype(dtype).tofile(tmp)
+    tmp.replace(path)
+    return int(data.size)
 
 
 def run_job(job: Job, tokenizer: Any) -> dict[str, Any]:
     """Encode one job's documents into its train and val shards, then record them."""
     eot = eot_id(tokenizer)
-    ids: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-    lengths: dict[str, list[int]] = {s: [] for s in SPLITS}
-    # One document a call: encode_batch spent the same CPU per token here (4 MB of the
-    # standard library), and its threads would only compete with the other workers.
-    for key, text in (doc for p in job.pieces for doc in _documents(p)):
-        split = "val" if _held_out(key, job.val_fraction) else "train"
-        ids[split].append(np.asarray(tokenizer.encode(text).ids + [eot], dtype=job.dtype))
-        lengths[split].append(len(ids[split][-1]))
+    assert eot is not None  # prepare refuses a tokenizer without <|endoftext|>
+    docs = _encoded(job, tokenizer, eot)
     counts: dict[str, Any] = {"inputs": job.inputs}
     for s in SPLITS:
-        name = f"{s}_{job.index:05d}.bin"
-        tmp = Path(job.out) / (name + ".tmp")
-        data = np.concatenate(ids[s]) if ids[s] else np.zeros(0, dtype=job.dtype)
-        data.tofile(tmp)
-        tmp.replace(Path(job.out) / name)
-        counts[s] = {"file": name, "documents": len(lengths[s]), "tokens": int(data.size)}
-        counts[s]["lengths"] = lengths[s]
+        out, stem = Path(job.out), f"{s}_{job.index:05d}"
+        ids = [np.asarray(i, dtype=job.dtype) for i, _ in docs[s]]
+        tokens = _write(out / f"{stem}.bin", ids, job.dtype)
+        counts[s] = {"file": f"{stem}.bin", "documents": len(ids), "tokens": tokens}
+        lengths = [len(i) for i in ids]
+        _write(out / f"{stem}.docs", [np.asarray(lengths, dtype="int64")], "int64")
+        counts[s]["docs"] = f"{stem}.docs"  # each document's length, in order
+        if job.fmt != "text":  # 1 where the token is a loss target, beside the ids
+            masks = [np.asarray(m, dtype="uint8") for _, m in docs[s]]
+            _write(out / f"{stem}.mask", masks, "uint8")
+            counts[s]["mask"] = f"{stem}.mask"
+        counts[s]["lengths"] = lengths
     tmp = _record(job).with_suffix(".tmp")
     tmp.write_text(json.dumps(counts) + "\n")
     tmp.replace(_record(job))  # the job is done only now
@@ -192,9 +151,12 @@ def prepare(
     workers: int = 0,
     progress: bool = True,
     job_bytes: int = JOB_BYTES,
+    fmt: str = "text",
 ) -> dict[str, Any]:
     """Tokenize `data` into shards in `out` (resuming a run interrupted there); return
-    meta.json's contents."""
+    meta.json's contents. fmt: text, or a supervised format (supervised.py)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}; valid: {', '.join(FORMATS)}")
     if not 0 <= val_fraction < 1:  # written so that NaN fails
         raise ValueError(f"--val-fraction {val_fraction}: at least 0 and below 1")
     if job_bytes < 1:
@@ -207,10 +169,13 @@ def prepare(
         raise ValueError(f"--out {out} is already a prepared data set; give a new directory")
     root = data if data.is_dir() else data.parent
     pieces = [  # refused before anything is written: data missing, or no text in it
-        p for f in input_files(data) for p in _pieces(f, f.relative_to(root).as_posix(), job_bytes)
+        p
+        for f in input_files(data)
+        for p in pieces_of(f, f.relative_to(root).as_posix(), job_bytes)
     ]
     settings = {"data": str(data.resolve()), "tokenizer_sha256": digest, "val": val_fraction}
     settings["job_bytes"] = job_bytes  # the jobs' boundaries follow from it
+    settings["format"] = fmt
     created = not out.exists()
     try:
         return _prepare_into(out, pieces, tokenizer, tokenizer_file, settings, workers, progress)
@@ -238,8 +203,8 @@ def _prepare_into(
     started.write_text(json.dumps(settings) + "\n")
     dtype = "uint16" if vocab <= 2**16 else "uint32"
     jobs = [
-        Job(i, group, str(out), dtype, val_fraction)
-        for i, group in enumerate(_group(pieces, settings["job_bytes"]))
+        Job(i, group, str(out), dtype, val_fraction, settings["format"])
+        for i, group in enumerate(group_pieces(pieces, settings["job_bytes"]))
     ]
     todo = [j for j in jobs if not _done(j)]
     _run(todo, workers or min(len(todo), os.cpu_count() or 1), tokenizer_file, progress)
@@ -249,6 +214,7 @@ def _prepare_into(
         "vocab_size": vocab,
         "eot": eot_id(tokenizer),
         "dtype": dtype,
+        "format": settings["format"],
         "val_fraction": val_fraction,
         "shards": [
             {s: {k: v for k, v in c[s].items() if k != "lengths"} for s in SPLITS} for c in shards

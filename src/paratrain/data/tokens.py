@@ -19,7 +19,12 @@ from typing import Any
 import torch
 
 from paratrain.data.files import data_tokenizer, is_val_file
-from paratrain.data.prepared import ShardedTokens, is_prepared, read_data_meta
+from paratrain.data.prepared import (
+    ShardedTokens,
+    document_lengths,
+    is_prepared,
+    read_data_meta,
+)
 from paratrain.data.tokenizer import TEXT_SUFFIXES, documents, eot_id, load_tokenizer
 
 
@@ -30,6 +35,9 @@ class TokenData:
     vocab_size: int  # smallest vocabulary that covers the ids
     fingerprint: str  # sha256 over the sources, recorded with each run
     description: str
+    # Each document's length (prepared data): one padded row per document, --packing none
+    documents: dict[str, Any] | None = None  # {"train": lengths, "val": lengths}
+    supervised: bool = False  # a loss mask rides in the ids (paratrain/token_rows.py)
 
 
 def stdlib_root() -> Path:
@@ -106,15 +114,24 @@ def load_tokens(path: str, val_fraction: float = 0.05, tokenizer: str = "") -> T
 
 def _prepared(path: Path) -> TokenData:
     meta = read_data_meta(path)
-    splits = {
-        s: ShardedTokens([path / shard[s]["file"] for shard in meta["shards"]], meta["dtype"])
-        for s in ("train", "val")
-    }
+    supervised = meta.get("format", "text") != "text"
+
+    def split(s: str) -> ShardedTokens:
+        files = [path / shard[s]["file"] for shard in meta["shards"]]
+        masks = [path / shard[s]["mask"] for shard in meta["shards"]] if supervised else None
+        return ShardedTokens(files, meta["dtype"], masks)
+
+    splits = {s: split(s) for s in ("train", "val")}
+    lengths = {s: document_lengths(path, meta, s) for s in ("train", "val")}
+    documents = lengths if all(v is not None for v in lengths.values()) else None
     n = meta["tokens"]
     desc = f"prepared {path}: {n['train']:,} train / {n['val']:,} val tokens (memory-mapped)"
     fingerprint = hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()
     # The splits are ShardedTokens (memory maps), sliced as the tensors the fields name are.
-    return TokenData(splits["train"], splits["val"], meta["vocab_size"], fingerprint, desc)  # type: ignore[arg-type]
+    return TokenData(
+        splits["train"], splits["val"], meta["vocab_size"], fingerprint, desc,  # type: ignore[arg-type]
+        documents, supervised,
+    )  # fmt: skip
 
 
 def _encoded(path: Path, tokenizer_file: Path, val_fraction: float) -> TokenData:
@@ -162,12 +179,15 @@ class BatchSampler:
     def epoch_of(self, step: int) -> int:
         return step * self.global_batch // self.num_windows
 
+    def row(self, window: int) -> torch.Tensor:
+        start = window * self.seq_len
+        return self.tokens[start : start + self.seq_len + 1]
+
     def global_batch_at(self, step: int) -> torch.Tensor:
         rows = []
         for i in range(step * self.global_batch, (step + 1) * self.global_batch):
             epoch, pos = divmod(i, self.num_windows)
-            start = int(self._order(epoch)[pos]) * self.seq_len
-            rows.append(self.tokens[start : start + self.seq_len + 1])
+            rows.append(self.row(int(self._order(epoch)[pos])))
         return torch.stack(rows).long()  # (G, T + 1)
 
     def replica_microbatches(

@@ -18,7 +18,8 @@ from torch import nn
 from paratrain import checkpoint
 from paratrain.checkpoint import Checkpoint
 from paratrain.config import RunConfig
-from paratrain.data.tokens import BatchSampler, TokenData, on_device, validation_batches
+from paratrain.data.document_rows import training_rows, validation_rows
+from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
 from paratrain.train.engine import Engine
@@ -58,7 +59,7 @@ def train(
     engine, optimizer, first, lr = _build(cfg, mesh, resume)
     if on_start is not None:
         on_start(engine)
-    sampler = BatchSampler(data.train, t.seq_len, t.global_batch, t.seed)
+    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
     compiled = engine.compiled
     timer = StepTimer(mesh.ledger, (lambda: compiled.seconds) if compiled else None)
     dp, skips = mesh.group("dp"), SkippedSteps(t.max_skipped_steps)
@@ -132,7 +133,8 @@ def _finish(
     val_loss = float("nan")
     if stopped_at is None:
         val = on_device(
-            validation_batches(data.val, t.seq_len, t.micro_batch, t.val_batches), device
+            validation_rows(data, cfg.data.packing, t.seq_len, t.micro_batch, t.val_batches),
+            device,
         )
         val_loss = engine.evaluate(val) if val else float("nan")
     else:
