@@ -161,8 +161,10 @@ class WholeMuon:
     ) -> dict[int, torch.Tensor]:
         """Every stepped matrix's wide result on every rank: one all-gather of the owners'
         results as raw bytes (exact, and every backend carries bytes; gloo has no bfloat16
-        or int16 all-gather), owner by owner."""
-        if self.group is None or self.group.size == 1:
+        or int16 all-gather), owner by owner. A replica with no matrix (the experts' share
+        of a mixture of experts, over expert_dp) has nothing to send: every rank of its
+        group holds the same parameters, so all of them skip the call."""
+        if self.group is None or self.group.size == 1 or not self.matrices:
             return wide
         by_owner: list[list[int]] = [[] for _ in range(self.group.size)]
         for i in stepped:
