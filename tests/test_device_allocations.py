@@ -61,6 +61,8 @@ HOST_SIDE = {
         "the prompt's ids, for the model sample runs on the host",
     ("trained/run_model.py", "eval_windows", "full"):
         "eval's windows, for the model it runs on the host",
+    ("data/document_rows.py", "document_row", "full"):
+        "one example's row, padded on the host; batches move to the device in `on_device`",
     ("data/tokens.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",
     ("data/tokens.py", "BatchSampler._order", "randperm"):

@@ -7,6 +7,8 @@ there is time to signal them mid-run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from paratrain import checkpoint as ck
+from paratrain.cli import main
 from tests.distributed import under_nccl_order
 
 STEPS = 12
@@ -97,10 +100,15 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def refused(*args: str, cwd: Path) -> str:
-    code, out, err = finish(start(*args, cwd=cwd), timeout=120)
-    assert code == 2, (code, out, err)
-    assert "Traceback" not in err, err
-    return err.strip().splitlines()[-1]
+    """`paratrain train ARGS`'s one-line refusal, run in this process: it comes before any
+    worker starts (a subprocess would only add seconds of start-up)."""
+    err = io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err):
+            code = main(["train", *args])
+    assert code == 2, (code, err.getvalue())
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+    return err.getvalue().strip().splitlines()[-1]
 
 
 @pytest.mark.e2e
