@@ -175,6 +175,11 @@ CASES = [
     Case(
         "a truncated prepared shard", [*TINY, "--data", "{dir}/prepared"], _prepared_then_truncated
     ),
+    Case(
+        "`--packing none` (one example a row) on text not prepared",
+        [*TINY, "--data", TEXT, "--packing", "none"],
+        _text,
+    ),
     Case("an existing `--out`", [*TINY, "--data", TEXT, "--out", "{dir}/run"], _run),
     Case(
         "an `--out` the system will not create (`/proc/x`)",

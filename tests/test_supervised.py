@@ -195,4 +195,4 @@ def test_masked_tokens_get_no_gradient():
 
 def test_packing_none_needs_prepared_data(capsys):
     assert main(["train", "--packing", "none", "--steps", "1", "--dry-run"]) == 2
-    assert "only a data set from `paratrain prepare`" in capsys.readouterr().err
+    assert "only a data set made by paratrain prepare" in capsys.readouterr().err

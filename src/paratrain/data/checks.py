@@ -41,8 +41,8 @@ def check_data(cfg: Any) -> str:
     path, tokenizer = cfg.data.path, cfg.data.tokenizer
     if cfg.data.packing == "none" and not is_prepared(path):
         raise ValueError(
-            f"--packing none cuts one row per document, which only a data set from "
-            f"`paratrain prepare` records; --data {path or 'the default'!r} is not one"
+            f"--packing none cuts one row per document, which only a data set made by "
+            f"paratrain prepare records; --data {path or 'the default'!r} is not one"
         )
     if is_prepared(path):
         return _check_prepared(cfg, Path(path), tokenizer)
