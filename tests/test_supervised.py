@@ -8,6 +8,8 @@ the float64-derived tolerance (tests/equivalence.py), and masked tokens get no g
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import textwrap
 from pathlib import Path
@@ -96,13 +98,22 @@ def _chats(n: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def test_prepared_chats_train_one_row_each_with_their_mask(tokenizer, tmp_path, capsys):
-    data = tmp_path / "chats.jsonl"
+@pytest.fixture(scope="module")
+def prepared_chats(tokenizer, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("chats")
+    data = root / "chats.jsonl"
     data.write_text("".join(json.dumps(c) + "\n" for c in _chats(60)))
-    out = tmp_path / "sft"
+    out = root / "sft"
     argv = ["prepare", "--data", str(data), "--tokenizer", str(tokenizer), "--out", str(out)]
-    assert main([*argv, "--format", "chat", "--workers", "1", "--val-fraction", "0.2"]) == 0
-    assert "chat examples" in capsys.readouterr().out
+    quiet = contextlib.redirect_stdout(io.StringIO())
+    with quiet as printed:
+        assert main([*argv, "--format", "chat", "--workers", "1", "--val-fraction", "0.2"]) == 0
+    assert "chat examples" in printed.getvalue()
+    return out
+
+
+def test_prepared_chats_train_one_row_each_with_their_mask(tokenizer, prepared_chats):
+    out = prepared_chats
     loaded = load_tokens(str(out))
     assert loaded.supervised and loaded.documents is not None
     lengths = loaded.documents["train"]
@@ -122,6 +133,29 @@ def test_prepared_chats_train_one_row_each_with_their_mask(tokenizer, tmp_path, 
         assert answer[-1] == tok.token_to_id(EOT) and tok.decode(answer[:-1]) in answers
         cut += int(length) > 65
     assert 0 < cut < len(lengths)
+
+
+def test_eval_scores_each_held_out_example_as_validation_cut_it(prepared_chats, tmp_path):
+    """A run trained one example a row is evaluated on rows of its held-out examples, with
+    their masks: the tokens scored are the answers' tokens within each row."""
+    from paratrain.trained.run_model import evaluate_file
+
+    run = tmp_path / "run"
+    tiny = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--seq-len", "64",
+            "--global-batch", "4", "--micro-batch", "2", "--steps", "2",
+            "--nproc", "1"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", *tiny, "--data", str(prepared_chats), "--out", str(run)]) == 0
+    loaded = load_tokens(str(prepared_chats))
+    lengths, starts = loaded.documents["val"], 0
+    answers = 0
+    for length in lengths:  # each row: the example's first 65 tokens; targets after the first
+        row = loaded.val[starts : starts + min(int(length), 65)]
+        answers += int((row[1:] >= 0).sum())
+        starts += int(length)
+    scored = evaluate_file(run, None)
+    assert scored["tokens"] == answers > 0
+    assert scored["loss"] == pytest.approx(evaluate_file(run, str(prepared_chats))["loss"])
 
 
 def sft_data(n_train: int = 64, n_val: int = 8) -> TokenData:

@@ -4,7 +4,7 @@ started by commands/eval_launch.py).
 For a model too large for one process: each rank builds its part of the model as training
 would on this layout (any layout: checkpoints hold global tensors), loads its part of the
 latest checkpoint through DCP, and the engine's `evaluate` scores the same windows as the
-one-process `eval` (trained/run_model.py: eval_windows), replica r taking windows
+one-process `eval` (trained/run_model.py: eval_rows), replica r taking rows
 r, r + dp, ...; the loss is the mean over every scored token, so the answer does not
 depend on the layout.
 """
@@ -27,9 +27,8 @@ from paratrain.train.build import build_engine, build_model
 from paratrain.train.optim import muon_settings, peak_lr
 from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
 from paratrain.trained.run_model import (
+    eval_rows,
     eval_seq_len,
-    eval_tokens,
-    eval_windows,
     scores,
 )
 
@@ -53,7 +52,7 @@ def evaluate_on_mesh(
         ckpt = checkpoint.latest_checkpoint(run_dir)
         assert ckpt is not None  # checked before launch
         load_engine_weights(ckpt, engine, optimizer, mesh, cfg)
-        windows = eval_windows(eval_tokens(cfg, run_dir, data), eval_seq_len(cfg, seq_len))
+        windows = eval_rows(cfg, run_dir, data, eval_seq_len(cfg, seq_len))
         batches = on_device(list(windows.split(t.micro_batch)), mesh.device)
         loss = engine.evaluate(batches)
     finally:

@@ -21,6 +21,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
+from paratrain.data.document_rows import document_row, one_document_a_row, starts_of
 from paratrain.data.prepared import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
@@ -115,7 +116,9 @@ def sample(
 def held_out_tokens(cfg: RunConfig, run_dir: Path) -> torch.Tensor:
     """The held-out split the run itself validated on: its data, its split, its tokenizer."""
     d = cfg.data
-    if (run_dir / TOKENIZER).is_file() and not d.tokenizer:
+    # A run keeps the tokenizer it trained with; without --tokenizer or a prepared data
+    # set (which carries its own) it came with an imported model, and not from its data.
+    if (run_dir / TOKENIZER).is_file() and not d.tokenizer and not is_prepared(d.path):
         raise ValueError(
             f"{run_dir} has no held-out split of its own (its model came with "
             f"{TOKENIZER}, not from training on --data); give --data"
@@ -168,16 +171,36 @@ def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
     return torch.stack(windows)
 
 
+def eval_rows(cfg: RunConfig, run_dir: Path, data: str | None, n: int) -> torch.Tensor:
+    """The (W, n + 1) rows `eval` scores: where the run trained one example a row
+    (--packing none, or auto on supervised data), one row per held-out example of a
+    prepared data set, as validation cut them; otherwise `eval_windows` of the ids."""
+    source = data if data is not None else cfg.data.path
+    if source and is_prepared(source):
+        loaded = load_tokens(source)
+        if one_document_a_row(loaded, cfg.data.packing) and loaded.documents is not None:
+            lengths = loaded.documents["val"]
+            if len(lengths) == 0:
+                raise ValueError(f"--data {source!r} holds out no example to score")
+            starts = starts_of(lengths)
+            rows = [
+                document_row(loaded.val, int(s), int(k), n)
+                for s, k in zip(starts, lengths, strict=True)
+            ]
+            return torch.stack(rows)
+    return eval_windows(eval_tokens(cfg, run_dir, data), n)
+
+
 @torch.no_grad()
 def evaluate_file(
     run_dir: Path, data: str | None, seq_len: int | None = None, batch: int = 8
 ) -> dict[str, float]:
     """Mean next-token loss over a data file in one process (trained/mesh_eval.py: on a
-    mesh), over eval_windows of seq_len + 1 tokens."""
+    mesh), over eval_rows of seq_len + 1 tokens."""
     cfg, model = load_run(run_dir)
     n = eval_seq_len(cfg, seq_len)
     total, count = 0.0, 0
-    for rows in eval_windows(eval_tokens(cfg, run_dir, data), n).split(batch):
+    for rows in eval_rows(cfg, run_dir, data, n).split(batch):
         valid = target_count(rows)
         total += float(model(*split_rows(rows))) * valid
         count += valid
