@@ -43,6 +43,8 @@ def test_muon_under_zero_1_sends_at_most_a_quarter_more_than_adamw_on_the_wire()
         cfg.train.optimizer, cfg.train.val_batches = optimizer, 0
         sent[optimizer] = run_distributed(_per_step, 2, cfg, order="gloo")
     for (adamw, none), (muon, exchanged) in zip(sent["adamw"], sent["muon"], strict=True):
+        print(f"per step on the wire: AdamW {adamw:,.0f}, Muon {muon:,.0f} bytes; "
+              f"Muon's all-to-alls {exchanged:,.0f} in the ledger")  # fmt: skip
         assert none == 0 and exchanged > 0
         assert 0 <= muon - adamw - exchanged <= PREAMBLES_MAX, (adamw, muon, exchanged)
         assert muon <= 1.25 * adamw, (adamw, muon)
