@@ -37,6 +37,7 @@ import torch
 
 from paratrain.checkpoint import latest_checkpoint
 from paratrain.checkpoint.whole_model import read_model
+from paratrain.cli import main
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
 from paratrain.data.tokens import load_tokens
@@ -67,19 +68,33 @@ CLI_LAYOUTS = {  # name -> (flags, (dp, tp, pp, ep, zero)); one micro-batch per 
 }
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("layout", CLI_LAYOUTS)
-def test_moe_tiny_with_ep_2_from_the_cli_equals_one_process(tmp_path, layout):
-    flags, expected = CLI_LAYOUTS[layout]
-    out = tmp_path / "run"
-    micro = str(8 // expected[0])
-    # fmt: off
-    proc = paratrain(
+def moe_cli_argv(flags: list[str], dp: int, out: Path) -> list[str]:
+    return [
         "train", "--model", "moe-tiny", *flags, "--data", DATA,
-        "--steps", "3", "--seq-len", "16", "--global-batch", "8", "--micro-batch", micro,
+        "--steps", "3", "--seq-len", "16", "--global-batch", "8", "--micro-batch", str(8 // dp),
         "--lr", "5e-3", "--warmup-steps", "2", "--val-batches", "1", "--log-every", "1",
-        "--out", str(out), cwd=tmp_path,
-    )  # fmt: on
+        "--out", str(out),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", list(CLI_LAYOUTS)[1:])
+def test_the_cli_resolves_the_four_rank_expert_layouts(tmp_path, layout, capsys):
+    """The 4-rank layouts train in-process (test_expert_parallel_with_zero_buckets_and_tp_
+    equals_one_process, LAYOUTS); that the command line builds them is its dry run's."""
+    flags, (dp, tp, pp, ep, zero) = CLI_LAYOUTS[layout]
+    assert main([*moe_cli_argv(flags, dp, tmp_path / "run"), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    resolved = from_toml_text(said.split("\n# mesh:")[0])  # the resolved configuration
+    p = resolved.parallel
+    assert (p.dp, p.tp, p.pp, p.ep, p.zero) == (dp, tp, pp, ep, zero)
+    assert resolved.train.microbatches == 1 and resolved.model.num_experts == 4
+
+
+@pytest.mark.e2e
+def test_moe_tiny_with_ep_2_from_the_cli_equals_one_process(tmp_path):
+    flags, expected = CLI_LAYOUTS["ep 2"]
+    out = tmp_path / "run"
+    proc = paratrain(*moe_cli_argv(flags, expected[0], out), cwd=tmp_path)
     cfg = from_toml_text((out / "config.toml").read_text())
     p = cfg.parallel
     assert (p.dp, p.tp, p.pp, p.ep, p.zero) == expected and cfg.model.num_experts == 4
