@@ -22,6 +22,7 @@ import numpy as np
 
 from paratrain.data.files import check_is_text, data_tokenizer, is_val_file
 from paratrain.data.prepared import is_prepared, read_data_meta
+from paratrain.data.supervised import one_example_a_row
 from paratrain.data.tokenizer import TEXT_SUFFIXES, load_tokenizer
 
 CHUNK = 1 << 24  # ids per read of a .bin's maximum: 32 MiB of uint16
@@ -147,7 +148,7 @@ def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
         )
     n = meta["tokens"]
     supervised = meta.get("format", "text") != "text"
-    if cfg.data.packing == "none" or (cfg.data.packing == "auto" and supervised):
+    if one_example_a_row(cfg.data.packing, supervised):
         _check_documents(path, meta, cfg)
     else:
         _check_enough(str(path), (n["train"], n["val"]), cfg, False)

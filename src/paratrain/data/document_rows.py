@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from paratrain.data.supervised import one_example_a_row
 from paratrain.data.tokens import BatchSampler, TokenData, validation_batches
 from paratrain.token_rows import PAD
 
@@ -54,20 +55,24 @@ class DocumentRows(BatchSampler):
         return document_row(self.tokens, start, length, self.seq_len)
 
 
+def first_document_rows(tokens: Any, lengths: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
+    """The first n >= 1 documents, in order, one a row: (n, seq_len + 1)."""
+    starts = starts_of(lengths)
+    rows = [document_row(tokens, int(starts[i]), int(lengths[i]), seq_len) for i in range(n)]
+    return torch.stack(rows)
+
+
 def document_validation_batches(
     tokens: Any, lengths: np.ndarray, seq_len: int, batch_size: int, num_batches: int
 ) -> list[torch.Tensor]:
     """The first documents of the held-out split, in order, one a row."""
     n = min(num_batches * batch_size, len(lengths))
     n -= n % batch_size
-    starts = starts_of(lengths)
-    rows = [document_row(tokens, int(starts[i]), int(lengths[i]), seq_len) for i in range(n)]
-    return list(torch.stack(rows).split(batch_size)) if rows else []
+    return list(first_document_rows(tokens, lengths, seq_len, n).split(batch_size)) if n else []
 
 
 def one_document_a_row(data: TokenData, packing: str) -> bool:
-    """--packing: none, or auto on supervised data (its documents are its examples)."""
-    return packing == "none" or (packing == "auto" and data.supervised)
+    return one_example_a_row(packing, data.supervised)
 
 
 def training_rows(

@@ -74,6 +74,12 @@ def render(doc: Any, fmt: str, tokenizer: Any, eot: int) -> tuple[list[int], lis
     return ids, mask
 
 
+def one_example_a_row(packing: str, supervised: bool) -> bool:
+    """--packing's rows: one document each for `none`, and for `auto` on supervised data
+    (its documents are its examples); windows of the stream otherwise."""
+    return packing == "none" or (packing == "auto" and supervised)
+
+
 def masked_ids(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """int64 ids with each token outside the loss as ~id (paratrain/token_rows.py)."""
     out = ids.astype(np.int64)

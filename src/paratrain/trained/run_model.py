@@ -21,7 +21,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
-from paratrain.data.document_rows import document_row, one_document_a_row, starts_of
+from paratrain.data.document_rows import first_document_rows, one_document_a_row
 from paratrain.data.prepared import is_prepared
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
@@ -182,12 +182,7 @@ def eval_rows(cfg: RunConfig, run_dir: Path, data: str | None, n: int) -> torch.
             lengths = loaded.documents["val"]
             if len(lengths) == 0:
                 raise ValueError(f"--data {source!r} holds out no example to score")
-            starts = starts_of(lengths)
-            rows = [
-                document_row(loaded.val, int(s), int(k), n)
-                for s, k in zip(starts, lengths, strict=True)
-            ]
-            return torch.stack(rows)
+            return first_document_rows(loaded.val, lengths, n, len(lengths))
     return eval_windows(eval_tokens(cfg, run_dir, data), n)
 
 
