@@ -180,6 +180,10 @@ CASES = [
         [*TINY, "--data", TEXT, "--packing", "none"],
         _text,
     ),
+    Case(
+        "`--packing documents` (attention within each document) under context parallelism",
+        [*TINY, "--packing", "documents", "--cp", "2", "--nproc", "2"],
+    ),
     Case("an existing `--out`", [*TINY, "--data", TEXT, "--out", "{dir}/run"], _run),
     Case(
         "an `--out` the system will not create (`/proc/x`)",

@@ -24,8 +24,9 @@ import torch
 
 from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows
+from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData
-from paratrain.token_rows import split_rows, target_count
+from paratrain.token_rows import model_keywords, split_rows, target_count
 
 # Tolerances are derived on the machine that runs the test, from a float64 reference, not
 # fitted to one CPU's figures. A float32 run differs from the exact (float64) trajectory by
@@ -171,7 +172,8 @@ def plain_training(
         lr=t.lr,
         betas=(t.beta1, t.beta2),
     )
-    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
+    layout = run_row_layout(cfg, data.supervised)
+    sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
         for group in opt.param_groups:
@@ -184,7 +186,8 @@ def plain_training(
             if data.supervised:  # the mean over the batch's targets: each part by its count
                 if target_count(part) == 0:
                     continue
-                loss = model(*split_rows(part)) * (target_count(part) / target_count(batch))
+                loss = model(*split_rows(part), **model_keywords(part))
+                loss = loss * (target_count(part) / target_count(batch))
             else:
                 loss = model(part[:, :-1], part[:, 1:]) / parts
             loss.backward()
@@ -249,7 +252,8 @@ def run_steps(engine, cfg: RunConfig, data: TokenData, dp_group) -> tuple[list, 
     t = cfg.train
     lr = LrSchedule.of(cfg)
     optimizer = engine.build_optimizer(lr.peak, t.weight_decay, (t.beta1, t.beta2))
-    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
+    layout = run_row_layout(cfg, data.supervised)
+    sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     losses, norms = [], []
     for step in range(t.steps):
         micro = sampler.replica_microbatches(step, dp_group.rank, dp_group.size, t.micro_batch)

@@ -63,6 +63,8 @@ HOST_SIDE = {
         "eval's windows, for the model it runs on the host",
     ("data/document_rows.py", "document_row", "full"):
         "one example's row, padded on the host; batches move to the device in `on_device`",
+    ("data/document_rows.py", "packed_row", "full"):
+        "a row of packed documents, on the host; batches move to the device in `on_device`",
     ("data/tokens.py", "BatchSampler._order", "Generator"):
         "the data order, drawn on the host so it is the same on every device",
     ("data/tokens.py", "BatchSampler._order", "randperm"):

@@ -120,7 +120,7 @@ def test_prepared_chats_train_one_row_each_with_their_mask(tokenizer, prepared_c
     assert int(lengths.sum()) == len(loaded.train)
     tok = load_tokenizer(tokenizer)
     answers = {c["messages"][1]["content"] for c in _chats(60)}
-    rows = training_rows(loaded, "auto", 64, 4, seed=0)
+    rows = training_rows(loaded, "none", 64, 4, seed=0)
     assert isinstance(rows, DocumentRows)
     cut = 0
     for i, length in enumerate(lengths):  # each row one conversation, cut or padded

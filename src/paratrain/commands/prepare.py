@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from paratrain.data.chat_template import CHOICES
 from paratrain.data.supervised import FORMATS
 
 HELP = "tokenize text into memory-mapped token shards"
@@ -24,6 +25,14 @@ def add_arguments(prep: argparse.ArgumentParser) -> None:
         help="text (every token a target), chat (JSON lines of 'messages'; only the "
         "assistant's turns are targets) or prompt-completion (only the completion is)",
     )
+    prep.add_argument(
+        "--chat-template",
+        default="auto",
+        choices=CHOICES,
+        help="how --format chat renders a conversation: tokenizer (the chat_template of the "
+        "tokenizer_config.json beside --tokenizer), default (paratrain's, documented in "
+        "docs/models.md), auto (the tokenizer's where it has one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +43,16 @@ def run(args: argparse.Namespace) -> int:
     data, tokenizer, out = Path(args.data), Path(args.tokenizer), Path(args.out)
     # the bar's carriage-return frames only where a terminal draws them, not into a log
     progress = sys.stderr.isatty()
-    meta = prepare(data, tokenizer, out, args.val_fraction, args.workers, progress, fmt=args.format)
+    meta = prepare(
+        data,
+        tokenizer,
+        out,
+        args.val_fraction,
+        args.workers,
+        progress,
+        fmt=args.format,
+        chat_template=args.chat_template,
+    )
     n, d = meta["tokens"], meta["documents"]
     kind = "documents" if args.format == "text" else f"{args.format} examples"
     print(

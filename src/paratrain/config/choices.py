@@ -22,7 +22,7 @@ MUON_LR_ADJUSTS = ("original", "match-rms-adamw")  # parallel/data_parallel/muon
 MUON_NS_DTYPES = ("bfloat16", "float32")  # or auto: config/resolution.py
 # How a batch's rows are cut from the data (data/document_rows.py); auto: one padded row
 # per document for supervised data, windows of the token stream otherwise.
-PACKINGS = ("auto", "stream", "none")
+PACKINGS = ("auto", "stream", "documents", "none")
 CP_METHODS = ("ring", "alltoall")  # parallel/context_parallel/apply.py: METHODS
 ARCHS = ("gpt", "llama")  # models/gpt.py, models/llama.py
 GELUS = ("gelu", "gelu_tanh")

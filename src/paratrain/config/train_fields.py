@@ -172,7 +172,9 @@ class DataConfig:
     packing: str = param(
         "auto",
         "Rows of a batch: stream (windows of the token stream, documents side by side), "
-        "none (one document a row, cut or padded to --seq-len + 1; a prepared directory), "
-        "auto (none for supervised data, stream otherwise).",
+        "documents (whole documents packed into rows of --seq-len + 1, each attending only "
+        "to itself, positions restarting; a prepared directory), none (one document a row, "
+        "cut or padded), auto (documents for supervised data, none under --cp > 1; stream "
+        "otherwise).",
         choices=PACKINGS,
     )

@@ -22,7 +22,7 @@ import numpy as np
 
 from paratrain.data.files import check_is_text, data_tokenizer, is_val_file
 from paratrain.data.prepared import is_prepared, read_data_meta
-from paratrain.data.supervised import one_example_a_row
+from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokenizer import TEXT_SUFFIXES, load_tokenizer
 
 CHUNK = 1 << 24  # ids per read of a .bin's maximum: 32 MiB of uint16
@@ -40,10 +40,16 @@ def tokenizer_vocab(cfg: Any) -> int | None:
 def check_data(cfg: Any) -> str:
     """Refuse what a worker would fail on; return what was checked, in words."""
     path, tokenizer = cfg.data.path, cfg.data.tokenizer
-    if cfg.data.packing == "none" and not is_prepared(path):
+    packing = cfg.data.packing
+    if packing == "documents" and cfg.parallel.cp > 1:
         raise ValueError(
-            f"--packing none cuts one row per document, which only a data set made by "
-            f"paratrain prepare records; --data {path or 'the default'!r} is not one"
+            f"--packing documents with --cp {cfg.parallel.cp}: context-parallel attention "
+            "takes no document mask; use --packing none (one document a row) or --cp 1"
+        )
+    if packing in ("none", "documents") and not is_prepared(path):
+        raise ValueError(
+            f"--packing {packing} cuts rows of whole documents, which only a data set made "
+            f"by paratrain prepare records; --data {path or 'the default'!r} is not one"
         )
     if is_prepared(path):
         return _check_prepared(cfg, Path(path), tokenizer)
@@ -148,7 +154,7 @@ def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
         )
     n = meta["tokens"]
     supervised = meta.get("format", "text") != "text"
-    if one_example_a_row(cfg.data.packing, supervised):
+    if run_row_layout(cfg, supervised) != "stream":
         _check_documents(path, meta, cfg)
     else:
         _check_enough(str(path), (n["train"], n["val"]), cfg, False)
@@ -157,12 +163,12 @@ def _check_prepared(cfg: Any, path: Path, tokenizer: str) -> str:
 
 
 def _check_documents(path: Path, meta: dict[str, Any], cfg: Any) -> None:
-    """One row per document: the lengths recorded, a document to train on, and a
-    validation batch of documents."""
+    """Rows of whole documents: the lengths recorded, a document to train on, and a
+    validation batch of documents (packed, they may fill fewer rows)."""
     if not all("docs" in shard[s] for shard in meta["shards"] for s in ("train", "val")):
         raise ValueError(
             f"--data {str(path)!r} was prepared before documents' lengths were recorded, "
-            "which --packing none needs; prepare it again"
+            f"which --packing {cfg.data.packing} needs; prepare it again"
         )
     docs, t = meta["documents"], cfg.train
     if docs["train"] < 1:

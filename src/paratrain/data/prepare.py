@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from paratrain.data.chat_template import ChatTemplate, template_source
 from paratrain.data.prepare_inputs import (
     FileRange,
     documents_of,
@@ -64,6 +65,7 @@ class Job:
     dtype: str
     val_fraction: float
     fmt: str = "text"  # supervised formats also write each token's loss mask
+    template: dict[str, Any] | None = None  # a chat's: the tokenizer's (chat_template.py)
 
     @property
     def inputs(self) -> list[list[Any]]:
@@ -94,6 +96,7 @@ def _done(job: Job) -> bool:
 def _encoded(job: Job, tokenizer: Any, eot: int) -> dict[str, list[tuple[list[int], list[int]]]]:
     """Each split's documents as (ids, loss mask); text has every token a target."""
     docs: dict[str, list[tuple[list[int], list[int]]]] = {s: [] for s in SPLITS}
+    template = ChatTemplate(job.template) if job.template is not None else None
     # One document a call: encode_batch spent the same CPU per token here (4 MB of the
     # standard library), and its threads would only compete with the other workers.
     for key, where, doc in (d for p in job.pieces for d in documents_of(p, job.fmt)):
@@ -103,7 +106,7 @@ def _encoded(job: Job, tokenizer: Any, eot: int) -> dict[str, list[tuple[list[in
             docs[split].append((ids, []))
             continue
         try:
-            docs[split].append(render(doc, job.fmt, tokenizer, eot))
+            docs[split].append(render(doc, job.fmt, tokenizer, eot, template))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     return docs
@@ -152,11 +155,15 @@ def prepare(
     progress: bool = True,
     job_bytes: int = JOB_BYTES,
     fmt: str = "text",
+    chat_template: str = "auto",
 ) -> dict[str, Any]:
     """Tokenize `data` into shards in `out` (resuming a run interrupted there); return
-    meta.json's contents. fmt: text, or a supervised format (supervised.py)."""
+    meta.json's contents. fmt: text, or a supervised format (supervised.py); a chat is
+    rendered by `chat_template` (chat_template.CHOICES)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}; valid: {', '.join(FORMATS)}")
+    if chat_template != "auto" and fmt != "chat":
+        raise ValueError(f"--chat-template {chat_template} renders --format chat, not {fmt}")
     if not 0 <= val_fraction < 1:  # written so that NaN fails
         raise ValueError(f"--val-fraction {val_fraction}: at least 0 and below 1")
     if job_bytes < 1:
@@ -176,6 +183,9 @@ def prepare(
     settings = {"data": str(data.resolve()), "tokenizer_sha256": digest, "val": val_fraction}
     settings["job_bytes"] = job_bytes  # the jobs' boundaries follow from it
     settings["format"] = fmt
+    settings["chat_template"] = (
+        template_source(tokenizer_file, chat_template) if fmt == "chat" else None
+    )
     created = not out.exists()
     try:
         return _prepare_into(out, pieces, tokenizer, tokenizer_file, settings, workers, progress)
@@ -203,7 +213,7 @@ def _prepare_into(
     started.write_text(json.dumps(settings) + "\n")
     dtype = "uint16" if vocab <= 2**16 else "uint32"
     jobs = [
-        Job(i, group, str(out), dtype, val_fraction, settings["format"])
+        Job(i, group, str(out), dtype, val_fraction, settings["format"], settings["chat_template"])
         for i, group in enumerate(group_pieces(pieces, settings["job_bytes"]))
     ]
     todo = [j for j in jobs if not _done(j)]
@@ -215,6 +225,7 @@ def _prepare_into(
         "eot": eot_id(tokenizer),
         "dtype": dtype,
         "format": settings["format"],
+        "chat_template": "tokenizer" if settings["chat_template"] else "default",
         "val_fraction": val_fraction,
         "shards": [
             {s: {k: v for k, v in c[s].items() if k != "lengths"} for s in SPLITS} for c in shards

@@ -3,10 +3,11 @@ line each, rendered into token ids and a loss mask that covers only what the mod
 learn to answer.
 
 - chat: `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`,
-  rendered with the default template (TEMPLATE_DOC): each message is a header line naming
-  its role, then its content; a system or user message ends with a newline, an assistant
-  message with `<|endoftext|>`. Only the assistant's content and its `<|endoftext|>` are
-  loss targets.
+  rendered with the tokenizer's own chat template where it has one (data/chat_template.py:
+  the assistant's turns, with the template's end of turn, are the targets), else with the
+  default template (TEMPLATE_DOC): each message is a header line naming its role, then
+  its content; a system or user message ends with a newline, an assistant message with
+  `<|endoftext|>`. Only the assistant's content and its `<|endoftext|>` are loss targets.
 - prompt-completion: `{"prompt": "...", "completion": "..."}`: the prompt, then the
   completion and `<|endoftext|>`, which alone are targets.
 
@@ -32,8 +33,9 @@ def _string(doc: dict[str, Any], key: str, what: str) -> str:
     return value
 
 
-def _pieces_of_chat(doc: dict[str, Any]) -> list[tuple[str, bool]]:
-    """(text, is a target) pieces of one conversation, without the closing tokens."""
+def _pieces_of_chat(doc: dict[str, Any], template: Any) -> list[tuple[str, bool]]:
+    """(text, is a target) pieces of one conversation: the default template's without
+    the closing tokens, or a tokenizer's template's (data/chat_template.py) with its own."""
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("a chat example needs a non-empty list 'messages'")
@@ -47,11 +49,14 @@ def _pieces_of_chat(doc: dict[str, Any]) -> list[tuple[str, bool]]:
         pieces.append(("" if m["role"] == "assistant" else "\n", False))
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("a conversation has no assistant turn: nothing to learn from it")
-    return pieces
+    return pieces if template is None else template.pieces(messages)
 
 
-def render(doc: Any, fmt: str, tokenizer: Any, eot: int) -> tuple[list[int], list[int]]:
-    """(ids, mask) of one example, mask 1 where the token is a loss target."""
+def render(
+    doc: Any, fmt: str, tokenizer: Any, eot: int, template: Any = None
+) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one example, mask 1 where the token is a loss target; a chat by
+    `template` (data/chat_template.py's ChatTemplate), or the default one."""
     if not isinstance(doc, dict):
         raise ValueError(f"a {fmt} example is a JSON object; got {type(doc).__name__}")
     if fmt == "prompt-completion":
@@ -59,14 +64,16 @@ def render(doc: Any, fmt: str, tokenizer: Any, eot: int) -> tuple[list[int], lis
         completion = _string(doc, "completion", "a prompt-completion example")
         pieces = [(prompt, False), (completion, True)]
     else:
-        pieces = _pieces_of_chat(doc)
+        pieces = _pieces_of_chat(doc, template)
+    closed = fmt == "prompt-completion" or template is None  # an answer gets <|endoftext|>
     ids: list[int] = []
     mask: list[int] = []
     for text, target in pieces:
-        encoded = tokenizer.encode(text).ids if text else []
+        # No special tokens added per piece (a BOS before each): the template writes its own.
+        encoded = tokenizer.encode(text, add_special_tokens=False).ids if text else []
         ids += encoded
         mask += [int(target)] * len(encoded)
-        if target:  # an answer ends with <|endoftext|>, the model's stop token
+        if target and closed:  # an answer ends with <|endoftext|>, the model's stop token
             ids.append(eot)
             mask.append(1)
     if not any(mask):
@@ -74,10 +81,22 @@ def render(doc: Any, fmt: str, tokenizer: Any, eot: int) -> tuple[list[int], lis
     return ids, mask
 
 
-def one_example_a_row(packing: str, supervised: bool) -> bool:
-    """--packing's rows: one document each for `none`, and for `auto` on supervised data
-    (its documents are its examples); windows of the stream otherwise."""
-    return packing == "none" or (packing == "auto" and supervised)
+def row_layout(packing: str, supervised: bool, cp: int = 1) -> str:
+    """--packing resolved: `stream` (windows of the token stream), `documents` (whole
+    documents packed into rows, each attending only to itself) or `none` (one document a
+    row, padded). `auto`: documents for supervised data (its documents are its examples),
+    or one a row under context parallelism, whose attention takes no document mask; the
+    stream otherwise."""
+    if packing != "auto":
+        return packing
+    if not supervised:
+        return "stream"
+    return "none" if cp > 1 else "documents"
+
+
+def run_row_layout(cfg: Any, supervised: bool) -> str:
+    """row_layout for a run's configuration."""
+    return row_layout(cfg.data.packing, supervised, cfg.parallel.cp)
 
 
 def masked_ids(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from torch import nn
 
 from paratrain.models.kv_cache import KVCache, LayerCache
 from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
-from paratrain.models.position_dependent import CoreAttention, Positions
+from paratrain.models.position_dependent import CoreAttention, Positions, extra_arguments
 from paratrain.token_rows import IGNORE_INDEX
 
 
@@ -46,7 +46,13 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.core = CoreAttention()  # replaceable: context parallelism swaps it
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`positions` (B, T): packed documents' (token_rows.document_positions)."""
         batch, seq, _ = x.shape
         # The head count is read from q's output, not the config, so that a layer whose
         # q/k/v keep only some heads (tensor parallel) still splits them correctly. Not
@@ -64,7 +70,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # incremental decoding: attend over the cached positions too
             past = cache.length
             k, v = cache.extend(k, v)
-        y = self.core(q, k, v, past, dropout_p=p)  # (B, nh, T, hs)
+        # (B, nh, T, hs); packed documents (training only) through their mask
+        extra = (0, p, positions) if positions is not None else (past, p)
+        y = self.core(q, k, v, *extra)
         y = y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim)  # (B, T, C_local)
         return self.proj(y)
 
@@ -89,11 +97,14 @@ class Block(nn.Module):
         self.mlp: nn.Module = MLP(cfg) if cfg.moe is None else MoEFeedForward(cfg.moe)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        # The cache only when decoding: wrappers that see the attention's inputs (DTensor's
-        # PrepareModuleInput) expect the one tensor of training.
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self.ln1(x)
-        x = x + self.drop(self.attn(h) if cache is None else self.attn(h, cache))
+        x = x + self.drop(self.attn(h, *extra_arguments(cache, positions)))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -134,19 +145,23 @@ class GPT(nn.Module):
         x: torch.Tensor,
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V), or the mean cross-entropy if targets given.
 
         On a pipeline stage without embeddings x is hidden states (B, T, C); on one
         without a head the hidden states are returned. With a `cache` (decoding), x is
         the positions after the cached ones, whose keys and values are reused and extended.
+        With `positions` (B, T), x holds packed documents: each token's position in its
+        document, which it alone attends to (token_rows.document_positions).
         """
         past = cache.length if cache is not None else 0
         if self.tok_emb is not None and self.pos_emb is not None:
-            positions = self.positions(x.shape[1], past, x.device)  # (T,)
-            x = self.drop(self.tok_emb(x) + self.pos_emb(positions))  # (B, T, C)
+            where = self.positions(x.shape[1], past, x.device) if positions is None else positions
+            x = self.drop(self.tok_emb(x) + self.pos_emb(where))  # (B, T, C)
         for i, block in enumerate(self.blocks.values()):
-            x = block(x) if cache is None else block(x, cache.layers[i])
+            layer = cache.layers[i] if cache is not None else None
+            x = block(x, *extra_arguments(layer, positions))
         if self.norm is None or self.head is None:
             return x
         logits = self.head(self.norm(x))  # (B, T, V)

@@ -40,14 +40,25 @@ class KVCache:
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past: int,
+    dropout_p: float = 0.0,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of T new queries (after `past` cached positions) over all keys.
 
     Without a past it is the usual causal mask; a single new query sees every key; several
     new queries after a past (a prompt fed in pieces) see the past and their own prefix.
+    With `positions` (B, T), each token's position within its packed document, a token
+    sees only its own document's tokens up to itself (token_rows.document_positions).
     """
     new = q.shape[2]
+    if positions is not None:
+        assert past == 0, "packed documents are trained, not decoded"
+        mask = document_mask(positions).unsqueeze(1)  # (B, 1, T, T), over the heads
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if past == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     if new == 1:
@@ -57,3 +68,11 @@ def attend(
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=cols <= rows + past, dropout_p=dropout_p
     )
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions within packed documents -> (B, T, T) bool: query i sees key j when
+    j <= i and j is no further back than i's document start (i - positions[i])."""
+    index = torch.arange(positions.shape[-1], device=positions.device)
+    back = index.unsqueeze(-1) - index  # (T, T): i - j
+    return (back >= 0) & (back <= positions.unsqueeze(-1))

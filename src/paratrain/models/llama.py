@@ -23,7 +23,7 @@ from torch import nn
 
 from paratrain.models.kv_cache import KVCache, LayerCache
 from paratrain.models.moe import MoEConfig, MoEFeedForward, add_aux_loss
-from paratrain.models.position_dependent import CoreAttention, Positions
+from paratrain.models.position_dependent import CoreAttention, Positions, extra_arguments
 from paratrain.token_rows import IGNORE_INDEX
 
 
@@ -59,8 +59,8 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None)
     The angles are computed here in float32 from the T tokens' global positions (no table
     to move between devices or to checkpoint): 0..T-1 in training, where attention sees
     the whole sequence (sequence parallelism gathers it first), or this rank's chunks of
-    it under context parallelism; in decoding the new positions follow the cached ones.
-    None: 0..T-1.
+    it under context parallelism; in decoding the new positions follow the cached ones;
+    (B, T) with packed documents, each token's position in its document. None: 0..T-1.
     """
     hd = x.shape[-1]
     if positions is None:
@@ -68,8 +68,10 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None)
     # Hugging Face's arithmetic, step by step, so that imported models agree to the bit.
     exponents = torch.arange(0, hd, 2, device=x.device, dtype=torch.int64).float() / hd
     inv_freq = 1.0 / (theta**exponents)
-    angles = torch.outer(positions.float(), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)  # (T, hd): pair (i, i + hd/2) shares one
+    angles = positions.float().unsqueeze(-1) * inv_freq  # (T, hd/2), or (B, T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # pair (i, i + hd/2) shares one
+    if angles.dim() == 3:
+        angles = angles.unsqueeze(1)  # (B, 1, T, hd): the same for every head
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin
@@ -88,7 +90,13 @@ class GroupedQueryAttention(nn.Module):
         # Replaceable, both: context parallelism swaps them (models/position_dependent.py).
         self.positions, self.core = Positions(), CoreAttention()
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`positions` (B, T): packed documents' (token_rows.document_positions)."""
         batch, seq, _ = x.shape
         hd = self.head_dim
         past = cache.length if cache is not None else 0
@@ -99,11 +107,13 @@ class GroupedQueryAttention(nn.Module):
         # Head counts from the outputs: under tensor parallelism each rank holds n_head/tp
         # query heads and n_kv_head/tp key/value heads, the same groups as unsplit.
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        positions = self.positions(seq, past, x.device)  # (T,)
-        q, k = rotary(q, self.theta, positions), rotary(k, self.theta, positions)
+        where = self.positions(seq, past, x.device) if positions is None else positions
+        q, k = rotary(q, self.theta, where), rotary(k, self.theta, where)
         if cache is not None:  # decoding: the cached positions' keys and values, extended
             k, v = cache.extend(k, v)
-        y = self.core(q, k, v, past)  # (B, h, T, hd); query head i reads kv head i // group
+        # (B, h, T, hd); query head i reads kv head i // group; packed documents by mask
+        extra = (0, 0.0, positions) if positions is not None else (past,)
+        y = self.core(q, k, v, *extra)
         return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -128,9 +138,14 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp: nn.Module = SwiGLU(cfg) if cfg.moe is None else MoEFeedForward(cfg.moe)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: LayerCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self.attn_norm(x)  # the cache only when decoding, as in gpt.py's Block
-        x = x + (self.attn(h) if cache is None else self.attn(h, cache))
+        x = x + self.attn(h, *extra_arguments(cache, positions))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -158,14 +173,17 @@ class Llama(nn.Module):
         x: torch.Tensor,
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V), or the mean cross-entropy if targets given;
         on a pipeline stage without embeddings x is hidden states, and one without a head
-        returns them. With a `cache` (decoding), x is the positions after the cached ones."""
+        returns them. With a `cache` (decoding), x is the positions after the cached ones;
+        with `positions` (B, T), x holds packed documents, each attending only to itself."""
         if self.tok_emb is not None:
             x = self.tok_emb(x)  # (B, T, C)
         for i, block in enumerate(self.blocks.values()):
-            x = block(x) if cache is None else block(x, cache.layers[i])
+            layer = cache.layers[i] if cache is not None else None
+            x = block(x, *extra_arguments(layer, positions))
         if self.norm is None or self.head is None:
             return x
         logits = self.head(self.norm(x))  # (B, T, V)

@@ -30,6 +30,7 @@ from paratrain.checkpoint import Checkpoint
 from paratrain.checkpoint.server import load_server, save_server
 from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows, validation_rows
+from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
 from paratrain.parallel.data_parallel import DataParallel
@@ -124,8 +125,8 @@ class _Server:
         extra = {"async": async_summary(report), "first_step": first + 1, "report": report}
         val_loss = float("nan")
         if self.stopped_at is None:
-            packing = self.cfg.data.packing
-            val = validation_rows(self.data, packing, t.seq_len, t.micro_batch, t.val_batches)
+            layout = run_row_layout(self.cfg, self.data.supervised)
+            val = validation_rows(self.data, layout, t.seq_len, t.micro_batch, t.val_batches)
             val = on_device(val, self.mesh.device)
             val_loss = evaluate(model, val, group.alone("server")) if val else float("nan")
         else:
@@ -215,7 +216,8 @@ def _work(
     one process (its gradient goes to the server, not to other workers)."""
     t, group = cfg.train, mesh.group("dp")
     workers = group.size - 1
-    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
+    layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
+    sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     per_update = t.global_batch // workers
     recompute_blocks(model, cfg)  # as build_engine applies it, before the wrapper
     engine = FlatEngine(DataParallel(model, group.alone("worker"), reduce_op="sum"))

@@ -217,6 +217,7 @@ def _pipeline_engine(
         dtype=dtype,
         meter=ActivationMeter if cfg.train.trace else None,
         split=split,
+        keywords=split.keywords,
         stage_loss=aux_loss if cfg.model.num_experts else None,  # MoE balancing losses
     )
     # The engine weights each micro-batch's mean loss by its target tokens: replicas sum

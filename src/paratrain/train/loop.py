@@ -19,6 +19,7 @@ from paratrain import checkpoint
 from paratrain.checkpoint import Checkpoint
 from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows, validation_rows
+from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
@@ -59,7 +60,8 @@ def train(
     engine, optimizer, first, lr = _build(cfg, mesh, resume)
     if on_start is not None:
         on_start(engine)
-    sampler = training_rows(data, cfg.data.packing, t.seq_len, t.global_batch, t.seed)
+    layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
+    sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     compiled = engine.compiled
     timer = StepTimer(mesh.ledger, (lambda: compiled.seconds) if compiled else None)
     dp, skips = mesh.group("dp"), SkippedSteps(t.max_skipped_steps)
@@ -132,9 +134,9 @@ def _finish(
         extra["compile"] = engine.compiled.report().as_dict()
     val_loss = float("nan")
     if stopped_at is None:
+        layout = run_row_layout(cfg, data.supervised)
         val = on_device(
-            validation_rows(data, cfg.data.packing, t.seq_len, t.micro_batch, t.val_batches),
-            device,
+            validation_rows(data, layout, t.seq_len, t.micro_batch, t.val_batches), device
         )
         val_loss = engine.evaluate(val) if val else float("nan")
     else:

@@ -56,7 +56,7 @@ def accumulate_gradients(
             if i != last:
                 for wrapper in (model, *others):
                     sync.enter_context(wrapper.no_sync())
-            mean_loss = model(inputs, targets)
+            mean_loss = model(inputs, targets, **split.keywords(batch))
             (mean_loss * tokens).backward()
         sums[0] += mean_loss.detach().double() * tokens
         sums[1] += tokens
@@ -105,7 +105,7 @@ def evaluate(
         tokens = int((targets != IGNORE_INDEX).sum()) if index < len(batches) else 0
         if tokens == 0:  # a pass for the collectives only: a finite loss, weight 0
             targets = targets.clamp(min=0)
-        loss = model(inputs, targets)
+        loss = model(inputs, targets, **split.keywords(batch))
         sums[0] += loss.double() * tokens
         sums[1] += tokens
     comm.all_reduce(sums, sum_group or dp_group, op="sum")

@@ -21,11 +21,12 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
-from paratrain.data.document_rows import first_document_rows, one_document_a_row
+from paratrain.data.document_rows import first_rows
 from paratrain.data.prepared import is_prepared
+from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
-from paratrain.token_rows import PAD, split_rows, target_count
+from paratrain.token_rows import PAD, model_keywords, split_rows, target_count
 from paratrain.train.build import build_model
 
 TOKENIZER = Path("tokenizer") / "tokenizer.json"
@@ -172,17 +173,19 @@ def eval_windows(tokens: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def eval_rows(cfg: RunConfig, run_dir: Path, data: str | None, n: int) -> torch.Tensor:
-    """The (W, n + 1) rows `eval` scores: where the run trained one example a row
-    (--packing none, or auto on supervised data), one row per held-out example of a
-    prepared data set, as validation cut them; otherwise `eval_windows` of the ids."""
+    """The (W, n + 1) rows `eval` scores: where the run trained on whole documents
+    (--packing none or documents, or auto on supervised data), every held-out document of
+    a prepared data set, in rows as validation cut them; otherwise `eval_windows` of the
+    ids."""
     source = data if data is not None else cfg.data.path
     if source and is_prepared(source):
         loaded = load_tokens(source)
-        if one_document_a_row(loaded, cfg.data.packing) and loaded.documents is not None:
+        layout = run_row_layout(cfg, loaded.supervised)
+        if layout != "stream" and loaded.documents is not None:
             lengths = loaded.documents["val"]
             if len(lengths) == 0:
                 raise ValueError(f"--data {source!r} holds out no example to score")
-            return first_document_rows(loaded.val, lengths, n, len(lengths))
+            return first_rows(loaded.val, lengths, n, layout)
     return eval_windows(eval_tokens(cfg, run_dir, data), n)
 
 
@@ -197,7 +200,7 @@ def evaluate_file(
     total, count = 0.0, 0
     for rows in eval_rows(cfg, run_dir, data, n).split(batch):
         valid = target_count(rows)
-        total += float(model(*split_rows(rows))) * valid
+        total += float(model(*split_rows(rows), **model_keywords(rows))) * valid
         count += valid
     return scores(total / count, count)
 

@@ -28,7 +28,7 @@ from paratrain.module_names import matching
 from paratrain.parallel.context_parallel import layout
 from paratrain.parallel.context_parallel.ring import ring_attention
 from paratrain.parallel.context_parallel.ulysses import ulysses_attention
-from paratrain.token_rows import split_rows
+from paratrain.token_rows import model_keywords, split_rows
 
 # method -> (attention, load-balanced layout); config.CP_METHODS lists the same names
 METHODS = {"ring": (ring_attention, True), "alltoall": (ulysses_attention, False)}
@@ -53,11 +53,13 @@ class ContextParallelAttention(nn.Module):
         v: torch.Tensor,
         past: int = 0,
         dropout_p: float = 0.0,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if past or dropout_p:  # refused by the configuration checks before a run starts
+        # Each refused by the configuration checks before a run starts.
+        if past or dropout_p or positions is not None:
             raise ValueError(
-                f"context-parallel attention: no KV cache (past {past}) and no attention "
-                f"dropout (p {dropout_p}); decode with the plain model"
+                f"context-parallel attention: no KV cache (past {past}), no attention "
+                f"dropout (p {dropout_p}) and no packed documents; decode with the plain model"
             )
         return self._attend(q, k, v, self.group, causal=True, balanced=self.balanced)
 
@@ -121,3 +123,11 @@ class TokenShard:
             layout.shard(t, self.cp, self.rank, self.balanced, dim=1) for t in (inputs, targets)
         )
         return inputs, targets  # (b, n) each
+
+    def keywords(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model call's other arguments (token_rows.model_keywords): packed documents'
+        positions, which context-parallel attention does not take (refused before a run)."""
+        keywords = model_keywords(batch)
+        if keywords and self.cp > 1:
+            raise ValueError("packed documents (--packing documents) under context parallelism")
+        return keywords

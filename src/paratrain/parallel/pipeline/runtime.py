@@ -67,7 +67,7 @@ from paratrain.parallel.pipeline.split_backward import backward_input
 from paratrain.parallel.pipeline.stage_loss import StageLoss, attach
 from paratrain.parallel.pipeline.step_state import SavedTensorMeter, StepState, held_bytes
 from paratrain.parallel.pipeline.step_trace import Event, StepTrace
-from paratrain.token_rows import split_rows
+from paratrain.token_rows import model_keywords, split_rows
 
 
 class PipelineRuntime:
@@ -88,6 +88,7 @@ class PipelineRuntime:
         meter: Callable[[nn.Module], SavedTensorMeter] | None = None,
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = split_rows,
         stage_loss: StageLoss | None = None,
+        keywords: Callable[[torch.Tensor], dict[str, torch.Tensor]] = model_keywords,
     ) -> None:
         if group.size != schedule.num_stages:
             raise ValueError(
@@ -106,6 +107,9 @@ class PipelineRuntime:
         # A micro-batch -> (inputs, targets) of this rank's tokens: all of them, or under
         # context parallelism its chunks, so that stages pass sequence-sharded activations.
         self.split = split
+        # A micro-batch -> the chunks' other arguments: packed documents' positions, which
+        # every stage's attention needs (token_rows.model_keywords).
+        self.keywords = keywords
         # Terms of the loss a chunk short of the last computes (same on every stage: it
         # decides the step's last collective). The last chunk's forward includes its own.
         self.stage_loss = stage_loss
@@ -195,6 +199,7 @@ class PipelineRuntime:
     def _forward(self, a: Action, st: StepState, sch: Schedule) -> None:
         vs, last = self._vs(a), sch.num_virtual_stages - 1
         inputs, targets = self.split(st.micro_batches[a.microbatch])
+        keywords = self.keywords(st.micro_batches[a.microbatch])
         if vs == 0:
             x = inputs  # (b, T) ids; padding (-100) reads id 0, unscored
         else:
@@ -205,11 +210,11 @@ class PipelineRuntime:
         share = st.share(a.microbatch)
         with meter or contextlib.nullcontext():
             if vs == last:
-                loss = chunk(x, st.scored(a.microbatch, targets))  # mean over its tokens
+                loss = chunk(x, st.scored(a.microbatch, targets), **keywords)  # token mean
                 st.loss_sum += share(loss.detach()) if st.train else loss.detach()
                 y = share(loss)  # so the K backwards sum to the step's objective's gradient
             else:
-                y = chunk(x)  # (b, T, C)
+                y = chunk(x, **keywords)  # (b, T, C)
                 term = self.stage_loss(chunk) if st.train and self.stage_loss else None
                 if term is not None:
                     st.loss_sum += share(term.detach())
