@@ -153,12 +153,36 @@ def test_pipeline_layout_and_bubble(capsys):
         (["--micro-batch", "0"], "micro-batch 0; must be at least 1"),
         (["--params", "-1"], "--params -1.0; must be > 0"),
         (["--heads", "7"], "heads 7 do not divide hidden 4096"),
+        (["--replicas", "2", "--zero", "0"], "--replicas 2 needs ZeRO 1, 2 or 3"),
+        (["--replicas", "3", "--dp", "8"], "replicas divide dp"),
+        (["--replicas", "0"], "--replicas 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv, "--no-chart")
     assert code == 2, out
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_replicas_shard_within_each_group_and_all_reduce_across(capsys):
+    """`plan --replicas 2` on dp 8: only HSDP layouts (ZeRO 1-3), each holding the ZeRO
+    state of a shard over 4 ranks (as dp 4 without replicas would), and all-reducing its
+    gradient shard (7e9 bf16 gradients / 4) across the 2 groups: 2 (R - 1) / R of it."""
+
+    def layouts(*argv: str) -> dict[str, dict]:
+        code, out, _ = run(capsys, "--preset", "7b", "--tp", "1", "--pp", "1", *argv, "--json")
+        assert code == 0
+        return {e["zero"]: e for e in json.loads(out.strip().splitlines()[-1])["layouts"]}
+
+    hsdp, flat = layouts("--dp", "8", "--replicas", "2"), layouts("--dp", "8")
+    assert sorted(hsdp) == [1, 2, 3] and all(e["replicas"] == 2 for e in hsdp.values())
+    half = layouts("--gpus", "4", "--dp", "4")
+    for zero in (1, 2, 3):
+        state = hsdp[zero]["model_state_bytes_per_gpu"]
+        assert state == half[zero]["model_state_bytes_per_gpu"], zero
+        across = [c for c in hsdp[zero]["comm"] if c["axis"] == "dp_replicate"]
+        assert [(c["op"], c["bytes"]) for c in across] == [("all_reduce", 3_500_000_000)]
+        assert all(c["axis"] != "dp_replicate" for c in flat[zero]["comm"])
 
 
 def test_batch_arithmetic_that_fails_rejects_the_layout_with_its_numbers(capsys):

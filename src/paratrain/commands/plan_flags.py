@@ -138,6 +138,12 @@ def _layout_arguments(lay: argparse._ArgumentGroup) -> None:
         "alltoall (Ulysses: heads travel) (default ring)",
     )
     lay.add_argument("--zero", type=int, help="ZeRO stage 0-3")
+    lay.add_argument(
+        "--replicas",
+        type=int,
+        help="HSDP: ZeRO within this many replica groups of the dp ranks, the shards "
+        "all-reduced across them (layouts with ZeRO 1-3 and dp divisible by it; default 1)",
+    )
     lay.add_argument("--schedule", help=f"pipeline schedule: {', '.join(SCHEDULES)}")
     lay.add_argument("--chunks", type=int, default=1, help="model chunks per GPU (interleaved)")
 

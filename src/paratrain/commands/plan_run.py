@@ -155,11 +155,15 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise ValueError(f"chunks {args.chunks} needs --schedule interleaved")
     if args.zero is not None and args.zero not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {args.zero}; valid: 0, 1, 2, 3")
-    for axis in ("dp", "tp", "pp", "cp", "ep"):
+    for axis in ("dp", "tp", "pp", "cp", "ep", "replicas"):
         _positive("--" + axis, getattr(args, axis))
+    if args.replicas not in (None, 1) and args.zero == 0:
+        raise ValueError(f"--replicas {args.replicas} needs ZeRO 1, 2 or 3 (HSDP), not --zero 0")
+    if args.replicas not in (None, 1) and args.ep not in (None, 1):
+        raise ValueError(f"--replicas {args.replicas} with --ep {args.ep} is not supported yet")
     if args.ep not in (None, 1) and not model.num_experts:
         raise ValueError(f"--ep {args.ep} needs a mixture of experts (--experts or a MoE preset)")
-    axes = ("dp", "tp", "pp", "cp", "ep", "zero")
+    axes = ("dp", "tp", "pp", "cp", "ep", "zero", "replicas")
     fixed = {a: getattr(args, a) for a in axes}
     layouts = candidate_layouts(
         cluster, args.schedule, args.chunks, fixed, model.num_experts, args.cp_method
@@ -168,7 +172,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         given = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
         raise ValueError(
             f"no layout with {given} on {cluster.gpus} GPUs: dp * cp * tp * pp must equal "
-            "the GPUs, and ep divide dp * cp"
+            "the GPUs, ep divide dp * cp, and replicas divide dp"
         )
     return plan(model, cluster, workload, layouts)
 

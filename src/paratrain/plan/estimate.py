@@ -91,6 +91,7 @@ class Estimate:
             "cp_method": lay.cp_method if lay.cp > 1 else None,
             "ep": lay.ep,
             "zero": lay.zero,
+            "replicas": lay.replicas,  # HSDP's replica groups; 1 without
             "schedule": lay.schedule or None,
             "model_state_bytes_per_gpu": self.model_state.as_dict(),
             "activation_bytes_per_gpu": None if act is None else round(act),

@@ -56,7 +56,8 @@ def candidate_layouts(
     cp_method: str = "ring",
 ) -> list[Layout]:
     """Every tp x cp x pp x dp x ZeRO x schedule for the cluster, restricted by `fixed`
-    degrees; for a mixture of `experts` experts, every ep that divides dp * cp and them.
+    degrees (and HSDP's `replicas`); for a mixture of `experts` experts, every ep that
+    divides dp * cp and them.
 
     ZeRO needs dp * cp > 1 (on one rank it is plain DP). The interleaved schedule uses
     `chunks` (2 when not given). Layouts that cannot run are kept: the planner reports why.
@@ -88,11 +89,17 @@ class _Shape(TypedDict):
 def _variants(
     shape: _Shape, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
 ) -> list[Layout]:
-    """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule."""
+    """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule; with `replicas`
+    R > 1 (HSDP), only ZeRO 1-3 and ep 1, and only where R divides dp."""
     ranks = shape["dp"] * shape["cp"]
+    replicas = fixed.get("replicas", 1)
     eps = [e for e in divisors(ranks) if experts % e == 0] if experts else [1]
     eps = [fixed["ep"]] if "ep" in fixed else eps
     zeros = [fixed["zero"]] if "zero" in fixed else ([0, 1, 2, 3] if ranks > 1 else [0])
+    if replicas > 1:
+        if shape["dp"] % replicas:
+            return []
+        eps, zeros = [e for e in eps if e == 1], [z for z in zeros if z > 0]
     scheds = [""] if shape["pp"] == 1 else ([schedule] if schedule else list(SCHEDULES))
     out = []
     for ep in eps:
@@ -101,7 +108,9 @@ def _variants(
         for zero in zeros:
             for s in scheds:
                 v = (chunks if chunks > 1 else 2) if s == "interleaved" else 1
-                out.append(Layout(**shape, ep=ep, zero=zero, schedule=s, chunks=v))
+                out.append(
+                    Layout(**shape, ep=ep, zero=zero, schedule=s, chunks=v, replicas=replicas)
+                )
     return out
 
 
