@@ -11,11 +11,12 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from paratrain.cli import main
-from paratrain.data.chat_template import ChatTemplate, template_source
+from paratrain.data.chat_template import KEPT, ChatTemplate, template_source
 from paratrain.data.prepared import read_data_meta
-from paratrain.data.supervised import render
+from paratrain.data.supervised import prompt_ids, render
 from paratrain.data.tokenizer import EOT, load_tokenizer
 from tests.test_supervised import CHAT, tokenizer  # noqa: F401  (a fixture)
 
@@ -86,3 +87,49 @@ def test_a_template_that_cannot_be_cut_by_turns_is_refused(templated, tmp_path):
     settings.write_text(json.dumps({"chat_template": reversed_}))
     code, line = _prepare(templated, tmp_path)
     assert code == 2 and "prefixes" in line and "\n" not in line
+
+
+@pytest.mark.parametrize("with_template", [True, False], ids=["tokenizer", "default"])
+def test_sample_prompts_are_cut_as_training_cut_the_conversation(templated, with_template):
+    """`sample --chat`'s ids for a user's message are exactly the training ids of a
+    conversation with that message, up to its answer's first target."""
+    tok = load_tokenizer(templated)
+    template = ChatTemplate(template_source(templated, "auto")) if with_template else None
+    chat = {"messages": [CHAT["messages"][1], CHAT["messages"][2]]}  # user, assistant
+    ids, mask = render(chat, "chat", tok, tok.token_to_id(EOT), template)
+    first = mask.index(1)
+    assert prompt_ids(chat["messages"][:1], tok, template) == ids[:first]
+
+
+def test_sample_chat_answers_with_the_template_the_data_was_prepared_with(templated, tmp_path):
+    """prepare keeps the template beside the data, train beside the run's tokenizer, and
+    `sample --chat` renders the message with it and prints the greedy answer up to the
+    template's end of turn (recomputed here from the model and the ids)."""
+    from paratrain.models.generate import generate
+    from paratrain.trained.run_model import load_run
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(CHAT) + "\n" for _ in range(40)))
+    prepared, run = tmp_path / "data", tmp_path / "run"
+    tiny = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--seq-len", "64",
+            "--global-batch", "4", "--micro-batch", "2", "--steps", "3",
+            "--nproc", "1"]  # fmt: skip
+    quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+    with quiet[0], quiet[1]:
+        argv = ["prepare", "--data", str(data), "--tokenizer", str(templated), "--out"]
+        assert main([*argv, str(prepared), "--format", "chat", "--workers", "1"]) == 0
+        assert main(["train", *tiny, "--data", str(prepared), "--out", str(run)]) == 0
+    assert json.loads((run / "tokenizer" / KEPT).read_text())["template"] == CHATML
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        argv = ["sample", str(run), "--chat", "--prompt", "And json.loads?"]
+        assert main([*argv, "--temperature", "0", "--max-new-tokens", "12"]) == 0
+    tok = load_tokenizer(templated)
+    ids = prompt_ids([{"role": "user", "content": "And json.loads?"}], tok, ChatTemplate(
+        template_source(templated, "auto")))  # fmt: skip
+    _, model = load_run(run)
+    out = generate(model, torch.tensor([ids]), 12, vocab=tok.get_vocab_size())[0, len(ids) :]
+    answer = out.tolist()
+    stop = tok.token_to_id(EOT)
+    answer = answer[: answer.index(stop)] if stop in answer else answer
+    assert printed.getvalue() == tok.decode(answer) + "\n"

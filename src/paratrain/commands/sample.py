@@ -15,6 +15,12 @@ def add_arguments(smp: argparse.ArgumentParser) -> None:
     smp.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax)")
     smp.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest; 0: all")
     smp.add_argument("--seed", type=int, default=0, help="seed of the draws")
+    smp.add_argument(
+        "--chat",
+        action="store_true",
+        help="the prompt is a user's message: rendered with the chat template the run's "
+        "data was prepared with, and only the answer printed, up to its end of turn",
+    )
 
 
 def _run_dir(text: str) -> Path:
@@ -35,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         args.temperature,
         args.top_k,
         args.seed,
+        args.chat,
     )
     print(text, flush=True)
     return 0

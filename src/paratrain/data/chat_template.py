@@ -18,6 +18,9 @@ from typing import Any
 
 CHOICES = ("auto", "default", "tokenizer")
 SETTINGS = "tokenizer_config.json"
+# What a chat data set was rendered with, kept beside its tokenizer (a prepared directory,
+# a run's tokenizer/): {"template": None} for the default template, else template_source's.
+KEPT = "chat_template.json"
 
 
 def _token(value: Any) -> str:
@@ -75,7 +78,11 @@ class ChatTemplate:
             messages=messages, add_generation_prompt=add_generation_prompt, **self.tokens
         )
 
-    def pieces(self, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    def pieces(
+        self, messages: list[dict[str, Any]], then_answer: bool = False
+    ) -> list[tuple[str, bool]]:
+        """The conversation's pieces; `then_answer`: and the generation prompt after it
+        (what `sample --chat` feeds the model), cut as training cut it."""
         done, pieces = "", []
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
@@ -85,6 +92,8 @@ class ChatTemplate:
             text = self.render(messages[: i + 1], False)
             pieces.append((self._after(done, text), m["role"] == "assistant"))
             done = text
+        if then_answer:
+            pieces.append((self._after(done, self.render(messages, True)), False))
         return pieces
 
     @staticmethod
@@ -96,3 +105,14 @@ class ChatTemplate:
                 "use --chat-template default"
             )
         return text[len(done) :]
+
+
+def kept_template(tokenizer_dir: Path) -> dict[str, Any] | None:
+    """The template a run's chats were rendered with: KEPT's where a chat data set left
+    it, else the tokenizer's own (an imported model's tokenizer_config.json); None: the
+    default template."""
+    kept = tokenizer_dir / KEPT
+    if kept.is_file():
+        source: dict[str, Any] = json.loads(kept.read_text())
+        return source if source.get("template") else None
+    return template_source(tokenizer_dir / "tokenizer.json", "auto")

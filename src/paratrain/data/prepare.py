@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from paratrain.data.chat_template import ChatTemplate, template_source
+from paratrain.data.chat_template import KEPT, ChatTemplate, template_source
 from paratrain.data.prepare_inputs import (
     FileRange,
     documents_of,
@@ -234,6 +234,9 @@ def _prepare_into(
         "documents": {s: sum(c[s]["documents"] for c in shards) for s in SPLITS},
     }
     shutil.copy2(tokenizer_file, out / TOKENIZER_COPY)
+    if settings["format"] == "chat":  # what `sample --chat` renders a prompt with
+        kept = settings["chat_template"] or {"template": None}
+        (out / KEPT).write_text(json.dumps(kept) + "\n")
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")  # the commit point
     started.unlink()
     return meta

@@ -44,12 +44,33 @@ def _pieces_of_chat(doc: dict[str, Any], template: Any) -> list[tuple[str, bool]
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ValueError(f"a message needs a 'role' of {', '.join(ROLES)}; got {m!r:.60}")
         content = _string(m, "content", "a message")
-        pieces.append((f"<|{m['role']}|>\n", False))
+        pieces.append((_header(m["role"]), False))
         pieces.append((content, m["role"] == "assistant"))
         pieces.append(("" if m["role"] == "assistant" else "\n", False))
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("a conversation has no assistant turn: nothing to learn from it")
     return pieces if template is None else template.pieces(messages)
+
+
+def _header(role: str) -> str:
+    return f"<|{role}|>\n"
+
+
+def encode_piece(tokenizer: Any, text: str) -> list[int]:
+    """One piece's ids. No special tokens added per piece (a BOS before each): a
+    template writes its own."""
+    return tokenizer.encode(text, add_special_tokens=False).ids if text else []
+
+
+def prompt_ids(messages: list[dict[str, Any]], tokenizer: Any, template: Any = None) -> list[int]:
+    """The ids `sample --chat` feeds the model: the conversation so far and the assistant's
+    header (the generation prompt), in pieces as training encoded them."""
+    if template is not None:
+        texts = [text for text, _ in template.pieces(messages, then_answer=True)]
+    else:
+        texts = [p for m in messages for p in (_header(m["role"]), m["content"], "\n")]
+        texts.append(_header("assistant"))
+    return [i for text in texts for i in encode_piece(tokenizer, text)]
 
 
 def render(
@@ -69,8 +90,7 @@ def render(
     ids: list[int] = []
     mask: list[int] = []
     for text, target in pieces:
-        # No special tokens added per piece (a BOS before each): the template writes its own.
-        encoded = tokenizer.encode(text, add_special_tokens=False).ids if text else []
+        encoded = encode_piece(tokenizer, text)
         ids += encoded
         mask += [int(target)] * len(encoded)
         if target and closed:  # an answer ends with <|endoftext|>, the model's stop token

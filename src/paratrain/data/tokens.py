@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from paratrain.data.chat_template import KEPT
 from paratrain.data.files import data_tokenizer, is_val_file
 from paratrain.data.prepared import (
     ShardedTokens,
@@ -225,3 +226,6 @@ def keep_tokenizer(cfg: Any, run_dir: Path) -> None:
     if source is not None:
         (run_dir / "tokenizer").mkdir(exist_ok=True)
         shutil.copy2(source, run_dir / "tokenizer" / "tokenizer.json")
+        template = Path(source).parent / KEPT  # a chat data set's template
+        if template.is_file():
+            shutil.copy2(template, run_dir / "tokenizer" / KEPT)

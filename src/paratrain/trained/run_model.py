@@ -21,9 +21,11 @@ from paratrain import checkpoint
 from paratrain.checkpoint.whole_model import load_weights, read_model
 from paratrain.config import RunConfig
 from paratrain.config.toml_file import from_toml_text
+from paratrain.data.chat_template import ChatTemplate, kept_template
 from paratrain.data.document_rows import first_rows
 from paratrain.data.prepared import is_prepared
-from paratrain.data.supervised import run_row_layout
+from paratrain.data.supervised import prompt_ids, run_row_layout
+from paratrain.data.tokenizer import EOT
 from paratrain.data.tokens import load_tokens
 from paratrain.models.generate import generate
 from paratrain.token_rows import PAD, model_keywords, split_rows, target_count
@@ -88,8 +90,11 @@ def sample(
     temperature: float = 0.8,
     top_k: int = 0,
     seed: int = 0,
+    chat: bool = False,
 ) -> str:
-    """The prompt and what the run's model writes after it (KV cache)."""
+    """The prompt and what the run's model writes after it (KV cache); with `chat`, the
+    prompt is a user's message, rendered as the run's chat data were (chat_prompt), and
+    the answer alone is returned, up to its end of turn."""
     if max_new_tokens < 1 or not temperature >= 0 or top_k < 0:
         raise ValueError(
             f"--max-new-tokens {max_new_tokens} must be positive, --temperature {temperature} "
@@ -97,7 +102,7 @@ def sample(
         )
     cfg, model = load_run(run_dir)
     tokenizer = Tokenizer(run_dir, cfg.model.vocab_size)
-    ids = tokenizer.encode(prompt)
+    ids, stop = chat_prompt(run_dir, tokenizer, prompt) if chat else (tokenizer.encode(prompt), -1)
     if not ids:
         raise ValueError("--prompt is empty; give at least one character")
     room = cfg.model.max_seq_len - len(ids)
@@ -110,8 +115,28 @@ def sample(
     prompt_ids = torch.tensor([ids], dtype=torch.long, device="cpu")
     out = generate(
         model, prompt_ids, max_new_tokens, temperature, top_k, generator, vocab=tokenizer.vocab
-    )
-    return tokenizer.decode(out[0].tolist())
+    )[0].tolist()
+    if not chat:
+        return tokenizer.decode(out)
+    answer = out[len(ids) :]
+    return tokenizer.decode(answer[: answer.index(stop)] if stop in answer else answer)
+
+
+def chat_prompt(run_dir: Path, tokenizer: Tokenizer, message: str) -> tuple[list[int], int]:
+    """A user's message as the run's chat data were rendered (data/chat_template.py's
+    kept_template: the template kept beside its tokenizer, or the default), with the
+    generation prompt; and the id that ends the answer (the template's eos_token, or
+    <|endoftext|>)."""
+    if tokenizer.hf is None:
+        raise ValueError(f"--chat needs a tokenizer; {run_dir} has no {TOKENIZER}")
+    source = kept_template(run_dir / TOKENIZER.parent)
+    template = ChatTemplate(source) if source is not None else None
+    ids = prompt_ids([{"role": "user", "content": message}], tokenizer.hf, template)
+    end = (source or {}).get("eos_token") or EOT
+    stop = tokenizer.hf.token_to_id(end)
+    if stop is None:
+        raise ValueError(f"--chat: the tokenizer has no {end!r}, the answer's end")
+    return ids, int(stop)
 
 
 def held_out_tokens(cfg: RunConfig, run_dir: Path) -> torch.Tensor:
