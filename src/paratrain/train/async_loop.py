@@ -33,6 +33,7 @@ from paratrain.data.document_rows import training_rows, validation_rows
 from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
+from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.data_parallel import DataParallel
 from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.data_parallel.async_sgd import ParameterServer, serve, work
@@ -128,7 +129,9 @@ class _Server:
             layout = run_row_layout(self.cfg, self.data.supervised)
             val = validation_rows(self.data, layout, t.seq_len, t.micro_batch, t.val_batches)
             val = on_device(val, self.mesh.device)
-            val_loss = evaluate(model, val, group.alone("server")) if val else float("nan")
+            split = TokenShard(packed=layout == "documents")
+            alone = group.alone("server")
+            val_loss = evaluate(model, val, alone, split) if val else float("nan")
         else:
             extra["stopped_at"] = self.stopped_at
         return TrainResult(model, self.metrics, val_loss, extra, optimizer=optimizer)
@@ -220,7 +223,8 @@ def _work(
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     per_update = t.global_batch // workers
     recompute_blocks(model, cfg)  # as build_engine applies it, before the wrapper
-    engine = FlatEngine(DataParallel(model, group.alone("worker"), reduce_op="sum"))
+    replica = DataParallel(model, group.alone("worker"), reduce_op="sum")
+    engine = FlatEngine(replica, split=TokenShard(packed=layout == "documents"))
 
     def compute(batch_index: int) -> tuple[float, float]:
         start = time.perf_counter()

@@ -149,17 +149,22 @@ def pipeline_plan(plan: ModelPlan) -> PipelinePlan:
 
 
 def build_engine(
-    cfg: RunConfig, mesh: Mesh, plan: ModelPlan | None = None, model: nn.Module | None = None
+    cfg: RunConfig,
+    mesh: Mesh,
+    plan: ModelPlan | None = None,
+    model: nn.Module | None = None,
+    packed: bool = False,
 ) -> Engine:
     """This rank's part of the model, made parallel in the architecture's order.
 
     plan: the model's facts (default: the run's architecture's, `plan_of(cfg)`).
     model: the full plain model, the same on every rank (default: `build_model(cfg)`).
+    packed: its rows hold packed documents (the run's row layout is `documents`).
     """
     p, t = cfg.parallel, cfg.train
     plan = plan if plan is not None else plan_of(cfg)
     model = build_model(cfg, mesh.device) if model is None else move_to(model, mesh.device)
-    split = token_split(model, plan, mesh, cfg)
+    split = token_split(model, plan, mesh, cfg, packed)
     tracker = None
     if mesh.size("tp") > 1:
         tp = mesh.group("tp")
@@ -186,15 +191,18 @@ def build_engine(
     return engine
 
 
-def token_split(model: nn.Module, plan: ModelPlan, mesh: Mesh, cfg: RunConfig) -> TokenShard:
+def token_split(
+    model: nn.Module, plan: ModelPlan, mesh: Mesh, cfg: RunConfig, packed: bool = False
+) -> TokenShard:
     """With cp > 1, make `model` context parallel over the cp group (in place) and return
-    how this rank takes its tokens of a micro-batch; with cp = 1, every token."""
+    how this rank takes its tokens of a micro-batch; with cp = 1, every token (and with
+    `packed`, the documents' positions)."""
     cp = mesh.group("cp")
     if cp.size == 1:
-        return TokenShard()
+        return TokenShard(packed=packed)
     method = cfg.parallel.cp_method
     apply_context_parallel(model, plan.context_attention, plan.context_positions, cp, method)
-    return TokenShard.of(cp, method)
+    return dataclasses.replace(TokenShard.of(cp, method), packed=packed)
 
 
 def _pipeline_engine(

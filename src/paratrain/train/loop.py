@@ -57,10 +57,10 @@ def train(
             "asynchronous runs go through train/async_loop.py: train_async"
         )
     t = cfg.train
-    engine, optimizer, first, lr = _build(cfg, mesh, resume)
+    layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
+    engine, optimizer, first, lr = _build(cfg, mesh, resume, layout == "documents")
     if on_start is not None:
         on_start(engine)
-    layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     compiled = engine.compiled
     timer = StepTimer(mesh.ledger, (lambda: compiled.seconds) if compiled else None)
@@ -95,13 +95,14 @@ def train(
 
 
 def _build(
-    cfg: RunConfig, mesh: Mesh, resume: Checkpoint | None
+    cfg: RunConfig, mesh: Mesh, resume: Checkpoint | None, packed: bool
 ) -> tuple[Engine, Any, int, LrSchedule]:
     """This rank's engine and optimizer, at `resume`'s step if given: (engine, optimizer,
-    the first step to run, the learning-rate schedule)."""
+    the first step to run, the learning-rate schedule). packed: rows of packed documents."""
     t = cfg.train
     # --init-from's weights, unless a checkpoint is about to replace them
-    engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=resume is None))
+    model = build_model(cfg, mesh.device, initial=resume is None)
+    engine = build_engine(cfg, mesh, model=model, packed=packed)
     seed_rank_stream(t.seed, mesh.global_rank)
     betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
     optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)

@@ -22,7 +22,7 @@ from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig
 from paratrain.data.tokens import on_device
 from paratrain.mesh import Mesh
-from paratrain.token_rows import target_count
+from paratrain.token_rows import document_positions, target_count
 from paratrain.train.build import build_engine, build_model
 from paratrain.train.optim import muon_settings, peak_lr
 from paratrain.train.worker import WorkerEnv, init_process_group, rank_device
@@ -45,14 +45,17 @@ def evaluate_on_mesh(
         dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=rank_device(cfg, env)
     )
     try:
-        engine = build_engine(cfg, mesh, model=build_model(cfg, mesh.device, initial=False))
+        windows = eval_rows(cfg, run_dir, data, eval_seq_len(cfg, seq_len))
+        model = build_model(cfg, mesh.device, initial=False)
+        engine = build_engine(
+            cfg, mesh, model=model, packed=document_positions(windows) is not None
+        )
         t = cfg.train
         betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
         optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)
         ckpt = checkpoint.latest_checkpoint(run_dir)
         assert ckpt is not None  # checked before launch
         load_engine_weights(ckpt, engine, optimizer, mesh, cfg)
-        windows = eval_rows(cfg, run_dir, data, eval_seq_len(cfg, seq_len))
         batches = on_device(list(windows.split(t.micro_batch)), mesh.device)
         loss = engine.evaluate(batches)
     finally:

@@ -110,6 +110,7 @@ class TokenShard:
     cp: int = 1
     rank: int = 0
     balanced: bool = False
+    packed: bool = False  # rows of packed documents (--packing documents): their positions
 
     @classmethod
     def of(cls, group: CommGroup, method: str) -> TokenShard:
@@ -126,8 +127,11 @@ class TokenShard:
 
     def keywords(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model call's other arguments (token_rows.model_keywords): packed documents'
-        positions, which context-parallel attention does not take (refused before a run)."""
-        keywords = model_keywords(batch)
-        if keywords and self.cp > 1:
+        positions, which context-parallel attention does not take (refused before a run).
+        Read from the rows only when the run packs documents, a fact of its layout, not
+        of its data (a simulated run's rows are fake tensors)."""
+        if not self.packed:
+            return {}
+        if self.cp > 1:
             raise ValueError("packed documents (--packing documents) under context parallelism")
-        return keywords
+        return model_keywords(batch)
