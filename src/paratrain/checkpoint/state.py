@@ -187,7 +187,8 @@ def rank_state(
 
     Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>` (a Muon matrix:
     `optim.momentum_buffer.<name>`), and
-    `buffer.<name>` for persistent buffers. A name whose pieces all live on other dp ranks
+    `buffer.<name>` for persistent buffers; a frozen parameter has only `model.<name>`,
+    whole (`frozen_state`). A name whose pieces all live on other dp ranks
     is present with no boxes, so that every rank's key set is the same.
     """
     tensors: dict[str, Sharded] = {}
@@ -205,9 +206,25 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
+    frozen = frozen_state(replicas, tp)
     for name, (place, moments) in places.items():
-        if name not in kept:  # all of it held on other dp ranks (sharded)
+        if name not in kept and f"model.{name}" not in frozen:  # held on other dp ranks
             for key in ("model", *moments):
                 tensors[f"{_prefix(key)}.{name}"] = Sharded(place.shape, [])
+    tensors.update(frozen)
     tensors.update(buffer_state([r.module for r in replicas]))
     return RankState(tensors, counters)
+
+
+def frozen_state(replicas: Sequence[Checkpointed], tp: comm.CommGroup) -> dict[str, Sharded]:
+    """`model.<name>` -> one box of the live tensor, for each frozen parameter (a LoRA run's
+    base: parallel/lora.py). No wrapper holds it, every rank of its dp group has it whole
+    (DCP writes the identical boxes once), and it has no optimizer state."""
+    out: dict[str, Sharded] = {}
+    for replica in replicas:
+        where = tp_placements(replica.module, tp)
+        for name, p in replica.module.named_parameters():
+            if not p.requires_grad:
+                place = where[name]
+                out[f"model.{place.name}"] = Sharded(place.shape, [Box(place.offsets, p.data)])
+    return out

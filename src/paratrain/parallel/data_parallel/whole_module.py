@@ -94,12 +94,12 @@ def whole_checkpoint_pieces(
     only: Collection[str] | None = None,
 ) -> tuple[list[StatePiece], list[torch.Tensor]]:
     """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW (or Muon and
-    AdamW): each parameter (of `only`, if given) is one piece, [0, numel), with its
+    AdamW): each parameter that trains (of `only`, if given) is one piece, [0, numel), with its
     moments (a Muon matrix: its momentum); and AdamW's step counters."""
     pieces, counters = [], []
     for name, p in module.named_parameters():
-        if only is not None and name not in only:
-            continue
+        if (only is not None and name not in only) or not p.requires_grad:
+            continue  # another wrapper's, or frozen (checkpoint/state.py saves it whole)
         if isinstance(optimizer, WholeMuon) and p in optimizer.momentum:
             moments = {MUON_MOMENTUM: optimizer.momentum[p]}
         else:
