@@ -93,13 +93,16 @@ def test_init_from_a_base_checkpoint_with_fresh_adapters(tmp_path):
         assert torch.equal(t, want), name
 
 
-def test_resume_from_a_lora_checkpoint_continues_exactly(tmp_path):
+@pytest.mark.parametrize("zero", [0, 3])  # the base whole in the module; in ZeRO-3's units
+def test_resume_from_a_lora_checkpoint_continues_exactly(tmp_path, zero):
     """4 steps straight equal 2 steps, a checkpoint, and 2 more from it (bitwise: the same
     layout, the same arithmetic), frozen base included: the base came from --init-from,
     which a resume does not read again, so the checkpoint must hold it."""
     data = tiny_data()
     write_model(checkpoint_path(tmp_path / "base", 0), build_model(tiny_config(seed=99)), {})
-    cfg = resolve(lora_cfg(checkpoint_every=2, init_from=str(tmp_path / "base")), 1, False)
+    cfg = lora_cfg(checkpoint_every=2, init_from=str(tmp_path / "base"))
+    cfg.parallel.zero = zero
+    cfg = resolve(cfg, 1, False)
     mesh = Mesh.build(dp=1)
     straight = record_of(train(cfg, mesh, data, run_dir=tmp_path / "a"), mesh.group("tp"))
     ckpt = latest_checkpoint(tmp_path / "a")

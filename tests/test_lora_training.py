@@ -61,8 +61,23 @@ def train_and_inspect(rank, world_size, configs, data):
         engine = result.engine
         state = rank_state(engine.replicas, result.optimizer.optimizers, engine.tp)
         moments = sorted({k.split(".", 2)[2] for k in state.tensors if k.startswith("optim.")})
-        out.append((record, frozen, same, moments))
+        out.append((record, frozen, same, moments, zero3_facts(engine.replicas[0], mesh)))
     return out
+
+
+def zero3_facts(replica, mesh):
+    """Under ZeRO-3: (frozen elements held here, frozen elements in all, elements
+    reduce-scattered per backward, elements of trainable units): the base sharded, and
+    only the adapters' gradients reduced. None under the other wrappers."""
+    from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
+
+    if not isinstance(replica, FullyShardedDataParallel):
+        return None
+    held = sum(u.shard.param.numel() for u in replica.frozen_units)
+    total = sum(p.numel() for p in replica.module.parameters() if not p.requires_grad)
+    scattered = {op: t.bytes_sent for (_, op), t in mesh.ledger.totals().items()}
+    trained = sum(u.layout.padded for u in replica.units if u.trains)
+    return held, total, scattered, trained
 
 
 @pytest.mark.equivalence
@@ -78,7 +93,12 @@ def test_lora_layouts_match_one_process():
         except AssertionError as e:
             e.add_note(f"layout {LAYOUTS[i]} (dp, pp, cp, zero, schedule)")
             raise
-        for _, frozen, same, moments in ranks:
+        for _, frozen, same, moments, zero3 in ranks:
+            if zero3 is not None:  # the base sharded over dp; only adapters reduced
+                held, total, sent, trained = zero3
+                assert 0 < held <= -(-total // 2) + 64, (held, total)  # 1/dp, and padding
+                backwards = cfg.train.steps * cfg.train.global_batch // (2 * 2)  # K = 2
+                assert sent["reduce_scatter"] == backwards * trained * 4 // 2, sent  # (k-1)/k
             assert frozen, "LoRA froze nothing"
             assert same, f"layout {LAYOUTS[i]}: a frozen base parameter changed"
             assert moments and all(".lora_" in n for n in moments), moments

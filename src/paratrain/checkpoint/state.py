@@ -197,8 +197,10 @@ def rank_state(
     kept: set[str] = set()  # the places this rank holds pieces of, under their own keys
     for replica, optimizer in zip(replicas, optimizers, strict=True):
         where = tp_placements(replica.module, tp)
+        frozen_names = {n for n, p in replica.module.named_parameters() if not p.requires_grad}
         for local, place in where.items():
-            places.setdefault(place.name, (place, _moment_keys(optimizer, local)))
+            moments = () if local in frozen_names else _moment_keys(optimizer, local)
+            places.setdefault(place.name, (place, moments))
         pieces, steps = replica.checkpoint_pieces(optimizer)
         counters += steps
         for piece in pieces:
@@ -206,7 +208,7 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
-    frozen = frozen_state(replicas, tp)
+    frozen = frozen_state(replicas, tp, kept)
     for name, (place, moments) in places.items():
         if name not in kept and f"model.{name}" not in frozen:  # held on other dp ranks
             for key in ("model", *moments):
@@ -216,15 +218,18 @@ def rank_state(
     return RankState(tensors, counters)
 
 
-def frozen_state(replicas: Sequence[Checkpointed], tp: comm.CommGroup) -> dict[str, Sharded]:
+def frozen_state(
+    replicas: Sequence[Checkpointed], tp: comm.CommGroup, kept: set[str]
+) -> dict[str, Sharded]:
     """`model.<name>` -> one box of the live tensor, for each frozen parameter (a LoRA run's
-    base: parallel/lora.py). No wrapper holds it, every rank of its dp group has it whole
-    (DCP writes the identical boxes once), and it has no optimizer state."""
+    base: parallel/lora.py) that no wrapper's pieces hold (`kept`: ZeRO-3 shards it): every
+    rank of its dp group has it whole (DCP writes the identical boxes once). A frozen
+    parameter has no optimizer state."""
     out: dict[str, Sharded] = {}
     for replica in replicas:
         where = tp_placements(replica.module, tp)
         for name, p in replica.module.named_parameters():
-            if not p.requires_grad:
+            if not p.requires_grad and where[name].name not in kept:
                 place = where[name]
                 out[f"model.{place.name}"] = Sharded(place.shape, [Box(place.offsets, p.data)])
     return out

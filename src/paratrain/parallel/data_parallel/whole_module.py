@@ -117,12 +117,14 @@ def complete_state_dict(
 ) -> dict[str, torch.Tensor]:
     """`values` (one tensor per parameter, under named_parameters()' first name, and
     possibly persistent buffers) extended to every key of `module.state_dict()`: a tied
-    parameter's other names alias its value, and buffers not in `values` are copied from
-    the module, so `load_state_dict(strict=True)` works."""
+    parameter's other names alias its value, and buffers and frozen parameters not in
+    `values` (held whole outside a wrapper) are copied from the module, so
+    `load_state_dict(strict=True)` works."""
     canonical = {id(p): name for name, p in module.named_parameters()}
     out = {}
     for name, tensor in module.state_dict(keep_vars=True).items():
-        if isinstance(tensor, nn.Parameter) and id(tensor) in canonical:
+        held = isinstance(tensor, nn.Parameter) and canonical.get(id(tensor)) in values
+        if held or (isinstance(tensor, nn.Parameter) and tensor.requires_grad):
             out[name] = values[canonical[id(tensor)]]
         else:
             out[name] = values[name] if name in values else tensor.detach().clone()
