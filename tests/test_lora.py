@@ -141,3 +141,25 @@ def test_refused_with_tensor_parallelism():
     cfg.parallel.nproc, cfg.parallel.tp = 2, 2
     with pytest.raises(ValueError, match=r"--lora-rank 4 with --tp 2: .* use --tp 1"):
         resolve_and_check(cfg, 2)
+
+
+def test_planner_counts_frozen_base_and_adapters():
+    """plan/lora.py against its formula by hand: llama3-8b, rank 16 on all 7 matrices of a
+    block, mixed precision, dp 8: the base 2 bytes a parameter (1/8 under ZeRO-3), the
+    adapters 2 + 2 + 8 + 4 bytes."""
+    from paratrain.plan.layout import PRECISIONS, Layout, LoraSpec, Workload
+    from paratrain.plan.lora import adapter_params, lora_model_state
+    from paratrain.plan.model import model_preset
+
+    model = model_preset("llama3-8b")
+    h, kv, f = 4096, 1024, 14336
+    per_block = 16 * (2 * (h + h) + 2 * (kv + h) + 2 * (f + h) + (h + f))
+    lora = LoraSpec(16, tuple(range(7)))
+    assert adapter_params(model, lora) == 32 * per_block
+    work = Workload(precision=PRECISIONS["mixed"], lora=lora)
+    a, n = 32 * per_block, model.params
+    z3 = lora_model_state(model, lora, work, Layout(dp=8, zero=3))
+    assert z3.params == 2 * -(-n // 8) + 2 * -(-a // 8)
+    assert (z3.grads, z3.optimizer, z3.master) == (2 * (a // 8), 8 * (a // 8), 4 * (a // 8))
+    dp = lora_model_state(model, lora, work, Layout(dp=8, zero=0))
+    assert dp.total == 2 * n + 16 * a

@@ -11,7 +11,10 @@ replicas' gradients in another order, which is float32 rounding, nothing more.
 Exact, and checked bitwise: the frozen base after training equals the base before it on
 every rank (no gradient reaches it and no optimizer touches it), and the optimizer holds
 moments for the adapters only (what a checkpoint would store of this rank: `optim.*` keys
-name adapters, never a base parameter).
+name adapters, never a base parameter). Exact too: every rank's model state in bytes, as
+the wrappers count their storage, equals the planner's count for that rank (plan/lora.py);
+under ZeRO-3 each rank holds 1/dp of the base and reduce-scatters the adapters' gradients
+only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paratrain.train.prediction import predict
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import References, assert_layout_equivalent, tiny_config, tiny_data
@@ -61,7 +65,10 @@ def train_and_inspect(rank, world_size, configs, data):
         engine = result.engine
         state = rank_state(engine.replicas, result.optimizer.optimizers, engine.tp)
         moments = sorted({k.split(".", 2)[2] for k in state.tensors if k.startswith("optim.")})
-        out.append((record, frozen, same, moments, zero3_facts(engine.replicas[0], mesh)))
+        state_bytes = (mesh.global_rank, result.extra["model_state_bytes"])
+        out.append(
+            (record, frozen, same, moments, zero3_facts(engine.replicas[0], mesh), state_bytes)
+        )
     return out
 
 
@@ -93,7 +100,10 @@ def test_lora_layouts_match_one_process():
         except AssertionError as e:
             e.add_note(f"layout {LAYOUTS[i]} (dp, pp, cp, zero, schedule)")
             raise
-        for _, frozen, same, moments, zero3 in ranks:
+        predicted = predict(cfg).model_state  # the planner's, per rank (plan/lora.py)
+        for _, frozen, same, moments, zero3, (rank, measured) in ranks:
+            want = {k: predicted[rank][k] for k in measured}
+            assert measured == want, f"layout {LAYOUTS[i]} rank {rank}: {measured} != {want}"
             if zero3 is not None:  # the base sharded over dp; only adapters reduced
                 held, total, sent, trained = zero3
                 assert 0 < held <= -(-total // 2) + 64, (held, total)  # 1/dp, and padding
