@@ -62,14 +62,34 @@ class LoraLinear(nn.Linear):
     def merged(self) -> nn.Linear:
         """A plain nn.Linear computing the same: W0 + scaling * B A (its own tensors)."""
         w = self.weight.detach()
-        delta = self.lora_B.weight.detach() @ self.lora_A.weight.detach()  # (out, in)
+        a, b = self.lora_A.weight.detach(), self.lora_B.weight.detach()
         out = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
                         device=w.device, dtype=w.dtype)  # fmt: skip
         with torch.no_grad():
-            out.weight.copy_(w + self.scaling * delta.to(w.dtype))
+            out.weight.copy_(merged_weight(w, a, b, self.scaling))
             if self.bias is not None:
                 out.bias.copy_(self.bias.detach())
         return out
+
+
+def merged_weight(
+    w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """W0 + scaling * B A, computed in float64 and returned in W0's dtype (rounded once)."""
+    delta = b.double() @ a.double()  # (out, r) @ (r, in)
+    return (w.double() + scaling * delta).to(w.dtype)
+
+
+def merge_lora_weights(tensors: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA model's state (base and `<layer>.lora_A.weight`, `.lora_B.weight` under the
+    plain model's names) as the plain model's: every adapter folded into its base weight."""
+    out = {k: t for k, t in tensors.items() if ".lora_" not in k}
+    for key in tensors:
+        if key.endswith(".lora_A.weight"):
+            layer = key.removesuffix(".lora_A.weight")
+            a, b = tensors[key], tensors[f"{layer}.lora_B.weight"]
+            out[f"{layer}.weight"] = merged_weight(tensors[f"{layer}.weight"], a, b, scaling)
+    return out
 
 
 def lora_targets(model: nn.Module, patterns: Sequence[str], rank: int) -> list[str]:
