@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from paratrain.checkpoint import latest_checkpoint
+from paratrain.checkpoint import latest_checkpoint, read_meta
 from paratrain.checkpoint.store import checkpoint_path
 from paratrain.checkpoint.whole_model import write_model
 from paratrain.config import resolve
@@ -163,3 +163,21 @@ def test_planner_counts_frozen_base_and_adapters():
     assert (z3.grads, z3.optimizer, z3.master) == (2 * (a // 8), 8 * (a // 8), 4 * (a // 8))
     dp = lora_model_state(model, lora, work, Layout(dp=8, zero=0))
     assert dp.total == 2 * n + 16 * a
+
+
+def test_resume_with_other_lora_settings_is_refused(tmp_path):
+    from paratrain.checkpoint.compatible import check_compatible
+    from paratrain.checkpoint.planner import CheckpointMismatch
+
+    data, cfg = tiny_data(), resolve(lora_cfg(steps=1), 1, False)
+    train(cfg, Mesh.build(dp=1), data, run_dir=tmp_path)
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None
+    meta = read_meta(ckpt.path)
+    check_compatible(meta, cfg, ckpt.path)  # the same settings resume
+    other = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lora_rank=8))
+    with pytest.raises(CheckpointMismatch, match="train.lora_rank = 8 but the checkpoint has 4"):
+        check_compatible(meta, other, ckpt.path)
+    full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lora_rank=0))
+    with pytest.raises(CheckpointMismatch, match="train.lora_rank = 0 but the checkpoint has 4"):
+        check_compatible(meta, full, ckpt.path)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paratrain.checkpoint import latest_checkpoint
+from paratrain.checkpoint.whole_model import read_model
 from paratrain.train.prediction import predict
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
@@ -44,9 +46,10 @@ def lora_config(dp=1, pp=1, cp=1, zero=0, schedule="1f1b", **train):
     return resolve_and_check(cfg, dp * pp * cp)
 
 
-def train_and_inspect(rank, world_size, configs, data):
-    """Each config trained here; this rank's record, whether its frozen base is bitwise
-    the base it started from, and the parameter names its optimizer state covers."""
+def train_and_inspect(rank, world_size, configs, data, runs):
+    """Each config trained here, checkpointed at the end under `runs`/<its index>; this
+    rank's record, whether its frozen base is bitwise the base it started from, the
+    parameter names its optimizer state covers, and more facts for the checks below."""
     from paratrain.checkpoint.state import rank_state
     from paratrain.mesh import Mesh
     from paratrain.train.build import build_model
@@ -54,11 +57,11 @@ def train_and_inspect(rank, world_size, configs, data):
     from tests.equivalence import record_of
 
     out = []
-    for cfg in configs:
+    for i, cfg in enumerate(configs):
         p = cfg.parallel
         mesh = Mesh.build(dp=p.dp, pp=p.pp, cp=p.cp)
         before = {n: t.clone() for n, t in build_model(cfg).state_dict().items()}
-        result = train(cfg, mesh, data)
+        result = train(cfg, mesh, data, run_dir=runs / str(i))
         record = record_of(result, mesh.group("tp"))
         frozen = [n for n, q in result.model.named_parameters() if not q.requires_grad]
         same = all(torch.equal(record.state[n], before[n]) for n in frozen)
@@ -88,10 +91,10 @@ def zero3_facts(replica, mesh):
 
 
 @pytest.mark.equivalence
-def test_lora_layouts_match_one_process():
+def test_lora_layouts_match_one_process(tmp_path):
     configs = [lora_config(*layout) for layout in LAYOUTS]
     data = tiny_data()
-    per_rank = run_distributed(train_and_inspect, 2, configs, data, timeout=600)
+    per_rank = run_distributed(train_and_inspect, 2, configs, data, tmp_path, timeout=600)
     references = References(data)
     for i, cfg in enumerate(configs):
         ranks = [r[i] for r in per_rank]
@@ -100,6 +103,11 @@ def test_lora_layouts_match_one_process():
         except AssertionError as e:
             e.add_note(f"layout {LAYOUTS[i]} (dp, pp, cp, zero, schedule)")
             raise
+        # The checkpoint holds the trained model whole (a sharded base included), bitwise.
+        trained = {k: v for r in ranks for k, v in r[0].state.items()}
+        saved = read_model(latest_checkpoint(tmp_path / str(i)).path)
+        assert saved.keys() <= trained.keys() and any(".lora_" in k for k in saved)
+        assert all(torch.equal(saved[k], trained[k]) for k in saved), LAYOUTS[i]
         predicted = predict(cfg).model_state  # the planner's, per rank (plan/lora.py)
         for _, frozen, same, moments, zero3, (rank, measured) in ranks:
             want = {k: predicted[rank][k] for k in measured}

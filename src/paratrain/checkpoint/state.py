@@ -208,7 +208,7 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
-    frozen = frozen_state(replicas, tp, kept)
+    frozen = frozen_state(replicas, tp, kept | sharded_frozen(replicas, tp))
     for name, (place, moments) in places.items():
         if name not in kept and f"model.{name}" not in frozen:  # held on other dp ranks
             for key in ("model", *moments):
@@ -218,18 +218,29 @@ def rank_state(
     return RankState(tensors, counters)
 
 
+def sharded_frozen(replicas: Sequence[Checkpointed], tp: comm.CommGroup) -> set[str]:
+    """The frozen parameters a wrapper shards (ZeRO-3's `frozen_shards`), by global name:
+    their pieces are saved by the ranks that hold them, none of them whole."""
+    out = set()
+    for replica in replicas:
+        where = tp_placements(replica.module, tp)
+        for shard in getattr(replica, "frozen_shards", ()):  # ZeRO-1/2, DP: none
+            out |= {where[seg.name].name for seg in shard.layout.segments}
+    return out
+
+
 def frozen_state(
-    replicas: Sequence[Checkpointed], tp: comm.CommGroup, kept: set[str]
+    replicas: Sequence[Checkpointed], tp: comm.CommGroup, held: set[str]
 ) -> dict[str, Sharded]:
     """`model.<name>` -> one box of the live tensor, for each frozen parameter (a LoRA run's
-    base: parallel/lora.py) that no wrapper's pieces hold (`kept`: ZeRO-3 shards it): every
+    base: parallel/lora.py) that no wrapper holds (`held`: ZeRO-3 shards it): every
     rank of its dp group has it whole (DCP writes the identical boxes once). A frozen
     parameter has no optimizer state."""
     out: dict[str, Sharded] = {}
     for replica in replicas:
         where = tp_placements(replica.module, tp)
         for name, p in replica.module.named_parameters():
-            if not p.requires_grad and where[name].name not in kept:
+            if not p.requires_grad and where[name].name not in held:
                 place = where[name]
                 out[f"model.{place.name}"] = Sharded(place.shape, [Box(place.offsets, p.data)])
     return out
