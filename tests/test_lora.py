@@ -136,11 +136,11 @@ def test_refused_before_any_worker(flags, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_refused_with_tensor_parallelism():
+def test_refused_on_a_mixture_of_experts():
     cfg = lora_cfg()
-    cfg.parallel.nproc, cfg.parallel.tp = 2, 2
-    with pytest.raises(ValueError, match=r"--lora-rank 4 with --tp 2: .* use --tp 1"):
-        resolve_and_check(cfg, 2)
+    cfg.model.num_experts = 4
+    with pytest.raises(ValueError, match=r"--lora-rank 4 with --num-experts 4: .* dense model"):
+        resolve_and_check(cfg, 1)
 
 
 def test_planner_counts_frozen_base_and_adapters():

@@ -1,5 +1,5 @@
-"""LoRA fine-tuning under data parallelism, ZeRO-1/2/3, a pipeline and context parallelism
-equals one process.
+"""LoRA fine-tuning under data parallelism, ZeRO-1/2/3, a pipeline, context parallelism and
+tensor parallelism (with and without sequence parallelism) equals one process.
 
 The reference (tests/equivalence.py) is plain PyTorch on one process: the same plain model
 from the same seed, the same adapters applied from outside (parallel/lora.py), and
@@ -32,18 +32,21 @@ from tests.equivalence import References, assert_layout_equivalent, tiny_config,
 CLIP = 0.05  # below the adapters' gradient norms in these runs: clipping is active
 RANK, ALPHA = 4, 8.0
 
-# (dp, pp, cp, zero, schedule): the layouts of world 2
-LAYOUTS = [(2, 1, 1, 0, "1f1b"), (2, 1, 1, 1, "1f1b"), (2, 1, 1, 2, "1f1b"),
-           (2, 1, 1, 3, "1f1b"), (1, 2, 1, 0, "1f1b"), (1, 2, 1, 0, "gpipe"),
-           (1, 1, 2, 0, "1f1b")]  # fmt: skip
+# The layouts of world 2 (each unnamed degree 1, zero 0, schedule 1f1b)
+LAYOUTS = [
+    {"dp": 2}, {"dp": 2, "zero": 1}, {"dp": 2, "zero": 2}, {"dp": 2, "zero": 3},
+    {"pp": 2}, {"pp": 2, "schedule": "gpipe"}, {"cp": 2},
+    {"tp": 2}, {"tp": 2, "sequence_parallel": True},
+]  # fmt: skip
 
 
-def lora_config(dp=1, pp=1, cp=1, zero=0, schedule="1f1b", **train):
-    cfg = tiny_config(lora_rank=RANK, lora_alpha=ALPHA, grad_clip=CLIP, micro_batch=2, **train)
+def lora_config(dp=1, pp=1, cp=1, tp=1, zero=0, schedule="1f1b", sequence_parallel=False):
+    cfg = tiny_config(lora_rank=RANK, lora_alpha=ALPHA, grad_clip=CLIP, micro_batch=2)
     cfg.train.lr = 3e-2  # adapters start at B = 0: a larger step so that they move
-    p = cfg.parallel
-    p.nproc, p.dp, p.pp, p.cp, p.zero, p.schedule = dp * pp * cp, dp, pp, cp, zero, schedule
-    return resolve_and_check(cfg, dp * pp * cp)
+    p, world = cfg.parallel, dp * pp * cp * tp
+    p.nproc, p.dp, p.pp, p.cp, p.tp, p.zero = world, dp, pp, cp, tp, zero
+    p.schedule, p.sequence_parallel = schedule, sequence_parallel
+    return resolve_and_check(cfg, world)
 
 
 def train_and_inspect(rank, world_size, configs, data, runs):
@@ -59,7 +62,7 @@ def train_and_inspect(rank, world_size, configs, data, runs):
     out = []
     for i, cfg in enumerate(configs):
         p = cfg.parallel
-        mesh = Mesh.build(dp=p.dp, pp=p.pp, cp=p.cp)
+        mesh = Mesh.build(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp)
         before = {n: t.clone() for n, t in build_model(cfg).state_dict().items()}
         result = train(cfg, mesh, data, run_dir=runs / str(i))
         record = record_of(result, mesh.group("tp"))
@@ -92,7 +95,7 @@ def zero3_facts(replica, mesh):
 
 @pytest.mark.equivalence
 def test_lora_layouts_match_one_process(tmp_path):
-    configs = [lora_config(*layout) for layout in LAYOUTS]
+    configs = [lora_config(**layout) for layout in LAYOUTS]
     data = tiny_data()
     per_rank = run_distributed(train_and_inspect, 2, configs, data, tmp_path, timeout=600)
     references = References(data)
@@ -101,7 +104,7 @@ def test_lora_layouts_match_one_process(tmp_path):
         try:
             assert_layout_equivalent([r[0] for r in ranks], cfg, data, CLIP, references)
         except AssertionError as e:
-            e.add_note(f"layout {LAYOUTS[i]} (dp, pp, cp, zero, schedule)")
+            e.add_note(f"layout {LAYOUTS[i]}")
             raise
         # The checkpoint holds the trained model whole (a sharded base included), bitwise.
         trained = {k: v for r in ranks for k, v in r[0].state.items()}

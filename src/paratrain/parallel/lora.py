@@ -17,6 +17,9 @@ base's plus PEFT's (`blocks.0.attn.q.lora_A.weight`), so a base checkpoint loads
 the same names and the adapters map one to one onto a PEFT adapter file. The adapters are
 drawn from a generator seeded by `seed` alone, in module order, on the CPU: every rank,
 and a model whose base came from a checkpoint (--init-from), builds the same ones.
+
+Tensor parallelism then slices a LoraLinear like any linear layer and splits its adapters
+consistently (`split_lora`); its layers add `lora_update` to their output.
 """
 
 from __future__ import annotations
@@ -152,6 +155,41 @@ def cast_frozen(model: nn.Module, dtype: torch.dtype) -> None:
     for p in model.parameters():
         if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
+
+
+def split_lora(lora: LoraLinear, layer: nn.Module, style: str, rank: int, size: int) -> None:
+    """Give `layer`, the tensor-parallel slice (rank of size) of `lora`'s base, the
+    adapters split consistently with it (Megatron's layout, arXiv:1909.08053):
+
+    colwise (output features split): B by its output rows, A whole: the rank computes its
+        slice of B (A x) from the whole input; A's gradient is partial (its rows of B).
+    rowwise (input features split): A by its input columns, B whole: B (A_r x_r) is this
+        rank's partial output, summed with the base's by the same all-reduce (g); B's
+        gradient is partial (from A_r x_r).
+
+    A partial gradient is summed over tp by the training step, as sequence parallelism's
+    are (`sequence_parallel_params`); a split one is placed by `tp_shard_dims`."""
+    a, b = lora.lora_A, lora.lora_B
+    whole, split, dim = (a, b, 0) if style == "colwise" else (b, a, 1)
+    n = split.weight.shape[dim] // size
+    part = split.weight.detach().narrow(dim, rank * n, n).clone()  # (out/tp, r) or (r, in/tp)
+    sliced = nn.Linear(part.shape[1], part.shape[0], bias=False, device=part.device,
+                       dtype=part.dtype)  # fmt: skip
+    sliced.weight = nn.Parameter(part)
+    sliced.tp_shard_dims = {"weight": dim}  # type: ignore[assignment]  # read by tp's state
+    whole.sequence_parallel_params = ("weight",)  # type: ignore[assignment]  # partial grad
+    layer.lora_A, layer.lora_B = (whole, sliced) if style == "colwise" else (sliced, whole)
+    layer.lora_scaling = lora.scaling  # type: ignore[assignment]  # read by lora_update
+
+
+def lora_update(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """scaling * B (A x) of a tensor-parallel layer that `split_lora` adapted; else None."""
+    scaling: float = getattr(layer, "lora_scaling", 0.0)
+    if not scaling:
+        return None
+    a, b = layer.get_submodule("lora_A"), layer.get_submodule("lora_B")
+    update: torch.Tensor = b(a(x))  # (..., in) -> (..., r) -> (..., out)
+    return scaling * update
 
 
 def has_lora(model: nn.Module) -> bool:

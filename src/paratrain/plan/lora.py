@@ -10,7 +10,8 @@ mixed-precision Adam, per GPU:
 against 16 N for a full fine-tune: for llama3-8b with rank 16 on every projection
 (A = 42M, 0.5% of N) about an eighth (docs/planner.md).
 
-`lora_model_state` is the formula for a layout's busiest GPU (N / (tp pp) parameters);
+`lora_model_state` is the formula for a layout's busiest GPU (N / (tp pp) base parameters,
+the adapters of ceil(L / pp) blocks split over tp);
 `lora_rank_model_state` counts one rank of our runtime exactly, buffer by buffer: the
 adapters of a chunk are one flat buffer (ZeRO-1/2) or one per block (ZeRO-3's units),
 and the frozen base stays whole in the module, or (ZeRO-3) in each unit's flat buffer of
@@ -21,16 +22,27 @@ from __future__ import annotations
 
 import math
 
+from paratrain.models.plans import PLANS
 from paratrain.plan.layout import Layout, LoraSpec, Workload
 from paratrain.plan.memory import ModelState, local_params, model_state_bytes
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon import block_matrices
 
 
-def block_params(model: ModelSpec, lora: LoraSpec) -> int:
-    """Adapter parameters of one block: r (in + out) per adapted matrix."""
-    matrices = block_matrices(model.shape)
-    return sum(lora.rank * sum(matrices[i]) for i in lora.targets)
+def block_params(model: ModelSpec, lora: LoraSpec, tp: int = 1) -> int:
+    """Adapter parameters of one block on one tp rank: r (in + out) per adapted (out, in)
+    matrix, split as parallel/lora.py's split_lora splits them: a column-parallel base's
+    B by its rows, r (in + out / tp); a row-parallel base's A by its columns, r (in / tp
+    + out)."""
+    plan = PLANS[model.arch]
+    total = 0
+    for i in lora.targets:
+        out, into = block_matrices(model.shape)[i]
+        if plan.tensor_parallel[plan.lora_targets[i]] == "rowwise":
+            total += lora.rank * (into // tp + out)
+        else:
+            total += lora.rank * (into + out // tp)
+    return total
 
 
 def adapter_params(model: ModelSpec, lora: LoraSpec) -> int:
@@ -49,7 +61,8 @@ def lora_model_state(
     """The busiest GPU's model state: its N / (tp pp) base frozen, its share of the
     adapters trained as memory.py counts any parameter."""
     base = local_params(model.params, layout.tp, layout.pp)
-    adapters = local_params(adapter_params(model, lora), layout.tp, layout.pp)
+    blocks = math.ceil((model.n_layer or 0) / layout.pp)
+    adapters = block_params(model, lora, layout.tp) * blocks
     state = model_state_bytes(adapters, workload, layout)
     return ModelState(
         params=state.params + frozen_bytes(base, workload, layout),
@@ -64,7 +77,7 @@ def adapter_buffers(
 ) -> list[int]:
     """The adapters' flat buffers of one rank whose chunks hold `blocks` blocks each:
     one per chunk (ZeRO-1/2, and whole under DP), one per block (ZeRO-3's units)."""
-    per_block = block_params(model, lora)
+    per_block = block_params(model, lora, layout.tp)
     if layout.zero >= 3:
         return [per_block] * sum(blocks)
     return [per_block * n for n in blocks if n]

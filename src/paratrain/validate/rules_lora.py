@@ -30,11 +30,6 @@ def lora_rules(cfg: RunConfig) -> None:
 def _layout_refusal(cfg: RunConfig) -> str | None:
     """What LoRA does not combine with yet, in words; None when it does."""
     p, m = cfg.parallel, cfg.model
-    if p.tp > 1:
-        return (
-            f"--tp {p.tp}: adapters split with the base's column or row split are not "
-            "implemented yet; use --tp 1 (dp, --zero 1-3, --pp and --cp train LoRA)"
-        )
     if p.dp_mode == "async":
         return "--dp-mode async: the parameter server trains every parameter; use --dp-mode sync"
     if m.num_experts:
