@@ -181,3 +181,24 @@ def test_resume_with_other_lora_settings_is_refused(tmp_path):
     full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lora_rank=0))
     with pytest.raises(CheckpointMismatch, match="train.lora_rank = 0 but the checkpoint has 4"):
         check_compatible(meta, full, ckpt.path)
+    # and a GPT's adapter has no PEFT form (transformers' GPT-2 fuses q, k and v)
+    from paratrain.cli import main
+
+    assert main(["export", str(tmp_path), "--format", "peft", "--out", str(tmp_path / "a")]) == 2
+    assert not (tmp_path / "a").exists()
+
+
+def test_mixed_precision_keeps_the_base_frozen_in_bf16_as_the_planner_counts():
+    """bf16 under ZeRO-3: the base sharded in bf16 with no master copy, the adapters with
+    theirs; the measured model state is the planner's (plan/lora.py)."""
+    from paratrain.train.prediction import predict
+
+    cfg = lora_cfg(dtype="bfloat16", steps=2)
+    cfg.parallel.zero = 3
+    cfg = resolve(cfg, 1, False)
+    result = train(cfg, Mesh.build(dp=1), tiny_data())
+    measured = result.extra["model_state_bytes"]
+    assert measured == {k: predict(cfg).model_state[0][k] for k in measured}
+    frozen = result.engine.replicas[0].frozen_units
+    assert frozen and all(u.shard.param.dtype == torch.bfloat16 for u in frozen)
+    assert all(u.shard.master is None and not u.shard.grad.numel() for u in frozen)

@@ -88,38 +88,44 @@ def zero3_facts(replica, mesh):
         return None
     held = sum(u.shard.param.numel() for u in replica.frozen_units)
     total = sum(p.numel() for p in replica.module.parameters() if not p.requires_grad)
-    scattered = {op: t.bytes_sent for (_, op), t in mesh.ledger.totals().items()}
+    dp = replica.group.name  # the data-parallel group's calls only (sp reduce-scatters too)
+    scattered = {op: t.bytes_sent for (g, op), t in mesh.ledger.totals().items() if g == dp}
     trained = sum(u.layout.padded for u in replica.units if u.trains)
     return held, total, scattered, trained
 
 
+# The end-to-end layout: dp 2 x tp 2, ZeRO-3, with sequence parallelism (world 4)
+LAYOUTS_4 = [{"dp": 2, "tp": 2, "zero": 3, "sequence_parallel": True}]
+
+
 @pytest.mark.equivalence
-def test_lora_layouts_match_one_process(tmp_path):
-    configs = [lora_config(**layout) for layout in LAYOUTS]
+@pytest.mark.parametrize("world, layouts", [(2, LAYOUTS), (4, LAYOUTS_4)], ids=["world2", "world4"])
+def test_lora_layouts_match_one_process(tmp_path, world, layouts):
+    configs = [lora_config(**layout) for layout in layouts]
     data = tiny_data()
-    per_rank = run_distributed(train_and_inspect, 2, configs, data, tmp_path, timeout=600)
+    per_rank = run_distributed(train_and_inspect, world, configs, data, tmp_path, timeout=600)
     references = References(data)
     for i, cfg in enumerate(configs):
         ranks = [r[i] for r in per_rank]
         try:
             assert_layout_equivalent([r[0] for r in ranks], cfg, data, CLIP, references)
         except AssertionError as e:
-            e.add_note(f"layout {LAYOUTS[i]}")
+            e.add_note(f"layout {layouts[i]}")
             raise
         # The checkpoint holds the trained model whole (a sharded base included), bitwise.
         trained = {k: v for r in ranks for k, v in r[0].state.items()}
         saved = read_model(latest_checkpoint(tmp_path / str(i)).path)
         assert saved.keys() <= trained.keys() and any(".lora_" in k for k in saved)
-        assert all(torch.equal(saved[k], trained[k]) for k in saved), LAYOUTS[i]
+        assert all(torch.equal(saved[k], trained[k]) for k in saved), layouts[i]
         predicted = predict(cfg).model_state  # the planner's, per rank (plan/lora.py)
         for _, frozen, same, moments, zero3, (rank, measured) in ranks:
             want = {k: predicted[rank][k] for k in measured}
-            assert measured == want, f"layout {LAYOUTS[i]} rank {rank}: {measured} != {want}"
+            assert measured == want, f"layout {layouts[i]} rank {rank}: {measured} != {want}"
             if zero3 is not None:  # the base sharded over dp; only adapters reduced
                 held, total, sent, trained = zero3
                 assert 0 < held <= -(-total // 2) + 64, (held, total)  # 1/dp, and padding
                 backwards = cfg.train.steps * cfg.train.global_batch // (2 * 2)  # K = 2
                 assert sent["reduce_scatter"] == backwards * trained * 4 // 2, sent  # (k-1)/k
             assert frozen, "LoRA froze nothing"
-            assert same, f"layout {LAYOUTS[i]}: a frozen base parameter changed"
+            assert same, f"layout {layouts[i]}: a frozen base parameter changed"
             assert moments and all(".lora_" in n for n in moments), moments
