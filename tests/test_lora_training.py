@@ -55,6 +55,7 @@ def train_and_inspect(rank, world_size, configs, data, runs):
     parameter names its optimizer state covers, and more facts for the checks below."""
     from paratrain.checkpoint.state import rank_state
     from paratrain.mesh import Mesh
+    from paratrain.plan.rank_groups import AXES
     from paratrain.train.build import build_model
     from paratrain.train.loop import train
     from tests.equivalence import record_of
@@ -64,14 +65,20 @@ def train_and_inspect(rank, world_size, configs, data, runs):
         p = cfg.parallel
         mesh = Mesh.build(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp)
         before = {n: t.clone() for n, t in build_model(cfg).state_dict().items()}
-        result = train(cfg, mesh, data, run_dir=runs / str(i))
+        marks = []  # bytes sent by axis after each step: the last step's is the difference
+        ledger = lambda: {a: mesh.ledger.bytes_sent(group=a) for a in AXES}  # noqa: E731
+        marks.append(ledger())
+        result = train(
+            cfg, mesh, data, on_step=lambda _: marks.append(ledger()), run_dir=runs / str(i)
+        )
+        sent = {a: marks[-1][a] - marks[-2][a] for a in AXES}
         record = record_of(result, mesh.group("tp"))
         frozen = [n for n, q in result.model.named_parameters() if not q.requires_grad]
         same = all(torch.equal(record.state[n], before[n]) for n in frozen)
         engine = result.engine
         state = rank_state(engine.replicas, result.optimizer.optimizers, engine.tp)
         moments = sorted({k.split(".", 2)[2] for k in state.tensors if k.startswith("optim.")})
-        state_bytes = (mesh.global_rank, result.extra["model_state_bytes"])
+        state_bytes = (mesh.global_rank, result.extra["model_state_bytes"], sent)
         out.append(
             (record, frozen, same, moments, zero3_facts(engine.replicas[0], mesh), state_bytes)
         )
@@ -118,9 +125,14 @@ def test_lora_layouts_match_one_process(tmp_path, world, layouts):
         assert saved.keys() <= trained.keys() and any(".lora_" in k for k in saved)
         assert all(torch.equal(saved[k], trained[k]) for k in saved), layouts[i]
         predicted = predict(cfg).model_state  # the planner's, per rank (plan/lora.py)
-        for _, frozen, same, moments, zero3, (rank, measured) in ranks:
+        pred = predict(cfg)
+        for _, frozen, same, moments, zero3, (rank, measured, sent) in ranks:
             want = {k: predicted[rank][k] for k in measured}
             assert measured == want, f"layout {layouts[i]} rank {rank}: {measured} != {want}"
+            # Every group's bytes but tp's: the planner's tp terms are a full fine-tune's,
+            # and a LoRA run sends less over tp (not modelled yet).
+            want = {a: b for a, b in pred.bytes_per_step[rank].items() if a != "tp"}
+            assert {a: sent[a] for a in want} == want, f"layout {layouts[i]} rank {rank}"
             if zero3 is not None:  # the base sharded over dp; only adapters reduced
                 held, total, sent, trained = zero3
                 assert 0 < held <= -(-total // 2) + 64, (held, total)  # 1/dp, and padding

@@ -19,7 +19,7 @@ MUON_NOTE = (
     "muon over ZeRO's shards or with experts: model state and traffic predicted as AdamW's "
     "(not modelled yet)"
 )
-LORA_NOTE = "LoRA: model state counted (frozen base, adapters); traffic as full training's"
+LORA_NOTE = "LoRA: tp traffic predicted as a full fine-tune's (less is sent)"
 LORA_OTHER_NOTE = "LoRA on targets other than the model plan's patterns: predicted as full training"
 EP_NOTE = (
     "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "

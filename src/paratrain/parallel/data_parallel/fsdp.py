@@ -135,13 +135,14 @@ class FullyShardedDataParallel(ShardedReplica):
             for t in out if isinstance(out, tuple | list) else (out,):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(lambda grad, u=u: self._before_backward(u))
+                    u.in_backward = True  # a frozen unit fed by token ids never is
 
     def _before_backward(self, u: FlatUnit) -> None:
         if not u.gathered:
             u.wait()
             lower = max(0, u.index - self.prefetch)
             for v in reversed(self.units[lower : u.index]):
-                if v.modules:
+                if v.modules and v.in_backward:
                     v.gather(self.events, "backward")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

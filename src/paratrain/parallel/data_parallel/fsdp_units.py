@@ -91,6 +91,7 @@ class FlatUnit:
         trains: bool = True,
     ) -> None:
         self.index, self.name, self.modules, self.trains = index, name, modules, trains
+        self.in_backward = trains  # whether a backward ever runs through it: prefetch it
         self.frozen: FlatUnit | None = None
         self.params = [p for _, p in named_params]
         self.group, self.tracker = group, tracker
