@@ -9,7 +9,8 @@ and B (out, r). A starts as nn.Linear's default (Kaiming uniform, a = sqrt(5), a
 initialises it) and B at zero, so the adapted model starts equal to the base. Every base
 parameter is frozen (requires_grad False): it gets no gradient, so the data-parallel
 wrappers neither reduce it nor give it optimizer state (their ParamShare holds only
-parameters that train) and it stays whole on every rank.
+parameters that train); DP and ZeRO-1/2 keep it whole on every rank, ZeRO-3 shards it
+and gathers it with its unit (data_parallel/fsdp.py).
 
 Each target becomes a `LoraLinear`, an nn.Linear that keeps the base's `weight` and `bias`
 (the same Parameter objects) and adds `lora_A` and `lora_B`: the state-dict keys are the
@@ -43,12 +44,12 @@ class LoraLinear(nn.Linear):
         self.weight, self.bias = base.weight, base.bias
         self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
         device, dtype = base.weight.device, base.weight.dtype
-        a = torch.empty(
-            rank, base.in_features, device="cpu"
-        )  # drawn on the CPU: the same on every device
+        a = torch.empty(rank, base.in_features, device="cpu")  # the same on every device
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
-        self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=device, dtype=dtype)
-        self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=device, dtype=dtype)
+        # skip_init: no draw from the process's random stream (the run's is left alone)
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        self.lora_A = nn.utils.skip_init(nn.Linear, base.in_features, rank, **kw)
+        self.lora_B = nn.utils.skip_init(nn.Linear, rank, base.out_features, **kw)
         with torch.no_grad():
             if device.type != "meta":
                 self.lora_A.weight.copy_(a)
@@ -173,11 +174,11 @@ def split_lora(lora: LoraLinear, layer: nn.Module, style: str, rank: int, size: 
     whole, split, dim = (a, b, 0) if style == "colwise" else (b, a, 1)
     n = split.weight.shape[dim] // size
     part = split.weight.detach().narrow(dim, rank * n, n).clone()  # (out/tp, r) or (r, in/tp)
-    sliced = nn.Linear(part.shape[1], part.shape[0], bias=False, device=part.device,
-                       dtype=part.dtype)  # fmt: skip
+    sliced = nn.utils.skip_init(nn.Linear, part.shape[1], part.shape[0], bias=False,
+                                device=part.device, dtype=part.dtype)  # fmt: skip
     sliced.weight = nn.Parameter(part)
-    sliced.tp_shard_dims = {"weight": dim}  # type: ignore[assignment]  # read by tp's state
-    whole.sequence_parallel_params = ("weight",)  # type: ignore[assignment]  # partial grad
+    sliced.tp_shard_dims = {"weight": dim}  # read by tp's state (state.py)
+    whole.sequence_parallel_params = ("weight",)  # its gradient partial: summed over tp
     layer.lora_A, layer.lora_B = (whole, sliced) if style == "colwise" else (sliced, whole)
     layer.lora_scaling = lora.scaling  # type: ignore[assignment]  # read by lora_update
 
