@@ -141,6 +141,15 @@ CASES = [
     ),
     Case("`--muon-ns-steps 0`", ["--optimizer", "muon", "--muon-ns-steps", "0"]),
     Case(
+        "a LoRA target that matches nothing",
+        ["--lora-rank", "4", "--lora-targets", "blocks.*.attn.qkv", "--data", TEXT],
+        _text,
+    ),
+    Case("a LoRA rank larger than the layer", [*TINY, "--lora-rank", "64", "--data", TEXT], _text),
+    Case("`--lora-rank -1`", ["--lora-rank", "-1"]),
+    Case("`--lora-alpha 0`", ["--lora-rank", "8", "--lora-alpha", "0"]),
+    Case("LoRA on a mixture of experts", ["--model", "moe-tiny", "--lora-rank", "8"]),
+    Case(
         "HSDP replica groups that do not divide dp (`--replicas 3` of 4 ranks)",
         ["--nproc", "4", "--micro-batch", "1", "--zero", "1", "--replicas", "3"],
     ),

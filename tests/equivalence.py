@@ -160,10 +160,17 @@ def plain_training(
     m = dataclasses.replace(cfg.model, tie_embeddings=tie_embeddings or cfg.model.tie_embeddings)
     with torch.device("cpu"):
         model = plain_model(m)  # GPT or Llama, by m.arch
+    if t.lora_rank:  # the same adapters, applied from outside (frozen base: no gradient)
+        from paratrain.models.plans import PLANS, lora_patterns
+        from paratrain.parallel.lora import apply_lora
+
+        patterns = lora_patterns(t.lora_targets, PLANS[m.arch])
+        apply_lora(model, patterns, t.lora_rank, t.lora_alpha, t.seed)
     initial = copy.deepcopy(model.state_dict())
     model.to(device=device, dtype=dtype)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     opt = torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": t.weight_decay},

@@ -251,6 +251,8 @@ INEFFECTIVE = {
     "model.shared_expert": (["--shared-expert"], [], MOE),
     "parallel.prefetch": (["--prefetch", "2"], [], ["--zero", "3"]),
     "train.muon_momentum": (["--muon-momentum", "0.9"], [], ["--optimizer", "muon"]),
+    "train.lora_alpha": (["--lora-alpha", "8"], [], ["--lora-rank", "4"]),
+    "train.lora_targets": (["--lora-targets", "blocks.*.attn.q"], [], ["--lora-rank", "4"]),
     "train.muon_nesterov": (["--no-muon-nesterov"], [], ["--optimizer", "muon"]),
     "train.muon_ns_steps": (["--muon-ns-steps", "3"], [], ["--optimizer", "muon"]),
     "train.muon_lr_adjust": (["--muon-lr-adjust", "original"], [], ["--optimizer", "muon"]),

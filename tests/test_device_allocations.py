@@ -69,6 +69,10 @@ HOST_SIDE = {
         "the data order, drawn on the host so it is the same on every device",
     ("data/tokens.py", "BatchSampler._order", "randperm"):
         "the data order, drawn on the host so it is the same on every device",
+    ("parallel/lora.py", "LoraLinear.__init__", "empty"):
+        "a LoRA A matrix drawn on the host, the same on every device; copied to the base's",
+    ("parallel/lora.py", "apply_lora", "Generator"):
+        "the adapters' stream, seeded by the run's seed alone, so every rank draws the same",
 }  # fmt: skip
 
 

@@ -46,7 +46,7 @@ def check_files(path: Path) -> None:
 
 
 # What a checkpoint that does not record a field was saved with (older checkpoints).
-SAVED_BEFORE = {"optimizer": "adamw"}
+SAVED_BEFORE = {"optimizer": "adamw", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": ""}
 
 
 def check_compatible(

@@ -187,7 +187,8 @@ def rank_state(
 
     Keys: `model.<name>`, `optim.exp_avg.<name>`, `optim.exp_avg_sq.<name>` (a Muon matrix:
     `optim.momentum_buffer.<name>`), and
-    `buffer.<name>` for persistent buffers. A name whose pieces all live on other dp ranks
+    `buffer.<name>` for persistent buffers; a frozen parameter has only `model.<name>`,
+    whole (`frozen_state`). A name whose pieces all live on other dp ranks
     is present with no boxes, so that every rank's key set is the same.
     """
     tensors: dict[str, Sharded] = {}
@@ -196,8 +197,10 @@ def rank_state(
     kept: set[str] = set()  # the places this rank holds pieces of, under their own keys
     for replica, optimizer in zip(replicas, optimizers, strict=True):
         where = tp_placements(replica.module, tp)
+        frozen_names = {n for n, p in replica.module.named_parameters() if not p.requires_grad}
         for local, place in where.items():
-            places.setdefault(place.name, (place, _moment_keys(optimizer, local)))
+            moments = () if local in frozen_names else _moment_keys(optimizer, local)
+            places.setdefault(place.name, (place, moments))
         pieces, steps = replica.checkpoint_pieces(optimizer)
         counters += steps
         for piece in pieces:
@@ -205,9 +208,39 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
+    frozen = frozen_state(replicas, tp, kept | sharded_frozen(replicas, tp))
     for name, (place, moments) in places.items():
-        if name not in kept:  # all of it held on other dp ranks (sharded)
+        if name not in kept and f"model.{name}" not in frozen:  # held on other dp ranks
             for key in ("model", *moments):
                 tensors[f"{_prefix(key)}.{name}"] = Sharded(place.shape, [])
+    tensors.update(frozen)
     tensors.update(buffer_state([r.module for r in replicas]))
     return RankState(tensors, counters)
+
+
+def sharded_frozen(replicas: Sequence[Checkpointed], tp: comm.CommGroup) -> set[str]:
+    """The frozen parameters a wrapper shards (ZeRO-3's `frozen_shards`), by global name:
+    their pieces are saved by the ranks that hold them, none of them whole."""
+    out = set()
+    for replica in replicas:
+        where = tp_placements(replica.module, tp)
+        for shard in getattr(replica, "frozen_shards", ()):  # ZeRO-1/2, DP: none
+            out |= {where[seg.name].name for seg in shard.layout.segments}
+    return out
+
+
+def frozen_state(
+    replicas: Sequence[Checkpointed], tp: comm.CommGroup, held: set[str]
+) -> dict[str, Sharded]:
+    """`model.<name>` -> one box of the live tensor, for each frozen parameter (a LoRA run's
+    base: parallel/lora.py) that no wrapper holds (`held`: ZeRO-3 shards it): every
+    rank of its dp group has it whole (DCP writes the identical boxes once). A frozen
+    parameter has no optimizer state."""
+    out: dict[str, Sharded] = {}
+    for replica in replicas:
+        where = tp_placements(replica.module, tp)
+        for name, p in replica.module.named_parameters():
+            if not p.requires_grad and where[name].name not in held:
+                place = where[name]
+                out[f"model.{place.name}"] = Sharded(place.shape, [Box(place.offsets, p.data)])
+    return out

@@ -56,7 +56,7 @@ META_FILE = "paratrain.json"
 COMMIT_FILE = ".metadata"  # DCP's, renamed into place after every shard is written
 PREFIX = "step_"
 # What a resumed run keeps, beside the model (the optimizer: its state is what is saved).
-RESUMED = ("global_batch", "seq_len", "optimizer")
+RESUMED = ("global_batch", "seq_len", "optimizer", "lora_rank", "lora_alpha", "lora_targets")
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,15 @@ def run_meta(
             "seq_len": t.seq_len,
             "seed": t.seed,
             "optimizer": t.optimizer,
+            **(
+                {
+                    "lora_rank": t.lora_rank,
+                    "lora_alpha": t.lora_alpha,
+                    "lora_targets": t.lora_targets,
+                }
+                if t.lora_rank
+                else {}
+            ),  # fmt: skip
         },
         "data_fingerprint_sha256": fingerprint,
         "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

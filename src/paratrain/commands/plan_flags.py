@@ -29,7 +29,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         f"{clusters.replace('%', '%%')}",
     )
     _model_arguments(p.add_argument_group("model (overrides the preset)"))
-    _training_arguments(p.add_argument_group("training"))
+    training = p.add_argument_group("training")
+    _training_arguments(training)
+    _lora_argument(training)
     _cluster_arguments(p.add_argument_group("cluster (overrides the preset)"))
     _layout_arguments(p.add_argument_group("layout (evaluate one instead of searching)"))
     _output_arguments(p.add_argument_group("output"))
@@ -52,6 +54,17 @@ def _model_arguments(m: argparse._ArgumentGroup) -> None:
     m.add_argument("--shared-ffn", type=int, help="a shared expert's inner width (0: none)")
     m.add_argument(
         "--capacity-factor", type=float, help="tokens per expert at most c x an even share"
+    )
+
+
+def _lora_argument(w: argparse._ArgumentGroup) -> None:
+    w.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="LoRA fine-tuning: the base frozen (compute-dtype weights only) and rank-r "
+        "adapters on every block's attention and MLP matrices (plan/lora.py); 0: every "
+        "parameter trains (default 0)",
     )
 
 

@@ -27,10 +27,12 @@ from paratrain.plan.cluster import (
 )
 from paratrain.plan.layout import (
     SCHEDULES,
+    LoraSpec,
     Workload,
     precision,
 )
 from paratrain.plan.model import MODEL_PRESETS, ModelSpec, model_preset, with_overrides
+from paratrain.plan.muon import block_matrices
 from paratrain.plan.recommend import Plan, candidate_layouts, plan
 from paratrain.plan.report import table
 from paratrain.plan.summary import fastest_fitting
@@ -63,7 +65,18 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     model = _model(args, model_name)
     _moe_flags_need_experts(args, model)
-    return model, _cluster(args, cluster_name), _workload(args)
+    workload = replace(_workload(args), lora=_lora(args.lora_rank, model))
+    return model, _cluster(args, cluster_name), workload
+
+
+def _lora(rank: int, model: ModelSpec) -> LoraSpec | None:
+    """--lora-rank: adapters on every matrix of a block (the model plans' lora_targets)."""
+    if rank < 0 or (rank and (not model.has_shape or model.num_experts)):
+        raise ValueError(
+            f"--lora-rank {rank}: must be 0 or more, on a dense model given by its shape "
+            "(a preset, or --layers --hidden --heads --vocab --seq-len)"
+        )
+    return LoraSpec(rank, tuple(range(len(block_matrices(model.shape))))) if rank else None
 
 
 def _presets(names: list[str]) -> tuple[str | None, str | None]:

@@ -19,6 +19,7 @@ LLAMA = Effect(lambda c: c.model.arch == "llama", "a Llama model (--arch llama)"
 GPT = Effect(lambda c: c.model.arch == "gpt", "a GPT model (--arch gpt)")
 MOE = Effect(lambda c: c.model.num_experts > 0, "a mixture of experts (--num-experts)")
 PIPELINE = Effect(lambda c: c.parallel.pp > 1, "a pipeline (--pp 2 or more)")
+LORA = Effect(lambda c: c.train.lora_rank > 0, "LoRA (--lora-rank 1 or more)")
 MUON = Effect(lambda c: c.train.optimizer == "muon", "--optimizer muon")
 COLLECTIVES = Effect(lambda c: world(c) > 1, "more than one process")
 DC_ASGD = Effect(

@@ -15,7 +15,7 @@ from paratrain.config.choices import (
     PACKINGS,
     RECOMPUTE_MODES,
 )
-from paratrain.config.conditions import MUON, PIPELINE, SYNC
+from paratrain.config.conditions import LORA, MUON, PIPELINE, SYNC
 from paratrain.config.fields import Effect, param
 
 
@@ -71,6 +71,23 @@ class TrainConfig:
         "bfloat16 on cuda, float32 on the CPU (where bfloat16 products are 20-30x slower).",
         choices=(AUTO, *MUON_NS_DTYPES),
         effect=MUON,
+    )
+    lora_rank: int = param(
+        0,
+        "LoRA fine-tuning: freeze the model and train rank-r adapters on --lora-targets "
+        "(docs/models.md); 0: train every parameter.",
+        at_least=0,
+        default_means="0 (no LoRA)",
+    )
+    lora_alpha: float = param(
+        16.0, "LoRA: the adapters' output is scaled by alpha / rank.", above=0, effect=LORA
+    )
+    lora_targets: str = param(
+        "",
+        "LoRA: comma-separated module-name patterns of the linear layers to adapt "
+        "(blocks.*.attn.q,blocks.*.mlp.up).",
+        effect=LORA,
+        default_means="the model plan's: attention and MLP projections",
     )
     recompute: str = param("none", "Activation recomputation per block.", choices=RECOMPUTE_MODES)
     compile: bool = param(

@@ -177,6 +177,16 @@ def _pairs(arch: str, n_layer: int) -> list[tuple[str, str, bool]]:
     return out
 
 
+def hf_module_names(arch: str, n_layer: int) -> dict[str, str]:
+    """Our linear layers' module names -> the Hugging Face model's, where a weight maps
+    one to one, untransposed ("blocks.0.attn.q" -> "model.layers.0.self_attn.q_proj")."""
+    return {
+        ours.removesuffix(".weight"): hf.removesuffix(".weight")
+        for hf, ours, transposed in _pairs(arch, n_layer)
+        if ours.endswith(".weight") and not transposed
+    }
+
+
 def to_ours(arch: str, n_layer: int, tied: bool, hf: dict[str, torch.Tensor]) -> dict:
     """Our state dict from a Hugging Face one (every name must be there; extra non-buffer
     names are an error: a weight we would drop)."""

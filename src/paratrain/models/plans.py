@@ -180,6 +180,10 @@ class ModelPlan:
     muon_matrices: the modules whose `weight` is a hidden matrix, which `--optimizer muon`
         orthogonalizes (attention and MLP projections); everything else (embeddings, the
         head, norms, biases, routers, stacked experts) stays with AdamW.
+    lora_targets: the linear layers that `--lora-rank` gives low-rank adapters when
+        `--lora-targets` names none (attention and MLP projections: Hu et al.,
+        arXiv:2106.09685, adapted attention only; QLoRA, arXiv:2305.14314, section 4,
+        found every linear layer needed to match full fine-tuning).
     """
 
     tensor_parallel: dict[str, str]
@@ -194,9 +198,20 @@ class ModelPlan:
     moe_layers: str = "blocks.*.mlp"
     moe_tensor_parallel: dict[str, str] | None = None
     muon_matrices: tuple[str, ...] = ()
+    lora_targets: tuple[str, ...] = ()
 
 
 EXPERTS = "experts"  # the child of an MoE layer that holds its experts (models/moe.py)
+
+
+# The hidden matrices of each block: what Muon orthogonalizes and LoRA adapts by default.
+GPT_MATRICES = tuple(
+    f"blocks.*.{m}" for m in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
+)
+LLAMA_MATRICES = tuple(
+    f"blocks.*.{m}"
+    for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+)
 
 
 GPT_PLAN = ModelPlan(
@@ -209,9 +224,8 @@ GPT_PLAN = ModelPlan(
     context_attention="blocks.*.attn.core",
     context_positions="positions",  # the learned absolute positions' indices
     moe_tensor_parallel=GPT_MOE_TP_PLAN,
-    muon_matrices=tuple(
-        f"blocks.*.{m}" for m in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
-    ),
+    muon_matrices=GPT_MATRICES,
+    lora_targets=GPT_MATRICES,
 )
 
 LLAMA_PLAN = ModelPlan(
@@ -224,10 +238,14 @@ LLAMA_PLAN = ModelPlan(
     context_attention="blocks.*.attn.core",
     context_positions="blocks.*.attn.positions",  # each attention's rotary angles
     moe_tensor_parallel=LLAMA_MOE_TP_PLAN,
-    muon_matrices=tuple(
-        f"blocks.*.{m}"
-        for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
-    ),
+    muon_matrices=LLAMA_MATRICES,
+    lora_targets=LLAMA_MATRICES,
 )
 
 PLANS: dict[str, ModelPlan] = {"gpt": GPT_PLAN, "llama": LLAMA_PLAN}  # by config.ARCHS
+
+
+def lora_patterns(given: str, plan: ModelPlan) -> tuple[str, ...]:
+    """The module-name patterns `--lora-targets` names (comma-separated), or the plan's."""
+    patterns = tuple(p.strip() for p in given.split(",") if p.strip())
+    return patterns or plan.lora_targets

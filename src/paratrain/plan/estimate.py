@@ -13,6 +13,7 @@ from paratrain.plan import time as ptime
 from paratrain.plan.cluster import GB, ClusterSpec
 from paratrain.plan.expert_traffic import ep_traffic
 from paratrain.plan.layout import Layout, Workload, microbatches_for
+from paratrain.plan.lora import lora_model_state
 from paratrain.plan.model import ModelSpec
 
 
@@ -182,6 +183,8 @@ def model_state(
 ) -> memory.ModelState:
     """The dense parameters' states over the dp_cp group; a mixture of experts' experts,
     1/ep of them, over the expert_dp group (plan/moe.py)."""
+    if workload.lora is not None:  # a dense model (LoRA refuses experts)
+        return lora_model_state(model, workload.lora, workload, layout)
     experts = moe.all_expert_params(model)
     state = memory.model_state_bytes(model.params - experts, workload, layout, microbatches)
     if not experts:

@@ -59,6 +59,15 @@ def optimizer_moments(name: str) -> int:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """LoRA's adapters (plan/lora.py): rank r, and which of a block's matrices carry them,
+    as indices into plan/muon.py's `block_matrices` (a model plan's `lora_targets`)."""
+
+    rank: int
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Workload:
     """How the model is trained, independent of the layout."""
 
@@ -90,6 +99,8 @@ class Workload:
     # --optimizer muon (plan/muon.py): the bytes per element of its Newton-Schulz precision
     # (2 bfloat16, 4 float32), which its all-gather moves; 0: AdamW only.
     muon_ns_bytes: int = 0
+    # LoRA (plan/lora.py): the adapters' rank and targets; None: every parameter trains.
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:

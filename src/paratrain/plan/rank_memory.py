@@ -23,6 +23,7 @@ import math
 from dataclasses import replace
 
 from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.lora import adapter_buffers, held_frozen_bytes
 from paratrain.plan.memory import (
     ModelState,
     holds_whole_gradient,
@@ -169,6 +170,8 @@ def rank_model_state(
     MemoryReport.padding to params. The total is what the buffers hold. Under Muon
     (whole parameters only) its matrices hold one momentum instead of AdamW's two.
     """
+    if workload.lora is not None:
+        return lora_rank_model_state(model, workload, layout, stage)
     formula = formula_model_state(model, workload, layout, stage)
     pad = sum(padding_bytes(model, workload, layout, stage).values())
     state = replace(formula, params=formula.params + pad)
@@ -176,6 +179,21 @@ def rank_model_state(
         muon = workload.precision.moment_bytes * momentum_elements(model, layout, stage)
         state = replace(state, optimizer=state.optimizer - muon)
     return state
+
+
+def lora_rank_model_state(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> ModelState:
+    """`rank_model_state` of a LoRA run (plan/lora.py): the adapters' flat buffers as any
+    trained parameters' (padding under params), and the frozen base under params."""
+    lora = workload.lora
+    assert lora is not None
+    s, c = layout.pp, layout.chunks
+    layers = virtual_stage_layers(model.shape.n_layer, s, c)
+    blocks = [layers[vs] for vs in stage_virtual_stages(stage, s, c)]
+    state = buffers_model_state(adapter_buffers(model, lora, layout, blocks), workload, layout)
+    base = [n for chunk in flat_buffers(model, layout, stage) for n in chunk]
+    return replace(state, params=state.params + held_frozen_bytes(base, workload, layout))
 
 
 def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) -> ModelState:

@@ -42,6 +42,7 @@ from dataclasses import replace
 from paratrain.plan import comm, muon
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
@@ -88,10 +89,13 @@ def _zero_traffic(
     except the root unit of a tied table (`tied_root`), kept gathered from forward to its
     gradient: 2 (k - 1) S / k.
     """
-    chunks = flat_buffers(model, layout, at.stage)
-    out = _buffers_traffic(
-        chunks, tied_root(model, layout, at.stage), workload, layout, microbatches
-    )
+    lora, stage = workload.lora is not None, at.stage  # LoRA: the adapters' buffers only
+    base = flat_buffers(model, layout, stage)
+    chunks = lora_chunks(model, layout, stage, workload) if lora else base
+    root = 0 if lora else tied_root(model, layout, stage)
+    out = _buffers_traffic(chunks, root, workload, layout, microbatches)
+    if lora:  # and ZeRO-3's gathers of the frozen base
+        out += frozen_gathers(model, workload, layout, microbatches, stage)
     return out + _across_replicas(chunks, layout, at)
 
 
@@ -140,10 +144,11 @@ def _dp_gradients(
         return _zero_traffic(model, workload, layout, microbatches, at)
     # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
     # chunk and for buckets whose element counts k divides.
-    sent = sum(
-        comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, data_rank(layout, at))
-        for n in chunk_params(model, layout, at.stage)
-    )
+    lora = workload.lora is not None  # LoRA: the adapters' gradients only
+    chunks = [sum(c) for c in lora_chunks(model, layout, at.stage, workload)] if lora else None
+    chunks = chunk_params(model, layout, at.stage) if chunks is None else chunks
+    rank = data_rank(layout, at)
+    sent = sum(comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, rank) for n in chunks)
     return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from paratrain.config import RunConfig
 from paratrain.config.resolution import muon_ns_dtype
-from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, Workload
+from paratrain.models.plans import PLANS, lora_patterns
+from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, LoraSpec, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
 
@@ -18,6 +19,8 @@ MUON_NOTE = (
     "muon over ZeRO's shards or with experts: model state and traffic predicted as AdamW's "
     "(not modelled yet)"
 )
+LORA_NOTE = "LoRA: tp traffic predicted as a full fine-tune's (less is sent)"
+LORA_OTHER_NOTE = "LoRA on targets other than the model plan's patterns: predicted as full training"
 EP_NOTE = (
     "ep: the token all-to-all is predicted for a balanced router, 2 k N d e (ep-1)/ep per "
     "layer and pass; the run's routing moves more or less"
@@ -38,8 +41,11 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         zero2_accumulate=p.zero2_accumulate,
         # Muon over whole matrices; over ZeRO's shards it is not modelled yet (MUON_NOTE)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if whole_muon else 0,
+        lora=lora_spec(cfg),
     )
     notes = [MUON_NOTE] if t.optimizer == "muon" and not whole_muon else []
+    if t.lora_rank:
+        notes.append(LORA_NOTE if workload.lora else LORA_OTHER_NOTE)
     if experts is not None:  # the dense model of the same shape; rank_experts.py adds them
         notes.append("experts: activations counted as the dense model's")
         if p.ep > 1:
@@ -63,3 +69,13 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         replicas=p.replicas,
     )
     return model, workload, layout, notes
+
+
+def lora_spec(cfg: RunConfig) -> LoraSpec | None:
+    """The run's adapters as the planner counts them: the model plan's `lora_targets` that
+    --lora-targets names; None without LoRA, or when it names other patterns (LORA_NOTE)."""
+    t, plan = cfg.train, PLANS[cfg.model.arch]
+    given = lora_patterns(t.lora_targets, plan)
+    if not t.lora_rank or any(g not in plan.lora_targets for g in given):
+        return None
+    return LoraSpec(t.lora_rank, tuple(i for i, g in enumerate(plan.lora_targets) if g in given))

@@ -36,7 +36,7 @@ from paratrain.mesh import Mesh
 from paratrain.models import registry
 from paratrain.models.gpt import GPTConfig
 from paratrain.models.moe import aux_loss
-from paratrain.models.plans import PLANS, ModelPlan
+from paratrain.models.plans import PLANS, ModelPlan, lora_patterns
 from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
 from paratrain.parallel.data_parallel import DataParallel
@@ -46,6 +46,7 @@ from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import Replica
 from paratrain.parallel.data_parallel.zero import ZeroDataParallel
+from paratrain.parallel.lora import apply_lora, cast_frozen
 from paratrain.parallel.mixed_precision import MixedPrecision
 from paratrain.parallel.pipeline import (
     PipelinePlan,
@@ -76,7 +77,9 @@ def build_model(
     """The full plain model, from the run's seed: the same on every rank, then moved to
     `device`. It is initialised on the CPU, whose random stream is the same everywhere,
     so a run starts from the same weights on any device. With --init-from (and `initial`:
-    not when a checkpoint will overwrite them), the weights are the source run's latest."""
+    not when a checkpoint will overwrite them), the weights are the source run's latest.
+    With --lora-rank, the base is then frozen and adapted (parallel/lora.py): fresh
+    adapters from the seed, whatever the base's weights."""
     torch.manual_seed(cfg.train.seed)
     with torch.device("cpu"):  # whatever the default device: the weights are drawn here
         model = registry.plain_model(cfg.model)
@@ -86,6 +89,10 @@ def build_model(
         if ckpt is None:
             raise ValueError(f"--init-from {source!r}: no complete checkpoint")
         load_weights(model, read_model(ckpt.path), f"--init-from {source}")
+    t = cfg.train
+    if t.lora_rank:
+        patterns = lora_patterns(t.lora_targets, plan_of(cfg))
+        apply_lora(model, patterns, t.lora_rank, t.lora_alpha, t.seed)
     return move_to(model, device)
 
 
@@ -264,6 +271,7 @@ def data_parallel(
         return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op, share=share)
     precision = MixedPrecision.of(dtype)
     precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
+    cast_frozen(module, precision.param_dtype)  # a LoRA run's base: no master copy
     if p.zero == 3:  # the plan's units, less other shares' parameters; or the share's own
         units = expand_units(module, share.units or plan.fsdp_units)
         return FullyShardedDataParallel(

@@ -33,6 +33,7 @@ from paratrain.models import hf
 from paratrain.train import run_dir as rd
 from paratrain.train.build import build_model
 from paratrain.trained.hf_card import ids_kind, model_card, special_ids, tokenizer_files
+from paratrain.trained.lora_export import exported_weights
 from paratrain.trained.safetensors_file import pick_checkpoint
 
 CONFIG = "config.json"
@@ -100,9 +101,10 @@ def import_hf(hf_dir: Path, out: str) -> Path:
     return run_dir
 
 
-def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
+def export_hf(run_dir: Path, out: Path, step: int | None = None, merge_lora: bool = False) -> Path:
     """A Hugging Face directory (config.json, model.safetensors, the run's tokenizer if it
-    has one) of `run_dir`'s latest (or `step`'s) checkpoint."""
+    has one) of `run_dir`'s latest (or `step`'s) checkpoint; a LoRA run's with merge_lora
+    (its adapters folded into the base: trained/lora_export.py)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out} already exists and is not empty; give a new directory")
     ckpt = pick_checkpoint(run_dir, step)
@@ -119,7 +121,8 @@ def export_hf(run_dir: Path, out: Path, step: int | None = None) -> Path:
         from paratrain.models.presets import ffn_width, kv_heads
 
         m = dataclasses.replace(m, ffn_hidden=ffn_width(m), n_kv_head=kv_heads(m))
-    weights = hf.to_hf(m.arch, m.n_layer, m.tie_embeddings, read_model(ckpt.path))
+    ours = exported_weights(read_model(ckpt.path), meta, merge_lora, "hf", run_dir)
+    weights = hf.to_hf(m.arch, m.n_layer, m.tie_embeddings, ours)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -14,6 +14,7 @@ from paratrain.validate.rules_data import data_rules
 from paratrain.validate.rules_devices import device_rules, dtype_rules
 from paratrain.validate.rules_experts import experts_rules
 from paratrain.validate.rules_layout import batch_rules, mesh_rules, straggler_rules
+from paratrain.validate.rules_lora import lora_rules
 from paratrain.validate.rules_model import model_rules
 from paratrain.validate.rules_optimizer import optimizer_rules
 from paratrain.validate.rules_pipeline import pipeline_rules
@@ -40,6 +41,7 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     hsdp_rules,
     compile_rules,
     optimizer_rules,
+    lora_rules,
     data_rules,
 )
 

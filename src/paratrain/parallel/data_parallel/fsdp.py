@@ -26,6 +26,12 @@ A parameter used by modules of two units (tied input and output embeddings) is m
 the root unit: it must be whole whenever either user runs, and the root unit is gathered
 for the whole forward and backward.
 
+Frozen parameters (a LoRA run's base, parallel/lora.py) are sharded and gathered with their
+unit, in a flat buffer of their own (`FlatUnit.frozen`, or a unit that does not train), but
+get no gradient hook, no reduce-scatter, no master copy and no optimizer state: a unit's
+reduce-scatter carries its adapters' gradients only. They are freed once the backward has
+moved past their unit, since no gradient of theirs says when their own backward ended.
+
 Under expert parallelism two wrappers hold one module (a `ParamShare` each): the dense
 one gathers the plan's units less the experts over dp, the other each layer's experts
 (their own units) over expert_dp; each wrapper's hooks gather, prefetch, free and
@@ -46,7 +52,7 @@ from paratrain import comm
 from paratrain.comm import compat
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard
-from paratrain.parallel.data_parallel.fsdp_units import Event, FlatUnit, GatheredBytes
+from paratrain.parallel.data_parallel.fsdp_units import Event, FlatUnit, GatheredBytes, build_units
 from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
@@ -55,9 +61,6 @@ from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
-
-# One entry of the units' spec: its name, its modules, its (name, parameter) pairs.
-_Entry = tuple[str, list[nn.Module], list[tuple[str, nn.Parameter]]]
 
 
 class FullyShardedDataParallel(ShardedReplica):
@@ -93,58 +96,29 @@ class FullyShardedDataParallel(ShardedReplica):
         broadcast_parameters(module, group, share)
         self.tracker = GatheredBytes()
         self.events: list[Event] = []  # (kind, unit, ...) in order: gathers, forward ends
-        self.units = self._build_units(units)
+        # The share's parameters, and its frozen ones, gathered alike (no gradient)
+        mine = share.named(module) + share.frozen(module)
+        self.units = build_units(
+            module, units, mine, self.shard_group, self.precision, self.tracker
+        )
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         for u in self.units:
-            for p in u.params:
+            for p in u.params if u.trains else ():
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
             for m in u.modules:
                 m.register_forward_pre_hook(lambda _m, _a, u=u: self._before_forward(u))
                 m.register_forward_hook(lambda m, _a, out, u=u: self._after_forward(u, m, out))
         # Gradients complete in backward order: reduce-scatter in that order on every rank,
         # the root unit (if any) last.
-        self._reduce_order = [u for u in reversed(self.units) if u.modules]
-        self._reduce_order += [u for u in self.units if not u.modules]
+        trained = [u for u in self.units if u.trains]  # a frozen unit has nothing to reduce
+        self._reduce_order = [u for u in reversed(trained) if u.modules]
+        self._reduce_order += [u for u in trained if not u.modules]
         self._next_reduce, self._flush_queued = 0, False
         self._pending: list[tuple[FlatUnit, Any, torch.Tensor]] = []
         self.scaler = None
         if self.precision.needs_loss_scaling:
             mp = self.precision
             self.scaler = DynamicLossScaler(mp.initial_loss_scale, mp.growth_interval)
-
-    def _build_units(self, spec: Sequence[Sequence[str]]) -> list[FlatUnit]:
-        """A unit per entry of `spec`; parameters that no entry's modules use, or that the
-        modules of two entries use (tied weights), form the root unit. Only the share's
-        parameters count: another wrapper gathers the rest."""
-        mine = {id(p) for _, p in self.share.named(self.module)}
-        found: list[_Entry] = []
-        users: dict[int, int] = {}  # id(parameter) -> how many entries use it
-        for names in spec:
-            modules = [self.module.get_submodule(n) for n in names]
-            named: dict[int, tuple[str, nn.Parameter]] = {}
-            for n, m in zip(names, modules, strict=True):
-                for pn, p in m.named_parameters(prefix=n):
-                    if id(p) in mine:
-                        named.setdefault(id(p), (pn, p))
-            found.append((",".join(names), modules, list(named.values())))
-            for key in named:
-                users[key] = users.get(key, 0) + 1
-        units: list[_Entry] = []
-        claimed: set[int] = set()
-        for name, modules, named_params in found:
-            own = [(pn, p) for pn, p in named_params if users[id(p)] == 1]
-            claimed.update(id(p) for _, p in own)
-            # A module left with none of the unit's parameters (a tied head, an embedding
-            # whose table went to the root) must not gather the unit for its passes.
-            held = {id(p) for _, p in own}
-            modules = [m for m in modules if any(id(p) in held for p in m.parameters())]
-            if own:
-                units.append((name, modules, own))
-        rest = [(n, p) for n, p in self.share.named(self.module) if id(p) not in claimed]
-        if rest:
-            units.insert(0, ("<root>", [], rest))
-        args = (self.shard_group, self.precision, self.tracker)
-        return [FlatUnit(i, n, m, named, *args) for i, (n, m, named) in enumerate(units)]
 
     # -- gathering -------------------------------------------------------------------------
     def _before_forward(self, u: FlatUnit) -> None:
@@ -161,13 +135,14 @@ class FullyShardedDataParallel(ShardedReplica):
             for t in out if isinstance(out, tuple | list) else (out,):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(lambda grad, u=u: self._before_backward(u))
+                    u.in_backward = True  # a frozen unit fed by token ids never is
 
     def _before_backward(self, u: FlatUnit) -> None:
         if not u.gathered:
             u.wait()
             lower = max(0, u.index - self.prefetch)
             for v in reversed(self.units[lower : u.index]):
-                if v.modules:
+                if v.modules and v.in_backward:
                     v.gather(self.events, "backward")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -199,7 +174,13 @@ class FullyShardedDataParallel(ShardedReplica):
             u = self._reduce_order[self._next_reduce]
             if not (force or len(u.ready) == len(u.params)):
                 break
-            u.free()  # its backward is over
+            # Its trainable parameters' backward is over, not necessarily that of its frozen
+            # ones (a frozen base's input gradient may come after its adapters' gradients,
+            # and no gradient of its own says when); every unit after it is done, though:
+            # its gradients needed theirs.
+            u.free(keep_frozen=True)
+            for v in self.units[u.index + 1 :] if u.modules else ():
+                v.free()
             self._launch(u)
             self._next_reduce += 1
         while self._pending and self._pending[0][1].is_completed():
@@ -253,7 +234,16 @@ class FullyShardedDataParallel(ShardedReplica):
     # -- update and state ------------------------------------------------------------------
     @property
     def shards(self) -> list[FlatShard]:
-        return [u.shard for u in self.units]
+        return [u.shard for u in self.units if u.trains]
+
+    @property
+    def frozen_shards(self) -> list[FlatShard]:
+        return [u.shard for u in self.frozen_units]
+
+    @property
+    def frozen_units(self) -> list[FlatUnit]:
+        """The flat buffers of frozen parameters: units that do not train, companions."""
+        return [v for u in self.units for v in (u, u.frozen) if v is not None and not v.trains]
 
     @property
     def sharded_over(self) -> comm.CommGroup:
@@ -271,15 +261,18 @@ class FullyShardedDataParallel(ShardedReplica):
 
     def memory_report(self, optimizer: ShardedAdamW | ShardedMuon | None = None) -> MemoryReport:
         known: list[tuple[str, torch.Tensor]] = []
-        for u in self.units:
+        for u in [*self.units, *(u.frozen for u in self.units if u.frozen is not None)]:
             known += [("params", u.shard.param), ("grads", u.shard.grad), ("params", u.full)]
             if u.shard.master is not None:
                 known.append(("master", u.shard.master))
-        n = sum(u.layout.numel for u in self.units)
-        k = self.shard_group.size
-        extra = sum(u.layout.shard for u in self.units) - -(-n // k)  # beyond ceil(N/k)
-        p = self.precision
-        padding = {"params": extra * p.param_bytes, "grads": extra * p.param_bytes}
+        k, p = self.shard_group.size, self.precision
+
+        def beyond(units: list[FlatUnit]) -> int:  # elements beyond ceil(N/k) of them
+            return sum(u.layout.shard for u in units) - -(-sum(u.layout.numel for u in units) // k)
+
+        extra = beyond([u for u in self.units if u.trains])
+        frozen = beyond(self.frozen_units)  # parameters only: no gradient, master or moments
+        padding = {"params": (extra + frozen) * p.param_bytes, "grads": extra * p.param_bytes}
         # AdamW's moments cover the whole shard; Muon's AdamW skips the padding
         padding["optimizer"] = extra * 8 if isinstance(optimizer, ShardedAdamW) else 0
         if p.has_master:

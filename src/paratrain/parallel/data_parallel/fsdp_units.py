@@ -72,7 +72,12 @@ class GatheredBytes:
 
 
 class FlatUnit:
-    """One unit's parameters: a sharded flat buffer, gathered on demand into `full`."""
+    """One unit's parameters: a sharded flat buffer, gathered on demand into `full`.
+
+    trains False: frozen parameters (a LoRA run's base), gathered and freed like the rest
+    but never given a gradient, a master copy or optimizer state. A unit with both holds
+    its frozen ones in a `frozen` companion, gathered, awaited and freed with it.
+    """
 
     def __init__(
         self,
@@ -83,8 +88,11 @@ class FlatUnit:
         group: comm.CommGroup,
         precision: MixedPrecision,
         tracker: GatheredBytes,
+        trains: bool = True,
     ) -> None:
-        self.index, self.name, self.modules = index, name, modules
+        self.index, self.name, self.modules, self.trains = index, name, modules, trains
+        self.in_backward = trains  # whether a backward ever runs through it: prefetch it
+        self.frozen: FlatUnit | None = None
         self.params = [p for _, p in named_params]
         self.group, self.tracker = group, tracker
         self.layout = FlatLayout(named_params, group.size)
@@ -94,8 +102,10 @@ class FlatUnit:
         lo, hi = self.layout.shard_range(group.rank)
         dtype = precision.param_dtype
         param_shard = values[lo:hi].to(dtype, copy=True)  # own storage: the rest is freed
-        master = values[lo:hi] if precision.has_master else None
+        master = values[lo:hi] if precision.has_master and trains else None
         self.shard: FlatShard = make_shard(self.layout, group.rank, param_shard, dtype, master)
+        if not trains:  # no gradient ever reaches it
+            self.shard.grad = param_shard.new_zeros(0)
         self.full = param_shard.new_empty(self.layout.padded)  # (padded,) when gathered
         for p, view in zip(self.params, self.layout.views(self.full), strict=True):
             p.data = view
@@ -108,6 +118,8 @@ class FlatUnit:
 
     def gather(self, events: list[Event] | None = None, phase: str = "") -> None:
         """Issue the all-gather of this unit's shards (asynchronously) unless done already."""
+        if self.frozen is not None:
+            self.frozen.gather()  # recorded as the unit's one gather
         if self.gathered or self.handle is not None:
             return
         sizes = [self.layout.shard] * self.group.size
@@ -124,6 +136,8 @@ class FlatUnit:
 
     def wait(self) -> None:
         """Make the full parameters available: finish (or issue and finish) the gather."""
+        if self.frozen is not None:
+            self.frozen.wait()
         if self.gathered:
             return
         self.gather()
@@ -132,11 +146,69 @@ class FlatUnit:
         assert same_memory(out, self.full)
         self.gathered = True
 
-    def free(self) -> None:
-        """Drop the full parameters; the shard stays."""
+    def free(self, keep_frozen: bool = False) -> None:
+        """Drop the full parameters; the shard stays. keep_frozen: not the frozen
+        companion's (its backward may still be running: see FullyShardedDataParallel)."""
+        if self.frozen is not None and not keep_frozen:
+            self.frozen.free()
         if self.handle is not None:  # a prefetch that was never used
             self.wait()
         if self.gathered:
             self.full.untyped_storage().resize_(0)
             self.tracker.add(-self.nbytes)
             self.gathered = False
+
+
+# One entry of the units' spec: its name, its modules, its (name, parameter) pairs.
+_Entry = tuple[str, list[nn.Module], list[tuple[str, nn.Parameter]]]
+
+
+def build_units(
+    module: nn.Module,
+    spec: Sequence[Sequence[str]],
+    mine: Sequence[tuple[str, nn.Parameter]],
+    group: comm.CommGroup,
+    precision: MixedPrecision,
+    tracker: GatheredBytes,
+) -> list[FlatUnit]:
+    """A unit per entry of `spec` (module names) holding the parameters of `mine` its
+    modules use; parameters that no entry's modules use, or that the modules of two
+    entries use (tied weights), form the root unit. Frozen parameters (requires_grad
+    False) go to a unit's `frozen` companion, or form a unit that does not train."""
+    ids = {id(p) for _, p in mine}
+    found: list[_Entry] = []
+    users: dict[int, int] = {}  # id(parameter) -> how many entries use it
+    for names in spec:
+        modules = [module.get_submodule(n) for n in names]
+        named: dict[int, tuple[str, nn.Parameter]] = {}
+        for n, m in zip(names, modules, strict=True):
+            for pn, p in m.named_parameters(prefix=n):
+                if id(p) in ids:
+                    named.setdefault(id(p), (pn, p))
+        found.append((",".join(names), modules, list(named.values())))
+        for key in named:
+            users[key] = users.get(key, 0) + 1
+    entries: list[_Entry] = []
+    claimed: set[int] = set()
+    for name, modules, named_params in found:
+        own = [(pn, p) for pn, p in named_params if users[id(p)] == 1]
+        claimed.update(id(p) for _, p in own)
+        # A module left with none of the unit's parameters (a tied head, an embedding
+        # whose table went to the root) must not gather the unit for its passes.
+        held = {id(p) for _, p in own}
+        modules = [m for m in modules if any(id(p) in held for p in m.parameters())]
+        if own:
+            entries.append((name, modules, own))
+    rest = [(n, p) for n, p in mine if id(p) not in claimed]
+    if rest:
+        entries.insert(0, ("<root>", [], rest))
+    units: list[FlatUnit] = []
+    for name, modules, pairs in entries:
+        trained = [(n, p) for n, p in pairs if p.requires_grad]
+        frozen = [(n, p) for n, p in pairs if not p.requires_grad]
+        args = (group, precision, tracker)
+        unit = FlatUnit(len(units), name, modules, trained or frozen, *args, trains=bool(trained))
+        if trained and frozen:
+            unit.frozen = FlatUnit(unit.index, name, modules, frozen, *args, trains=False)
+        units.append(unit)
+    return units

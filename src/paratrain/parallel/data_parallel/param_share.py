@@ -37,5 +37,13 @@ class ParamShare:
             if p.requires_grad and (self.names is None or n in self.names)
         ]
 
+    def frozen(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The module's parameters of this share that do not train (a LoRA run's base)."""
+        return [
+            (n, p)
+            for n, p in module.named_parameters()
+            if not p.requires_grad and (self.names is None or n in self.names)
+        ]
+
 
 EVERY_PARAMETER = ParamShare()

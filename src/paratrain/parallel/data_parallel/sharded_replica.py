@@ -166,7 +166,18 @@ class ShardedReplica(nn.Module, abc.ABC):
                 tensors = {"model": shard.optimized[at]} | optimizer.piece_moments(si, piece)
                 seg = piece.segment
                 pieces.append(StatePiece(seg.name, seg.shape, piece.lo, piece.hi, tensors))
+        for shard in self.frozen_shards:  # their values only: no optimizer state
+            for piece in shard.layout.local_pieces(shard.rank):
+                at = slice(piece.shard_offset, piece.shard_offset + piece.numel)
+                seg, tensors = piece.segment, {"model": shard.param[at]}
+                pieces.append(StatePiece(seg.name, seg.shape, piece.lo, piece.hi, tensors))
         return pieces, optimizer.step_counters()
+
+    @property
+    def frozen_shards(self) -> list[FlatShard]:
+        """Flat shards of frozen parameters (ZeRO-3 shards a LoRA run's base); ZeRO-1/2
+        leave them whole in the module."""
+        return []
 
     @torch.no_grad()
     def after_load(self) -> None:
@@ -181,7 +192,7 @@ class ShardedReplica(nn.Module, abc.ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, in fp32 (the master values), on every rank (collective)."""
         values = {}
-        for shard in self.shards:
+        for shard in [*self.shards, *self.frozen_shards]:
             flat = shard.optimized
             if self.sharded_over is not None:
                 sizes = [shard.layout.shard] * self.sharded_over.size

@@ -94,12 +94,12 @@ def whole_checkpoint_pieces(
     only: Collection[str] | None = None,
 ) -> tuple[list[StatePiece], list[torch.Tensor]]:
     """`Replica.checkpoint_pieces` of a module held whole under torch's AdamW (or Muon and
-    AdamW): each parameter (of `only`, if given) is one piece, [0, numel), with its
+    AdamW): each parameter that trains (of `only`, if given) is one piece, [0, numel), with its
     moments (a Muon matrix: its momentum); and AdamW's step counters."""
     pieces, counters = [], []
     for name, p in module.named_parameters():
-        if only is not None and name not in only:
-            continue
+        if (only is not None and name not in only) or not p.requires_grad:
+            continue  # another wrapper's, or frozen (checkpoint/state.py saves it whole)
         if isinstance(optimizer, WholeMuon) and p in optimizer.momentum:
             moments = {MUON_MOMENTUM: optimizer.momentum[p]}
         else:
@@ -117,12 +117,14 @@ def complete_state_dict(
 ) -> dict[str, torch.Tensor]:
     """`values` (one tensor per parameter, under named_parameters()' first name, and
     possibly persistent buffers) extended to every key of `module.state_dict()`: a tied
-    parameter's other names alias its value, and buffers not in `values` are copied from
-    the module, so `load_state_dict(strict=True)` works."""
+    parameter's other names alias its value, and buffers and frozen parameters not in
+    `values` (held whole outside a wrapper) are copied from the module, so
+    `load_state_dict(strict=True)` works."""
     canonical = {id(p): name for name, p in module.named_parameters()}
     out = {}
     for name, tensor in module.state_dict(keep_vars=True).items():
-        if isinstance(tensor, nn.Parameter) and id(tensor) in canonical:
+        held = isinstance(tensor, nn.Parameter) and canonical.get(id(tensor)) in values
+        if held or (isinstance(tensor, nn.Parameter) and tensor.requires_grad):
             out[name] = values[canonical[id(tensor)]]
         else:
             out[name] = values[name] if name in values else tensor.detach().clone()

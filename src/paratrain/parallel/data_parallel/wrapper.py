@@ -216,6 +216,7 @@ class DataParallel(SyncSwitch, nn.Module):
         (of this wrapper's share: storage outside it is another wrapper's to count)."""
         known: list[tuple[str, torch.Tensor | None]]
         known = [("params", p) for _, p in self.share.named(self.module)]
+        known += [("params", p) for _, p in self.share.frozen(self.module)]  # LoRA's base
         known += [("grads", b.buffer) for b in self.buckets]
         states = optimizer.state.values() if optimizer is not None else ()
         whole = self.module if self.share.names is None else None

@@ -279,6 +279,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     # -- state -----------------------------------------------------------------------------
     def memory_report(self, optimizer: ShardedAdamW | ShardedMuon | None = None) -> MemoryReport:
         known = [("params", self.flat_params), ("grads", self.shard.grad)]
+        known += [("params", p) for _, p in self.share.frozen(self.module)]  # LoRA's base
         known += [("grads", b.buffer) for b in self.buckets if b.buffer is not None]
         known += [("grads", send) for _, _, send in self._pending]
         if self.flat_grads is not None:

@@ -38,6 +38,7 @@ from torch import nn
 from paratrain.comm import compat, regions
 from paratrain.comm.group import CommGroup
 from paratrain.module_names import matching
+from paratrain.parallel.lora import LoraLinear, split_lora
 from paratrain.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -181,17 +182,11 @@ def _apply_style(
 ) -> nn.Module:
     if style in ("colwise", "colwise_gathered", "vocab_head", "rowwise"):
         full = _expect(module, nn.Linear, style)
-        if style == "rowwise":
-            return RowParallelLinear(full, group, sequence_parallel=sp)
-        if style == "vocab_head":
-            shard_size(full.out_features, group, "vocabulary")
-        return ColumnParallelLinear(
-            full,
-            group,
-            gather_output=style == "colwise_gathered",
-            shared_input=inside_region,
-            sequence_parallel=sp,
-        )
+        layer = _linear_style(full, style, group, sp, inside_region)
+        if isinstance(full, LoraLinear):  # adapters split with the base (parallel/lora.py)
+            kind = "rowwise" if style == "rowwise" else "colwise"
+            split_lora(full, layer, kind, group.rank, group.size)
+        return layer
     if style == "vocab_embedding":
         return VocabParallelEmbedding(
             _expect(module, nn.Embedding, style), group, sequence_parallel=sp
@@ -206,6 +201,19 @@ def _apply_style(
     else:
         _make_replicated(module, group, tracker, sp)
     return module
+
+
+def _linear_style(
+    full: nn.Linear, style: str, group: CommGroup, sp: bool, inside_region: bool
+) -> nn.Module:
+    if style == "rowwise":
+        return RowParallelLinear(full, group, sequence_parallel=sp)
+    if style == "vocab_head":
+        shard_size(full.out_features, group, "vocabulary")
+    gather = style == "colwise_gathered"
+    return ColumnParallelLinear(
+        full, group, gather_output=gather, shared_input=inside_region, sequence_parallel=sp
+    )
 
 
 def _expect(module: nn.Module, kind: type, style: str) -> Any:

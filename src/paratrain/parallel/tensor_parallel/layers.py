@@ -24,6 +24,7 @@ from torch import nn
 
 from paratrain.comm import regions
 from paratrain.comm.group import CommGroup
+from paratrain.parallel.lora import lora_update
 
 
 def shard_size(full: int, group: CommGroup, what: str) -> int:
@@ -35,7 +36,8 @@ def shard_size(full: int, group: CommGroup, what: str) -> int:
 
 def _slice(t: torch.Tensor, dim: int, group: CommGroup) -> nn.Parameter:
     n = t.shape[dim] // group.size
-    return nn.Parameter(t.detach().narrow(dim, group.rank * n, n).clone())
+    piece = t.detach().narrow(dim, group.rank * n, n).clone()
+    return nn.Parameter(piece, requires_grad=t.requires_grad)  # a frozen base stays frozen
 
 
 class ColumnParallelLinear(nn.Module):
@@ -79,6 +81,8 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = regions.f(x, self.group)
         y = F.linear(x, self.weight, self.bias)  # (B, T, C_out / tp)
+        update = lora_update(self, x)  # LoRA: its B split like W (parallel/lora.py)
+        y = y if update is None else y + update
         return regions.gather_slices(y, self.group, dim=-1) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -118,7 +122,11 @@ class RowParallelLinear(nn.Module):
         self.input_is_parallel = input_is_parallel
         self.sequence_parallel = sequence_parallel
         self.weight = _slice(full.weight, 1, group)  # (C_out, C_in / tp)
-        self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+        self.bias = (
+            nn.Parameter(full.bias.detach().clone(), requires_grad=full.bias.requires_grad)
+            if full.bias is not None
+            else None
+        )
         # Under sequence parallelism the bias is added to local tokens only.
         self.sequence_parallel_params = (
             ("bias",) if sequence_parallel and self.bias is not None else ()
@@ -128,6 +136,8 @@ class RowParallelLinear(nn.Module):
         if not self.input_is_parallel:
             x = regions.split(x, self.group, dim=-1)  # (B, T, C_in) -> (B, T, C_in / tp)
         partial = F.linear(x, self.weight)  # (B, T, C_out), this rank's share of the sum
+        update = lora_update(self, x)  # LoRA: its A split like W, B (A_r x_r) partial too
+        partial = partial if update is None else partial + update
         if self.sequence_parallel:
             y = regions.reduce_scatter_sequence(partial, self.group)  # (B, T/tp, C_out)
         else:
