@@ -151,6 +151,12 @@ def _muon(args: argparse.Namespace) -> tuple[Any, int]:
     return run_muon_bench(args.pairs, args.steps, args.every), 0
 
 
+def _lora(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.lora.run import run_lora_bench
+
+    return run_lora_bench(args.pairs, args.rank, args.steps, args.base_steps, args.every), 0
+
+
 def _names(flag: str) -> list[str]:
     return [n.strip() for n in flag.split(",") if n.strip()]
 
@@ -168,4 +174,5 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "moe": _moe,
     "model": _model,
     "muon": _muon,
+    "lora": _lora,
 }
