@@ -154,7 +154,8 @@ def _muon(args: argparse.Namespace) -> tuple[Any, int]:
 def _lora(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.lora.run import run_lora_bench
 
-    return run_lora_bench(args.pairs, args.rank, args.steps, args.base_steps, args.every), 0
+    sizes = (args.pairs, args.rank, args.steps, args.base_steps, args.every)
+    return run_lora_bench(*sizes, args.lora_lr_scale), 0
 
 
 def _names(flag: str) -> list[str]:

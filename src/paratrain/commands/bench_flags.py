@@ -117,6 +117,9 @@ def _layout_benches(benches: Subparsers) -> None:
     lora.add_argument("--steps", type=count, default=100, help="fine-tuning steps of each run")
     lora.add_argument("--base-steps", type=count, default=200, help="pre-training steps")
     lora.add_argument("--every", type=count, default=20, help="held-out loss every so many steps")
+    lora.add_argument(
+        "--lora-lr-scale", type=float, default=1.0, help="LoRA's learning rate over the full's"
+    )
 
 
 def _compile(parser: argparse.ArgumentParser) -> None:

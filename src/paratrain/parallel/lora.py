@@ -20,7 +20,7 @@ drawn from a generator seeded by `seed` alone, in module order, on the CPU: ever
 and a model whose base came from a checkpoint (--init-from), builds the same ones.
 
 Tensor parallelism then slices a LoraLinear like any linear layer and splits its adapters
-consistently (`split_lora`); its layers add `lora_update` to their output.
+consistently (`split_lora`); its layers add theirs to their output (`with_lora`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ class LoraLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = F.linear(x, self.weight, self.bias)  # (..., out)
-        update: torch.Tensor = self.lora_B(self.lora_A(x))  # (..., in) -> (..., r) -> (..., out)
-        return base + self.scaling * update
+        return add_update(base, x, self.lora_A.weight, self.lora_B.weight, self.scaling)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lora_rank={self.rank}, lora_alpha={self.alpha}"
@@ -180,17 +179,30 @@ def split_lora(lora: LoraLinear, layer: nn.Module, style: str, rank: int, size: 
     sliced.tp_shard_dims = {"weight": dim}  # read by tp's state (state.py)
     whole.sequence_parallel_params = ("weight",)  # its gradient partial: summed over tp
     layer.lora_A, layer.lora_B = (whole, sliced) if style == "colwise" else (sliced, whole)
-    layer.lora_scaling = lora.scaling  # type: ignore[assignment]  # read by lora_update
+    layer.lora_scaling = lora.scaling  # type: ignore[assignment]  # read by with_lora
 
 
-def lora_update(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """scaling * B (A x) of a tensor-parallel layer that `split_lora` adapted; else None."""
+def add_update(
+    y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """y + scaling B (A x), for y (..., out), x (..., in), A (r, in), B (out, r). The scaling
+    goes on the small B, and the second product adds into y itself (addmm, beta 1), so
+    that no elementwise pass over the (tokens, out) output is added: measured on the
+    default GPT on 2 cores, a separate multiply and add were a third of LoRA's extra time
+    per step."""
+    low = F.linear(x, a).reshape(-1, a.shape[0])  # (tokens, r)
+    out = torch.addmm(y.reshape(-1, y.shape[-1]), low, (b * scaling).t())  # (tokens, out)
+    return out.view(y.shape)
+
+
+def with_lora(layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y + scaling B (A x) for a tensor-parallel layer that `split_lora` adapted (its A
+    and B this rank's slices); y itself for any other."""
     scaling: float = getattr(layer, "lora_scaling", 0.0)
     if not scaling:
-        return None
-    a, b = layer.get_submodule("lora_A"), layer.get_submodule("lora_B")
-    update: torch.Tensor = b(a(x))  # (..., in) -> (..., r) -> (..., out)
-    return scaling * update
+        return y
+    a, b = layer.get_parameter("lora_A.weight"), layer.get_parameter("lora_B.weight")
+    return add_update(y, x, a, b, scaling)
 
 
 def has_lora(model: nn.Module) -> bool:

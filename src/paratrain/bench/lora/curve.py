@@ -35,6 +35,8 @@ def line_pairs(tokens: torch.Tensor, longest: int) -> tuple[torch.Tensor, np.nda
     lines = [line for line in lines if 1 < len(line) <= longest]
     pairs = zip(lines[::2], lines[1::2], strict=False)  # an odd last line has no completion
     docs = [torch.cat([as_not_targets(p), c]) for p, c in pairs]
+    if not docs:
+        raise ValueError(f"the data has no two lines of 2 to {longest} bytes: no example")
     return torch.cat(docs), np.array([len(d) for d in docs], dtype=np.int64)
 
 

@@ -19,10 +19,6 @@ from paratrain.spawn import run_ranks
 
 log = logging.getLogger(__name__)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything
-# The LoRA run's learning rate over the full fine-tune's: the adapters start at B = 0 and
-# are few, and practice (Hu et al., arXiv:2106.09685; PEFT's examples) trains them with
-# about an order of magnitude higher rate than a full fine-tune.
-LORA_LR_SCALE = 10.0
 
 
 def run_lora_bench(
@@ -31,11 +27,15 @@ def run_lora_bench(
     steps: int = 100,
     base_steps: int = 200,
     every: int = 20,
+    lora_lr_scale: float = 1.0,
     base: RunConfig | None = None,
     data: TokenData | None = None,
 ) -> dict[str, Any]:
     """`base`: the model and batch (default: `paratrain train`'s); `data`: the tokens
-    (default: the embedded default data)."""
+    (default: the embedded default data). The LoRA run's learning rate is the full
+    fine-tune's times `lora_lr_scale` (practice often trains adapters faster)."""
+    if not lora_lr_scale > 0:
+        raise ValueError(f"--lora-lr-scale {lora_lr_scale}: must be above 0")
     cfg = copy.deepcopy(base or RunConfig())
     cfg.train.lora_rank, cfg.train.lora_alpha = rank, 2.0 * rank
     data = data or load_tokens("")
@@ -66,8 +66,8 @@ def run_lora_bench(
     torch.set_num_threads(2)
     curve_cfg = copy.deepcopy(cfg)
     curve_cfg.train.steps = steps
-    out["curve"] = fine_tune_curves(curve_cfg, data, base_steps, every, LORA_LR_SCALE)
-    out["curve"]["lr"] = {"full": cfg.train.lr, "lora": cfg.train.lr * LORA_LR_SCALE}
+    out["curve"] = fine_tune_curves(curve_cfg, data, base_steps, every, lora_lr_scale)
+    out["curve"]["lr"] = {"full": cfg.train.lr, "lora": cfg.train.lr * lora_lr_scale}
     for name, curve in (("base", out["curve"]["base"]), *out["curve"]["curves"].items()):
         log.info("%s held-out loss by step: %s", name, ", ".join(f"{s}: {v:.4f}" for s, v in curve))
     return out

@@ -24,7 +24,7 @@ from torch import nn
 
 from paratrain.comm import regions
 from paratrain.comm.group import CommGroup
-from paratrain.parallel.lora import lora_update
+from paratrain.parallel.lora import with_lora
 
 
 def shard_size(full: int, group: CommGroup, what: str) -> int:
@@ -81,8 +81,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = regions.f(x, self.group)
         y = F.linear(x, self.weight, self.bias)  # (B, T, C_out / tp)
-        update = lora_update(self, x)  # LoRA: its B split like W (parallel/lora.py)
-        y = y if update is None else y + update
+        y = with_lora(self, x, y)  # LoRA: its B split like W (parallel/lora.py)
         return regions.gather_slices(y, self.group, dim=-1) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -136,8 +135,7 @@ class RowParallelLinear(nn.Module):
         if not self.input_is_parallel:
             x = regions.split(x, self.group, dim=-1)  # (B, T, C_in) -> (B, T, C_in / tp)
         partial = F.linear(x, self.weight)  # (B, T, C_out), this rank's share of the sum
-        update = lora_update(self, x)  # LoRA: its A split like W, B (A_r x_r) partial too
-        partial = partial if update is None else partial + update
+        partial = with_lora(self, x, partial)  # LoRA: A split like W; B (A_r x_r) partial too
         if self.sequence_parallel:
             y = regions.reduce_scatter_sequence(partial, self.group)  # (B, T/tp, C_out)
         else:
