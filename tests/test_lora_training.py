@@ -35,17 +35,21 @@ RANK, ALPHA = 4, 8.0
 # The layouts of world 2 (each unnamed degree 1, zero 0, schedule 1f1b)
 LAYOUTS = [
     {"dp": 2}, {"dp": 2, "zero": 1}, {"dp": 2, "zero": 2}, {"dp": 2, "zero": 3},
-    {"pp": 2}, {"pp": 2, "schedule": "gpipe"}, {"cp": 2},
+    {"pp": 2}, {"pp": 2, "schedule": "gpipe"}, {"pp": 2, "schedule": "zb-h1"},
+    {"pp": 2, "schedule": "interleaved", "chunks": 2}, {"cp": 2},
     {"tp": 2}, {"tp": 2, "sequence_parallel": True},
 ]  # fmt: skip
 
 
-def lora_config(dp=1, pp=1, cp=1, tp=1, zero=0, schedule="1f1b", sequence_parallel=False):
+def lora_config(
+    dp=1, pp=1, cp=1, tp=1, zero=0, schedule="1f1b", sequence_parallel=False, chunks=1
+):
     cfg = tiny_config(lora_rank=RANK, lora_alpha=ALPHA, grad_clip=CLIP, micro_batch=2)
+    cfg.model.n_layer = 2 * chunks  # interleaved: a block per virtual stage
     cfg.train.lr = 3e-2  # adapters start at B = 0: a larger step so that they move
     p, world = cfg.parallel, dp * pp * cp * tp
     p.nproc, p.dp, p.pp, p.cp, p.tp, p.zero = world, dp, pp, cp, tp, zero
-    p.schedule, p.sequence_parallel = schedule, sequence_parallel
+    p.schedule, p.sequence_parallel, p.chunks = schedule, sequence_parallel, chunks
     return resolve_and_check(cfg, world)
 
 
@@ -73,7 +77,8 @@ def train_and_inspect(rank, world_size, configs, data, runs):
         )
         sent = {a: marks[-1][a] - marks[-2][a] for a in AXES}
         record = record_of(result, mesh.group("tp"))
-        frozen = [n for n, q in result.model.named_parameters() if not q.requires_grad]
+        chunks = result.model if hasattr(result.model, "__len__") else [result.model]
+        frozen = [n for c in chunks for n, q in c.named_parameters() if not q.requires_grad]
         same = all(torch.equal(record.state[n], before[n]) for n in frozen)
         engine = result.engine
         state = rank_state(engine.replicas, result.optimizer.optimizers, engine.tp)

@@ -137,3 +137,19 @@ def test_packing_documents_is_refused_under_context_parallelism(capsys):
     assert main(argv) == 2
     line = capsys.readouterr().err.strip()
     assert "--packing documents with --cp 2" in line and "\n" not in line
+
+
+def test_packed_attention_runs_the_fused_kernel():
+    """The document mask goes to scaled_dot_product_attention's fused kernel (on the CPU,
+    flash attention, forward and backward), not an unfused softmax of the scores."""
+    from paratrain.models.kv_cache import attend
+
+    row, _ = _packed(256)
+    positions = document_positions(row)
+    q = torch.randn(1, 2, positions.shape[1], 8, requires_grad=True)
+    with torch.profiler.profile() as prof:
+        attend(q, q, q, 0, positions=positions).sum().backward()
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, ops
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops, ops
+    assert "aten::_softmax" not in ops, ops
