@@ -41,9 +41,7 @@ LAYOUTS = [
 ]  # fmt: skip
 
 
-def lora_config(
-    dp=1, pp=1, cp=1, tp=1, zero=0, schedule="1f1b", sequence_parallel=False, chunks=1
-):
+def lora_config(dp=1, pp=1, cp=1, tp=1, zero=0, schedule="1f1b", sequence_parallel=False, chunks=1):
     cfg = tiny_config(lora_rank=RANK, lora_alpha=ALPHA, grad_clip=CLIP, micro_batch=2)
     cfg.model.n_layer = 2 * chunks  # interleaved: a block per virtual stage
     cfg.train.lr = 3e-2  # adapters start at B = 0: a larger step so that they move
