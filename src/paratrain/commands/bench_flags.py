@@ -111,6 +111,10 @@ def _layout_benches(benches: Subparsers) -> None:
     _pairs(muon, 4)
     muon.add_argument("--steps", type=count, default=300, help="steps of the training runs")
     muon.add_argument("--every", type=count, default=50, help="held-out loss every so many steps")
+    _lora_bench(benches)
+
+
+def _lora_bench(benches: Subparsers) -> None:
     lora = benches.add_parser("lora", help="LoRA against full fine-tuning: step, state, curve")
     _pairs(lora, 4)
     lora.add_argument("--rank", type=count, default=8, help="the adapters' rank (alpha 2x)")
