@@ -87,25 +87,15 @@ def packed_row(tokens: Any, starts: np.ndarray, lengths: np.ndarray, seq_len: in
     return row
 
 
-class PackedRows(BatchSampler):
-    """BatchSampler over rows of packed documents: `global_batch(step)` depends only on
-    (seed, step)."""
+class PackedRows(DocumentRows):
+    """DocumentRows whose windows are rows of packed documents (`pack`)."""
 
     def __init__(
         self, tokens: Any, lengths: np.ndarray, seq_len: int, global_batch: int, seed: int
     ) -> None:
-        self.tokens, self.seq_len, self.global_batch, self.seed = (
-            tokens,
-            seq_len,
-            global_batch,
-            seed,
-        )
-        if len(lengths) < 1:
-            raise ValueError("the data holds no document to train on")
-        self.lengths, self.starts = lengths, starts_of(lengths)
+        super().__init__(tokens, lengths, seq_len, global_batch, seed)
         self.bounds = pack(lengths, seq_len + 1)
         self.num_windows = len(self.bounds) - 1
-        self._epoch_order: tuple[int, torch.Tensor] | None = None
 
     def row(self, window: int) -> torch.Tensor:
         docs = slice(int(self.bounds[window]), int(self.bounds[window + 1]))
