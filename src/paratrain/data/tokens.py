@@ -10,6 +10,7 @@ and data-parallel replica r takes rows [r * K * b, (r + 1) * K * b) of it.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sysconfig
 from dataclasses import dataclass
@@ -79,8 +80,12 @@ def load_default(val_fraction: float = 0.05) -> TokenData:
     """Byte tokens of the standard library's .py files (tests and site-packages excluded)."""
     root = stdlib_root()
     skip = {"site-packages", "test", "tests", "__pycache__"}
-    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
-    return _files_to_tokens(root, files, val_fraction, f"stdlib {root}")
+    files = []
+    # os.walk, pruned: rglob would list site-packages first (a second per process here)
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skip]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    return _files_to_tokens(root, sorted(files), val_fraction, f"stdlib {root}")
 
 
 def load_tokens(path: str, val_fraction: float = 0.05, tokenizer: str = "") -> TokenData:
