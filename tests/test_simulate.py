@@ -32,15 +32,13 @@ def layout(
     world: int, steps: int = 1, dtype: str = "float32", k: int = 2, **parallel: object
 ) -> RunConfig:
     cfg = tiny_config(steps=steps, micro_batch=1)
+    cfg.model.n_layer = 8
     cfg.train.dtype = dtype
     p = cfg.parallel
     p.nproc = world
     for key, value in parallel.items():
         assert key in LAYOUT_FIELDS, key
         setattr(p, key, value)
-    # A block per pipeline chunk, two at least: more repeat the same calls (a simulated
-    # rank's fake-tensor dispatch costs about a millisecond an op).
-    cfg.model.n_layer = max(2, p.pp * p.chunks)
     cfg.train.global_batch = k * world // (p.tp * p.pp * p.cp)  # K micro-batches of one row
     return resolve_and_check(cfg, world)
 
