@@ -59,14 +59,14 @@ class Terminal:
     def type_ctrl_c(self) -> None:
         os.write(self._master, b"\x03")  # the terminal sends SIGINT to the foreground group
 
-    def wait_for(self, text: str, timeout: float = 120) -> None:
+    def wait_for(self, text: str, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.output:
             assert self.proc.poll() is None, f"ended before {text!r}:\n{self.output}"
             assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output}"
             time.sleep(0.05)
 
-    def finish(self, timeout: float = 240) -> tuple[int, str]:
+    def finish(self, timeout: float = 600) -> tuple[int, str]:
         code = self.proc.wait(timeout)
         self._reader.join(10)
         os.close(self._master)

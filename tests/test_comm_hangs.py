@@ -70,7 +70,7 @@ def stuck_in_compute(rank, world_size):
 
 
 def test_different_op_at_the_same_call_is_named():
-    results = run_distributed(wrong_op, 4, timeout=60)
+    results = run_distributed(wrong_op, 4)
     for message, elapsed in results:
         assert message is not None and elapsed < REPORTED_WITHIN_S
         assert "first divergence in group 'dp' [0, 1, 2, 3] at call #5" in message
@@ -79,7 +79,7 @@ def test_different_op_at_the_same_call_is_named():
 
 
 def test_a_skipped_call_is_named():
-    results = run_distributed(skipped_call, 4, timeout=60)
+    results = run_distributed(skipped_call, 4)
     reports = [m for m, _ in results if m is not None]
     assert reports, "no rank reported the hang"
     for message, elapsed in results:
@@ -91,7 +91,7 @@ def test_a_skipped_call_is_named():
 
 
 def test_a_rank_stuck_outside_communication_is_named():
-    results = run_distributed(stuck_in_compute, 4, timeout=60)
+    results = run_distributed(stuck_in_compute, 4)
     for rank, (message, elapsed) in enumerate(results):
         if rank == 1:
             continue
@@ -117,7 +117,7 @@ def checked_mismatch(rank, world_size):
 
 def test_per_call_checking_refuses_mismatched_shapes_at_once():
     start = time.monotonic()
-    messages = run_distributed(checked_mismatch, 2, timeout=60)
+    messages = run_distributed(checked_mismatch, 2)
     assert time.monotonic() - start < REPORTED_WITHIN_S
     for message in messages:
         assert "disagree on the next call" in message
@@ -176,7 +176,7 @@ def hung_peer(rank, world_size):
 
 
 def test_a_point_to_point_wait_names_its_peer_and_the_training_step():
-    message, elapsed = run_distributed(hung_peer, 2, timeout=60)[0]
+    message, elapsed = run_distributed(hung_peer, 2)[0]
     assert message is not None and elapsed < REPORTED_WITHIN_S
     assert "recv(native) with peer rank 1 call #1 float32[4] in training step 7" in message
 

@@ -98,7 +98,7 @@ def check_matrix(rank: int, world_size: int) -> list[str]:
 
 @pytest.mark.parametrize("world_size", range(1, 9))
 def test_primitives_match_ground_truth(world_size):
-    failures = run_distributed(check_matrix, world_size, timeout=240)
+    failures = run_distributed(check_matrix, world_size)
     flat = [f for rank_failures in failures for f in rank_failures]
     assert not flat, "\n".join(flat[:20])
 

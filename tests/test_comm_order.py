@@ -138,14 +138,14 @@ def isend_then_collective(rank, group):
 
 
 def _reports(body, mode):
-    results = run_distributed(_until_error, 2, mode, body, timeout=90)
+    results = run_distributed(_until_error, 2, mode, body)
     for status, _, elapsed in results:
         assert status == "error" and elapsed < REPORTED_WITHIN_S, results
     return [message for _, message, _ in results]
 
 
 def _completes(body, mode):
-    results = run_distributed(_until_error, 2, mode, body, timeout=90)
+    results = run_distributed(_until_error, 2, mode, body)
     assert all(status == "ok" for status, _, _ in results), results
     return [result for _, result, _ in results]
 
@@ -230,7 +230,7 @@ def batch_both_ways(rank, world_size, order):
 
 
 def test_a_batch_sending_and_receiving_both_ways_completes_under_nccl_order():
-    assert run_distributed(batch_both_ways, 2, "nccl", timeout=60) == [[1.0] * 3, [0.0] * 3]
+    assert run_distributed(batch_both_ways, 2, "nccl") == [[1.0] * 3, [0.0] * 3]
 
 
 def receive_from_any(rank, world_size):
@@ -244,7 +244,7 @@ def receive_from_any(rank, world_size):
 
 
 def test_receive_from_any_fails_at_once_under_nccl_order():
-    for message, elapsed in run_distributed(receive_from_any, 2, timeout=60):
+    for message, elapsed in run_distributed(receive_from_any, 2):
         assert message is not None and elapsed < 1.0
         assert len(message.splitlines()) == 1 and message.startswith("recv_any")
         assert "NCCL has none" in message
@@ -290,8 +290,8 @@ def collectives(rank, world_size, order, check, default_algo):
 def test_collectives_are_bitwise_the_same_under_nccl_order(check, default_algo):
     """Exact: the same gloo calls and our algorithms' same steps, only waited in turn."""
     args = (check, default_algo)
-    plain = run_distributed(collectives, 3, "gloo", *args, timeout=90)
-    ordered = run_distributed(collectives, 3, "nccl", *args, timeout=90)
+    plain = run_distributed(collectives, 3, "gloo", *args)
+    ordered = run_distributed(collectives, 3, "nccl", *args)
     for mine, theirs in zip(plain, ordered, strict=True):
         assert len(mine) == len(theirs)
         for a, b in zip(mine, theirs, strict=True):
@@ -309,7 +309,7 @@ def shared_streams(rank, world_size):
 def test_groups_over_one_process_group_share_their_streams():
     """As on NCCL, one stream per communicator: "dp" over the whole world is the world's
     process group. The control group stays in gloo's order (it is gloo on GPUs too)."""
-    for shared, control in run_distributed(shared_streams, 2, timeout=60):
+    for shared, control in run_distributed(shared_streams, 2):
         assert shared and control is None
 
 

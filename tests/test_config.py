@@ -177,7 +177,7 @@ def test_console_script_exits_2_without_traceback():
         [sys.executable, "-m", "paratrain", "train", "--nproc", "4", "--dp", "3"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (

@@ -123,7 +123,7 @@ def check_parity(rank: int, cp: int, order: str = "nccl") -> list[str]:
 def test_attention_equals_full_attention_and_counts_the_formulas(cp):
     """Under NCCL's order (comm/ordering.py): at cp 2 a ring that posted its receive
     alone, ahead of its send, deadlocked there (issue 28)."""
-    failures = [f for rank in run_distributed(check_parity, cp, timeout=120) for f in rank]
+    failures = [f for rank in run_distributed(check_parity, cp) for f in rank]
     assert not failures, "\n".join(failures[:20])
 
 
@@ -157,7 +157,7 @@ def count_flops(rank: int, cp: int) -> dict[str, tuple[int, int]]:
 
 def test_load_balancing_evens_the_flops_of_causal_ring_attention():
     cp = 4
-    per_rank = run_distributed(count_flops, cp, timeout=120)
+    per_rank = run_distributed(count_flops, cp)
     balanced = [r["ring_balanced"] for r in per_rank]
     plain = [r["ring"] for r in per_rank]
     assert len(set(balanced)) == 1, balanced
@@ -199,7 +199,7 @@ def record_overlap(rank: int, cp: int) -> list[str]:
 
 
 def test_next_keys_are_sent_before_the_current_block_is_computed():
-    failures = [f for rank in run_distributed(record_overlap, 4, timeout=60) for f in rank]
+    failures = [f for rank in run_distributed(record_overlap, 4) for f in rank]
     assert not failures, "\n".join(failures)
 
 

@@ -184,7 +184,7 @@ def _server_or_worker(rank, world_size, loss, dc):
 
 def distances(loss: str, dc: DelayCompensation) -> tuple[float, float]:
     """(distance from fresh-gradient SGD, distance from this run replayed in one process)."""
-    w, updates = run_distributed(_server_or_worker, 3, loss, dc, timeout=120)[0]
+    w, updates = run_distributed(_server_or_worker, 3, loss, dc)[0]
     stalenesses = [s for _, s in updates]
     assert stalenesses == [0, 0, 0, 3] + [1, 0, 0, 3] * (UPDATES // 4 - 1), stalenesses
     fresh = replay(loss, [(b, 0) for b, _ in updates], DelayCompensation())

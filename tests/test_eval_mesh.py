@@ -45,7 +45,7 @@ def _eval(run_dir: Path, data: Path, *layout: str) -> dict:
         [sys.executable, "-m", "paratrain", *argv, *layout],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

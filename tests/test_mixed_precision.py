@@ -55,7 +55,7 @@ def bf16_runs(rank, world_size, data):
 def test_bf16_tracks_fp32_within_a_stated_bound():
     data = tiny_data()
     reference, initial = reference_training(tiny_config(micro_batch=4), data)
-    for records in run_distributed(bf16_runs, 2, data, timeout=300):
+    for records in run_distributed(bf16_runs, 2, data):
         for stage, (record, dtypes) in enumerate(records):
             assert dtypes == {torch.bfloat16}, stage  # the compute copy is bf16
             for a, b in zip(record.losses, reference.losses, strict=True):

@@ -29,9 +29,9 @@ GOAL = 0.5
 
 
 # A measurement takes 10-15 s alone; at the suite's tail on 2 cores, beside a 4-rank test
-# and a third file, one took over 120 s (CI, 2026-12-03). The measured fraction holds under
-# such load (below); only the waiting needs room.
-MEASURE_TIMEOUT_S = 400
+# and a third file, one took over 120 s, and once over 400 s (CI, 2026-12-03). The measured
+# fraction holds under such load (below); only the waiting needs room.
+MEASURE_TIMEOUT_S = 600
 
 
 def hidden(mechanism: str, algo: str, workload: LinearStack) -> tuple[float, list[float]]:
@@ -66,7 +66,7 @@ def test_half_the_communication_hides_behind_compute(mechanism):
     assert statistics.median(by_step) > 0, by_step  # the steps got faster
 
 
-@pytest.mark.timeout(MEASURE_TIMEOUT_S)
+@pytest.mark.timeout(2 * MEASURE_TIMEOUT_S)  # the measurement's own timeout says more
 def test_without_overlap_nothing_appears_hidden():
     by_wait, pairs = hidden("dp-buckets", "ring", LinearStack(pairs=7, control=True))
     assert abs(by_wait) < GOAL - 0.2, (by_wait, pairs)

@@ -54,7 +54,7 @@ def run_cases(rank, world_size, data):
 @pytest.mark.parametrize("world", [2, 4])
 def test_pipeline_through_the_loop_matches_single_process(world):
     data = tiny_data()
-    per_rank = run_distributed(run_cases, world, data, timeout=300)
+    per_rank = run_distributed(run_cases, world, data)
     for i, (schedule, chunks, dp, micro_batch) in enumerate(CASES[world]):
         cfg = case_config(world, schedule, chunks, dp, micro_batch)
         assert cfg.train.microbatches == cfg.train.global_batch // (micro_batch * dp)

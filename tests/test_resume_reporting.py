@@ -26,7 +26,7 @@ def paratrain(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=cwd,
-        timeout=240,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     return proc

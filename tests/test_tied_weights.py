@@ -76,7 +76,7 @@ def test_tied_weights_train_equal_to_one_process(world):
     configs = CASES[world]
     reference, initial = reference_training(configs[0], data, tie_embeddings=True)
     assert torch.equal(initial["head.weight"], initial["tok_emb.weight"])
-    per_rank = run_distributed(train_tied, world, configs, data, timeout=300)
+    per_rank = run_distributed(train_tied, world, configs, data)
     for i, cfg in enumerate(configs):
         p = cfg.parallel
         name = f"dp {p.dp} pp {p.pp} tp {p.tp} zero {p.zero} sp {p.sequence_parallel}"

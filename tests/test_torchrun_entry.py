@@ -31,7 +31,7 @@ def test_a_users_torchrun_refuses_a_layout_beyond_memory_once_before_training(tm
             subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
         )
     try:
-        said = [w.communicate(timeout=60)[1] for w in workers]
+        said = [w.communicate(timeout=600)[1] for w in workers]
     finally:  # a worker that went on to train (the check missing) must not outlive the test
         for w in workers:
             w.kill()

@@ -36,7 +36,7 @@ SMALL = [
 ]
 
 
-def paratrain(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def paratrain(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`paratrain ARGS` in cwd, which must succeed; a multi-process run under NCCL's order."""
     proc = subprocess.run(
         [sys.executable, "-m", "paratrain", *under_nccl_order(args, cwd)],
@@ -169,7 +169,7 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
                 env=env,
             )
         )
-    outputs = [a.communicate(timeout=240) for a in agents]
+    outputs = [a.communicate(timeout=600) for a in agents]
     for agent, (stdout, stderr) in zip(agents, outputs, strict=False):
         assert agent.returncode == 0, f"{stdout}\n{stderr}"
     summary = json.loads(outputs[0][0].strip().splitlines()[-1])
@@ -285,7 +285,7 @@ def test_a_start_that_fails_in_the_workers_exits_2_and_leaves_no_run_directory(t
         + ["--steps", "1", "--seq-len", "32", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,
         cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stderr

@@ -99,7 +99,7 @@ def test_model_state_bytes_equal_the_planner_and_traffic_the_zero_paper(world_si
     if k == 2:  # the same counts when every collective runs our ring algorithm
         cases += [(s, "float32", 2, {}, "ring") for s in (1, 2)]
         cases.append((3, "float32", 2, {"prefetch": 2}, "ring"))
-    results = run_distributed(measure, k, cases, tiny_data(), timeout=300)
+    results = run_distributed(measure, k, cases, tiny_data())
     for rank, (rank_results, padded) in enumerate(results):
         for case, (memory, sent, n) in zip(cases, rank_results, strict=True):
             stage, dtype, micro, opts, algo = case
@@ -173,7 +173,7 @@ def test_zero2_default_holds_only_the_shard_between_micro_batches():
         "default": Workload(precision=PRECISIONS["fp32"]),
         "full": Workload(precision=PRECISIONS["fp32"], zero2_accumulate="full"),
     }
-    for rank_results in run_distributed(held_between_micro_batches, k, tiny_data(), timeout=120):
+    for rank_results in run_distributed(held_between_micro_batches, k, tiny_data()):
         for option, (between, after, n) in zip(workloads, rank_results, strict=True):
             planned = model_state_bytes(n, workloads[option], Layout(dp=k, zero=2), micro_batches)
             whole = 4 * n if option == "full" else 0

@@ -137,7 +137,7 @@ def test_allocator_holds_the_planners_model_state_at_every_stage():
     k = 2
     # gloo's order: NCCL's (comm/ordering.py) allocates on its stream threads, which the
     # allocator's levels here would count as the step's own.
-    results = run_distributed(measure, k, CASES, timeout=300, order="gloo")
+    results = run_distributed(measure, k, CASES, order="gloo")
     for rank, rank_results in enumerate(results):
         for case, (n, held, forward, step_peak, act) in zip(CASES, rank_results, strict=True):
             stage, dtype, micro_batches, opts = case

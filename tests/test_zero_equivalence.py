@@ -78,7 +78,7 @@ def test_zero_stages_match_single_process(world_size):
     data = tiny_data()
     cases = _cases(world_size)
     reference, initial = reference_training(cases[0][0], data)
-    results = run_distributed(run_cases, world_size, cases, data, timeout=240)
+    results = run_distributed(run_cases, world_size, cases, data)
     for rank_records in results:
         for (cfg, stage, opts), record in zip(cases, rank_records, strict=True):
             try:

@@ -104,8 +104,8 @@ def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    timeout: float = 120.0,
-    collective_timeout: float = 60.0,
+    timeout: float = 600.0,
+    collective_timeout: float = 300.0,
     backend: str = "gloo",
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` in world_size processes; return each rank's result.

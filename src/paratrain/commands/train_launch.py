@@ -47,7 +47,7 @@ def launch_and_report(cfg: RunConfig, as_json: bool) -> int:
             log.error("paratrain: %s; %s", e, undo_failed_start(before))
             return 2 if e.exitcode == 2 else 1  # a user error stays one
         except SignalException as e:  # to this process; the agent passed it on
-            return report_stopped(run_dir, before, e.sigval.name)
+            return stopped_by_signal(run_dir, before, e.sigval.name)
         except BaseException:
             undo_failed_start(before)
             raise
@@ -121,7 +121,20 @@ def signals_raise() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # stopped: stay so
+                signal.signal(sig, handler)
+
+
+def stopped_by_signal(run_dir: Path, before: Any, signal_name: str) -> int:
+    """Report a stop signal to this process, then exit; further stop signals are ignored
+    from here on. The workers are gone, so there is nothing left for them to stop, while
+    they could land as the agent's objects are freed (its rendezvous timers join their
+    threads in finalizers: a traceback printed and ignored), amid deleting a failed
+    start's files, or once Python's exit has put the default handlers back (killed by
+    the signal, not exit status 128 + it)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    return report_stopped(run_dir, before, signal_name)
 
 
 def report_stopped(run_dir: Path, before: Any, signal_name: str | None) -> int:
