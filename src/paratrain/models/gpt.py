@@ -168,7 +168,7 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         loss = self.loss_fn(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
-        return add_aux_loss(self, loss)
+        return loss if self.cfg.moe is None else add_aux_loss(self, loss)
 
 
 def count_parameters(model: nn.Module) -> int:

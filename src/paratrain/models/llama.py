@@ -189,4 +189,5 @@ class Llama(nn.Module):
         logits = self.head(self.norm(x))  # (B, T, V)
         if targets is None:
             return logits
-        return add_aux_loss(self, self.loss_fn(logits.flatten(0, 1), targets.flatten()))
+        loss = self.loss_fn(logits.flatten(0, 1), targets.flatten())
+        return loss if self.cfg.moe is None else add_aux_loss(self, loss)

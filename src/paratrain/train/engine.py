@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.models.moe import moe_layers
 from paratrain.parallel.compile import CompiledBlocks
 from paratrain.parallel.context_parallel import TokenShard
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
@@ -62,6 +63,8 @@ class Engine:
         for r in replicas:
             partial = {id(p) for p in sequence_parallel_parameters(r.module)}
             self._partial.append([n for n, p in r.module.named_parameters() if id(p) in partial])
+        # Once, not a traversal of every module twice per step; none for a dense model.
+        self.moe_layers = [layer for m in self.modules for layer in moe_layers(m)]
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
         """This step's gradients, reduced and scaled to the mean; (mean loss, tokens)."""

@@ -19,6 +19,8 @@ shard counts once, as in the dense sum over dp (grads.py derives the 1/R of mean
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -65,7 +67,7 @@ def apply_experts(
 
 
 def routing_log(
-    modules: list[nn.Module], group: comm.CommGroup, pp: comm.CommGroup | None = None
+    layers: Sequence[MoEFeedForward], group: comm.CommGroup, pp: comm.CommGroup | None = None
 ) -> dict[str, float] | None:
     """The step's routing over every MoE layer, from the layers' tallies (then cleared):
     tokens per expert (min and max over layers and experts, kept assignments summed over
@@ -73,8 +75,7 @@ def routing_log(
     loss (its mean over the dp shards is the batch's; summed over layers, averaged over
     micro-batches). None for a dense model. Collective over `group` (one small all-reduce)
     and, with a pipeline, over `pp` (two more: each stage holds its blocks' layers)."""
-    taken = [m.take_tally() for module in modules for m in module.modules()
-             if isinstance(m, MoEFeedForward)]  # fmt: skip
+    taken = [m.take_tally() for m in layers]
     tallies = [t for t in taken if t is not None]
     if not tallies:
         return None
@@ -96,9 +97,7 @@ def routing_log(
     }
 
 
-def balance_biases(modules: list[nn.Module]) -> None:
+def balance_biases(layers: Sequence[MoEFeedForward]) -> None:
     """After an optimizer step: DeepSeek-V3's bias update on every MoE layer that has one."""
-    for module in modules:
-        for m in module.modules():
-            if isinstance(m, MoEFeedForward):
-                m.balance_bias()
+    for layer in layers:
+        layer.balance_bias()

@@ -50,9 +50,9 @@ def train_step(
         clip_to(engine.replicas, grad_norm, grad_clip)
     if finite or engine.loss_scaled:
         optimizer.step()  # fp16: finds the overflow on every rank, halves the scale, skips
-    balance_biases(engine.modules)  # MoE bias balancing after the step (restarts counting)
+    balance_biases(engine.moe_layers)  # MoE bias balancing after the step (restarts counting)
     overflow = not finite and engine.loss_scaled
-    routing = routing_log(engine.modules, engine.replicas[0].group, engine.pp)
+    routing = routing_log(engine.moe_layers, engine.replicas[0].group, engine.pp)
     return StepOutput(loss, grad_norm, tokens, not finite, overflow, routing)
 
 

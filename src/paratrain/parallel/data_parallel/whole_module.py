@@ -4,7 +4,7 @@ checkpoints (the flat-shard half: sharded_replica.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -28,10 +28,10 @@ class WholeGradients:
         self.module = module
 
     def grad_squares(self) -> GradSquares:
-        return whole_grad_squares(self.module)
+        return whole_grad_squares(self.module.named_parameters(), device_of(self.module))
 
     def scale_grads_(self, factor: float) -> None:
-        scale_whole_grads_(self.module, factor)
+        scale_whole_grads_(self.module.named_parameters(), factor)
 
     def checkpoint_pieces(
         self, optimizer: torch.optim.Optimizer
@@ -42,14 +42,14 @@ class WholeGradients:
         """The whole values were loaded: nothing else holds a copy."""
 
 
-def whole_grads(
-    module: nn.Module, only: Collection[str] | None = None
-) -> tuple[list[str], list[torch.Tensor]]:
-    """Names and gradients of the parameters that have one (each parameter once); with
-    `only`, of those named there (a wrapper holding some of the module's parameters)."""
+Named = Iterable[tuple[str, nn.Parameter]]
+
+
+def whole_grads(named: Named) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and gradients of the parameters in `named` that have one."""
     names, grads = [], []
-    for name, p in module.named_parameters():
-        if p.grad is not None and (only is None or name in only):
+    for name, p in named:
+        if p.grad is not None:
             names.append(name)
             grads.append(p.grad.detach())
     return names, grads
@@ -61,17 +61,15 @@ def device_of(module: nn.Module) -> torch.device:
 
 
 def whole_grad_squares(
-    module: nn.Module, only: Collection[str] | None = None, split_over: CommGroup | None = None
+    named: Named, device: torch.device, split_over: CommGroup | None = None
 ) -> GradSquares:
     """Per-parameter squared norms of whole gradients held in `p.grad`."""
-    names, grads = whole_grads(module, only)
-    return GradSquares(names, squared_norms(grads, device_of(module)), None, split_over)
+    names, grads = whole_grads(named)
+    return GradSquares(names, squared_norms(grads, device), None, split_over)
 
 
-def scale_whole_grads_(
-    module: nn.Module, factor: float, only: Collection[str] | None = None
-) -> None:
-    scale_(whole_grads(module, only)[1], factor)
+def scale_whole_grads_(named: Named, factor: float) -> None:
+    scale_(whole_grads(named)[1], factor)
 
 
 def all_reduce_whole_grads_(module: nn.Module, names: Sequence[str], group: CommGroup) -> None:
