@@ -66,7 +66,10 @@ def _config(args: argparse.Namespace) -> Any:
 def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
     from paratrain.bench.overhead.run import run_overhead_bench
 
-    return run_overhead_bench(steps=args.steps, rounds=args.rounds, cfg=_config(args)), 0
+    if args.peer == "transformers" and args.compile:  # its blocks are not ours to compile
+        raise ValueError("--peer transformers with --compile: valid with --peer plain only")
+    cfg = _config(args)
+    return run_overhead_bench(steps=args.steps, rounds=args.rounds, cfg=cfg, peer=args.peer), 0
 
 
 def _comm(args: argparse.Namespace) -> tuple[Any, int]:

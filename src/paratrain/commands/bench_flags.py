@@ -35,6 +35,12 @@ def _step_benches(benches: Subparsers) -> None:
     overhead = benches.add_parser("overhead", help="our training step against a plain loop")
     overhead.add_argument("--steps", type=count, default=20, help="timed steps per round")
     overhead.add_argument("--rounds", type=count, default=7, help="alternating rounds of each loop")
+    overhead.add_argument(
+        "--peer",
+        choices=("plain", "transformers"),
+        default="plain",
+        help="the plain loop's model: ours, or transformers' GPT2LMHeadModel with our weights",
+    )
     _compile(overhead)
     _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
     dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")

@@ -7,6 +7,12 @@ one-rank `DataParallel`, the plain loop the harness's `torch_step` (what one wou
 by hand, bench/harness/sides.py). Rounds alternate which loop runs first, and the report
 gives the medians of per-step times and their ratio. The two loss curves must agree (they
 do the same arithmetic), else the comparison is void and the bench fails.
+
+`peer="transformers"`: the plain loop trains transformers' model of the same
+architecture holding our initial weights (bench/model/peer.py), so the loop and the model
+are both someone else's. Its arithmetic is the same function in another order, and AdamW
+amplifies the roundings over the steps: the losses are held to the whole-step screen of
+`bench model` (STEP_LOSS_RTOL).
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from paratrain.bench.harness.pairs import check_losses
 from paratrain.bench.harness.sides import torch_step
+from paratrain.bench.model.peer import transformers_twin
+from paratrain.bench.model.run import STEP_LOSS_RTOL
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.mesh import Mesh
@@ -35,6 +44,7 @@ log = logging.getLogger(__name__)
 # the step scales the loss differs by a few roundings: ten times tighter than its 1e-4.
 LOSS_RTOL = 1e-5
 Step = Callable[[int], float]  # step index -> loss
+PEER_LOOP = "plain PyTorch loop, AdamW(foreach=True), clip_grad_norm_(foreach=True)"
 
 
 def _timed(fn: Step, steps: range) -> tuple[list[float], list[float]]:
@@ -46,15 +56,22 @@ def _timed(fn: Step, steps: range) -> tuple[list[float], list[float]]:
     return times, losses
 
 
-def _loops(cfg: RunConfig, total: int) -> tuple[Step, Step]:
-    """(ours, plain): one step each at the scheduled learning rate, on preloaded batches."""
+def _loops(cfg: RunConfig, total: int, peer: str) -> tuple[Step, Step, str]:
+    """(ours, plain, what the plain side is): one step each at the scheduled learning
+    rate, on preloaded batches."""
     t = cfg.train
     sampler = BatchSampler(load_tokens("").train, t.seq_len, t.global_batch, t.seed)
     batches = [list(sampler.global_batch_at(s).split(t.micro_batch)) for s in range(total)]
     mesh = Mesh.build(dp=1)  # one process: the dp group has one rank, no communication
     betas = (t.beta1, t.beta2)
-    our_model, plain_model = build_model(cfg), build_model(cfg)
-    for model in (our_model, plain_model):  # --compile: both sides' blocks, the same way
+    our_model = build_model(cfg)
+    plain_model: nn.Module
+    if peer == "transformers":  # our initial weights in transformers' model
+        plain_model, line = transformers_twin(cfg.model, our_model)
+        what = f"{PEER_LOOP}, over {line}"
+    else:
+        plain_model, what = build_model(cfg), PEER_LOOP
+    for model in (our_model, plain_model):  # --compile (plain peer): both sides' blocks
         compile_units(model, cfg)
     engine = FlatEngine(DataParallel(our_model, mesh.group("dp"), reduce_op="sum"))
     ours_opt = engine.build_optimizer(t.lr, t.weight_decay, betas)
@@ -69,22 +86,22 @@ def _loops(cfg: RunConfig, total: int) -> tuple[Step, Step]:
     def plain(step: int) -> float:
         return torch_step(plain_model, plain_opt, batches[step], lr(step), t.grad_clip)
 
-    return ours, plain
+    return ours, plain, what
 
 
 def run_overhead_bench(
-    steps: int = 20, rounds: int = 7, cfg: RunConfig | None = None
-) -> dict[str, float]:
+    steps: int = 20, rounds: int = 7, cfg: RunConfig | None = None, peer: str = "plain"
+) -> dict[str, float | str]:
     cfg = cfg or RunConfig()
     t = cfg.train
     t.microbatches = t.global_batch // t.micro_batch  # one process: K = G / b
-    ours, plain = _loops(cfg, total=steps * rounds + 1)
+    ours, plain, what = _loops(cfg, total=steps * rounds + 1, peer=peer)
     log.info(
         "model: GPT %d layers, d_model %d, seq_len %d, %d micro-batches of %d; %d thread(s)",
         cfg.model.n_layer, cfg.model.d_model, t.seq_len, t.microbatches, t.micro_batch,
         torch.get_num_threads(),
     )  # fmt: skip
-    log.info("peer: plain PyTorch loop, AdamW(foreach=True), clip_grad_norm_(foreach=True)")
+    log.info("peer: %s", what)
     if t.compile:
         log.info("both sides: each block compiled (torch.compile, inductor); warm-up compiles")
     ours(0), plain(0)  # warm-up step, not timed
@@ -97,16 +114,17 @@ def run_overhead_bench(
             took, loss = _timed(fn, span)
             times[name] += took
             losses[name] += loss
-    check_losses(losses["ours"], losses["plain"], LOSS_RTOL)
-    result = {
-        "ours_step_s": statistics.median(times["ours"]),
-        "plain_step_s": statistics.median(times["plain"]),
-        "steps": len(times["ours"]),
-        "threads": torch.get_num_threads(),
-    }
-    result["ratio"] = result["ours_step_s"] / result["plain_step_s"]
+    check_losses(losses["ours"], losses["plain"], STEP_LOSS_RTOL if peer != "plain" else LOSS_RTOL)
+    ours_s, plain_s = statistics.median(times["ours"]), statistics.median(times["plain"])
     log.info(
         "median step: ours %.4f s, plain %.4f s, ratio %.3f (%d steps each, %d rounds)",
-        result["ours_step_s"], result["plain_step_s"], result["ratio"], result["steps"], rounds,
+        ours_s, plain_s, ours_s / plain_s, len(times["ours"]), rounds,
     )  # fmt: skip
-    return result
+    return {
+        "ours_step_s": ours_s,
+        "plain_step_s": plain_s,
+        "ratio": ours_s / plain_s,
+        "steps": len(times["ours"]),
+        "threads": torch.get_num_threads(),
+        "peer": what,
+    }

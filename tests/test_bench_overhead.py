@@ -1,0 +1,43 @@
+"""`paratrain bench overhead --peer transformers`: our step against a plain loop over
+transformers' model holding our weights. No timing is asserted: a tiny real run through
+the CLI, the loss check that voids a comparison, and the combination it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from paratrain.bench.overhead import run as overhead_bench
+from paratrain.cli import main
+
+TINY = ["--steps", "2", "--rounds", "2"]
+
+
+def test_the_plain_loop_can_train_transformers_model(capsys):
+    assert main(["bench", "overhead", *TINY, "--peer", "transformers", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "GPT2LMHeadModel" in result["peer"] and "attn_implementation=sdpa" in result["peer"]
+    assert result["steps"] == 4 and result["ratio"] > 0
+
+
+def test_a_twin_with_a_misplaced_weight_fails_the_losses_check(capsys, monkeypatch):
+    real = overhead_bench.transformers_twin
+
+    def swapped_bias(model_cfg, ours):
+        peer, line = real(model_cfg, ours)
+        mlp = peer.hf.transformer.h[0].mlp
+        with torch.no_grad():  # a bias read from the wrong block
+            mlp.c_fc.bias.copy_(peer.hf.transformer.h[1].mlp.c_fc.bias.add(0.1))
+        return peer, line
+
+    monkeypatch.setattr(overhead_bench, "transformers_twin", swapped_bias)
+    assert main(["bench", "overhead", *TINY, "--peer", "transformers"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "losses differ at step 0" in err[0], err
+
+
+def test_transformers_peer_with_compile_is_refused(capsys):
+    assert main(["bench", "overhead", *TINY, "--peer", "transformers", "--compile"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--peer transformers with --compile" in err[0], err
