@@ -126,6 +126,17 @@ def test_roles_are_each_stage_at_the_first_and_last_dp_and_tp_coordinates():
     assert role_ranks(shape) == [0, 3, 12, 15, 16, 19, 28, 31]
 
 
+def test_roles_under_cp_take_the_last_rank_of_dp_cp_where_the_shards_end():
+    """The last rank of the dp_cp group holds ZeRO's padded last shard: dp and cp both
+    last, not cp 0 (the shard index is dp * cp + the cp coordinate)."""
+    shape = MeshShape(dp=2, pp=1, tp=2, cp=4, ep=8)
+    # (dp, cp, tp) -> rank = (dp * 4 + cp) * 2 + tp; dp_cp index dp * 4 + cp
+    assert role_ranks(shape) == [0, 1, 14, 15]
+    for rank in role_ranks(shape):
+        c = shape.coords(rank)
+        assert c["dp"] * shape.cp + c["cp"] in (0, shape.dp * shape.cp - 1)
+
+
 def test_json_gives_measured_and_predicted_under_the_same_keys(capsys):
     assert cli.main(["simulate", *W8, "--ranks", "7", "--json"]) == 0
     (line,) = capsys.readouterr().out.strip().splitlines()

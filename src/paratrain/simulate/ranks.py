@@ -1,10 +1,13 @@
 """Which ranks to simulate, and each in a process of its own.
 
 `--ranks` is a comma-separated list of global ranks, or `roles`: one rank per kind of
-rank. This first version's kinds: each pipeline stage (its layers, chunks and ends) by
-the first and last tp coordinate (the vocabulary's split) and the first and last dp
-coordinate (a ZeRO shard's padding sits on the last), at cp and ep coordinate 0; cp and
-ep classes are not yet told apart (issue 32).
+rank. This version's kinds: each pipeline stage (its layers, chunks and ends) by the
+first and last tp coordinate (the vocabulary's split) and by the first and last rank of
+the dp_cp group (mesh_shape.py), that is dp and cp both first or both last. The last
+holds the padded end of every shard: ZeRO's over dp_cp, or over a replica group, and the
+experts' over expert_dp. Since ep runs are consecutive in dp_cp, the first and last are
+also the first and last position in an ep run. The cp coordinates in between hold
+load-balanced chunks of the same size: not a kind of their own (issue 32).
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ def role_ranks(shape: MeshShape) -> list[int]:
     """One rank per kind this runtime distinguishes (module docstring), in rank order."""
     chosen = set()
     for stage in range(shape.pp):
-        for dp in {0, shape.dp - 1}:
+        for dp, cp in {(0, 0), (shape.dp - 1, shape.cp - 1)}:  # dp_cp's first and last
             for tp in {0, shape.tp - 1}:
-                chosen.add(shape.rank_at({"pp": stage, "dp": dp, "cp": 0, "tp": tp}))
+                chosen.add(shape.rank_at({"pp": stage, "dp": dp, "cp": cp, "tp": tp}))
     return sorted(chosen)
 
 
