@@ -29,11 +29,18 @@ LAYOUT_FIELDS = ("dp", "pp", "tp", "cp", "zero", "sequence_parallel", "schedule"
 
 
 def layout(
-    world: int, steps: int = 1, dtype: str = "float32", k: int = 2, **parallel: object
+    world: int,
+    steps: int = 1,
+    dtype: str = "float32",
+    k: int = 2,
+    recompute: str = "none",
+    arch: str = "gpt",
+    **parallel: object,
 ) -> RunConfig:
     cfg = tiny_config(steps=steps, micro_batch=1)
     cfg.model.n_layer = 8
-    cfg.train.dtype = dtype
+    cfg.model.arch = arch
+    cfg.train.dtype, cfg.train.recompute = dtype, recompute
     p = cfg.parallel
     p.nproc = world
     for key, value in parallel.items():
@@ -67,6 +74,19 @@ def test_simulated_ranks_equal_the_planner_at_scale(name):
         assert disagreements(measured, predicted[measured["rank"]]) == []
 
 
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_recomputation_flops_equal_the_planner(arch, recompute):
+    """Selective recomputes no matmul; full reruns each block's forward but its last
+    product (the checkpoint's early stop): the planner's count, to the FLOP."""
+    cfg = layout(world=8, tp=2, arch=arch, recompute=recompute)
+    predicted = rank_predictions(cfg, [0])[0]
+    ((measured, _),) = simulate_ranks(cfg, [0])
+    plain, _ = simulate_ranks(layout(world=8, tp=2, arch=arch), [0])[0]
+    assert measured["flops"] == predicted["flops"] and disagreements(measured, predicted) == []
+    assert (measured["flops"] > plain["flops"]) == (recompute == "full")
+
+
 def measure_real(rank: int, world: int, cfg: RunConfig) -> dict:
     mesh = build_mesh(cfg)
     try:
@@ -83,6 +103,7 @@ FAMILIES = {
     "tp sp": dict(tp=2, sequence_parallel=True),
     "pp 1f1b": dict(pp=2),
     "cp": dict(cp=2),
+    "recompute full": dict(recompute="full"),
 }
 
 
