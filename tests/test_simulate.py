@@ -87,6 +87,20 @@ def test_recomputation_flops_equal_the_planner(arch, recompute):
     assert (measured["flops"] > plain["flops"]) == (recompute == "full")
 
 
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_pipeline_stages_execute_the_flops_the_planner_gives_each(arch):
+    """8 layers over 3 stages (3, 3, 2), the head on the last, recomputed in full: every
+    stage's FLOPs per rank, to the FLOP."""
+    cfg = layout(world=6, pp=3, tp=2, arch=arch, recompute="full")
+    ranks = [0, 2, 5]  # one rank of each stage
+    predicted = rank_predictions(cfg, ranks)
+    flops = []
+    for measured, _ in simulate_ranks(cfg, ranks):
+        assert disagreements(measured, predicted[measured["rank"]]) == []
+        flops.append(measured["flops"])
+    assert flops[0] == flops[1] != flops[2]  # the last: fewer layers, and the head
+
+
 def measure_real(rank: int, world: int, cfg: RunConfig) -> dict:
     mesh = build_mesh(cfg)
     try:

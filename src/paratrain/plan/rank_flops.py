@@ -17,9 +17,14 @@ adds the block's forward less 2 h f per token per layer. Llama's count (time.py)
 already; GPT's is Narayanan et al.'s, one whole forward more (24 h^2 + 4 s h per token
 per layer), which the simulation measured as 16 h^2 + 4 s h.
 
-Predicted where the step's work splits evenly over the ranks: no pipeline (stages hold
-different layers), no context parallelism (its blocks are not SDPA's), no experts (the
-router decides the work). Otherwise None.
+Under a pipeline a rank executes its stage's layers for the whole step's micro-batches,
+and the last stage the head as well: per stage, its layers' count (virtual stages
+included) and, on the last, the head's, over its tokens (the batch's share of its dp
+rank) and split by tp.
+
+Predicted where the work splits evenly over a stage's ranks: no context parallelism
+(its blocks are not SDPA's), no experts (the router decides the work); a pipeline needs
+the model's shape. Otherwise None.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from __future__ import annotations
 from paratrain.models.presets import ffn_width
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.time import counted_by_shape, model_training_flops
+from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.time import (
+    counted_by_shape,
+    gpt_layer_flops_per_token,
+    head_flops_per_token,
+    llama_flops_per_token,
+    model_training_flops,
+)
 
 
 def fused_attention_recompute_flops(model: ModelSpec, tokens: int) -> int:
@@ -42,15 +54,50 @@ def early_stopped_flops(model: ModelSpec, tokens: int) -> int:
     return 2 * model.n_layer * h * f * tokens  # type: ignore[operator]
 
 
-def rank_step_flops(model: ModelSpec, workload: Workload, layout: Layout) -> int | None:
-    """This rank's matmul FLOPs in one step (forward, backward), or None where not even."""
-    uneven = layout.pp > 1 or layout.cp > 1 or model.num_experts
-    if uneven or workload.global_batch is None:
-        return None
-    tokens = workload.global_batch * model.seq_len  # type: ignore[operator]
-    full = workload.recompute == "full"
+def executed_flops(model: ModelSpec, tokens: int, recompute: str) -> float:
+    """The whole model's step as it runs (module docstring), over `tokens`."""
+    full = recompute == "full"
     total = model_training_flops(model, tokens, "full" if full else "none")
     total += fused_attention_recompute_flops(model, tokens)
     if full and counted_by_shape(model):  # GPT: the convention's count (docstring)
         total -= early_stopped_flops(model, tokens)
-    return round(total / layout.world)
+    return total
+
+
+def layer_flops_per_token(model: ModelSpec, recompute: str) -> float:
+    """One layer's executed FLOPs per token (a model with a shape, no experts): the
+    whole model's less the head's, per layer."""
+    shape = model.shape
+    fused = 2 * shape.seq_len * shape.d_model  # the backward's q k^T again
+    if counted_by_shape(model):
+        full = recompute == "full"
+        layer = gpt_layer_flops_per_token(model, "full" if full else "none")
+        return layer - (2 * shape.d_model * ffn_width(shape) if full else 0) + fused
+    whole = llama_flops_per_token(model, recompute) - head_flops_per_token(model)
+    return whole / shape.n_layer + fused
+
+
+def stage_flops_per_token(model: ModelSpec, layout: Layout, stage: int, recompute: str) -> float:
+    """What pipeline `stage` executes per token of the step: its layers, and the head on
+    the stage that holds the last virtual stage."""
+    s, c = layout.pp, layout.chunks
+    layers = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    mine = stage_virtual_stages(stage, s, c)
+    head = head_flops_per_token(model) if s * c - 1 in mine else 0
+    return sum(layers[vs] for vs in mine) * layer_flops_per_token(model, recompute) + head
+
+
+def rank_step_flops(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+) -> int | None:
+    """The matmul FLOPs in one step (forward, backward) of a rank on `stage`, or None
+    where the work does not split evenly (module docstring)."""
+    if layout.cp > 1 or model.num_experts or workload.global_batch is None:
+        return None
+    tokens = workload.global_batch * model.seq_len  # type: ignore[operator]
+    if layout.pp == 1:
+        return round(executed_flops(model, tokens, workload.recompute) / layout.world)
+    if not (counted_by_shape(model) or (model.arch == "llama" and model.has_shape)):
+        return None
+    per_token = stage_flops_per_token(model, layout, stage, workload.recompute)
+    return round(per_token * tokens / (layout.data_ranks * layout.tp))

@@ -3,8 +3,9 @@ two side by side.
 
 State bytes and bytes per group come from the same per-rank formulas `paratrain train`
 compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
-(where the step's work splits evenly; None elsewhere). Not yet predicted, so `None` here
-and "-" in the table: calls per group (the planner counts bytes, not calls).
+(per pipeline stage, where a stage's work splits evenly over its ranks; None elsewhere).
+Not yet predicted, so `None` here and "-" in the table: calls per group (the planner
+counts bytes, not calls).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from paratrain.config import RunConfig
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_traffic import AXES
 from paratrain.plan.run_inputs import planner_inputs
+from paratrain.simulate.ranks import mesh_shape
 from paratrain.train.prediction import STATE_KINDS, Prediction, predict
 
 
@@ -22,14 +24,14 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
     """{rank: prediction} for each of `ranks`, keyed as `simulate_rank`'s measurement."""
     every: Prediction = predict(cfg)
     model, workload, layout, _ = planner_inputs(cfg)
-    flops = rank_step_flops(model, workload, layout)
+    shape = mesh_shape(cfg)
     return {
         r: {
             "rank": r,
             **{k: every.model_state[r][k] for k in STATE_KINDS},
             "bytes": dict(every.bytes_per_step[r]),
             "calls": dict.fromkeys(AXES),
-            "flops": flops,
+            "flops": rank_step_flops(model, workload, layout, shape.coords(r)["pp"]),
         }
         for r in ranks
     }
