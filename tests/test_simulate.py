@@ -116,6 +116,7 @@ FAMILIES = {
     "zero3": dict(zero=3),
     "tp sp": dict(tp=2, sequence_parallel=True),
     "pp 1f1b": dict(pp=2),
+    "pp zb-h1": dict(pp=2, schedule="zb-h1"),  # its split backward runs autograd.grad
     "cp": dict(cp=2),
     "recompute full": dict(recompute="full"),
 }

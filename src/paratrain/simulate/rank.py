@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from paratrain.comm.compat import attention_flop_formulas
+from paratrain.comm import compat
 from paratrain.comm.group import CommOptions
 from paratrain.config import RunConfig, device_type
 from paratrain.data.tokens import TokenData
@@ -109,7 +109,7 @@ def measure_training(cfg: RunConfig, mesh: Mesh, data: TokenData) -> dict[str, A
     """Train on `mesh` as `paratrain train` does; the model state at the last step's end,
     the ledger's bytes and calls per group and the FLOPs of the last step. The same on a
     real mesh: the faithfulness tests measure real runs with it."""
-    with FlopCounterMode(display=False, custom_mapping=attention_flop_formulas()) as flops:
+    with compat.total_flop_counter() as flops:
         marks = StepMarks(mesh, flops)
         result = train(cfg, mesh, data, marks.mark, on_start=marks.mark)
     state = result.extra["model_state_bytes"]
