@@ -25,7 +25,17 @@ from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
-LAYOUT_FIELDS = ("dp", "pp", "tp", "cp", "zero", "sequence_parallel", "schedule", "chunks")
+LAYOUT_FIELDS = (
+    "dp",
+    "pp",
+    "tp",
+    "cp",
+    "cp_method",
+    "zero",
+    "sequence_parallel",
+    "schedule",
+    "chunks",
+)
 
 
 def layout(
@@ -101,6 +111,22 @@ def test_pipeline_stages_execute_the_flops_the_planner_gives_each(arch):
     assert flops[0] == flops[1] != flops[2]  # the last: fewer layers, and the head
 
 
+@pytest.mark.parametrize(
+    "method, cp, extra",
+    [("ring", 4, {}), ("ring", 2, dict(tp=2, pp=2)), ("alltoall", 2, dict(pp=2))],
+)
+def test_context_parallel_attention_executes_the_flops_the_planner_gives(method, cp, extra):
+    """The ring's (chunk x chunk) blocks and all-to-all's whole-sequence attention, under
+    full recomputation, beside tp and pp: each cp rank's FLOPs, to the FLOP."""
+    world = cp * extra.get("tp", 1) * extra.get("pp", 1)
+    cfg = layout(world=world, cp=cp, cp_method=method, recompute="full", **extra)
+    ranks = [0, world - 1]  # the first and last cp coordinate (and stage)
+    predicted = rank_predictions(cfg, ranks)
+    for measured, _ in simulate_ranks(cfg, ranks):
+        assert predicted[measured["rank"]]["flops"] > 0
+        assert disagreements(measured, predicted[measured["rank"]]) == []
+
+
 def measure_real(rank: int, world: int, cfg: RunConfig) -> dict:
     mesh = build_mesh(cfg)
     try:
@@ -118,6 +144,7 @@ FAMILIES = {
     "pp 1f1b": dict(pp=2),
     "pp zb-h1": dict(pp=2, schedule="zb-h1"),  # its split backward runs autograd.grad
     "cp": dict(cp=2),
+    "cp alltoall": dict(cp=2, cp_method="alltoall"),
     "recompute full": dict(recompute="full"),
 }
 

@@ -22,14 +22,22 @@ and the last stage the head as well: per stage, its layers' count (virtual stage
 included) and, on the last, the head's, over its tokens (the batch's share of its dp
 rank) and split by tp.
 
-Predicted where the work splits evenly over a stage's ranks: no context parallelism
-(its blocks are not SDPA's), no experts (the router decides the work); a pipeline needs
-the model's shape. Otherwise None.
+Under context parallelism attention is not SDPA's. The ring computes (chunk x chunk)
+blocks of matmuls with a logsumexp, 2 products forward and 5 backward per block
+(context_cost.ring_flops: load-balanced causal chunks). All-to-all attention runs
+attend_block, 2 products forward and 4 backward over the whole sequence for its heads,
+so no q k^T again. Full recomputation runs either forward once more. Everything else
+splits over the cp ranks by tokens.
+
+Predicted with a model's shape and no experts (the router decides the work); a model
+given by its parameter count alone, with no pipeline and no cp, by its count. Otherwise
+None.
 """
 
 from __future__ import annotations
 
 from paratrain.models.presets import ffn_width
+from paratrain.plan.context_cost import ring_flops
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
@@ -64,6 +72,13 @@ def executed_flops(model: ModelSpec, tokens: int, recompute: str) -> float:
     return total
 
 
+def sdpa_flops_per_token(model: ModelSpec, recompute: str) -> int:
+    """One layer's attention through SDPA per token: 4 s h forward, 10 s h backward (the
+    fused kernel's five products), 4 s h more under full recomputation."""
+    passes = 18 if recompute == "full" else 14
+    return passes * model.shape.seq_len * model.shape.d_model
+
+
 def layer_flops_per_token(model: ModelSpec, recompute: str) -> float:
     """One layer's executed FLOPs per token (a model with a shape, no experts): the
     whole model's less the head's, per layer."""
@@ -77,27 +92,51 @@ def layer_flops_per_token(model: ModelSpec, recompute: str) -> float:
     return whole / shape.n_layer + fused
 
 
-def stage_flops_per_token(model: ModelSpec, layout: Layout, stage: int, recompute: str) -> float:
-    """What pipeline `stage` executes per token of the step: its layers, and the head on
-    the stage that holds the last virtual stage."""
+def attention_flops(
+    model: ModelSpec, workload: Workload, layout: Layout, cp_rank: int, tokens: float
+) -> float:
+    """One layer's attention on a rank in a step: `tokens` its tokens, its share of the
+    heads (module docstring)."""
+    shape = model.shape
+    sdpa = sdpa_flops_per_token(model, workload.recompute)
+    if layout.cp == 1:
+        return sdpa * tokens / layout.tp
+    if layout.cp_method == "alltoall":  # attend_block: no q k^T again in backward
+        return (sdpa - 2 * shape.seq_len * shape.d_model) * tokens / layout.tp
+    b, heads, d = workload.micro_batch, shape.n_head // layout.tp, shape.d_model // shape.n_head
+    fwd, bwd = (ring_flops(b, heads, shape.seq_len, d, layout.cp, cp_rank, True, True, bw)
+                for bw in (False, True))  # fmt: skip
+    forwards = 2 if workload.recompute == "full" else 1
+    micro_batches = tokens / (b * shape.seq_len / layout.cp)
+    return micro_batches * (forwards * fwd + bwd)
+
+
+def stage_flops(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int, cp_rank: int
+) -> float:
+    """What a rank of pipeline `stage` (cp coordinate `cp_rank`) executes in a step: its
+    layers, and the head on the stage that holds the last virtual stage."""
     s, c = layout.pp, layout.chunks
-    layers = virtual_stage_layers(model.n_layer, s, c)  # type: ignore[arg-type]
+    layers = virtual_stage_layers(model.shape.n_layer, s, c)
     mine = stage_virtual_stages(stage, s, c)
-    head = head_flops_per_token(model) if s * c - 1 in mine else 0
-    return sum(layers[vs] for vs in mine) * layer_flops_per_token(model, recompute) + head
+    tokens = workload.global_batch * model.shape.seq_len / layout.data_ranks  # type: ignore[operator]
+    dense = layer_flops_per_token(model, workload.recompute)
+    dense -= sdpa_flops_per_token(model, workload.recompute)
+    layer = dense * tokens / layout.tp + attention_flops(model, workload, layout, cp_rank, tokens)
+    head = head_flops_per_token(model) * tokens / layout.tp if s * c - 1 in mine else 0
+    return sum(layers[vs] for vs in mine) * layer + head
 
 
 def rank_step_flops(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0, cp_rank: int = 0
 ) -> int | None:
-    """The matmul FLOPs in one step (forward, backward) of a rank on `stage`, or None
-    where the work does not split evenly (module docstring)."""
-    if layout.cp > 1 or model.num_experts or workload.global_batch is None:
+    """The matmul FLOPs in one step (forward, backward) of a rank on `stage` at cp
+    coordinate `cp_rank`, or None where not predicted (module docstring)."""
+    if model.num_experts or workload.global_batch is None:
+        return None
+    if counted_by_shape(model) or (model.arch == "llama" and model.has_shape):
+        return round(stage_flops(model, workload, layout, stage, cp_rank))
+    if layout.pp > 1 or layout.cp > 1:
         return None
     tokens = workload.global_batch * model.seq_len  # type: ignore[operator]
-    if layout.pp == 1:
-        return round(executed_flops(model, tokens, workload.recompute) / layout.world)
-    if not (counted_by_shape(model) or (model.arch == "llama" and model.has_shape)):
-        return None
-    per_token = stage_flops_per_token(model, layout, stage, workload.recompute)
-    return round(per_token * tokens / (layout.data_ranks * layout.tp))
+    return round(executed_flops(model, tokens, workload.recompute) / layout.world)

@@ -3,7 +3,7 @@ two side by side.
 
 State bytes and bytes per group come from the same per-rank formulas `paratrain train`
 compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
-(per pipeline stage, where a stage's work splits evenly over its ranks; None elsewhere).
+(per pipeline stage and cp coordinate; None where not predicted).
 Not yet predicted, so `None` here and "-" in the table: calls per group (the planner
 counts bytes, not calls).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from paratrain.config import RunConfig
+from paratrain.mesh import MeshShape
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_traffic import AXES
 from paratrain.plan.run_inputs import planner_inputs
@@ -31,10 +32,15 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             **{k: every.model_state[r][k] for k in STATE_KINDS},
             "bytes": dict(every.bytes_per_step[r]),
             "calls": dict.fromkeys(AXES),
-            "flops": rank_step_flops(model, workload, layout, shape.coords(r)["pp"]),
+            "flops": rank_step_flops(model, workload, layout, *_stage_and_cp(shape, r)),
         }
         for r in ranks
     }
+
+
+def _stage_and_cp(shape: MeshShape, rank: int) -> tuple[int, int]:
+    where = shape.coords(rank)
+    return where["pp"], where["cp"]
 
 
 def rows(measured: dict[str, Any], predicted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
