@@ -272,7 +272,7 @@ def total_flop_counter() -> Any:
 def _total_flops_counted() -> None:
     """total_flop_counter still counts: one (2, 3) x (3, 4) product is 48 FLOPs."""
     with total_flop_counter() as counter:
-        torch.ones(2, 3) @ torch.ones(3, 4)
+        torch.ones(2, 3, device="cpu") @ torch.ones(3, 4, device="cpu")
     if counter.get_total_flops() != 48:
         raise RuntimeError(f"counted {counter.get_total_flops()} FLOPs, not 48")
 
