@@ -27,6 +27,8 @@ FACTORIES = {
 HOST_SIDE = {
     ("comm/compat.py", "", "ones"):
         "a two-element probe that the installed torch has _foreach_norm/_foreach_mul_",
+    ("comm/compat.py", "_total_flops_counted", "ones"):
+        "a (2, 3) x (3, 4) probe that the installed torch's FLOP counter still counts",
     ("comm/same_call.py", "_encode", "frombuffer"):
         "the call's signature as bytes; moved to the group's device on the next line",
     ("parallel/data_parallel/async_sgd.py", "ParameterServer.reply", "tensor"):
