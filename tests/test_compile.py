@@ -1,11 +1,12 @@
 """--compile (parallel/compile.py): each block compiled, training equal to one process.
 
-One launch of 2 ranks trains seven compiled layouts in turn: data parallel (dp 2),
+One launch of 2 ranks trains eight compiled layouts in turn: data parallel (dp 2),
 ZeRO-1 and ZeRO-2 (their gradient hooks fire outside the compiled forward), ZeRO-3 (FSDP
 units gathered in each block's pre-hook), tensor parallel with full recomputation (the
 seams are graph breaks; the checkpoint wraps the compiled forward), tensor parallel with
-sequence parallelism (its gathers and scatters are seams too), and a 1F1B pipeline (one
-block per stage). Each is held against plain single-process
+sequence parallelism (its gathers and scatters are seams too), a 1F1B pipeline (one
+block per stage, each rank compiling its own), and LoRA under data parallelism
+(adapters on frozen bases). Each is held against plain single-process
 PyTorch without compilation (tests/equivalence.py's reference): per step loss and global
 gradient norm, every final parameter under its plain name (so no `_orig_mod.` prefix), and
 the whole parameter vector within 1e-5 relative. inductor with `fallback_random` keeps
@@ -44,6 +45,7 @@ LAYOUTS = {  # name -> (parallel fields, train fields)
     "tp rc-full": ({"tp": 2}, {"recompute": "full"}),
     "tp sp": ({"tp": 2, "sequence_parallel": True}, {}),
     "1f1b": ({"pp": 2, "schedule": "1f1b"}, {}),
+    "dp lora": ({"dp": 2}, {"lora_rank": 4}),  # frozen bases, adapters through the blocks
 }
 
 
@@ -107,8 +109,9 @@ def test_compiled_layouts_match_single_process(inductor_cache):
         except AssertionError as e:
             e.add_note(f"layout {name}")
             raise
-    blocks = {b for rank_runs in per_rank for b in rank_runs[3][1].graphs}
-    assert blocks == {"blocks.0", "blocks.1"}, "each pipeline stage compiles its own block"
+    stages = list(LAYOUTS).index("1f1b")
+    blocks = [set(rank_runs[stages][1].graphs) for rank_runs in per_rank]
+    assert blocks == [{"blocks.0"}, {"blocks.1"}], "each pipeline stage compiles its own block"
 
 
 def test_compile_without_a_cpp_compiler_is_refused_before_any_worker(monkeypatch, tmp_path, capsys):
