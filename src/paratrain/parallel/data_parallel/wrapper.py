@@ -98,18 +98,19 @@ class DataParallel(SyncSwitch, nn.Module):
         # bench's step; the buckets hold these same parameters for the wrapper's life.
         self._trained = share.named(module)
         params = [p for _, p in self._trained]
-        self.buckets = build_buckets(params, int(bucket_mb * 2**20))
-        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
-        # A group of one has nothing to overlap: without hooks, finish_gradient_sync brings
-        # every gradient into its bucket at once (a hook per parameter costs about 3% of a
-        # pipeline step of the bench's model).
+        # A group of one has nothing to reduce: no buckets and no hooks. Its gradients are
+        # autograd's own, set to None before each step, as in a plain loop: buckets would
+        # zero every gradient and then add the first micro-batch's into it, two passes over
+        # them per step (4-5% of the bench model's step against transformers' in a plain
+        # loop), and a hook per parameter costs about 3% of a pipeline step.
         overlap = group.size > 1
+        self.buckets = build_buckets(params, int(bucket_mb * 2**20)) if overlap else []
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 self._bucket_of[id(p)] = (bucket, i)
                 p.grad = bucket.views[i]
-                if overlap:
-                    p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
         self._sync = True
         self._next_launch = 0
         self._handles: list[Any] = []
@@ -174,8 +175,12 @@ class DataParallel(SyncSwitch, nn.Module):
             bucket.ready.clear()
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zero the bucket buffers (the gradients are views into them)."""
+        """Zero the bucket buffers (the gradients are views into them); a group of one
+        sets its gradients to None."""
         del set_to_none  # the views must stay: gradients live in the buckets
+        if not self.buckets:
+            for _, p in self._trained:
+                p.grad = None
         for bucket in self.buckets:
             bucket.buffer.zero_()
             for p, view in zip(bucket.params, bucket.views, strict=True):
@@ -222,6 +227,8 @@ class DataParallel(SyncSwitch, nn.Module):
         known = [("params", p) for _, p in self.share.named(self.module)]
         known += [("params", p) for _, p in self.share.frozen(self.module)]  # LoRA's base
         known += [("grads", b.buffer) for b in self.buckets]
+        if not self.buckets:  # a group of one: autograd's own gradients, where there are any
+            known += [("grads", p.grad) for _, p in self._trained]
         states = optimizer.state.values() if optimizer is not None else ()
         whole = self.module if self.share.names is None else None
         return count_memory(known, {}, whole, states)
