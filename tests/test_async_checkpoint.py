@@ -126,8 +126,15 @@ def test_two_workers_resume_at_the_saved_version_and_batches(tmp_path):
     indices = [i for i, _ in resumed["updates"]]
     after = [b for _, b in resumed["updates"]]
     assert indices == list(range(version, workers * STEPS))  # the version continues
-    assert set(assigned) <= set(after) and not set(after) & set(before)
-    assert len(set(after)) == len(after)  # none twice
+    # Every batch handed out, before the save or after the resume, was applied exactly
+    # once or is in flight at the end (the checkpoint of the last step says which), and
+    # the batches in flight at the save were handed out again, not skipped. With no
+    # staleness bound nothing waits for a worker the machine starves: its batch may still
+    # be in flight when the other has made the run's last updates (seen in CI under load).
+    end = saved_meta(run, STEPS)["async"]
+    in_flight = sorted(end["assigned"].values())
+    assert sorted(before + after + in_flight) == list(range(end["next_batch"]))
+    assert set(assigned) <= set(after) | set(in_flight)
     assert resumed["loads_back"]
 
 
