@@ -29,9 +29,8 @@ attend_block, 2 products forward and 4 backward over the whole sequence for its 
 so no q k^T again. Full recomputation runs either forward once more. Everything else
 splits over the cp ranks by tokens.
 
-Predicted with a model's shape and no experts (the router decides the work); a model
-given by its parameter count alone, with no pipeline and no cp, by its count. Otherwise
-None.
+Predicted for a model given by its shape, without experts (the router decides the
+work). Otherwise None.
 """
 
 from __future__ import annotations
@@ -46,30 +45,7 @@ from paratrain.plan.time import (
     gpt_layer_flops_per_token,
     head_flops_per_token,
     llama_flops_per_token,
-    model_training_flops,
 )
-
-
-def fused_attention_recompute_flops(model: ModelSpec, tokens: int) -> int:
-    """The backward's extra q k^T product: 2 s h per token per layer (module docstring)."""
-    return 2 * model.n_layer * model.seq_len * model.d_model * tokens  # type: ignore[operator]
-
-
-def early_stopped_flops(model: ModelSpec, tokens: int) -> int:
-    """The product a full recomputation does not run again, which GPT's count includes:
-    each block's last, the MLP's down projection, 2 h f per token per layer."""
-    h, f = model.d_model, ffn_width(model.shape)
-    return 2 * model.n_layer * h * f * tokens  # type: ignore[operator]
-
-
-def executed_flops(model: ModelSpec, tokens: int, recompute: str) -> float:
-    """The whole model's step as it runs (module docstring), over `tokens`."""
-    full = recompute == "full"
-    total = model_training_flops(model, tokens, "full" if full else "none")
-    total += fused_attention_recompute_flops(model, tokens)
-    if full and counted_by_shape(model):  # GPT: the convention's count (docstring)
-        total -= early_stopped_flops(model, tokens)
-    return total
 
 
 def sdpa_flops_per_token(model: ModelSpec, recompute: str) -> int:
@@ -132,11 +108,7 @@ def rank_step_flops(
 ) -> int | None:
     """The matmul FLOPs in one step (forward, backward) of a rank on `stage` at cp
     coordinate `cp_rank`, or None where not predicted (module docstring)."""
-    if model.num_experts or workload.global_batch is None:
+    shaped = counted_by_shape(model) or (model.arch == "llama" and model.has_shape)
+    if not shaped or model.num_experts or workload.global_batch is None:
         return None
-    if counted_by_shape(model) or (model.arch == "llama" and model.has_shape):
-        return round(stage_flops(model, workload, layout, stage, cp_rank))
-    if layout.pp > 1 or layout.cp > 1:
-        return None
-    tokens = workload.global_batch * model.seq_len  # type: ignore[operator]
-    return round(executed_flops(model, tokens, workload.recompute) / layout.world)
+    return round(stage_flops(model, workload, layout, stage, cp_rank))

@@ -95,7 +95,7 @@ class DataParallel(SyncSwitch, nn.Module):
         self.share = share
         broadcast_parameters(module, group, share)
         # Once: a traversal of the module per step (norm, scale) costs about 1% of the
-        # bench's step; the buckets hold these same parameters for the wrapper's life.
+        # bench's step; the wrapper serves these same parameters for its life.
         self._trained = share.named(module)
         params = [p for _, p in self._trained]
         # A group of one has nothing to reduce: no buckets and no hooks. Its gradients are
