@@ -45,6 +45,15 @@ class CommOptions:
             raise ValueError(f"link latency {self.link_latency_s} s must be >= 0")
 
 
+def backend_of(pg: dist.ProcessGroup) -> str:
+    """The backend's name; also for a process group made outside the default world (fault
+    tolerance's groups across replica groups), which torch.distributed does not list."""
+    try:
+        return str(dist.get_backend(pg))
+    except (ValueError, RuntimeError):
+        return str(pg.name())
+
+
 class CommGroup:
     """`rank` is this process's rank within the group; `ranks[i]` is group rank i's global rank.
 
@@ -73,7 +82,7 @@ class CommGroup:
         self.watchdog = watchdog
         # NCCL queues its work on a CUDA stream and returns at once: waiting and timing
         # must synchronise with the device (wait.py), and its tensors live on the GPU.
-        self.asynchronous_to_host = pg is not None and dist.get_backend(pg) == "nccl"
+        self.asynchronous_to_host = pg is not None and backend_of(pg) == "nccl"
         if self.asynchronous_to_host and self.options.order == "nccl":
             raise ValueError(
                 f"comm order nccl on group {name!r}, whose backend is NCCL: NCCL orders its "

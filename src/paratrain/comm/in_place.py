@@ -96,13 +96,14 @@ def broadcast(
     if group.size == 1:
         return tensor
     algo = choose_algo(group, algo, "broadcast")
-    root = group.to_global(src)
     record = begin(group, "broadcast", algo, describe(tensor))
     flat = _flat_work(tensor)
     if tensor.numel() == 0:
         traffic = Traffic(0, 0, 0)
     elif algo == "native":
-        start = lambda: dist.broadcast(flat, src=root, group=group.pg, async_op=True)  # noqa: E731
+        # group_src: the group's own numbering, so that a group outside the default world
+        # (fault tolerance's) needs no global rank
+        start = lambda: dist.broadcast(flat, group=group.pg, group_src=src, async_op=True)  # noqa: E731
         wait_works(group, record, ordering.issue(group, record, start))
         traffic = native_traffic("broadcast", _nbytes(tensor), group.size, group.rank, src)
     else:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from paratrain.commands.config_flags import add_config_flags, config_from_args, explicit_fields
 from paratrain.commands.logging_setup import setup_logging
+from paratrain.fault_tolerance.group_env import group_env
 
 if TYPE_CHECKING:
     from paratrain.config import RunConfig
@@ -63,6 +64,8 @@ def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunC
 
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
+    if env is not None and group_env() is not None:  # a replica group's own world
+        world *= cfg.parallel.replicas
     given = None if args.launched_worker else explicit_fields(args)  # ours: the config written
     data: list[str] = []
 
@@ -86,6 +89,12 @@ def _work(cfg: RunConfig, env: dict[str, Any], launched_worker: bool, as_json: b
     from paratrain.train.worker import WorkerEnv, run_worker
 
     worker_env = WorkerEnv(use_env_rendezvous=True, **env)
+    group = group_env()
+    if group is not None:  # fault tolerance: our launcher records the run from the groups'
+        from paratrain.fault_tolerance.worker import run_group_worker
+
+        run_group_worker(cfg, worker_env, group)
+        return 0
     summary = run_worker(cfg, worker_env, run_dir_prepared=launched_worker)
     if summary is None or launched_worker:  # our launcher reports (exit 0: no failure)
         return 0

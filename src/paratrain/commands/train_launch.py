@@ -85,6 +85,10 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
             ),
             flush=True,
         )
+    if "fault_tolerance" in summary:
+        from paratrain.fault_tolerance.launch import protocol_line
+
+        print(protocol_line(summary["fault_tolerance"]), flush=True)
     if as_json:
         print(json.dumps(summary), flush=True)
 
@@ -105,6 +109,10 @@ def _start(cfg: RunConfig, run_dir: Path, fresh: bool) -> dict[str, Any]:
         summary = run_worker(cfg, WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False), True)
         assert summary is not None
         return summary
+    if cfg.parallel.fault_tolerance:  # one agent per replica group, and the coordinator
+        from paratrain.fault_tolerance.launch import launch_groups
+
+        return launch_groups(cfg, config_path, run_dir)
     launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
     return rd.read_summary(run_dir)
 

@@ -26,3 +26,10 @@ DC_ASGD = Effect(
     lambda c: c.parallel.dp_mode == "async" and c.parallel.dc_lambda > 0,
     "--dp-mode async with --dc-lambda above 0",
 )
+FAULT_GROUPS = Effect(
+    lambda c: c.parallel.replicas > 1, "HSDP replica groups (--replicas 2 or more)"
+)
+FAULT_TOLERANCE = Effect(
+    lambda c: c.parallel.replicas > 1 and c.parallel.fault_tolerance,
+    "--fault-tolerance with --replicas 2 or more",
+)

@@ -17,7 +17,15 @@ from paratrain.config.choices import (
     ZERO2_ACCUMULATE,
     ZERO_STAGES,
 )
-from paratrain.config.conditions import ASYNC, COLLECTIVES, DC_ASGD, PIPELINE, world
+from paratrain.config.conditions import (
+    ASYNC,
+    COLLECTIVES,
+    DC_ASGD,
+    FAULT_GROUPS,
+    FAULT_TOLERANCE,
+    PIPELINE,
+    world,
+)
 from paratrain.config.fields import Effect, param
 
 
@@ -162,4 +170,38 @@ class ParallelConfig:
         "Restart all workers up to N times after a failure; they resume from a checkpoint.",
         at_least=0,
         effect=Effect(lambda c: c.parallel.nproc > 1, "--nproc 2 or more"),
+    )
+    fault_tolerance: bool = param(
+        False,
+        "Per-step fault tolerance across the replica groups: each step commits over the"
+        " groups alive (a quorum), a failed group is dropped without a restart and a"
+        " relaunched one copies the state from a live peer (docs/reliability.md).",
+        effect=FAULT_GROUPS,
+    )
+    min_replicas: int = param(
+        2,
+        "Fault tolerance: replica groups a step needs to commit (a group alone never does).",
+        at_least=1,
+        effect=FAULT_TOLERANCE,
+    )
+    heartbeat_timeout_s: float = param(
+        5.0,
+        "Fault tolerance: a group silent this long is dropped from the next quorum.",
+        above=0,
+        effect=FAULT_TOLERANCE,
+    )
+    inject_fault: str = param(
+        "",
+        "Fault tolerance: faults to inject, KIND:GROUP:STEP[,...]; KIND kill (the group's"
+        " workers exit before their backward) or allreduce-error (its cross-group"
+        " reduction fails once).",
+        default_means="none",
+        effect=FAULT_TOLERANCE,
+    )
+    replay_quorum: str = param(
+        "",
+        "Train the committed steps of a fault-tolerant run's RUN_DIR/quorum.jsonl again,"
+        " without failures: the same participants and samples per step.",
+        default_means="none",
+        effect=FAULT_TOLERANCE,
     )

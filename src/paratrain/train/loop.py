@@ -58,7 +58,7 @@ def train(
         )
     t = cfg.train
     layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
-    engine, optimizer, first, lr = _build(cfg, mesh, resume, layout == "documents")
+    engine, optimizer, first, lr = build_training(cfg, mesh, resume, layout == "documents")
     if on_start is not None:
         on_start(engine)
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
@@ -91,10 +91,10 @@ def train(
                             announce=announce)  # fmt: skip
         if stopped_at:
             break
-    return _finish(cfg, engine, optimizer, data, metrics, first, stopped_at, mesh.device)
+    return finish_training(cfg, engine, optimizer, data, metrics, first, stopped_at, mesh.device)
 
 
-def _build(
+def build_training(
     cfg: RunConfig, mesh: Mesh, resume: Checkpoint | None, packed: bool
 ) -> tuple[Engine, Any, int, LrSchedule]:
     """This rank's engine and optimizer, at `resume`'s step if given: (engine, optimizer,
@@ -116,7 +116,7 @@ def _due(done: int, every: int) -> bool:
     return every > 0 and done % every == 0
 
 
-def _finish(
+def finish_training(
     cfg: RunConfig,
     engine: Engine,
     optimizer: Any,

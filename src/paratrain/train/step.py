@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,18 @@ def train_step(
     micro_batches: list[torch.Tensor],
     lr: float,
     grad_clip: float,
+    across: Callable[[Engine, float, int], tuple[float, int]] | None = None,
 ) -> StepOutput:
-    """One whole optimizer step of this rank's part of the model: accumulate, clip, update."""
+    """One whole optimizer step of this rank's part of the model: accumulate, clip, update.
+
+    across: fault tolerance's reduction over the replica groups of the round, between the
+    gradient and its use (fault_tolerance/loop.py); it raises when the round is not
+    committed, before anything changed."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss, tokens = engine.forward_backward(micro_batches)
+    if across is not None:
+        loss, tokens = across(engine, loss, tokens)
     grad_norm = engine.grad_norm()
     finite = math.isfinite(grad_norm)
     if finite:

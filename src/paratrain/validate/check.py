@@ -13,6 +13,7 @@ from paratrain.validate.rules_compile import compile_rules
 from paratrain.validate.rules_data import data_rules
 from paratrain.validate.rules_devices import device_rules, dtype_rules
 from paratrain.validate.rules_experts import experts_rules
+from paratrain.validate.rules_fault_tolerance import fault_tolerance_rules
 from paratrain.validate.rules_layout import batch_rules, mesh_rules, straggler_rules
 from paratrain.validate.rules_lora import lora_rules
 from paratrain.validate.rules_model import model_rules
@@ -39,6 +40,7 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     context_parallel_rules,
     zero_rules,
     hsdp_rules,
+    fault_tolerance_rules,
     compile_rules,
     optimizer_rules,
     lora_rules,

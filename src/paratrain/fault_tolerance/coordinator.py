@@ -1,0 +1,216 @@
+"""The coordinator: a TCPStore every replica group reaches, and the thread that decides each
+round from the groups' asks and heartbeats, collects their votes, commits or aborts, and
+writes RUN_DIR/quorum.jsonl (the package's docstring has the protocol).
+
+A group is alive while the counter its leader bumps (`hb/G`) keeps changing; before its
+first beat it counts as alive for `STARTUP_GRACE_S`, so that the first round waits for
+every group to start. A replay (`--replay-quorum`) has no heartbeats to trust and nothing
+to decide: `Script` hands out the recorded rounds instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from paratrain.fault_tolerance.quorum import Decision, Quorum, decide, samples
+
+STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
+POLL_S = 0.002
+END = -1  # a quorum with this step and no participants: the run is over
+
+
+@dataclass
+class Beat:
+    count: int = -1
+    at: float = 0.0  # when the count last changed (the coordinator's clock)
+
+
+class Script:
+    """The committed rounds of a recorded run, in order: a replay's decisions."""
+
+    def __init__(self, path: Path) -> None:
+        lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+        self.rounds = [d for d in lines if d.get("committed")]
+
+    def decision(self, index: int, asks: dict[int, int]) -> Decision | None:
+        """The index-th committed round once its participants have asked; None before."""
+        want = self.rounds[index]
+        mine = {g: s for g, s in asks.items() if g in want["participants"]}
+        if len(mine) < len(want["participants"]):
+            return None
+        decision = decide(mine, 1)
+        assert decision is not None
+        if decision.step != want["step"]:
+            raise RuntimeError(
+                f"replay: round {want['round']} of the record computes step {want['step'] + 1}, "
+                f"but its participants are at step {decision.step + 1}"
+            )
+        return decision
+
+
+class Coordinator:
+    """Run by the launcher: `address` is what the groups connect to; `close` ends it."""
+
+    def __init__(
+        self,
+        replicas: int,
+        min_replicas: int,
+        heartbeat_timeout_s: float,
+        log_path: Path,
+        global_batch: int,
+        script: Script | None = None,
+    ) -> None:
+        self.replicas, self.min_replicas = replicas, min_replicas
+        self.timeout_s, self.log_path = heartbeat_timeout_s, log_path
+        self.global_batch, self.script = global_batch, script
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
+        )
+        self.address = f"127.0.0.1:{self.store.port}"
+        self.beats = [Beat() for _ in range(replicas)]
+        self.started = time.monotonic()
+        self.exited: set[int] = set()  # groups whose agent has exited: never coming back
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ft-coordinator", daemon=True)
+        self._thread.start()
+
+    def agent_exited(self, group: int) -> None:
+        self.exited.add(group)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    # -- liveness ----------------------------------------------------------------------
+    def _alive(self, group: int, now: float) -> bool:
+        if group in self.exited or self.store.check([f"left/{group}"]):
+            return False
+        beat = self.beats[group]
+        count = self.store.add(f"hb/{group}", 0)
+        if count != beat.count:
+            beat.count, beat.at = count, now
+        if count == 0:  # never heard from
+            return now - self.started < STARTUP_GRACE_S
+        return now - beat.at < self.timeout_s
+
+    # -- rounds ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._rounds()
+        except BaseException as e:  # reported by close(), in the launcher's thread
+            self.error = e
+            self.store.set("quorum/error", str(e))
+
+    def _rounds(self) -> None:
+        r, generation, previous = 0, 0, None
+        with self.log_path.open("a") as log:
+            while not self._stop.is_set():
+                self.store.set("round", str(r))
+                decision = self._wait_for_quorum(r)
+                if decision is None:  # stopped, or nobody left to train
+                    self.store.set(f"quorum/{r}", Quorum(r, END, generation, ()).to_json())
+                    return
+                if previous is not None and decision.participants != previous:
+                    generation += 1
+                quorum = Quorum(r, decision.step, generation, decision.participants, decision.heal)
+                self.store.set(f"quorum/{r}", quorum.to_json())
+                decided = time.monotonic() - self.started
+                committed = self._wait_for_votes(quorum)
+                self.store.set(f"commit/{r}", "1" if committed else "0")
+                ended = time.monotonic() - self.started
+                record = self._record(quorum, committed) | {"decided_s": decided, "ended_s": ended}
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                previous = decision.participants
+                if not committed:
+                    generation += 1  # a failed gloo group is not reused
+                r += 1
+
+    def _asks(self, r: int, now: float) -> dict[int, int]:
+        asks = {}
+        for g in range(self.replicas):
+            key = f"ask/{r}/{g}"
+            if self.store.check([key]) and (self.script is not None or self._alive(g, now)):
+                asks[g] = int(self.store.get(key))
+        return asks
+
+    def _wait_for_quorum(self, r: int) -> Decision | None:
+        """Every live group has asked (or one heartbeat timeout has passed since the first
+        ask), and enough did; None when no group can ever ask again."""
+        first_ask = None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            asks = self._asks(r, now)
+            if self.script is not None:
+                if r >= len(self.script.rounds):
+                    return None
+                decision = self.script.decision(r, asks)
+                if decision is not None:
+                    return decision
+            else:
+                waiting = [g for g in range(self.replicas) if self._alive(g, now) and g not in asks]
+                if asks and first_ask is None:
+                    first_ask = now
+                late = first_ask is not None and now - first_ask > self.timeout_s
+                if not waiting or late:
+                    decision = decide(asks, self.min_replicas)
+                    if decision is not None:
+                        return decision
+                if not waiting and self._nobody_else_can_come(asks):
+                    return None  # e.g. relaunched after the others finished: nothing to join
+            time.sleep(POLL_S)
+        return None
+
+    def _nobody_else_can_come(self, asks: dict[int, int]) -> bool:
+        """Every group that has not asked is gone for good (finished, or its agent has
+        exited), and those that asked cannot form a round by themselves."""
+        if decide(asks, self.min_replicas) is not None:
+            return False
+        return all(
+            g in asks or g in self.exited or self.store.check([f"left/{g}"])
+            for g in range(self.replicas)
+        )
+
+    def _wait_for_votes(self, quorum: Quorum) -> bool:
+        """True when every participant voted that its round succeeded; False at the first
+        failed vote or when a participant that has not voted goes silent."""
+        while True:
+            now = time.monotonic()
+            votes = {}
+            for g in quorum.participants:
+                key = f"vote/{quorum.round}/{g}"
+                if self.store.check([key]):
+                    votes[g] = self.store.get(key) == b"1"
+            if not all(votes.values()):
+                return False
+            if len(votes) == len(quorum.participants):
+                return True
+            silent = [g for g in quorum.participants if g not in votes and not self._alive(g, now)]
+            if silent and self.script is None:
+                return False
+            time.sleep(POLL_S)
+
+    def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
+        used = {
+            str(g): list(samples(quorum.step, g, self.global_batch, self.replicas))
+            for g in quorum.participants
+        }
+        return {
+            "round": quorum.round,
+            "step": quorum.step,
+            "participants": list(quorum.participants),
+            "generation": quorum.generation,
+            "heal": [list(pair) for pair in quorum.heal],
+            "committed": committed,
+            "samples": used,
+        }

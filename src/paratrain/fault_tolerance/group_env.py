@@ -1,0 +1,23 @@
+"""Which replica group a worker belongs to, and where the coordinator is: the environment
+the launcher (or a user's torchrun per group) gives it. No torch here: the CLI reads it
+before deciding what to load."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GROUP_VAR = "PARATRAIN_FT_GROUP"  # which replica group this job is
+COORDINATOR_VAR = "PARATRAIN_FT_COORDINATOR"  # HOST:PORT of the coordinator's store
+
+
+@dataclass(frozen=True)
+class GroupEnv:
+    group: int
+    coordinator: str
+
+
+def group_env() -> GroupEnv | None:
+    if GROUP_VAR not in os.environ:
+        return None
+    return GroupEnv(int(os.environ[GROUP_VAR]), os.environ[COORDINATOR_VAR])

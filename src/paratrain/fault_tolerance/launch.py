@@ -1,0 +1,124 @@
+"""`paratrain train --fault-tolerance`: the coordinator in this process, one elastic agent
+per replica group (group_agent.py), and the run's record made from the groups' once they
+are done: the metrics and summary of the group that trained the most steps, and what the
+protocol did (rounds, aborts, each group's exit, the samples its absences dropped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from paratrain.config import RunConfig
+from paratrain.fault_tolerance.coordinator import Coordinator, Script
+from paratrain.fault_tolerance.group_env import COORDINATOR_VAR
+from paratrain.fault_tolerance.quorum import samples
+from paratrain.fault_tolerance.worker import group_dir
+from paratrain.launch import SHUTDOWN_TIMEOUT_S, WORKER_FLAG, WorkersFailed
+from paratrain.train import run_dir as rd
+
+QUORUM_FILE = "quorum.jsonl"
+
+
+def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str, Any]:
+    p = cfg.parallel
+    script = Script(Path(p.replay_quorum)) if p.replay_quorum else None
+    coordinator = Coordinator(
+        p.replicas,
+        p.min_replicas,
+        p.heartbeat_timeout_s,
+        run_dir / QUORUM_FILE,
+        cfg.train.global_batch,
+        script,
+    )
+    env = os.environ | {COORDINATOR_VAR: coordinator.address}
+    workers = ["train", "--config", str(config_path), WORKER_FLAG]
+    agents = {
+        g: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "paratrain.fault_tolerance.group_agent",
+                str(g),
+                str(p.nproc // p.replicas),
+                str(p.max_restarts),
+                *workers,
+            ],  # fmt: skip
+            env=env,
+        )
+        for g in range(p.replicas)
+    }
+    exits: dict[int, int] = {}
+    try:
+        while len(exits) < len(agents):
+            for g, agent in agents.items():
+                if g not in exits and agent.poll() is not None:
+                    exits[g] = agent.returncode
+                    coordinator.agent_exited(g)
+            time.sleep(0.05)
+    finally:  # a signal to this process: the agents pass it on to their workers
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.terminate()
+        for agent in agents.values():
+            agent.wait(SHUTDOWN_TIMEOUT_S)
+        coordinator.close()
+    return run_record(cfg, run_dir, exits)
+
+
+def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
+    """The run's metrics and summary from its groups'; WorkersFailed if no group finished."""
+    finished = []
+    for g in sorted(exits):
+        path = group_dir(run_dir, g) / rd.SUMMARY_FILE
+        if exits[g] == 0 and path.is_file():
+            finished.append(json.loads(path.read_text()))
+    if not finished:
+        failed = ", ".join(f"group {g} exit {code}" for g, code in sorted(exits.items()))
+        raise WorkersFailed(f"no replica group finished ({failed})", max(exits.values()) or 1)
+    best = max(finished, key=lambda s: (s["steps"], -s["group"]))
+    shutil.copyfile(group_dir(run_dir, best["group"]) / rd.METRICS_FILE, run_dir / rd.METRICS_FILE)
+    summary = dict(best) | {"run_dir": str(run_dir), "world_size": cfg.world_size}
+    summary["fault_tolerance"] = protocol_record(cfg, run_dir, exits)
+    rd.write_summary(run_dir, summary)
+    rd.write_loss_plot(run_dir, rd.read_step_metrics(run_dir), summary["val_loss"])
+    return summary
+
+
+def protocol_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
+    """Rounds, commits, each group's exit status, and the samples that committed steps did
+    not train because their group was out of the round."""
+    lines = (run_dir / QUORUM_FILE).read_text().splitlines()
+    rounds = [json.loads(s) for s in lines if s.strip()]
+    p, g_batch = cfg.parallel, cfg.train.global_batch
+    dropped = [
+        [r["step"] + 1, g, *samples(r["step"], g, g_batch, p.replicas)]
+        for r in rounds
+        if r["committed"]
+        for g in range(p.replicas)
+        if g not in r["participants"]
+    ]
+    return {
+        "rounds": len(rounds),
+        "committed": sum(r["committed"] for r in rounds),
+        "aborted": sum(not r["committed"] for r in rounds),
+        "group_exits": {str(g): code for g, code in sorted(exits.items())},
+        "dropped_samples": sum(hi - lo for *_, lo, hi in dropped),
+        "dropped": dropped,  # [step, group, lo, hi): the sample stream's positions
+        "quorum_log": str(run_dir / QUORUM_FILE),
+    }
+
+
+def protocol_line(ft: dict[str, Any]) -> str:
+    exits = ", ".join(f"group {g} exit {c}" for g, c in ft["group_exits"].items() if c)
+    return (
+        f"fault tolerance: {ft['committed']} steps committed in {ft['rounds']} rounds "
+        f"({ft['aborted']} aborted); {ft['dropped_samples']} samples dropped"
+        + (f"; {exits}" if exits else "")
+        + f"; rounds in {ft['quorum_log']}"
+    )

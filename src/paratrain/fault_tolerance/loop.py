@@ -1,0 +1,155 @@
+"""The training loop of a replica group under fault tolerance: a round per step.
+
+The same build, step and finish as train/loop.py, with three differences: each step
+first asks the coordinator for its round (and sits out a round that leaves it out); the
+gradient is summed over the round's participants inside the step, and the update happens
+only if the round commits (an aborted round restores the random generator, so computing
+the step again draws what it drew); a group behind the others heals first. Each group
+trains its own slice of each step's global batch, so a group that is out of a round
+drops its slice, which quorum.jsonl names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paratrain import checkpoint
+from paratrain.config import RunConfig
+from paratrain.data.document_rows import training_rows
+from paratrain.data.supervised import run_row_layout
+from paratrain.data.tokens import TokenData, on_device
+from paratrain.fault_tolerance.across_groups import heal, mean_across, state_digest
+from paratrain.fault_tolerance.coordinator import END
+from paratrain.fault_tolerance.participant import Participant
+from paratrain.fault_tolerance.quorum import Faults, Quorum, parse_faults
+from paratrain.mesh import Mesh
+from paratrain.train.engine import Engine
+from paratrain.train.loop import build_training, finish_training
+from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
+from paratrain.train.step import train_step
+
+log = logging.getLogger(__name__)
+
+KILLED_EXIT = 43  # an injected kill's exit status: not a signal, so the agent relaunches
+
+
+class RoundAborted(RuntimeError):
+    """The coordinator did not commit the round: no group updates."""
+
+
+class InjectedFault(RuntimeError):
+    """--inject-fault allreduce-error: this group's reduction reports a failure."""
+
+
+def group_config(cfg: RunConfig) -> RunConfig:
+    """What one replica group is on its own: dp / R ranks, no replica groups."""
+    p = cfg.parallel
+    inner = replace(p, dp=p.dp // p.replicas, replicas=1, nproc=p.nproc // p.replicas)
+    return replace(cfg, parallel=inner)
+
+
+class Reduction:
+    """The step's `across`: the mean over the participants, then the vote."""
+
+    def __init__(self, participant: Participant, quorum: Quorum, fail: bool) -> None:
+        self.participant, self.quorum, self.fail = participant, quorum, fail
+
+    def __call__(self, engine: Engine, loss: float, tokens: int) -> tuple[float, int]:
+        ok = True
+        try:
+            loss, tokens = mean_across(engine, self.participant.across(self.quorum), loss, tokens)
+            if self.fail:
+                raise InjectedFault(f"injected allreduce-error at step {self.quorum.step + 1}")
+        except RuntimeError as e:  # a peer died (gloo's error, or our timeout), or injected
+            log.warning("round %d: the reduction failed: %s", self.quorum.round, e)
+            ok = False
+        if not self.participant.vote(self.quorum, ok):
+            raise RoundAborted(f"round {self.quorum.round} was not committed")
+        return loss, tokens
+
+
+def train_in_rounds(
+    cfg: RunConfig,
+    mesh: Mesh,
+    data: TokenData,
+    participant: Participant,
+    restart_count: int,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    run_dir: Path | None = None,
+) -> TrainResult:
+    """Train this group until cfg.train.steps (or until the coordinator ends the run).
+    run_dir: where the checkpoints go; the lowest-numbered participant of a round saves."""
+    t, p, inner = cfg.train, cfg.parallel, group_config(cfg)
+    layout = run_row_layout(cfg, data.supervised)
+    engine, optimizer, _, lr = build_training(inner, mesh, None, layout == "documents")
+    sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
+    me, per_group, dp = participant.group, inner.parallel.dp, mesh.group("dp")
+    mine = [f for f in parse_faults(p.inject_fault, p.replicas, t.steps) if f.group == me]
+    faults = Faults(mine if restart_count == 0 else [])
+    timer = StepTimer(mesh.ledger)
+    metrics: list[StepMetrics] = []
+    step = 0
+    while step < t.steps:
+        quorum = participant.quorum(step)
+        if quorum.step == END:
+            break
+        if me not in quorum.participants:
+            continue
+        try:
+            step = _healed(engine, optimizer, participant, quorum, step)
+        except RuntimeError as e:  # a peer died while copying: the round fails
+            log.warning("round %d: copying the state failed: %s", quorum.round, e)
+            participant.vote(quorum, False)
+            continue
+        timer.start(step)
+        rng = torch.get_rng_state()
+        rows = sampler.replica_microbatches(step, me * per_group + dp.rank, p.dp, t.micro_batch)
+        micro_batches = on_device(rows, mesh.device)
+        timer.data_done()
+        if faults.take("kill", step + 1):
+            log.warning("injected kill of replica group %d at step %d", me, step + 1)
+            os._exit(KILLED_EXIT)
+        reduce = Reduction(participant, quorum, faults.take("allreduce-error", step + 1))
+        try:
+            out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
+        except RoundAborted:
+            torch.set_rng_state(rng)
+            continue
+        metrics.append(timer.finish(step, out, lr(step)))
+        if on_step is not None:
+            on_step(metrics[-1])
+        step += 1
+        due = step == t.steps or (t.checkpoint_every > 0 and step % t.checkpoint_every == 0)
+        if run_dir is not None and due and me == quorum.participants[0]:
+            checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
+                            t.keep_checkpoints)  # fmt: skip
+    digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout
+    result = finish_training(inner, engine, optimizer, data, metrics, 0, None, mesh.device)
+    result.extra["state_digest"] = digest
+    return result
+
+
+def _healed(
+    engine: Engine, optimizer: Any, participant: Participant, quorum: Quorum, step: int
+) -> int:
+    """The step this group computes in `quorum`: its own, or, when a participant is behind,
+    the others' after every participant has taken part in copying the state to it."""
+    if not quorum.heal:
+        if step != quorum.step:
+            raise RuntimeError(f"round {quorum.round}: step {quorum.step + 1}, not {step + 1}")
+        return step
+    (source,) = {s for _, s in quorum.heal}
+    behind = participant.group in dict(quorum.heal)
+    if behind:
+        log.warning("replica group %d at step %d: copying the state of group %d at step %d",
+                    participant.group, step + 1, source, quorum.step + 1)  # fmt: skip
+    src = quorum.participants.index(source)
+    heal(engine, optimizer, participant.across(quorum), src, receive=behind)
+    return quorum.step

@@ -1,0 +1,129 @@
+"""A replica group's side of the protocol: its leader (the group's rank 0) asks for each
+round, beats its heart and votes; every rank of the group learns the quorum and the
+commit from the leader, and reaches its peers in the other groups (the ranks at its own
+position) over a gloo process group of the quorum's generation.
+
+The cross-group process groups live outside this group's torch.distributed world (each
+group is its own world, so that one can die while the others go on): they are created
+straight from the coordinator's store, as a fresh gloo group per generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from datetime import timedelta
+from typing import cast
+
+import torch
+import torch.distributed as dist
+
+from paratrain import comm
+from paratrain.comm.group import CommGroup
+from paratrain.fault_tolerance.group_env import GroupEnv
+from paratrain.fault_tolerance.quorum import Quorum
+from paratrain.mesh import Mesh
+
+log = logging.getLogger(__name__)
+
+
+class Participant:
+    def __init__(self, env: GroupEnv, mesh: Mesh, heartbeat_timeout_s: float, timeout_s: float):
+        self.group, self.mesh = env.group, mesh
+        self.leader = mesh.global_rank == 0
+        host, port = env.coordinator.rsplit(":", 1)
+        self._address = (host, int(port))
+        self.timeout = timedelta(seconds=timeout_s)
+        self.store = self._client()
+        self.beat_every_s = max(heartbeat_timeout_s / 10, 0.02)
+        self.options = replace(mesh.control.options, timeout_s=timeout_s)
+        self.next_round: int | None = None
+        self._groups: dict[int, CommGroup] = {}
+        self._stop = threading.Event()
+        self._beats: threading.Thread | None = None
+
+    def _client(self) -> dist.TCPStore:
+        host, port = self._address
+        return dist.TCPStore(host, port, is_master=False, timeout=self.timeout)
+
+    # -- heartbeat -----------------------------------------------------------------------
+    def _beat(self) -> None:
+        store = self._client()  # its own connection: the main thread may be blocked in a wait
+        while not self._stop.wait(self.beat_every_s):
+            store.add(f"hb/{self.group}", 1)
+
+    def start_beating(self) -> None:
+        if self.leader and self._beats is None:
+            self.store.add(f"hb/{self.group}", 1)
+            self._beats = threading.Thread(target=self._beat, name="ft-heartbeat", daemon=True)
+            self._beats.start()
+
+    def close(self) -> None:
+        if self.leader:
+            self.store.set(f"left/{self.group}", "1")
+        self._stop.set()
+        if self._beats is not None:
+            self._beats.join()
+
+    # -- rounds --------------------------------------------------------------------------
+    def quorum(self, step: int) -> Quorum:
+        """Ask for the next round at `step` and return its decision (collective over the
+        group: the leader asks, everyone learns)."""
+        answer = None
+        if self.leader:
+            self.start_beating()
+            r = self.next_round
+            if r is None:  # joining: where the coordinator is now
+                r = int(self.store.get("round"))
+            self.store.set(f"ask/{r}/{self.group}", str(step))
+            self._wait(f"quorum/{r}")
+            answer = self.store.get(f"quorum/{r}").decode()
+            self.next_round = r + 1
+        quorum = Quorum.from_json(comm.broadcast_object(answer, self.mesh.control))
+        return quorum
+
+    def _wait(self, key: str) -> None:
+        """The key, or the coordinator's error if it failed."""
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=1))
+                return
+            except (RuntimeError, dist.DistStoreError):  # a timeout: is the coordinator alive?
+                if self.store.check(["quorum/error"]):
+                    raise RuntimeError(
+                        "the fault-tolerance coordinator failed: "
+                        + self.store.get("quorum/error").decode()
+                    ) from None
+
+    def vote(self, quorum: Quorum, ok: bool) -> bool:
+        """Say whether this group's round succeeded (every rank of it); True when the
+        coordinator committed the round: every participant succeeded."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        comm.all_reduce(flag, self.mesh.control, op="min")
+        committed = None
+        if self.leader:
+            self.store.set(f"vote/{quorum.round}/{self.group}", str(int(flag.item())))
+            self._wait(f"commit/{quorum.round}")
+            committed = self.store.get(f"commit/{quorum.round}") == b"1"
+        return bool(comm.broadcast_object(committed, self.mesh.control))
+
+    def across(self, quorum: Quorum) -> CommGroup:
+        """This rank and its peers at the same position in the quorum's other groups."""
+        if quorum.generation not in self._groups:
+            self._groups.clear()  # one generation at a time: the old one may hold a dead peer
+            prefix = f"pg/{quorum.generation}/{self.mesh.global_rank}"
+            store = dist.PrefixStore(prefix, self._client())
+            me = quorum.participants.index(self.group)
+            gloo = dist.ProcessGroupGloo(store, me, len(quorum.participants), self.timeout)
+            # A gloo backend, which torch.distributed's calls take as a group (2.11-2.14)
+            pg = cast(dist.ProcessGroup, gloo)
+            self._groups[quorum.generation] = CommGroup(
+                "replicas",
+                pg,
+                list(quorum.participants),
+                self.group,
+                self.mesh.ledger,
+                self.options,
+            )
+        return self._groups[quorum.generation]

@@ -1,0 +1,118 @@
+"""The protocol's pure pieces: the round's decision, the samples a group trains, the
+faults a user asks for. No I/O here; coordinator.py and participant.py move these."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+FAULT_KINDS = ("kill", "allreduce-error")
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """One round's decision, as the coordinator publishes it.
+
+    step: the step (0-based, the loop's index) the participants compute.
+    generation: the cross-group process groups' generation; a new one whenever the
+        participants change or a round failed (a failed gloo group is not reused).
+    participants: group ids, ascending: a group's rank in the cross-group groups is its
+        index here.
+    heal: (group, source) pairs: the group is behind and copies the whole training state
+        from the source before computing.
+    """
+
+    round: int
+    step: int
+    generation: int
+    participants: tuple[int, ...]
+    heal: tuple[tuple[int, int], ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Quorum:
+        d = json.loads(text)
+        heal = tuple((int(g), int(s)) for g, s in d["heal"])
+        return cls(d["round"], d["step"], d["generation"], tuple(d["participants"]), heal)
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: int
+    participants: tuple[int, ...]
+    heal: tuple[tuple[int, int], ...]
+
+
+def quorum_size(min_replicas: int) -> int:
+    """Participants a round needs: `--min-replicas`, and never a group alone."""
+    return max(min_replicas, 2)
+
+
+def decide(asks: dict[int, int], min_replicas: int) -> Decision | None:
+    """The round over the groups that asked (group -> the step it is at), or None when too
+    few asked. Everyone computes the furthest step; a group behind it (relaunched, or
+    left out for a while) heals from the lowest-numbered group at that step."""
+    if len(asks) < quorum_size(min_replicas):
+        return None
+    step = max(asks.values())
+    source = min(g for g, s in asks.items() if s == step)
+    heal = tuple((g, source) for g, s in sorted(asks.items()) if s < step)
+    return Decision(step, tuple(sorted(asks)), heal)
+
+
+def samples(step: int, group: int, global_batch: int, replicas: int) -> tuple[int, int]:
+    """[lo, hi): the positions in the sample stream that `group` trains at `step` (the
+    sampler's step-th global batch, cut into one slice per group in group order)."""
+    per_group = global_batch // replicas
+    lo = step * global_batch + group * per_group
+    return lo, lo + per_group
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    group: int
+    step: int  # 1-based, as the log counts steps
+
+
+@dataclass
+class Faults:
+    """The injected faults of this group; each fires once (a relaunched group starts with
+    none: its faults were those of the first incarnation)."""
+
+    pending: list[Fault] = field(default_factory=list)
+
+    def take(self, kind: str, step: int) -> bool:
+        for f in self.pending:
+            if f.kind == kind and f.step == step:
+                self.pending.remove(f)
+                return True
+        return False
+
+
+def parse_faults(text: str, replicas: int, steps: int) -> list[Fault]:
+    """`--inject-fault KIND:GROUP:STEP[,...]`, checked: ValueError with one line."""
+    faults = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in FAULT_KINDS:
+            raise ValueError(
+                f"--inject-fault {item!r}: expected KIND:GROUP:STEP with KIND one of "
+                f"{', '.join(FAULT_KINDS)}"
+            )
+        try:
+            group, step = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"--inject-fault {item!r}: GROUP and STEP are integers") from None
+        if not 0 <= group < replicas:
+            raise ValueError(
+                f"--inject-fault {item!r}: group {group} does not exist; valid: 0 to {replicas - 1}"
+            )
+        if not 1 <= step <= steps:
+            raise ValueError(
+                f"--inject-fault {item!r}: step {step} does not exist; valid: 1 to {steps}"
+            )
+        faults.append(Fault(parts[0], group, step))
+    return faults

@@ -1,0 +1,64 @@
+"""What each worker of a replica group runs under fault tolerance: its group's own world
+and mesh, the participant, the rounds, and the group's record in RUN_DIR/groups/G/."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paratrain.comm.group import CommOptions
+from paratrain.config import RunConfig
+from paratrain.data.tokens import load_tokens
+from paratrain.fault_tolerance.group_env import GroupEnv
+from paratrain.fault_tolerance.loop import group_config, train_in_rounds
+from paratrain.fault_tolerance.participant import Participant
+from paratrain.mesh import Mesh
+from paratrain.train import run_dir as rd
+from paratrain.train.worker import WorkerEnv, init_process_group, rank_device, run_summary
+
+log = logging.getLogger(__name__)
+
+
+def group_dir(run_dir: Path, group: int) -> Path:
+    return run_dir / "groups" / str(group)
+
+
+def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
+    """Train this rank of replica group `group.group`; its rank 0 records the group's steps
+    and summary (the launcher makes the run's from them)."""
+    torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // env.local_world_size))
+    init_process_group(cfg, env)  # this group's world: env.world_size = the group's ranks
+    inner = group_config(cfg)
+    p = inner.parallel
+    options = CommOptions(timeout_s=p.comm_timeout_s, algo=p.comm_algo, order=p.comm_order)
+    device = rank_device(cfg, env)
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=device)
+    participant = Participant(group, mesh, cfg.parallel.heartbeat_timeout_s, p.comm_timeout_s)
+    run_dir = Path(cfg.train.out)
+    mine = group_dir(run_dir, group.group)
+    writer = None
+    try:
+        data = load_tokens(cfg.data.path, cfg.data.val_fraction, cfg.data.tokenizer)
+        if mesh.global_rank == 0:
+            mine.mkdir(parents=True, exist_ok=True)
+            writer = rd.MetricsWriter(mine)
+        on_step = writer.write if writer is not None else None
+        result = train_in_rounds(cfg, mesh, data, participant, env.restart_count, on_step, run_dir)
+        if writer is not None:
+            writer.close()
+            writer = None
+            if result.metrics:
+                summary = run_summary(result, cfg, mine) | {"group": group.group}
+                summary["restarts"] = env.restart_count
+                summary["last_step"] = result.metrics[-1].step
+                summary["state_digest"] = result.extra["state_digest"]
+                rd.write_summary(mine, summary)
+    finally:
+        if writer is not None:
+            writer.close()
+        participant.close()
+        mesh.close()
+    dist.destroy_process_group()

@@ -1,0 +1,77 @@
+"""Rules on --fault-tolerance (fault_tolerance/): replica groups to survive in, the faults
+asked for, a replay's record, and what it does not combine with yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from paratrain.config import RunConfig
+from paratrain.fault_tolerance.quorum import parse_faults, samples
+
+
+def fault_tolerance_rules(cfg: RunConfig) -> None:
+    p, t = cfg.parallel, cfg.train
+    if not p.fault_tolerance:
+        return
+    if p.replicas < 2:
+        raise ValueError(
+            "--fault-tolerance needs replica groups to survive in: --replicas 2 or more "
+            "(with --zero 1, 2 or 3)"
+        )
+    if p.min_replicas > p.replicas:
+        raise ValueError(
+            f"--min-replicas {p.min_replicas} is above --replicas {p.replicas}; "
+            f"valid: 1 to {p.replicas}"
+        )
+    unsupported = [
+        (p.pp > 1, f"--pp {p.pp}", "--pp 1"),
+        (p.tp > 1, f"--tp {p.tp}", "--tp 1"),
+        (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
+        (t.dtype == "float16", "--dtype float16", "bfloat16 or float32"),
+        (bool(t.resume), "--resume", "a fresh run"),
+        (bool(p.straggler), "--straggler", "no --straggler"),
+        (t.tensorboard, "--tensorboard", "--no-tensorboard"),
+        (p.nproc != cfg.world_size, f"--nproc {p.nproc}", f"--nproc {cfg.world_size}"),
+    ]
+    for refused, given, instead in unsupported:
+        if refused:
+            raise ValueError(f"--fault-tolerance with {given} is not supported yet; use {instead}")
+    parse_faults(p.inject_fault, p.replicas, t.steps)
+    if p.replay_quorum:
+        if p.inject_fault:
+            raise ValueError("--replay-quorum trains without failures: drop --inject-fault")
+        check_record(Path(p.replay_quorum), cfg)
+
+
+def check_record(path: Path, cfg: RunConfig) -> None:
+    """A quorum.jsonl whose committed rounds this run can train: its groups exist, its steps
+    are within --steps, and its samples are the slices this layout gives each group."""
+    p, t = cfg.parallel, cfg.train
+    flag = f"--replay-quorum {str(path)!r}"
+    try:
+        rounds = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read it ({e.strerror})") from None
+    except ValueError:
+        raise ValueError(f"{flag}: not a quorum.jsonl (a JSON object per line)") from None
+    committed = [r for r in rounds if isinstance(r, dict) and r.get("committed")]
+    if not committed:
+        raise ValueError(f"{flag}: no committed round to replay")
+    for r in committed:
+        try:
+            step, groups, used = r["step"], r["participants"], r["samples"]
+        except KeyError as e:
+            raise ValueError(f"{flag}: round without {e}: not a quorum.jsonl") from None
+        if not 0 <= step < t.steps or any(not 0 <= g < p.replicas for g in groups):
+            raise ValueError(
+                f"{flag}: round {r.get('round')} (step {step + 1}, groups {groups}) does not "
+                f"fit this run's --steps {t.steps} and --replicas {p.replicas}"
+            )
+        for g in groups:
+            if used.get(str(g)) != list(samples(step, g, t.global_batch, p.replicas)):
+                raise ValueError(
+                    f"{flag}: round {r.get('round')} gave group {g} samples {used.get(str(g))}, "
+                    f"not this run's {list(samples(step, g, t.global_batch, p.replicas))}: "
+                    "it was recorded with another --global-batch or --replicas"
+                )
