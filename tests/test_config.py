@@ -237,6 +237,7 @@ def test_dry_run_prints_the_run_and_starts_nothing(tmp_path, capsys):
 LLAMA = ["--model", "llama-tiny"]
 ASYNC = ["--dp-mode", "async"]
 MOE = ["--num-experts", "4"]
+HSDP = ["--replicas", "2", "--zero", "1"]  # 2 replica groups of one rank
 INEFFECTIVE = {
     "model.n_kv_head": (["--n-kv-head", "1"], [], LLAMA),
     "model.ffn_hidden": (["--ffn-hidden", "96"], [], LLAMA),
@@ -275,6 +276,12 @@ INEFFECTIVE = {
     "parallel.dc_decay": (["--dc-decay", "0.5"], [*ASYNC, "--dc-lambda", "0.5"],
                           [*ASYNC, "--dc-lambda", "0.5", "--dc-mode", "adaptive"]),
     "parallel.max_restarts": (["--max-restarts", "1"], ["--nproc", "1"], []),
+    "parallel.fault_tolerance": (["--fault-tolerance"], [], HSDP),
+    "parallel.min_replicas": (["--min-replicas", "1"], HSDP, [*HSDP, "--fault-tolerance"]),
+    "parallel.heartbeat_timeout_s": (
+        ["--heartbeat-timeout-s", "2"], HSDP, [*HSDP, "--fault-tolerance"]
+    ),
+    "parallel.inject_fault": (["--inject-fault", "kill:1:2"], HSDP, [*HSDP, "--fault-tolerance"]),
     "train.lr_base_batch": (["--lr-base-batch", "32"], [], ["--lr-scaling", "linear"]),
     "train.loss_scale": (["--loss-scale", "1024"], [], ["--dtype", "float16"]),
     "train.trace": (["--trace"], [], ["--pp", "2"]),
@@ -285,6 +292,7 @@ INEFFECTIVE = {
 }  # fmt: skip
 NEEDS_FILES = {  # tested below with files of their own
     "data.val_fraction": "a prepared directory",
+    "parallel.replay_quorum": "a quorum record (tests/test_fault_tolerance.py)",
 }
 
 

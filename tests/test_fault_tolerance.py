@@ -82,6 +82,7 @@ def test_bad_fault_tolerance_input_is_refused_with_one_line(tmp_path):
     )  # two groups' slices: this run has three
     cases = [
         (["--nproc", "2", "--zero", "1", "--fault-tolerance"], "--replicas 2 or more"),
+        ([*THREE_GROUPS, "--replay-quorum", str(record)], "needs --fault-tolerance"),
         ([*THREE_GROUPS, "--fault-tolerance", "--min-replicas", "4"], "--min-replicas 4"),
         ([*THREE_GROUPS, "--fault-tolerance", "--inject-fault", "kill:5:2"], "group 5"),
         ([*THREE_GROUPS, "--fault-tolerance", "--inject-fault", "kill:1:9"], "step 9"),

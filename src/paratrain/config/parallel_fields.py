@@ -167,7 +167,8 @@ class ParallelConfig:
     )
     max_restarts: int = param(
         0,
-        "Restart all workers up to N times after a failure; they resume from a checkpoint.",
+        "Restart all workers up to N times after a failure; they resume from a checkpoint"
+        " (with --fault-tolerance only the failed replica group, from a live peer).",
         at_least=0,
         effect=Effect(lambda c: c.parallel.nproc > 1, "--nproc 2 or more"),
     )
