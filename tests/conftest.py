@@ -12,10 +12,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # follow alphabetically, so one of these starting last would leave two workers idle
 # behind it (the alphabetical order ended on test_reliability_cli, test_simulate,
 # test_stop_signals and test_train_cli). Not test_overlap (100 s): it times, and beside
-# the two files that launch the most one of its cases took 63 s against 26 s mid-run.
+# the two files that launch the most one of its cases took 63 s against 26 s mid-run;
+# test_fault_tolerance (110 s, 3-4 processes and a coordinator per run) beside it once
+# pushed a case below its goal: it goes early, far from test_overlap.
 LONGEST_FIRST = (
     "test_reliability_cli.py",
     "test_train_cli.py",
+    "test_fault_tolerance.py",
     "test_simulate.py",
     "test_comm_order_grid.py",
     "test_default_device.py",

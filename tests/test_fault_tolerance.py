@@ -12,6 +12,7 @@ counters, buffers, in every rank's shards), which each group's summary records.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -50,12 +51,13 @@ def test_each_group_trains_its_own_slice_of_each_step():
 
 
 def test_faults_are_parsed_and_checked():
-    assert parse_faults("kill:1:5, allreduce-error:0:2", 3, 10) == [
+    assert parse_faults("kill:1:5, allreduce-error:0:2,hang:2:3", 3, 10) == [
         Fault("kill", 1, 5),
         Fault("allreduce-error", 0, 2),
+        Fault("hang", 2, 3),
     ]
     for bad, words in [
-        ("hang:1:5", "KIND one of kill, allreduce-error"),
+        ("stall:1:5", "KIND one of kill, hang, allreduce-error"),
         ("kill:3:5", "group 3 does not exist"),
         ("kill:0:11", "step 11 does not exist"),
         ("kill:x:1", "integers"),
@@ -115,9 +117,10 @@ def test_bad_fault_tolerance_input_is_refused_with_one_line(tmp_path):
 
 
 # -- the guarantees, on real runs -----------------------------------------------------------
-def run(out: Path, *args: str) -> dict:
-    code, stdout, err = finish(start(*SMALL, "--steps", str(STEPS), "--out", str(out), *args,
-                                     cwd=out.parent))  # fmt: skip
+def run(out: Path, *args: str, steps: int = STEPS) -> dict:
+    code, stdout, err = finish(
+        start(*SMALL, "--steps", str(steps), "--out", str(out), *args, cwd=out.parent)
+    )
     assert code == 0, err
     assert "fault tolerance:" in stdout, stdout
     return json.loads((out / "summary.json").read_text())
@@ -127,11 +130,11 @@ def rounds(out: Path) -> list[dict]:
     return [json.loads(s) for s in (out / "quorum.jsonl").read_text().splitlines()]
 
 
-def digests(out: Path) -> set[str]:
+def digests(out: Path, steps: int = STEPS) -> set[str]:
     """The state digests of the groups that trained to the last step (a group relaunched
     after the others finished has nobody to join: the coordinator ends it early)."""
     groups = [json.loads(p.read_text()) for p in out.glob("groups/*/summary.json")]
-    return {g["state_digest"] for g in groups if g["last_step"] == STEPS}
+    return {g["state_digest"] for g in groups if g["last_step"] == steps}
 
 
 @pytest.mark.e2e
@@ -220,3 +223,45 @@ def test_without_faults_it_trains_as_hsdp(tmp_path):
         ft_values, hsdp_values = logged(tmp_path / "ft", key), logged(tmp_path / "hsdp", key)
         assert ft_values == pytest.approx(hsdp_values, rel=1e-4), key
     assert len(digests(tmp_path / "ft")) == 1
+
+
+@pytest.mark.e2e
+def test_random_kills_of_random_groups_end_bitwise_equal_to_the_replay(tmp_path):
+    """Chaos: 3 groups of one rank, 60 steps, 6 kills at random steps of random groups
+    (seeded; a group may die again after its relaunch, and two may be down at once, when
+    the third waits: it never commits alone). Every step commits once, and the replay of
+    the record ends with the same state, bit for bit."""
+    steps, chooser = 60, random.Random(33)
+    kills = [(chooser.randrange(3), s) for s in sorted(chooser.sample(range(3, steps), 6))]
+    faults = ",".join(f"kill:{g}:{s}" for g, s in kills)
+    ft = [*FT, "--min-replicas", "2", "--max-restarts", "6"]
+    out = tmp_path / "chaos"
+    run(out, *THREE_GROUPS, *ft, "--inject-fault", faults, steps=steps)
+    committed = [r for r in rounds(out) if r["committed"]]
+    assert [r["step"] for r in committed] == list(range(steps))
+    assert any(not r["committed"] for r in rounds(out))
+    survivors = digests(out, steps)
+    assert len(survivors) == 1
+    replay = tmp_path / "replay"
+    run(replay, *THREE_GROUPS, *FT, "--replay-quorum", str(out / "quorum.jsonl"), steps=steps)
+    assert digests(replay, steps) == survivors
+
+
+@pytest.mark.e2e
+def test_a_hung_group_is_timed_out_left_behind_and_the_run_equals_its_replay(tmp_path):
+    """Group 1 holds its reduction at step 5 (alive: its heartbeat goes on). The others'
+    reduction fails at the collective timeout, the round aborts, and the next round goes
+    on without the group that did not ask; the replay ends bitwise equal."""
+    timeout_s = 4.0
+    ft = [*FT, "--min-replicas", "2", "--comm-timeout-s", str(timeout_s)]
+    out = tmp_path / "hang"
+    run(out, *THREE_GROUPS, *ft, "--inject-fault", "hang:1:5")
+    record = rounds(out)
+    assert [r["step"] for r in record if r["committed"]] == list(range(STEPS))
+    (held,) = [r for r in record if not r["committed"]]
+    assert held["step"] == 4 and held["ended_s"] - held["decided_s"] >= timeout_s
+    after = record[record.index(held) + 1]
+    assert after["committed"] and after["participants"] == [0, 2]
+    replay = tmp_path / "replay"
+    run(replay, *THREE_GROUPS, *FT, "--replay-quorum", str(out / "quorum.jsonl"))
+    assert digests(replay) == digests(out) and len(digests(out)) == 1

@@ -194,8 +194,8 @@ class ParallelConfig:
     inject_fault: str = param(
         "",
         "Fault tolerance: faults to inject, KIND:GROUP:STEP[,...]; KIND kill (the group's"
-        " workers exit before their backward) or allreduce-error (its cross-group"
-        " reduction fails once).",
+        " workers exit before their backward), hang (it holds its cross-group reduction"
+        " for two --comm-timeout-s) or allreduce-error (its reduction fails once).",
         default_means="none",
         effect=FAULT_TOLERANCE,
     )

@@ -22,7 +22,10 @@ import torch.distributed as dist
 from paratrain.fault_tolerance.quorum import Decision, Quorum, decide, samples
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
-POLL_S = 0.002
+# The coordinator polls the store: often enough that a round waits little for it, seldom
+# enough that its thread costs the groups' cores little (a few store calls per poll).
+POLL_S = 0.005
+BEAT_READ_S = 0.05
 END = -1  # a quorum with this step and no participants: the run is over
 
 
@@ -30,6 +33,7 @@ END = -1  # a quorum with this step and no participants: the run is over
 class Beat:
     count: int = -1
     at: float = 0.0  # when the count last changed (the coordinator's clock)
+    read_at: float = -1.0  # when the count was last read
 
 
 class Script:
@@ -96,10 +100,11 @@ class Coordinator:
         if group in self.exited or self.store.check([f"left/{group}"]):
             return False
         beat = self.beats[group]
-        count = self.store.add(f"hb/{group}", 0)
-        if count != beat.count:
-            beat.count, beat.at = count, now
-        if count == 0:  # never heard from
+        if now - beat.read_at >= BEAT_READ_S:  # a beat is timed to this, not to each poll
+            count, beat.read_at = self.store.add(f"hb/{group}", 0), now
+            if count != beat.count:
+                beat.count, beat.at = count, now
+        if beat.count == 0:  # never heard from
             return now - self.started < STARTUP_GRACE_S
         return now - beat.at < self.timeout_s
 

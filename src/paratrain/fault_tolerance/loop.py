@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from paratrain.data.tokens import TokenData, on_device
 from paratrain.fault_tolerance.across_groups import heal, mean_across, state_digest
 from paratrain.fault_tolerance.coordinator import END
 from paratrain.fault_tolerance.participant import Participant
-from paratrain.fault_tolerance.quorum import Faults, Quorum, parse_faults
+from paratrain.fault_tolerance.quorum import Fault, Quorum, parse_faults
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
 from paratrain.train.loop import build_training, finish_training
@@ -37,6 +38,10 @@ from paratrain.train.step import train_step
 
 log = logging.getLogger(__name__)
 
+# A hung group holds its reduction for two collective timeouts: its peers' wait ends at
+# one (the round fails) and they go on without it; then it wakes, finds its round over,
+# and heals from them (a hold without end would keep the run from ever finishing).
+HANG_TIMEOUTS = 2
 KILLED_EXIT = 43  # an injected kill's exit status: not a signal, so the agent relaunches
 
 
@@ -58,11 +63,18 @@ def group_config(cfg: RunConfig) -> RunConfig:
 class Reduction:
     """The step's `across`: the mean over the participants, then the vote."""
 
-    def __init__(self, participant: Participant, quorum: Quorum, fail: bool) -> None:
+    def __init__(
+        self, participant: Participant, quorum: Quorum, fail: bool, hold_s: float = 0.0
+    ) -> None:
         self.participant, self.quorum, self.fail = participant, quorum, fail
+        self.hold_s = hold_s  # --inject-fault hang: so long before taking part
 
     def __call__(self, engine: Engine, loss: float, tokens: int) -> tuple[float, int]:
         ok = True
+        if self.hold_s:
+            log.warning("injected hang at step %d: holding the reduction for %.0f s",
+                        self.quorum.step + 1, self.hold_s)  # fmt: skip
+            time.sleep(self.hold_s)
         try:
             loss, tokens = mean_across(engine, self.participant.across(self.quorum), loss, tokens)
             if self.fail:
@@ -80,7 +92,6 @@ def train_in_rounds(
     mesh: Mesh,
     data: TokenData,
     participant: Participant,
-    restart_count: int,
     on_step: Callable[[StepMetrics], None] | None = None,
     run_dir: Path | None = None,
 ) -> TrainResult:
@@ -91,8 +102,12 @@ def train_in_rounds(
     engine, optimizer, _, lr = build_training(inner, mesh, None, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     me, per_group, dp = participant.group, inner.parallel.dp, mesh.group("dp")
-    mine = [f for f in parse_faults(p.inject_fault, p.replicas, t.steps) if f.group == me]
-    faults = Faults(mine if restart_count == 0 else [])
+    faults = set(parse_faults(p.inject_fault, p.replicas, t.steps))
+
+    def fires(kind: str, step: int) -> bool:  # once, whichever incarnation gets there
+        fault = Fault(kind, me, step)
+        return fault in faults and participant.first_time(f"{kind}/{step}")
+
     timer = StepTimer(mesh.ledger)
     metrics: list[StepMetrics] = []
     step = 0
@@ -113,10 +128,11 @@ def train_in_rounds(
         rows = sampler.replica_microbatches(step, me * per_group + dp.rank, p.dp, t.micro_batch)
         micro_batches = on_device(rows, mesh.device)
         timer.data_done()
-        if faults.take("kill", step + 1):
+        if fires("kill", step + 1):
             log.warning("injected kill of replica group %d at step %d", me, step + 1)
             os._exit(KILLED_EXIT)
-        reduce = Reduction(participant, quorum, faults.take("allreduce-error", step + 1))
+        hold = HANG_TIMEOUTS * p.comm_timeout_s if fires("hang", step + 1) else 0.0
+        reduce = Reduction(participant, quorum, fires("allreduce-error", step + 1), hold)
         try:
             out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
         except RoundAborted:

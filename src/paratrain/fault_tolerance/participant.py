@@ -96,6 +96,12 @@ class Participant:
                         + self.store.get("quorum/error").decode()
                     ) from None
 
+    def first_time(self, key: str) -> bool:
+        """True the first time any incarnation of this group asks about `key` (collective
+        over the group): an injected fault fires once, also across relaunches."""
+        first = self.store.add(f"once/{self.group}/{key}", 1) == 1 if self.leader else None
+        return bool(comm.broadcast_object(first, self.mesh.control))
+
     def vote(self, quorum: Quorum, ok: bool) -> bool:
         """Say whether this group's round succeeded (every rank of it); True when the
         coordinator committed the round: every participant succeeded."""

@@ -4,9 +4,9 @@ faults a user asks for. No I/O here; coordinator.py and participant.py move thes
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-FAULT_KINDS = ("kill", "allreduce-error")
+FAULT_KINDS = ("kill", "hang", "allreduce-error")
 
 
 @dataclass(frozen=True)
@@ -75,21 +75,6 @@ class Fault:
     kind: str
     group: int
     step: int  # 1-based, as the log counts steps
-
-
-@dataclass
-class Faults:
-    """The injected faults of this group; each fires once (a relaunched group starts with
-    none: its faults were those of the first incarnation)."""
-
-    pending: list[Fault] = field(default_factory=list)
-
-    def take(self, kind: str, step: int) -> bool:
-        for f in self.pending:
-            if f.kind == kind and f.step == step:
-                self.pending.remove(f)
-                return True
-        return False
 
 
 def parse_faults(text: str, replicas: int, steps: int) -> list[Fault]:

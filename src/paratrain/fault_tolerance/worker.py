@@ -46,7 +46,7 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
             mine.mkdir(parents=True, exist_ok=True)
             writer = rd.MetricsWriter(mine)
         on_step = writer.write if writer is not None else None
-        result = train_in_rounds(cfg, mesh, data, participant, env.restart_count, on_step, run_dir)
+        result = train_in_rounds(cfg, mesh, data, participant, on_step, run_dir)
         if writer is not None:
             writer.close()
             writer = None
