@@ -180,11 +180,11 @@ def test_a_killed_group_is_dropped_healed_and_the_run_equals_its_replay(
     # The relaunched group copied the state from a live peer, and then every group's
     # whole state is bitwise the same. With 2 groups the survivor waits for it; with 3 it
     # may come back after the others finished (its start takes longer than the 7 steps
-    # left), and then there is nothing to heal.
-    healed = [r for r in record if r["heal"]]
-    assert all(pair[0] == killed for r in healed for pair in r["heal"])
+    # left), and then there is nothing to heal. (Under load a live group that asks over a
+    # heartbeat timeout after the others is also left out of a round, and heals next.)
+    healed_groups = {pair[0] for r in record for pair in r["heal"]}
     if groups == 2:
-        assert healed and len(digests(out)) == 1
+        assert killed in healed_groups
     assert len(digests(out)) == 1
 
     # No committed step reused a sample; what absent groups dropped is reported exactly.
@@ -209,7 +209,8 @@ def test_without_faults_it_trains_as_hsdp(tmp_path):
     and a sum, for HSDP's mean of group means). The bound is loose against that rounding
     and tight against a wrong mean: a group's gradient missing or counted twice moves the
     gradient norm by a factor of 2 (and, missing, the loss by more than 1e-3)."""
-    ft = run(tmp_path / "ft", *ZERO3_PAIRS, *FT)
+    # A heartbeat timeout no load reaches: a group late to ask would be left out of a round
+    ft = run(tmp_path / "ft", *ZERO3_PAIRS, *FT, "--heartbeat-timeout-s", "60")
     code, _, err = finish(start(*SMALL, "--steps", str(STEPS), *ZERO3_PAIRS,
                                 "--out", str(tmp_path / "hsdp"), cwd=tmp_path))  # fmt: skip
     assert code == 0, err

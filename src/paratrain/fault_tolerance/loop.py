@@ -102,37 +102,25 @@ def train_in_rounds(
     engine, optimizer, _, lr = build_training(inner, mesh, None, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     me, per_group, dp = participant.group, inner.parallel.dp, mesh.group("dp")
-    faults = set(parse_faults(p.inject_fault, p.replicas, t.steps))
-
-    def fires(kind: str, step: int) -> bool:  # once, whichever incarnation gets there
-        fault = Fault(kind, me, step)
-        return fault in faults and participant.first_time(f"{kind}/{step}")
-
+    faults = Injected(cfg, participant)
     timer = StepTimer(mesh.ledger)
     metrics: list[StepMetrics] = []
     step = 0
     while step < t.steps:
+        timer.start(step)  # the step's time includes its round: the protocol's cost shows
         quorum = participant.quorum(step)
         if quorum.step == END:
             break
         if me not in quorum.participants:
             continue
-        try:
-            step = _healed(engine, optimizer, participant, quorum, step)
-        except RuntimeError as e:  # a peer died while copying: the round fails
-            log.warning("round %d: copying the state failed: %s", quorum.round, e)
-            participant.vote(quorum, False)
+        joined = _join(engine, optimizer, participant, quorum, step)
+        if joined is None:
             continue
-        timer.start(step)
-        rng = torch.get_rng_state()
+        step, rng = joined, torch.get_rng_state()
         rows = sampler.replica_microbatches(step, me * per_group + dp.rank, p.dp, t.micro_batch)
         micro_batches = on_device(rows, mesh.device)
         timer.data_done()
-        if fires("kill", step + 1):
-            log.warning("injected kill of replica group %d at step %d", me, step + 1)
-            os._exit(KILLED_EXIT)
-        hold = HANG_TIMEOUTS * p.comm_timeout_s if fires("hang", step + 1) else 0.0
-        reduce = Reduction(participant, quorum, fires("allreduce-error", step + 1), hold)
+        reduce = faults.reduction(quorum, step)  # an injected kill ends the process here
         try:
             out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
         except RoundAborted:
@@ -150,6 +138,42 @@ def train_in_rounds(
     result = finish_training(inner, engine, optimizer, data, metrics, 0, None, mesh.device)
     result.extra["state_digest"] = digest
     return result
+
+
+class Injected:
+    """This group's `--inject-fault`s; each fires once, whichever incarnation of the group
+    gets to its step first (the coordinator's store remembers)."""
+
+    def __init__(self, cfg: RunConfig, participant: Participant) -> None:
+        p, t = cfg.parallel, cfg.train
+        self.faults = set(parse_faults(p.inject_fault, p.replicas, t.steps))
+        self.participant, self.hold_s = participant, HANG_TIMEOUTS * p.comm_timeout_s
+
+    def fires(self, kind: str, step: int) -> bool:
+        fault = Fault(kind, self.participant.group, step)
+        return fault in self.faults and self.participant.first_time(f"{kind}/{step}")
+
+    def reduction(self, quorum: Quorum, step: int) -> Reduction:
+        """The reduction of `step` (0-based), as its faults make it."""
+        if self.fires("kill", step + 1):
+            group = self.participant.group
+            log.warning("injected kill of replica group %d at step %d", group, step + 1)
+            os._exit(KILLED_EXIT)
+        hold = self.hold_s if self.fires("hang", step + 1) else 0.0
+        return Reduction(self.participant, quorum, self.fires("allreduce-error", step + 1), hold)
+
+
+def _join(
+    engine: Engine, optimizer: Any, participant: Participant, quorum: Quorum, step: int
+) -> int | None:
+    """The step this group computes in the round, or None when copying the state to a
+    group behind failed (a peer died): then this group has voted the round down."""
+    try:
+        return _healed(engine, optimizer, participant, quorum, step)
+    except RuntimeError as e:
+        log.warning("round %d: copying the state failed: %s", quorum.round, e)
+        participant.vote(quorum, False)
+        return None
 
 
 def _healed(
