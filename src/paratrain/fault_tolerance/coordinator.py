@@ -22,9 +22,10 @@ import torch.distributed as dist
 from paratrain.fault_tolerance.quorum import Decision, Quorum, decide, samples
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
-# The coordinator polls the store: often enough that a round waits little for it, seldom
-# enough that its thread costs the groups' cores little (a few store calls per poll).
-POLL_S = 0.005
+# The coordinator waits on the store for the messages it expects, and looks again at least
+# this often (for heartbeats gone silent, agents exited): a few store calls per poll, so
+# its thread costs the groups' cores little.
+POLL_S = 0.02
 BEAT_READ_S = 0.05
 END = -1  # a quorum with this step and no participants: the run is over
 
@@ -173,8 +174,19 @@ class Coordinator:
                         return decision
                 if not waiting and self._nobody_else_can_come(asks):
                     return None  # e.g. relaunched after the others finished: nothing to join
+                if waiting:  # the asks awaited, or a poll's time: whichever comes first
+                    self._wait_any([f"ask/{r}/{g}" for g in waiting])
+                    continue
             time.sleep(POLL_S)
         return None
+
+    def _wait_any(self, keys: list[str]) -> None:
+        """Until every key is set or POLL_S passes: a round decided as soon as its last
+        message lands, not at the next poll."""
+        try:
+            self.store.wait(keys, timedelta(seconds=POLL_S))
+        except (RuntimeError, dist.DistStoreError):  # the poll's time passed: look again
+            pass
 
     def _nobody_else_can_come(self, asks: dict[int, int]) -> bool:
         """Every group that has not asked is gone for good (finished, or its agent has
@@ -203,7 +215,9 @@ class Coordinator:
             silent = [g for g in quorum.participants if g not in votes and not self._alive(g, now)]
             if silent and self.script is None:
                 return False
-            time.sleep(POLL_S)
+            self._wait_any(
+                [f"vote/{quorum.round}/{g}" for g in quorum.participants if g not in votes]
+            )
 
     def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
         used = {

@@ -29,7 +29,9 @@ def group_dir(run_dir: Path, group: int) -> Path:
 def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
     """Train this rank of replica group `group.group`; its rank 0 records the group's steps
     and summary (the launcher makes the run's from them)."""
-    torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // env.local_world_size))
+    # Every group's workers share this machine's cores (--nproc is all of them, checked):
+    # split by the group's own local size, two groups of one would each take every core.
+    torch.set_num_threads(max(1, (torch.get_num_threads() or 1) // cfg.parallel.nproc))
     init_process_group(cfg, env)  # this group's world: env.world_size = the group's ranks
     inner = group_config(cfg)
     p = inner.parallel
