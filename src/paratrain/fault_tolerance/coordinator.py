@@ -22,10 +22,10 @@ import torch.distributed as dist
 from paratrain.fault_tolerance.quorum import Decision, Quorum, decide, samples
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
-# The coordinator waits on the store for the messages it expects, and looks again at least
-# this often (for heartbeats gone silent, agents exited): a few store calls per poll, so
-# its thread costs the groups' cores little.
-POLL_S = 0.02
+# The coordinator polls the store: often enough that a round waits little for it, seldom
+# enough that its thread costs the groups' cores little (a few store calls per poll). Not
+# `store.wait` with a short timeout: torch logs two warnings for every wait that times out.
+POLL_S = 0.005
 BEAT_READ_S = 0.05
 END = -1  # a quorum with this step and no participants: the run is over
 
@@ -174,19 +174,8 @@ class Coordinator:
                         return decision
                 if not waiting and self._nobody_else_can_come(asks):
                     return None  # e.g. relaunched after the others finished: nothing to join
-                if waiting:  # the asks awaited, or a poll's time: whichever comes first
-                    self._wait_any([f"ask/{r}/{g}" for g in waiting])
-                    continue
             time.sleep(POLL_S)
         return None
-
-    def _wait_any(self, keys: list[str]) -> None:
-        """Until every key is set or POLL_S passes: a round decided as soon as its last
-        message lands, not at the next poll."""
-        try:
-            self.store.wait(keys, timedelta(seconds=POLL_S))
-        except (RuntimeError, dist.DistStoreError):  # the poll's time passed: look again
-            pass
 
     def _nobody_else_can_come(self, asks: dict[int, int]) -> bool:
         """Every group that has not asked is gone for good (finished, or its agent has
@@ -215,9 +204,7 @@ class Coordinator:
             silent = [g for g in quorum.participants if g not in votes and not self._alive(g, now)]
             if silent and self.script is None:
                 return False
-            self._wait_any(
-                [f"vote/{quorum.round}/{g}" for g in quorum.participants if g not in votes]
-            )
+            time.sleep(POLL_S)
 
     def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
         used = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import cast
@@ -84,17 +85,15 @@ class Participant:
         return quorum
 
     def _wait(self, key: str) -> None:
-        """The key, or the coordinator's error if it failed."""
-        while True:
-            try:
-                self.store.wait([key], timedelta(seconds=1))
-                return
-            except (RuntimeError, dist.DistStoreError):  # a timeout: is the coordinator alive?
-                if self.store.check(["quorum/error"]):
-                    raise RuntimeError(
-                        "the fault-tolerance coordinator failed: "
-                        + self.store.get("quorum/error").decode()
-                    ) from None
+        """Until the key is set, or the coordinator's error. Polled, from 0.2 ms up to 5 ms
+        apart: torch logs two warnings for every `store.wait` that times out."""
+        delay = 0.0002
+        while not self.store.check([key]):
+            if self.store.check(["quorum/error"]):
+                error = self.store.get("quorum/error").decode()
+                raise RuntimeError(f"the fault-tolerance coordinator failed: {error}")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.005)
 
     def first_time(self, key: str) -> bool:
         """True the first time any incarnation of this group asks about `key` (collective
