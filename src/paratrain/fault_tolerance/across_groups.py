@@ -17,7 +17,8 @@ def mean_across(engine: Engine, across: CommGroup, loss: float, tokens: int) -> 
     """Each group's gradient is its own tokens' mean; weighted by the group's tokens and
     summed over the participants it is the mean over all their tokens. Returns the mean
     loss and the tokens of the participants."""
-    totals = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64)
+    # On the host: `across` is gloo, made from the coordinator's store (participant.py)
+    totals = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64, device="cpu")
     comm.all_reduce(totals, across)
     total_tokens = float(totals[1])
     for r in engine.replicas:

@@ -32,7 +32,7 @@ from paratrain.fault_tolerance.participant import Participant
 from paratrain.fault_tolerance.quorum import Fault, Quorum, parse_faults
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
-from paratrain.train.loop import build_training, finish_training
+from paratrain.train.loop import build_training, checkpoint_due, finish_training
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
 from paratrain.train.step import train_step
 
@@ -130,7 +130,7 @@ def train_in_rounds(
         if on_step is not None:
             on_step(metrics[-1])
         step += 1
-        due = step == t.steps or (t.checkpoint_every > 0 and step % t.checkpoint_every == 0)
+        due = step == t.steps or checkpoint_due(step, t.checkpoint_every)
         if run_dir is not None and due and me == quorum.participants[0]:
             checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
                             t.keep_checkpoints)  # fmt: skip
@@ -181,9 +181,8 @@ def _healed(
 ) -> int:
     """The step this group computes in `quorum`: its own, or, when a participant is behind,
     the others' after every participant has taken part in copying the state to it."""
-    if not quorum.heal:
-        if step != quorum.step:
-            raise RuntimeError(f"round {quorum.round}: step {quorum.step + 1}, not {step + 1}")
+    if not quorum.heal:  # `decide` computes the furthest step and heals every group behind
+        assert step == quorum.step, f"round {quorum.round}: step {quorum.step + 1}, not {step + 1}"
         return step
     (source,) = {s for _, s in quorum.heal}
     behind = participant.group in dict(quorum.heal)

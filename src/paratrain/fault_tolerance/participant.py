@@ -104,7 +104,7 @@ class Participant:
     def vote(self, quorum: Quorum, ok: bool) -> bool:
         """Say whether this group's round succeeded (every rank of it); True when the
         coordinator committed the round: every participant succeeded."""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device="cpu")  # control: gloo
         comm.all_reduce(flag, self.mesh.control, op="min")
         committed = None
         if self.leader:

@@ -85,7 +85,9 @@ def train(
             # the user is told once, by the stop's line, which names this checkpoint
             log.debug("stop requested: saving a checkpoint after step %d", step + 1)
             stopped_at = step + 1
-        if run_dir is not None and (last or stopped_at or _due(step + 1, t.checkpoint_every)):
+        if run_dir is not None and (
+            last or stopped_at or checkpoint_due(step + 1, t.checkpoint_every)
+        ):
             keep, fingerprint, announce = t.keep_checkpoints, data.fingerprint, not stopped_at
             checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, fingerprint, keep,
                             announce=announce)  # fmt: skip
@@ -112,7 +114,7 @@ def build_training(
     return engine, optimizer, first, LrSchedule.of(cfg, rewarm)
 
 
-def _due(done: int, every: int) -> bool:
+def checkpoint_due(done: int, every: int) -> bool:
     return every > 0 and done % every == 0
 
 
