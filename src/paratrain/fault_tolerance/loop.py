@@ -130,8 +130,7 @@ def train_in_rounds(
         if on_step is not None:
             on_step(metrics[-1])
         step += 1
-        due = step == t.steps or checkpoint_due(step, t.checkpoint_every)
-        if run_dir is not None and due and me == quorum.participants[0]:
+        if run_dir is not None and checkpoint_due(step, t) and me == quorum.participants[0]:
             checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
                             t.keep_checkpoints)  # fmt: skip
     digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout

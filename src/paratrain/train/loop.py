@@ -17,7 +17,7 @@ from torch import nn
 
 from paratrain import checkpoint
 from paratrain.checkpoint import Checkpoint
-from paratrain.config import RunConfig
+from paratrain.config import RunConfig, TrainConfig
 from paratrain.data.document_rows import training_rows, validation_rows
 from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
@@ -85,9 +85,7 @@ def train(
             # the user is told once, by the stop's line, which names this checkpoint
             log.debug("stop requested: saving a checkpoint after step %d", step + 1)
             stopped_at = step + 1
-        if run_dir is not None and (
-            last or stopped_at or checkpoint_due(step + 1, t.checkpoint_every)
-        ):
+        if run_dir is not None and (stopped_at or checkpoint_due(step + 1, t)):
             keep, fingerprint, announce = t.keep_checkpoints, data.fingerprint, not stopped_at
             checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, fingerprint, keep,
                             announce=announce)  # fmt: skip
@@ -114,8 +112,9 @@ def build_training(
     return engine, optimizer, first, LrSchedule.of(cfg, rewarm)
 
 
-def checkpoint_due(done: int, every: int) -> bool:
-    return every > 0 and done % every == 0
+def checkpoint_due(done: int, t: TrainConfig) -> bool:
+    """After `done` steps: the last step, and every t.checkpoint_every (0: never)."""
+    return done == t.steps or (t.checkpoint_every > 0 and done % t.checkpoint_every == 0)
 
 
 def finish_training(
