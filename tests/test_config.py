@@ -282,6 +282,7 @@ INEFFECTIVE = {
         ["--heartbeat-timeout-s", "2"], HSDP, [*HSDP, "--fault-tolerance"]
     ),
     "parallel.inject_fault": (["--inject-fault", "kill:1:2"], HSDP, [*HSDP, "--fault-tolerance"]),
+    "parallel.ft_data": (["--ft-data", "replay"], HSDP, [*HSDP, "--fault-tolerance"]),
     "train.lr_base_batch": (["--lr-base-batch", "32"], [], ["--lr-scaling", "linear"]),
     "train.loss_scale": (["--loss-scale", "1024"], [], ["--dtype", "float16"]),
     "train.trace": (["--trace"], [], ["--pp", "2"]),

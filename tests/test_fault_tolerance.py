@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.fault_tolerance.quorum import Fault, decide, parse_faults, quorum_size, samples
+from paratrain.config import RunConfig
+from paratrain.fault_tolerance.launch import dropped_slices
+from paratrain.fault_tolerance.quorum import (
+    Fault,
+    assign_slots,
+    decide,
+    parse_faults,
+    quorum_size,
+    samples,
+)
 from tests.test_reliability_cli import finish, refused, start
 
 HEARTBEAT_S = 2.0  # a group late to ask by this much under load is left out of a round
@@ -45,9 +54,26 @@ def test_a_round_computes_the_furthest_step_and_heals_the_groups_behind_it():
 
 
 def test_each_group_trains_its_own_slice_of_each_step():
-    slices = [samples(step, g, 12, 3) for step in range(4) for g in range(3)]
+    slices = [samples(slot, 12, 3) for slot in range(12)]
     assert slices[0] == (0, 4) and slices[-1] == (44, 48)
     assert all(a[1] == b[0] for a, b in zip(slices, slices[1:], strict=False))  # disjoint, in order
+    # --ft-data drop: a group's own slice of the step; an absent group's is skipped
+    assert assign_slots(5, (0, 2), 3, "drop", committed=14) == (15, 17)
+    # replay: the next slices not yet trained, whoever is there
+    assert assign_slots(5, (0, 2), 3, "replay", committed=14) == (14, 15)
+
+
+def test_the_samples_dropped_are_the_slices_no_committed_round_trained():
+    def round_(step: int, slots: dict[int, int], mode: str) -> dict:
+        used = {str(g): list(samples(s, 12, 3)) for g, s in slots.items()}
+        return {"step": step, "samples": used, "ft_data": mode, "committed": True}
+
+    cfg = RunConfig()
+    cfg.parallel.replicas, cfg.train.global_batch = 3, 12
+    drop = [round_(0, {0: 0, 1: 1, 2: 2}, "drop"), round_(1, {0: 3, 2: 5}, "drop")]
+    assert dropped_slices(cfg, drop) == [[2, 1, 16, 20]]  # step 2's slice of group 1
+    replay = [round_(0, {0: 0, 1: 1, 2: 2}, "replay"), round_(1, {0: 3, 2: 4}, "replay")]
+    assert dropped_slices(cfg, replay) == []  # slot 5 is the next round's
 
 
 def test_faults_are_parsed_and_checked():
@@ -78,6 +104,7 @@ def test_bad_fault_tolerance_input_is_refused_with_one_line(tmp_path):
                 "participants": [0, 1],
                 "committed": True,
                 "samples": {"0": [0, 6], "1": [6, 12]},
+                "ft_data": "drop",
             }
         )
         + "\n"  # fmt: skip
@@ -105,6 +132,17 @@ def test_bad_fault_tolerance_input_is_refused_with_one_line(tmp_path):
             "--pp 2 is not supported yet",
         ),  # fmt: skip
         ([*THREE_GROUPS, "--fault-tolerance", "--replay-quorum", str(record)], "samples"),
+        (
+            [
+                *THREE_GROUPS,
+                "--fault-tolerance",
+                "--ft-data",
+                "replay",
+                "--replay-quorum",
+                str(record),
+            ],
+            "drop --ft-data replay",
+        ),  # fmt: skip
         (
             [*THREE_GROUPS, "--fault-tolerance", "--replay-quorum", str(tmp_path / "none")],
             "cannot read it",
@@ -151,7 +189,8 @@ def test_a_killed_group_is_dropped_healed_and_the_run_equals_its_replay(
 ):
     ft = [*FT, "--min-replicas", "1", "--max-restarts", "1"]
     out = tmp_path / "faults"
-    summary = run(out, *layout, *ft, "--inject-fault", faults)
+    each = [arg for fault in faults.split(",") for arg in ("--inject-fault", fault)]
+    summary = run(out, *layout, *ft, *each)  # the flag repeated: each use adds its faults
     record = rounds(out)
     groups = int(layout[layout.index("--replicas") + 1])
 
@@ -202,6 +241,33 @@ def test_a_killed_group_is_dropped_healed_and_the_run_equals_its_replay(
         "--replay-quorum", str(out / "quorum.jsonl"))  # fmt: skip
     assert digests(replay) == digests(out)
     assert [r["participants"] for r in rounds(replay)] == [r["participants"] for r in committed]
+
+
+@pytest.mark.e2e
+def test_with_ft_data_replay_the_samples_of_a_killed_group_are_trained_later(tmp_path):
+    """--ft-data replay: group 1, killed at step 5, does not train its slice of it; the
+    rounds train the stream in order, so that slice is trained by a survivor later and no
+    slice is dropped or trained twice. The replay of the record ends bitwise equal."""
+    ft = [*FT, "--min-replicas", "1", "--max-restarts", "1", "--ft-data", "replay"]
+    out = tmp_path / "faults"
+    summary = run(out, *THREE_GROUPS, *ft, "--inject-fault", "kill:1:5")
+    committed = [r for r in rounds(out) if r["committed"]]
+    assert [r["step"] for r in committed] == list(range(STEPS))
+    used = sorted(tuple(s) for r in committed for s in r["samples"].values())
+    assert len(used) < 3 * STEPS  # some round went on without the killed group
+    assert used == [samples(slot, 12, 3) for slot in range(len(used))]  # in order, none skipped
+    assert samples(4 * 3 + 1, 12, 3) in used  # the killed group's slice of step 5
+    ft_record = summary["fault_tolerance"]
+    assert ft_record["dropped_samples"] == 0 and ft_record["reused_samples"] == 0
+    assert ft_record["trained_samples"] == 4 * len(used)
+
+    replay = tmp_path / "replay"
+    run(replay, *THREE_GROUPS, *FT, "--min-replicas", "1",
+        "--replay-quorum", str(out / "quorum.jsonl"))  # fmt: skip
+    assert digests(replay) == digests(out) and len(digests(out)) == 1
+    assert (
+        json.loads((replay / "summary.json").read_text())["fault_tolerance"]["ft_data"] == "replay"
+    )
 
 
 @pytest.mark.e2e

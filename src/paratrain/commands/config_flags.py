@@ -48,13 +48,30 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         group, kind = groups[entry.section], entry.kind
         dest, help_text = entry.key, help_line(entry)
         if kind is bool:  # --flag / --no-flag
-            action = argparse.BooleanOptionalAction
-            group.add_argument(entry.flag, dest=dest, default=None, action=action, help=help_text)
+            on_off = argparse.BooleanOptionalAction
+            group.add_argument(entry.flag, dest=dest, default=None, action=on_off, help=help_text)
             continue
         metavar = kind.__name__.upper()
+        action = JoinRepeated if entry.facts.repeatable else "store"
         group.add_argument(
-            entry.flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text
+            entry.flag,
+            dest=dest,
+            type=kind,
+            default=None,
+            metavar=metavar,
+            help=help_text,
+            action=action,
         )
+
+
+class JoinRepeated(argparse.Action):
+    """A repeatable flag of a comma-separated list: `--f a --f b,c` gives 'a,b,c'."""
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        before = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

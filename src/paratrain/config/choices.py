@@ -15,6 +15,7 @@ COMM_ORDERS = ("gloo", "nccl")  # comm/ordering.py
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async")
+FT_DATA = ("drop", "replay")  # fault_tolerance/quorum.py: assign_slots
 DC_MODES = ("constant", "adaptive")  # DC-ASGD-c and DC-ASGD-a (parallel/data_parallel/dc_asgd.py)
 LR_SCALINGS = ("none", "linear", "sqrt")
 OPTIMIZERS = ("adamw", "muon")  # parallel/data_parallel/adamw.py, muon.py

@@ -36,6 +36,7 @@ class Facts:
     effect: Effect | None = None  # None: it always matters
     flag: str | None = None  # None: --name-with-dashes
     default_means: str | None = None  # the default in words, where its value says little
+    repeatable: bool = False  # a comma-separated list that each use of the flag adds to
 
 
 _FACTS = "paratrain"  # the metadata key

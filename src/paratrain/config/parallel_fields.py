@@ -13,6 +13,7 @@ from paratrain.config.choices import (
     DC_MODES,
     DEVICES,
     DP_MODES,
+    FT_DATA,
     SCHEDULES,
     ZERO2_ACCUMULATE,
     ZERO_STAGES,
@@ -191,12 +192,21 @@ class ParallelConfig:
         above=0,
         effect=FAULT_TOLERANCE,
     )
+    ft_data: str = param(
+        "drop",
+        "Fault tolerance: what becomes of the samples of a group out of a round: drop them"
+        " (each step trains its own batch), or replay them (each round trains the next"
+        " samples not yet trained, so none is lost).",
+        choices=FT_DATA,
+        effect=FAULT_TOLERANCE,
+    )
     inject_fault: str = param(
         "",
-        "Fault tolerance: faults to inject, KIND:GROUP:STEP[,...]; KIND kill (the group's"
-        " workers exit before their backward), hang (it holds its cross-group reduction"
-        " for two --comm-timeout-s) or allreduce-error (its reduction fails once).",
+        "Fault tolerance: faults to inject, KIND:GROUP:STEP[,...] (repeatable); KIND kill"
+        " (the group's workers exit before their backward), hang (it holds its cross-group"
+        " reduction for two --comm-timeout-s) or allreduce-error (its reduction fails once).",
         default_means="none",
+        repeatable=True,
         effect=FAULT_TOLERANCE,
     )
     replay_quorum: str = param(

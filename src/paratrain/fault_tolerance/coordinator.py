@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
-from paratrain.fault_tolerance.quorum import Decision, Quorum, decide, samples
+from paratrain.fault_tolerance.quorum import Decision, Quorum, assign_slots, decide, samples
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
 # The coordinator polls the store: often enough that a round waits little for it, seldom
@@ -43,6 +43,7 @@ class Script:
     def __init__(self, path: Path) -> None:
         lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
         self.rounds = [d for d in lines if d.get("committed")]
+        self.ft_data = self.rounds[0]["ft_data"]  # the record's: it says what was dropped
 
     def decision(self, index: int, asks: dict[int, int]) -> Decision | None:
         """The index-th committed round once its participants have asked; None before."""
@@ -57,7 +58,8 @@ class Script:
                 f"replay: round {want['round']} of the record computes step {want['step'] + 1}, "
                 f"but its participants are at step {decision.step + 1}"
             )
-        return decision
+        used = [want["samples"][str(g)] for g in decision.participants]
+        return replace(decision, slots=tuple(lo // (hi - lo) for lo, hi in used))
 
 
 class Coordinator:
@@ -70,11 +72,13 @@ class Coordinator:
         heartbeat_timeout_s: float,
         log_path: Path,
         global_batch: int,
+        ft_data: str,
         script: Script | None = None,
     ) -> None:
         self.replicas, self.min_replicas = replicas, min_replicas
         self.timeout_s, self.log_path = heartbeat_timeout_s, log_path
         self.global_batch, self.script = global_batch, script
+        self.ft_data = script.ft_data if script is not None else ft_data
         self.store = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
         )
@@ -118,7 +122,7 @@ class Coordinator:
             self.store.set("quorum/error", str(e))
 
     def _rounds(self) -> None:
-        r, generation, previous = 0, 0, None
+        r, generation, previous, trained = 0, 0, None, 0  # trained: slices committed
         with self.log_path.open("a") as log:
             while not self._stop.is_set():
                 self.store.set("round", str(r))
@@ -128,7 +132,11 @@ class Coordinator:
                     return
                 if previous is not None and decision.participants != previous:
                     generation += 1
-                quorum = Quorum(r, decision.step, generation, decision.participants, decision.heal)
+                step, participants = decision.step, decision.participants
+                slots = decision.slots or assign_slots(
+                    step, participants, self.replicas, self.ft_data, trained
+                )
+                quorum = Quorum(r, step, generation, participants, decision.heal, slots)
                 self.store.set(f"quorum/{r}", quorum.to_json())
                 decided = time.monotonic() - self.started
                 committed = self._wait_for_votes(quorum)
@@ -138,7 +146,9 @@ class Coordinator:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 previous = decision.participants
-                if not committed:
+                if committed:
+                    trained += len(slots)
+                else:
                     generation += 1  # a failed gloo group is not reused
                 r += 1
 
@@ -208,8 +218,8 @@ class Coordinator:
 
     def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
         used = {
-            str(g): list(samples(quorum.step, g, self.global_batch, self.replicas))
-            for g in quorum.participants
+            str(g): list(samples(slot, self.global_batch, self.replicas))
+            for g, slot in zip(quorum.participants, quorum.slots, strict=True)
         }
         return {
             "round": quorum.round,
@@ -219,4 +229,5 @@ class Coordinator:
             "heal": [list(pair) for pair in quorum.heal],
             "committed": committed,
             "samples": used,
+            "ft_data": self.ft_data,
         }

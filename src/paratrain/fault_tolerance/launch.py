@@ -34,6 +34,7 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
         p.heartbeat_timeout_s,
         run_dir / QUORUM_FILE,
         cfg.train.global_batch,
+        p.ft_data,
         script,
     )
     env = os.environ | {COORDINATOR_VAR: coordinator.address}
@@ -91,34 +92,54 @@ def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str
 
 
 def protocol_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
-    """Rounds, commits, each group's exit status, and the samples that committed steps did
-    not train because their group was out of the round."""
+    """Rounds, commits, each group's exit status, and the samples that committed steps
+    trained and dropped (under --ft-data drop, the slices of groups out of a round)."""
     lines = (run_dir / QUORUM_FILE).read_text().splitlines()
     rounds = [json.loads(s) for s in lines if s.strip()]
-    p, g_batch = cfg.parallel, cfg.train.global_batch
-    dropped = [
-        [r["step"] + 1, g, *samples(r["step"], g, g_batch, p.replicas)]
-        for r in rounds
-        if r["committed"]
-        for g in range(p.replicas)
-        if g not in r["participants"]
-    ]
+    committed = [r for r in rounds if r["committed"]]
+    trained = [tuple(s) for r in committed for s in r["samples"].values()]
+    sizes = [hi - lo for lo, hi in trained]
+    dropped = dropped_slices(cfg, committed)
     return {
         "rounds": len(rounds),
-        "committed": sum(r["committed"] for r in rounds),
-        "aborted": sum(not r["committed"] for r in rounds),
+        "committed": len(committed),
+        "aborted": len(rounds) - len(committed),
         "group_exits": {str(g): code for g, code in sorted(exits.items())},
+        "ft_data": committed[0]["ft_data"] if committed else cfg.parallel.ft_data,
+        "trained_samples": sum(sizes),
+        "reused_samples": sum(sizes) - sum(hi - lo for lo, hi in set(trained)),
         "dropped_samples": sum(hi - lo for *_, lo, hi in dropped),
-        "dropped": dropped,  # [step, group, lo, hi): the sample stream's positions
+        "dropped": dropped,  # [step, group, lo, hi): the step and group the slice was for
         "quorum_log": str(run_dir / QUORUM_FILE),
     }
+
+
+def dropped_slices(cfg: RunConfig, committed: list[dict[str, Any]]) -> list[list[int]]:
+    """The stream's slices that no committed round trained, up to where the rounds took
+    the stream: the end of the last step's batch (drop), or the last slice trained
+    (replay, which trains the slices in order: none is dropped)."""
+    p, batch = cfg.parallel, cfg.train.global_batch
+    if not committed:
+        return []
+    per_group = batch // p.replicas
+    trained = {lo // per_group for r in committed for lo, _ in r["samples"].values()}
+    if committed[0]["ft_data"] == "replay":
+        end = max(trained) + 1
+    else:
+        end = (max(r["step"] for r in committed) + 1) * p.replicas
+    return [
+        [slot // p.replicas + 1, slot % p.replicas, *samples(slot, batch, p.replicas)]
+        for slot in range(end)
+        if slot not in trained
+    ]
 
 
 def protocol_line(ft: dict[str, Any]) -> str:
     exits = ", ".join(f"group {g} exit {c}" for g, c in ft["group_exits"].items() if c)
     return (
         f"fault tolerance: {ft['committed']} steps committed in {ft['rounds']} rounds "
-        f"({ft['aborted']} aborted); {ft['dropped_samples']} samples dropped"
+        f"({ft['aborted']} aborted); {ft['trained_samples']} samples trained, "
+        f"{ft['dropped_samples']} dropped (--ft-data {ft['ft_data']})"
         + (f"; {exits}" if exits else "")
         + f"; rounds in {ft['quorum_log']}"
     )

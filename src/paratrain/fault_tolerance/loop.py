@@ -4,10 +4,11 @@ The same build, step and finish as train/loop.py, with three differences: each s
 first asks the coordinator for its round (and sits out a round that leaves it out); the
 gradient is summed over the round's participants inside the step, and the update happens
 only if the round commits (an aborted round restores the random generator, so computing
-the step again draws what it drew); a group behind the others heals first. Each group
-trains its own slice of each step's global batch, so a group that is out of a round
-drops its slice, which quorum.jsonl names.
-"""
+the step again draws what it drew); a group behind the others heals first. Each
+participant trains the slice of the sample stream its round assigns (quorum.assign_slots):
+under --ft-data drop its own slice of the step's global batch, which is dropped when the
+group is out of the round; under replay the next slice not yet trained. quorum.jsonl
+names them."""
 
 from __future__ import annotations
 
@@ -117,7 +118,10 @@ def train_in_rounds(
         if joined is None:
             continue
         step, rng = joined, torch.get_rng_state()
-        rows = sampler.replica_microbatches(step, me * per_group + dp.rank, p.dp, t.micro_batch)
+        batch, slice_ = divmod(quorum.slot_of(me), p.replicas)  # the slice of the stream
+        rows = sampler.replica_microbatches(
+            batch, slice_ * per_group + dp.rank, p.dp, t.micro_batch
+        )
         micro_batches = on_device(rows, mesh.device)
         timer.data_done()
         reduce = faults.reduction(quorum, step)  # an injected kill ends the process here

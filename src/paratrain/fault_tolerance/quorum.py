@@ -20,6 +20,7 @@ class Quorum:
         index here.
     heal: (group, source) pairs: the group is behind and copies the whole training state
         from the source before computing.
+    slots: per participant, the slice of the sample stream it trains (`samples`).
     """
 
     round: int
@@ -27,6 +28,10 @@ class Quorum:
     generation: int
     participants: tuple[int, ...]
     heal: tuple[tuple[int, int], ...] = ()
+    slots: tuple[int, ...] = ()
+
+    def slot_of(self, group: int) -> int:
+        return self.slots[self.participants.index(group)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -35,7 +40,8 @@ class Quorum:
     def from_json(cls, text: str) -> Quorum:
         d = json.loads(text)
         heal = tuple((int(g), int(s)) for g, s in d["heal"])
-        return cls(d["round"], d["step"], d["generation"], tuple(d["participants"]), heal)
+        participants, slots = tuple(d["participants"]), tuple(d["slots"])
+        return cls(d["round"], d["step"], d["generation"], participants, heal, slots)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Decision:
     step: int
     participants: tuple[int, ...]
     heal: tuple[tuple[int, int], ...]
+    slots: tuple[int, ...] = ()  # a replay's, from its record; else `assign_slots` gives them
 
 
 def quorum_size(min_replicas: int) -> int:
@@ -62,12 +69,23 @@ def decide(asks: dict[int, int], min_replicas: int) -> Decision | None:
     return Decision(step, tuple(sorted(asks)), heal)
 
 
-def samples(step: int, group: int, global_batch: int, replicas: int) -> tuple[int, int]:
-    """[lo, hi): the positions in the sample stream that `group` trains at `step` (the
-    sampler's step-th global batch, cut into one slice per group in group order)."""
+def assign_slots(
+    step: int, participants: tuple[int, ...], replicas: int, ft_data: str, committed: int
+) -> tuple[int, ...]:
+    """The stream slice each participant trains. The stream is the sampler's global batches
+    in order, each cut into one slice per group: slot s is group s % R's slice of batch
+    s // R. `drop`: each group its own slice of the step, so an absent group's is never
+    trained. `replay`: the next slices after the `committed` ones, in participant order,
+    so every slice is trained exactly once (later, when a group was absent)."""
+    if ft_data == "replay":
+        return tuple(range(committed, committed + len(participants)))
+    return tuple(step * replicas + g for g in participants)
+
+
+def samples(slot: int, global_batch: int, replicas: int) -> tuple[int, int]:
+    """[lo, hi): the positions in the sample stream of slice `slot`."""
     per_group = global_batch // replicas
-    lo = step * global_batch + group * per_group
-    return lo, lo + per_group
+    return slot * per_group, (slot + 1) * per_group
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from paratrain.config import RunConfig
-from paratrain.fault_tolerance.quorum import parse_faults, samples
+from paratrain.config.choices import FT_DATA
+from paratrain.fault_tolerance.quorum import parse_faults
 
 
 def fault_tolerance_rules(cfg: RunConfig) -> None:
@@ -41,12 +42,16 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
     if p.replay_quorum:
         if p.inject_fault:
             raise ValueError("--replay-quorum trains without failures: drop --inject-fault")
+        if p.ft_data != "drop":
+            raise ValueError(
+                f"--replay-quorum trains the samples its record names: drop --ft-data {p.ft_data}"
+            )
         check_record(Path(p.replay_quorum), cfg)
 
 
 def check_record(path: Path, cfg: RunConfig) -> None:
     """A quorum.jsonl whose committed rounds this run can train: its groups exist, its steps
-    are within --steps, and its samples are the slices this layout gives each group."""
+    are within --steps, and its samples are slices of this layout's stream."""
     p, t = cfg.parallel, cfg.train
     flag = f"--replay-quorum {str(path)!r}"
     try:
@@ -60,18 +65,24 @@ def check_record(path: Path, cfg: RunConfig) -> None:
         raise ValueError(f"{flag}: no committed round to replay")
     for r in committed:
         try:
-            step, groups, used = r["step"], r["participants"], r["samples"]
+            step, groups, used, mode = r["step"], r["participants"], r["samples"], r["ft_data"]
         except KeyError as e:
             raise ValueError(f"{flag}: round without {e}: not a quorum.jsonl") from None
+        if mode != committed[0]["ft_data"] or mode not in FT_DATA:
+            raise ValueError(
+                f"{flag}: round {r.get('round')} has ft_data {mode!r}: not a quorum.jsonl"
+            )
         if not 0 <= step < t.steps or any(not 0 <= g < p.replicas for g in groups):
             raise ValueError(
                 f"{flag}: round {r.get('round')} (step {step + 1}, groups {groups}) does not "
                 f"fit this run's --steps {t.steps} and --replicas {p.replicas}"
             )
+        per_group = t.global_batch // p.replicas
         for g in groups:
-            if used.get(str(g)) != list(samples(step, g, t.global_batch, p.replicas)):
+            lo, hi = used.get(str(g)) or (0, 0)
+            if hi - lo != per_group or lo % per_group:
                 raise ValueError(
                     f"{flag}: round {r.get('round')} gave group {g} samples {used.get(str(g))}, "
-                    f"not this run's {list(samples(step, g, t.global_batch, p.replicas))}: "
-                    "it was recorded with another --global-batch or --replicas"
+                    f"not a slice of this run's stream ({per_group} samples from a multiple of "
+                    f"{per_group}): it was recorded with another --global-batch or --replicas"
                 )
