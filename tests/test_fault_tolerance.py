@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,11 @@ from paratrain.config import RunConfig
 from paratrain.fault_tolerance.launch import dropped_slices
 from paratrain.fault_tolerance.quorum import (
     Fault,
+    Quorum,
     assign_slots,
+    computes_the_same,
     decide,
+    following,
     parse_faults,
     quorum_size,
     samples,
@@ -61,6 +65,20 @@ def test_each_group_trains_its_own_slice_of_each_step():
     assert assign_slots(5, (0, 2), 3, "drop", committed=14) == (15, 17)
     # replay: the next slices not yet trained, whoever is there
     assert assign_slots(5, (0, 2), 3, "replay", committed=14) == (14, 15)
+
+
+def test_a_group_computes_ahead_the_round_after_the_last_and_checks_it_was_that_one():
+    last = Quorum(round=7, step=4, generation=2, participants=(0, 2), slots=(14, 15))
+    after = following(last, committed=True, replicas=3, ft_data="replay")
+    assert (after.round, after.step, after.generation, after.slots) == (8, 5, 2, (16, 17))
+    again = following(last, committed=False, replicas=3, ft_data="drop")
+    assert (again.step, again.generation, again.slots) == (4, 3, (12, 14))  # a new gloo group
+    assert computes_the_same(after, after, 2)
+    assert computes_the_same(replace(after, participants=(2,), slots=(17,)), after, 2)
+    assert not computes_the_same(replace(after, slots=(16, 18)), after, 2)  # another slice
+    assert not computes_the_same(replace(after, heal=((1, 0),)), after, 2)  # heal first
+    assert not computes_the_same(replace(after, step=6), after, 2)
+    assert not computes_the_same(replace(after, participants=(0,), slots=(16,)), after, 2)
 
 
 def test_the_samples_dropped_are_the_slices_no_committed_round_trained():

@@ -22,11 +22,13 @@ import torch.distributed as dist
 from paratrain.fault_tolerance.quorum import Decision, Quorum, assign_slots, decide, samples
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
-# The coordinator polls the store: often enough that a round waits little for it, seldom
-# enough that its thread costs the groups' cores little (a few store calls per poll). Not
-# `store.wait` with a short timeout: torch logs two warnings for every wait that times out.
-POLL_S = 0.005
-BEAT_READ_S = 0.05
+# The coordinator polls the store: every POLL_S one call asks whether every key it waits
+# for is there (so a round waits little for it, and its thread costs the groups' cores
+# little); every LOOK_S it also reads the heartbeats and the keys one by one (a failed
+# vote, a silent group). Not `store.wait` with a short timeout: torch logs two warnings
+# for every wait that times out.
+POLL_S = 0.001
+LOOK_S = 0.05
 END = -1  # a quorum with this step and no participants: the run is over
 
 
@@ -62,6 +64,11 @@ class Script:
         return replace(decision, slots=tuple(lo // (hi - lo) for lo, hi in used))
 
 
+def ft_data_of(replay_quorum: str, ft_data: str) -> str:
+    """How the run's rounds assign samples: its --ft-data, or its record's in a replay."""
+    return Script(Path(replay_quorum)).ft_data if replay_quorum else ft_data
+
+
 class Coordinator:
     """Run by the launcher: `address` is what the groups connect to; `close` ends it."""
 
@@ -77,8 +84,7 @@ class Coordinator:
     ) -> None:
         self.replicas, self.min_replicas = replicas, min_replicas
         self.timeout_s, self.log_path = heartbeat_timeout_s, log_path
-        self.global_batch, self.script = global_batch, script
-        self.ft_data = script.ft_data if script is not None else ft_data
+        self.global_batch, self.ft_data, self.script = global_batch, ft_data, script
         self.store = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
         )
@@ -86,6 +92,7 @@ class Coordinator:
         self.beats = [Beat() for _ in range(replicas)]
         self.started = time.monotonic()
         self.exited: set[int] = set()  # groups whose agent has exited: never coming back
+        self.round = 0  # the round being decided
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ft-coordinator", daemon=True)
@@ -105,7 +112,7 @@ class Coordinator:
         if group in self.exited or self.store.check([f"left/{group}"]):
             return False
         beat = self.beats[group]
-        if now - beat.read_at >= BEAT_READ_S:  # a beat is timed to this, not to each poll
+        if now - beat.read_at >= LOOK_S:  # a beat is timed to this, not to each poll
             count, beat.read_at = self.store.add(f"hb/{group}", 0), now
             if count != beat.count:
                 beat.count, beat.at = count, now
@@ -120,11 +127,15 @@ class Coordinator:
         except BaseException as e:  # reported by close(), in the launcher's thread
             self.error = e
             self.store.set("quorum/error", str(e))
+            for key in (f"quorum/{self.round}", f"commit/{self.round}"):  # wake its waiters
+                if not self.store.check([key]):
+                    self.store.set(key, "error")
 
     def _rounds(self) -> None:
         r, generation, previous, trained = 0, 0, None, 0  # trained: slices committed
         with self.log_path.open("a") as log:
             while not self._stop.is_set():
+                self.round = r
                 self.store.set("round", str(r))
                 decision = self._wait_for_quorum(r)
                 if decision is None:  # stopped, or nobody left to train
@@ -163,9 +174,8 @@ class Coordinator:
     def _wait_for_quorum(self, r: int) -> Decision | None:
         """Every live group has asked (or one heartbeat timeout has passed since the first
         ask), and enough did; None when no group can ever ask again."""
-        first_ask = None
+        first_ask, now = None, time.monotonic()
         while not self._stop.is_set():
-            now = time.monotonic()
             asks = self._asks(r, now)
             if self.script is not None:
                 if r >= len(self.script.rounds):
@@ -184,8 +194,19 @@ class Coordinator:
                         return decision
                 if not waiting and self._nobody_else_can_come(asks):
                     return None  # e.g. relaunched after the others finished: nothing to join
-            time.sleep(POLL_S)
+            alive = [g for g in range(self.replicas) if g in asks or self._alive(g, now)]
+            now = self._next_look([f"ask/{r}/{g}" for g in alive], now)
         return None
+
+    def _next_look(self, keys: list[str], last: float) -> float:
+        """When to look again: once every key is there, or LOOK_S after the last look."""
+        time.sleep(POLL_S)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last >= LOOK_S or self.store.check(keys):
+                return now
+            time.sleep(POLL_S)
+        return time.monotonic()
 
     def _nobody_else_can_come(self, asks: dict[int, int]) -> bool:
         """Every group that has not asked is gone for good (finished, or its agent has
@@ -200,11 +221,11 @@ class Coordinator:
     def _wait_for_votes(self, quorum: Quorum) -> bool:
         """True when every participant voted that its round succeeded; False at the first
         failed vote or when a participant that has not voted goes silent."""
+        keys = [f"vote/{quorum.round}/{g}" for g in quorum.participants]
+        now = time.monotonic()
         while True:
-            now = time.monotonic()
             votes = {}
-            for g in quorum.participants:
-                key = f"vote/{quorum.round}/{g}"
+            for g, key in zip(quorum.participants, keys, strict=True):
                 if self.store.check([key]):
                     votes[g] = self.store.get(key) == b"1"
             if not all(votes.values()):
@@ -214,7 +235,7 @@ class Coordinator:
             silent = [g for g in quorum.participants if g not in votes and not self._alive(g, now)]
             if silent and self.script is None:
                 return False
-            time.sleep(POLL_S)
+            now = self._next_look(keys, now)
 
     def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
         used = {

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.config import RunConfig
-from paratrain.fault_tolerance.coordinator import Coordinator, Script
+from paratrain.fault_tolerance.coordinator import Coordinator, Script, ft_data_of
 from paratrain.fault_tolerance.group_env import COORDINATOR_VAR
 from paratrain.fault_tolerance.quorum import samples
 from paratrain.fault_tolerance.worker import group_dir
@@ -34,7 +34,7 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
         p.heartbeat_timeout_s,
         run_dir / QUORUM_FILE,
         cfg.train.global_batch,
-        p.ft_data,
+        ft_data_of(p.replay_quorum, p.ft_data),
         script,
     )
     env = os.environ | {COORDINATOR_VAR: coordinator.address}

@@ -26,11 +26,17 @@ from paratrain import checkpoint
 from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows
 from paratrain.data.supervised import run_row_layout
-from paratrain.data.tokens import TokenData, on_device
+from paratrain.data.tokens import BatchSampler, TokenData, on_device
 from paratrain.fault_tolerance.across_groups import heal, mean_across, state_digest
-from paratrain.fault_tolerance.coordinator import END
+from paratrain.fault_tolerance.coordinator import END, ft_data_of
 from paratrain.fault_tolerance.participant import Participant
-from paratrain.fault_tolerance.quorum import Fault, Quorum, parse_faults
+from paratrain.fault_tolerance.quorum import (
+    Fault,
+    Quorum,
+    computes_the_same,
+    parse_faults,
+)
+from paratrain.fault_tolerance.rounds import Rounds
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
 from paratrain.train.loop import build_training, checkpoint_due, finish_training
@@ -61,16 +67,35 @@ def group_config(cfg: RunConfig) -> RunConfig:
     return replace(cfg, parallel=inner)
 
 
+class Mispredicted(RuntimeError):
+    """The round decided is not the one this group computed ahead: compute it as decided."""
+
+    def __init__(self, decided: Quorum) -> None:
+        super().__init__(f"round {decided.round} is not the round computed ahead")
+        self.decided = decided
+
+
 class Reduction:
-    """The step's `across`: the mean over the participants, then the vote."""
+    """The step's `across`: the mean over the participants, then the vote. Computed ahead
+    (`guessed`), it first learns the round decided meanwhile and checks it is the one."""
 
     def __init__(
-        self, participant: Participant, quorum: Quorum, fail: bool, hold_s: float = 0.0
+        self,
+        participant: Participant,
+        quorum: Quorum,
+        guessed: bool,
+        fail: bool,
+        hold_s: float = 0.0,
     ) -> None:
-        self.participant, self.quorum, self.fail = participant, quorum, fail
-        self.hold_s = hold_s  # --inject-fault hang: so long before taking part
+        self.participant, self.quorum, self.guessed = participant, quorum, guessed
+        self.fail, self.hold_s = fail, hold_s  # --inject-fault allreduce-error, hang
 
     def __call__(self, engine: Engine, loss: float, tokens: int) -> tuple[float, int]:
+        if self.guessed:
+            decided = self.participant.decision()
+            if not computes_the_same(decided, self.quorum, self.participant.group):
+                raise Mispredicted(decided)
+            self.quorum = decided  # its generation and participants, which may differ
         ok = True
         if self.hold_s:
             log.warning("injected hang at step %d: holding the reduction for %.0f s",
@@ -102,38 +127,43 @@ def train_in_rounds(
     layout = run_row_layout(cfg, data.supervised)
     engine, optimizer, _, lr = build_training(inner, mesh, None, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
-    me, per_group, dp = participant.group, inner.parallel.dp, mesh.group("dp")
+    me = participant.group
     faults = Injected(cfg, participant)
     timer = StepTimer(mesh.ledger)
     metrics: list[StepMetrics] = []
+    rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
     step = 0
     while step < t.steps:
         timer.start(step)  # the step's time includes its round: the protocol's cost shows
-        quorum = participant.quorum(step)
+        quorum = rounds.next(step)
         if quorum.step == END:
             break
-        if me not in quorum.participants:
-            continue
         joined = _join(engine, optimizer, participant, quorum, step)
-        if joined is None:
+        if joined is None:  # left out of the round, or copying the state failed
+            rounds.unknown()
             continue
         step, rng = joined, torch.get_rng_state()
-        batch, slice_ = divmod(quorum.slot_of(me), p.replicas)  # the slice of the stream
-        rows = sampler.replica_microbatches(
-            batch, slice_ * per_group + dp.rank, p.dp, t.micro_batch
+        micro_batches = on_device(
+            _rows(sampler, quorum, me, mesh.group("dp").rank, cfg), mesh.device
         )
-        micro_batches = on_device(rows, mesh.device)
         timer.data_done()
-        reduce = faults.reduction(quorum, step)  # an injected kill ends the process here
+        reduce = faults.reduction(quorum, rounds.is_guess(quorum), step)  # a kill exits here
         try:
             out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
+        except Mispredicted as e:
+            torch.set_rng_state(rng)
+            rounds.learnt(e.decided)
+            continue
         except RoundAborted:
             torch.set_rng_state(rng)
+            rounds.ended(reduce.quorum, committed=False)
             continue
         metrics.append(timer.finish(step, out, lr(step)))
         if on_step is not None:
             on_step(metrics[-1])
         step += 1
+        quorum = reduce.quorum
+        rounds.ended(quorum, committed=True)
         if run_dir is not None and checkpoint_due(step, t) and me == quorum.participants[0]:
             checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
                             t.keep_checkpoints)  # fmt: skip
@@ -141,6 +171,17 @@ def train_in_rounds(
     result = finish_training(inner, engine, optimizer, data, metrics, 0, None, mesh.device)
     result.extra["state_digest"] = digest
     return result
+
+
+def _rows(
+    sampler: BatchSampler, quorum: Quorum, group: int, rank: int, cfg: RunConfig
+) -> list[torch.Tensor]:
+    """The micro-batches of this rank (`rank` in its group's dp) in the slice of the sample
+    stream that the round assigns to its group."""
+    p, t = cfg.parallel, cfg.train
+    batch, slice_ = divmod(quorum.slot_of(group), p.replicas)
+    per_group = p.dp // p.replicas
+    return sampler.replica_microbatches(batch, slice_ * per_group + rank, p.dp, t.micro_batch)
 
 
 class Injected:
@@ -156,21 +197,25 @@ class Injected:
         fault = Fault(kind, self.participant.group, step)
         return fault in self.faults and self.participant.first_time(f"{kind}/{step}")
 
-    def reduction(self, quorum: Quorum, step: int) -> Reduction:
+    def reduction(self, quorum: Quorum, guessed: bool, step: int) -> Reduction:
         """The reduction of `step` (0-based), as its faults make it."""
         if self.fires("kill", step + 1):
             group = self.participant.group
             log.warning("injected kill of replica group %d at step %d", group, step + 1)
             os._exit(KILLED_EXIT)
         hold = self.hold_s if self.fires("hang", step + 1) else 0.0
-        return Reduction(self.participant, quorum, self.fires("allreduce-error", step + 1), hold)
+        fail = self.fires("allreduce-error", step + 1)
+        return Reduction(self.participant, quorum, guessed, fail, hold)
 
 
 def _join(
     engine: Engine, optimizer: Any, participant: Participant, quorum: Quorum, step: int
 ) -> int | None:
-    """The step this group computes in the round, or None when copying the state to a
-    group behind failed (a peer died): then this group has voted the round down."""
+    """The step this group computes in the round; None when the round leaves it out, or
+    when copying the state to a group behind failed (a peer died: then this group has voted
+    the round down)."""
+    if participant.group not in quorum.participants:
+        return None
     try:
         return _healed(engine, optimizer, participant, quorum, step)
     except RuntimeError as e:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import cast
@@ -27,6 +26,7 @@ from paratrain.fault_tolerance.quorum import Quorum
 from paratrain.mesh import Mesh
 
 log = logging.getLogger(__name__)
+WAIT_S = 60.0
 
 
 class Participant:
@@ -40,6 +40,7 @@ class Participant:
         self.beat_every_s = max(heartbeat_timeout_s / 10, 0.02)
         self.options = replace(mesh.control.options, timeout_s=timeout_s)
         self.next_round: int | None = None
+        self.asked = -1  # the round asked for last
         self._groups: dict[int, CommGroup] = {}
         self._stop = threading.Event()
         self._beats: threading.Thread | None = None
@@ -69,31 +70,44 @@ class Participant:
 
     # -- rounds --------------------------------------------------------------------------
     def quorum(self, step: int) -> Quorum:
-        """Ask for the next round at `step` and return its decision (collective over the
-        group: the leader asks, everyone learns)."""
+        """Ask for the next round at `step` and return its decision."""
+        self.ask(step)
+        return self.decision()
+
+    def ask(self, step: int) -> None:
+        """Ask for the next round at `step` (the leader; the others have nothing to do)."""
+        if not self.leader:
+            return
+        self.start_beating()
+        r = self.next_round
+        if r is None:  # joining: where the coordinator is now
+            r = int(self.store.get("round"))
+        self.store.set(f"ask/{r}/{self.group}", str(step))
+        self.asked, self.next_round = r, r + 1
+
+    def decision(self) -> Quorum:
+        """The decision of the round asked for last (collective over the group: the leader
+        waits for it, everyone learns it)."""
         answer = None
         if self.leader:
-            self.start_beating()
-            r = self.next_round
-            if r is None:  # joining: where the coordinator is now
-                r = int(self.store.get("round"))
-            self.store.set(f"ask/{r}/{self.group}", str(step))
-            self._wait(f"quorum/{r}")
-            answer = self.store.get(f"quorum/{r}").decode()
-            self.next_round = r + 1
-        quorum = Quorum.from_json(comm.broadcast_object(answer, self.mesh.control))
-        return quorum
+            self._wait(f"quorum/{self.asked}")
+            answer = self.store.get(f"quorum/{self.asked}").decode()
+        return Quorum.from_json(comm.broadcast_object(answer, self.mesh.control))
 
     def _wait(self, key: str) -> None:
-        """Until the key is set, or the coordinator's error. Polled, from 0.2 ms up to 5 ms
-        apart: torch logs two warnings for every `store.wait` that times out."""
-        delay = 0.0002
-        while not self.store.check([key]):
+        """Until the key is set (`store.wait` returns at once then), or the coordinator's
+        error. In waits of WAIT_S, long ones: torch logs two warnings for every wait that
+        times out, and a round is that slow to come only while a group is waited for."""
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=WAIT_S))
+            except dist.DistStoreError:  # timed out: the coordinator may have failed
+                pass
             if self.store.check(["quorum/error"]):
                 error = self.store.get("quorum/error").decode()
                 raise RuntimeError(f"the fault-tolerance coordinator failed: {error}")
-            time.sleep(delay)
-            delay = min(2 * delay, 0.005)
+            if self.store.check([key]):
+                return
 
     def first_time(self, key: str) -> bool:
         """True the first time any incarnation of this group asks about `key` (collective

@@ -119,3 +119,25 @@ def parse_faults(text: str, replicas: int, steps: int) -> list[Fault]:
             )
         faults.append(Fault(parts[0], group, step))
     return faults
+
+
+def following(previous: Quorum, committed: bool, replicas: int, ft_data: str) -> Quorum:
+    """The round after `previous` if no group comes or goes: what a group computes while
+    the coordinator decides. (Under replay a round's slots run on from the count of
+    slices committed before it, so `previous` gives that count.)"""
+    step = previous.step + int(committed)
+    trained = previous.slots[0] + len(previous.slots) * int(committed)
+    slots = assign_slots(step, previous.participants, replicas, ft_data, trained)
+    generation = previous.generation + (0 if committed else 1)
+    return Quorum(previous.round + 1, step, generation, previous.participants, (), slots)
+
+
+def computes_the_same(decided: Quorum, guess: Quorum, group: int) -> bool:
+    """Whether the forward and backward that `group` computed for `guess` are the ones
+    `decided` asks of it: the same step and slice, and no group to heal first."""
+    return (
+        group in decided.participants
+        and decided.step == guess.step
+        and not decided.heal
+        and decided.slot_of(group) == guess.slot_of(group)
+    )
