@@ -26,9 +26,6 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
             f"valid: 1 to {p.replicas}"
         )
     unsupported = [
-        (p.pp > 1, f"--pp {p.pp}", "--pp 1"),
-        (p.tp > 1, f"--tp {p.tp}", "--tp 1"),
-        (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
         (t.dtype == "float16", "--dtype float16", "bfloat16 or float32"),
         (bool(t.resume), "--resume", "a fresh run"),
         (bool(p.straggler), "--straggler", "no --straggler"),
