@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -326,6 +327,48 @@ def test_with_tensor_pipeline_or_context_parallel_groups_a_kill_changes_nothing(
 
 def logged(out: Path, key: str) -> list[float]:
     return [json.loads(s)[key] for s in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.e2e
+def test_every_group_lost_rewinds_to_the_checkpoint_and_resume_works_on_another_layout(
+    tmp_path,
+):
+    """Both groups killed at step 8 (checkpoints every 3 steps) and relaunched: with no
+    live peer each starts from the checkpoint of step 6, the record says `rewind`, and the
+    run ends bitwise equal to the same run without faults and to the replay of its record.
+    Then `--resume` of that run on another layout (2 groups of 2 ranks) trains its 2 more
+    steps as a plain HSDP resume of it does, and the record goes on (rounds numbered on)."""
+    every_3 = [*FT, "--nproc", "2", "--replicas", "2", "--zero", "1", "--global-batch", "8",
+               "--checkpoint-every", "3"]  # fmt: skip
+    run(tmp_path / "plain", *every_3)
+    out = tmp_path / "lost"
+    run(out, *every_3, "--max-restarts", "1", "--inject-fault", "kill:0:8,kill:1:8")
+    assert {"round": 8, "rewind": 6} in rounds(out)
+    run(tmp_path / "replay", *every_3, "--replay-quorum", str(out / "quorum.jsonl"))
+    assert digests(out) == digests(tmp_path / "plain") == digests(tmp_path / "replay")
+    assert len(digests(out)) == 1
+
+    hsdp = tmp_path / "hsdp"
+    shutil.copytree(out, hsdp)
+    for resumed, more in [(out, []), (hsdp, ["--no-fault-tolerance"])]:
+        code, _, err = finish(start("--resume", str(resumed), "--steps", str(STEPS + 2),
+                                    "--nproc", "4", *more, cwd=tmp_path))  # fmt: skip
+        assert code == 0, err
+    record = rounds(out)
+    assert [r["step"] for r in record[-2:]] == [STEPS, STEPS + 1]
+    assert record[-1]["round"] == max(r["round"] for r in record[:-1]) + 1
+    for key in ("loss", "grad_norm"):
+        assert logged(out, key)[STEPS:] == pytest.approx(logged(hsdp, key)[STEPS:], rel=1e-4)
+    assert len(logged(out, "loss")) == STEPS + 2
+
+    # What a resume cannot go on with is refused, before anything starts
+    for args, words in [
+        (["--ft-data", "replay"], "assigned samples by --ft-data drop"),
+        (["--replicas", "1", "--nproc", "2", "--zero", "1"], "--replicas 2 or more"),
+        (["--replay-quorum", str(out / "quorum.jsonl")], "drop --resume"),
+    ]:
+        line = refused("--resume", str(out), "--steps", str(STEPS + 4), *args, cwd=tmp_path)
+        assert words in line, line
 
 
 @pytest.mark.e2e

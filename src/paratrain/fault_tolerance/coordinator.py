@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from paratrain.fault_tolerance.quorum import Decision, Quorum, assign_slots, decide, samples
+from paratrain.fault_tolerance.record import History, Script
 
 STARTUP_GRACE_S = 300.0  # a group not yet heard from is waited for this long
 # The coordinator polls the store: every POLL_S one call asks whether every key it waits
@@ -37,36 +38,6 @@ class Beat:
     count: int = -1
     at: float = 0.0  # when the count last changed (the coordinator's clock)
     read_at: float = -1.0  # when the count was last read
-
-
-class Script:
-    """The committed rounds of a recorded run, in order: a replay's decisions."""
-
-    def __init__(self, path: Path) -> None:
-        lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
-        self.rounds = [d for d in lines if d.get("committed")]
-        self.ft_data = self.rounds[0]["ft_data"]  # the record's: it says what was dropped
-
-    def decision(self, index: int, asks: dict[int, int]) -> Decision | None:
-        """The index-th committed round once its participants have asked; None before."""
-        want = self.rounds[index]
-        mine = {g: s for g, s in asks.items() if g in want["participants"]}
-        if len(mine) < len(want["participants"]):
-            return None
-        decision = decide(mine, 1)
-        assert decision is not None
-        if decision.step != want["step"]:
-            raise RuntimeError(
-                f"replay: round {want['round']} of the record computes step {want['step'] + 1}, "
-                f"but its participants are at step {decision.step + 1}"
-            )
-        used = [want["samples"][str(g)] for g in decision.participants]
-        return replace(decision, slots=tuple(lo // (hi - lo) for lo, hi in used))
-
-
-def ft_data_of(replay_quorum: str, ft_data: str) -> str:
-    """How the run's rounds assign samples: its --ft-data, or its record's in a replay."""
-    return Script(Path(replay_quorum)).ft_data if replay_quorum else ft_data
 
 
 class Coordinator:
@@ -132,20 +103,23 @@ class Coordinator:
                     self.store.set(key, "error")
 
     def _rounds(self) -> None:
-        r, generation, previous, trained = 0, 0, None, 0  # trained: slices committed
+        history = History(self.log_path)  # a resumed run's rounds go on from its record
+        r, generation, previous = history.next_round, history.next_generation, None
         with self.log_path.open("a") as log:
             while not self._stop.is_set():
                 self.round = r
                 self.store.set("round", str(r))
-                decision = self._wait_for_quorum(r)
+                decision = self._wait_for_quorum(r, history.next_step)
                 if decision is None:  # stopped, or nobody left to train
                     self.store.set(f"quorum/{r}", Quorum(r, END, generation, ()).to_json())
                     return
+                if decision.step < history.next_step and self.script is None:
+                    log.write(json.dumps(history.rewind(decision.step, r)) + "\n")
                 if previous is not None and decision.participants != previous:
                     generation += 1
                 step, participants = decision.step, decision.participants
                 slots = decision.slots or assign_slots(
-                    step, participants, self.replicas, self.ft_data, trained
+                    step, participants, self.replicas, self.ft_data, history.trained
                 )
                 quorum = Quorum(r, step, generation, participants, decision.heal, slots)
                 self.store.set(f"quorum/{r}", quorum.to_json())
@@ -156,10 +130,9 @@ class Coordinator:
                 record = self._record(quorum, committed) | {"decided_s": decided, "ended_s": ended}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+                history.add(record)
                 previous = decision.participants
-                if committed:
-                    trained += len(slots)
-                else:
+                if not committed:
                     generation += 1  # a failed gloo group is not reused
                 r += 1
 
@@ -171,9 +144,11 @@ class Coordinator:
                 asks[g] = int(self.store.get(key))
         return asks
 
-    def _wait_for_quorum(self, r: int) -> Decision | None:
+    def _wait_for_quorum(self, r: int, next_step: int) -> Decision | None:
         """Every live group has asked (or one heartbeat timeout has passed since the first
-        ask), and enough did; None when no group can ever ask again."""
+        ask), and enough did; None when no group can ever ask again. A round that goes
+        back before `next_step` (every group from a checkpoint) waits for every live group:
+        one left out as late could hold the later state."""
         first_ask, now = None, time.monotonic()
         while not self._stop.is_set():
             asks = self._asks(r, now)
@@ -190,7 +165,7 @@ class Coordinator:
                 late = first_ask is not None and now - first_ask > self.timeout_s
                 if not waiting or late:
                     decision = decide(asks, self.min_replicas)
-                    if decision is not None:
+                    if decision is not None and (not waiting or decision.step >= next_step):
                         return decision
                 if not waiting and self._nobody_else_can_come(asks):
                     return None  # e.g. relaunched after the others finished: nothing to join

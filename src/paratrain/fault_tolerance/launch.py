@@ -15,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.config import RunConfig
-from paratrain.fault_tolerance.coordinator import Coordinator, Script, ft_data_of
+from paratrain.fault_tolerance.coordinator import Coordinator
 from paratrain.fault_tolerance.group_env import COORDINATOR_VAR
 from paratrain.fault_tolerance.quorum import samples
+from paratrain.fault_tolerance.record import (
+    QUORUM_FILE,
+    Script,
+    effective_rounds,
+    ft_data_of,
+    read_lines,
+)
 from paratrain.fault_tolerance.worker import group_dir
 from paratrain.launch import SHUTDOWN_TIMEOUT_S, WORKER_FLAG, WorkersFailed
 from paratrain.train import run_dir as rd
-
-QUORUM_FILE = "quorum.jsonl"
 
 
 def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str, Any]:
@@ -94,16 +99,17 @@ def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str
 def protocol_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
     """Rounds, commits, each group's exit status, and the samples that committed steps
     trained and dropped (under --ft-data drop, the slices of groups out of a round)."""
-    lines = (run_dir / QUORUM_FILE).read_text().splitlines()
-    rounds = [json.loads(s) for s in lines if s.strip()]
-    committed = [r for r in rounds if r["committed"]]
+    lines = read_lines(run_dir / QUORUM_FILE)
+    rounds = [line for line in lines if "committed" in line]
+    committed = effective_rounds(lines)  # those that made the state
     trained = [tuple(s) for r in committed for s in r["samples"].values()]
     sizes = [hi - lo for lo, hi in trained]
     dropped = dropped_slices(cfg, committed)
     return {
         "rounds": len(rounds),
         "committed": len(committed),
-        "aborted": len(rounds) - len(committed),
+        "aborted": sum(not r["committed"] for r in rounds),
+        "rewinds": [line["rewind"] + 1 for line in lines if "rewind" in line],  # to step
         "group_exits": {str(g): code for g, code in sorted(exits.items())},
         "ft_data": committed[0]["ft_data"] if committed else cfg.parallel.ft_data,
         "trained_samples": sum(sizes),
@@ -141,5 +147,6 @@ def protocol_line(ft: dict[str, Any]) -> str:
         f"({ft['aborted']} aborted); {ft['trained_samples']} samples trained, "
         f"{ft['dropped_samples']} dropped (--ft-data {ft['ft_data']})"
         + (f"; {exits}" if exits else "")
+        + "".join(f"; every group went back to step {s}'s checkpoint" for s in ft["rewinds"])
         + f"; rounds in {ft['quorum_log']}"
     )

@@ -23,12 +23,13 @@ from typing import Any
 import torch
 
 from paratrain import checkpoint
+from paratrain.checkpoint import Checkpoint
 from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows
 from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import BatchSampler, TokenData, on_device
 from paratrain.fault_tolerance.across_groups import heal, mean_across, state_digest
-from paratrain.fault_tolerance.coordinator import END, ft_data_of
+from paratrain.fault_tolerance.coordinator import END
 from paratrain.fault_tolerance.participant import Participant
 from paratrain.fault_tolerance.quorum import (
     Fault,
@@ -36,6 +37,7 @@ from paratrain.fault_tolerance.quorum import (
     computes_the_same,
     parse_faults,
 )
+from paratrain.fault_tolerance.record import ft_data_of
 from paratrain.fault_tolerance.rounds import Rounds
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
@@ -118,21 +120,23 @@ def train_in_rounds(
     mesh: Mesh,
     data: TokenData,
     participant: Participant,
+    start: Checkpoint | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
     run_dir: Path | None = None,
 ) -> TrainResult:
-    """Train this group until cfg.train.steps (or until the coordinator ends the run).
-    run_dir: where the checkpoints go; the lowest-numbered participant of a round saves."""
+    """Train this group until cfg.train.steps (or until the coordinator ends the run),
+    from `start` if given. run_dir: where the checkpoints go; the lowest-numbered
+    participant of a round saves them."""
     t, p, inner = cfg.train, cfg.parallel, group_config(cfg)
     layout = run_row_layout(cfg, data.supervised)
-    engine, optimizer, _, lr = build_training(inner, mesh, None, layout == "documents")
+    engine, optimizer, first, lr = build_training(inner, mesh, start, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     me = participant.group
     faults = Injected(cfg, participant)
     timer = StepTimer(mesh.ledger)
     metrics: list[StepMetrics] = []
     rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
-    step = 0
+    step = first
     while step < t.steps:
         timer.start(step)  # the step's time includes its round: the protocol's cost shows
         quorum = rounds.next(step)
@@ -168,7 +172,7 @@ def train_in_rounds(
             checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
                             t.keep_checkpoints)  # fmt: skip
     digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout
-    result = finish_training(inner, engine, optimizer, data, metrics, 0, None, mesh.device)
+    result = finish_training(inner, engine, optimizer, data, metrics, first, None, mesh.device)
     result.extra["state_digest"] = digest
     return result
 

@@ -17,7 +17,14 @@ from paratrain.fault_tolerance.loop import group_config, train_in_rounds
 from paratrain.fault_tolerance.participant import Participant
 from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
-from paratrain.train.worker import WorkerEnv, init_process_group, rank_device, run_summary
+from paratrain.train.metrics import StepMetrics
+from paratrain.train.worker import (
+    WorkerEnv,
+    init_process_group,
+    rank_device,
+    resume_point,
+    run_summary,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +53,12 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
         data = load_tokens(cfg.data.path, cfg.data.val_fraction, cfg.data.tokenizer)
         if mesh.global_rank == 0:
             mine.mkdir(parents=True, exist_ok=True)
-            writer = rd.MetricsWriter(mine)
+            writer = GroupMetrics(mine)
         on_step = writer.write if writer is not None else None
-        result = train_in_rounds(cfg, mesh, data, participant, on_step, run_dir)
+        # Relaunched, or --resume: from the latest checkpoint (a live peer's state replaces
+        # it when there is one; when every group starts from it, the record says `rewind`)
+        start = resume_point(inner, mesh, run_dir, env.restart_count)
+        result = train_in_rounds(cfg, mesh, data, participant, start, on_step, run_dir)
         if writer is not None:
             writer.close()
             writer = None
@@ -64,3 +74,20 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
         participant.close()
         mesh.close()
     dist.destroy_process_group()
+
+
+class GroupMetrics(rd.MetricsWriter):
+    """A group's metrics.jsonl: its first step drops the rows from that step on, written
+    by an earlier incarnation past where this one starts (a checkpoint, or a heal)."""
+
+    def __init__(self, group_dir: Path) -> None:
+        super().__init__(group_dir)
+        self.group_dir, self.first = group_dir, True
+
+    def write(self, m: StepMetrics) -> None:
+        if self.first:
+            self.first = False
+            self.close()
+            rd.truncate_metrics(self.group_dir, m.step - 1)
+            super().__init__(self.group_dir)
+        super().write(m)

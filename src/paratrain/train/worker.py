@@ -171,7 +171,7 @@ def run_worker(cfg: RunConfig, env: WorkerEnv, run_dir_prepared: bool) -> dict[s
     return summary
 
 
-def _resume_point(
+def resume_point(
     cfg: RunConfig, mesh: Mesh, run_dir: Path, restart_count: int
 ) -> checkpoint.Checkpoint | None:
     """Where to start: --resume's or a restarted job's latest complete checkpoint, or None.
@@ -215,7 +215,7 @@ def _train_and_record(
     is_writer = mesh.global_rank == 0
     if is_writer:
         _record_start(cfg, mesh, run_dir, data, run_dir_prepared)
-    resume = _resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
+    resume = resume_point(cfg, mesh, run_dir, restart_count)  # may cut metrics.jsonl
     writer = rd.MetricsWriter(run_dir) if is_writer else None
     board = TensorBoardWriter(run_dir) if is_writer and cfg.train.tensorboard else None
     tracker = PredictionTracker(cfg, mesh)  # rank 0 logs the planner's prediction for this layout

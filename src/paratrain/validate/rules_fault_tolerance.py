@@ -3,12 +3,13 @@ asked for, a replay's record, and what it does not combine with yet."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.config.choices import FT_DATA
 from paratrain.fault_tolerance.quorum import parse_faults
+from paratrain.fault_tolerance.record import QUORUM_FILE, effective_rounds, read_lines
 
 
 def fault_tolerance_rules(cfg: RunConfig) -> None:
@@ -27,7 +28,6 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
         )
     unsupported = [
         (t.dtype == "float16", "--dtype float16", "bfloat16 or float32"),
-        (bool(t.resume), "--resume", "a fresh run"),
         (bool(p.straggler), "--straggler", "no --straggler"),
         (t.tensorboard, "--tensorboard", "--no-tensorboard"),
         (p.nproc != cfg.world_size, f"--nproc {p.nproc}", f"--nproc {cfg.world_size}"),
@@ -36,7 +36,17 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
         if refused:
             raise ValueError(f"--fault-tolerance with {given} is not supported yet; use {instead}")
     parse_faults(p.inject_fault, p.replicas, t.steps)
+    if t.resume and (Path(t.resume) / QUORUM_FILE).is_file():
+        record = Path(t.resume) / QUORUM_FILE
+        rounds = recorded_rounds(record, f"--resume {t.resume!r}: its {QUORUM_FILE}", cfg)
+        if rounds and rounds[0]["ft_data"] != p.ft_data:
+            raise ValueError(
+                f"--resume {t.resume!r}: its rounds assigned samples by --ft-data "
+                f"{rounds[0]['ft_data']}; resume it with that, not --ft-data {p.ft_data}"
+            )
     if p.replay_quorum:
+        if t.resume:
+            raise ValueError("--replay-quorum trains from the first step: drop --resume")
         if p.inject_fault:
             raise ValueError("--replay-quorum trains without failures: drop --inject-fault")
         if p.ft_data != "drop":
@@ -47,25 +57,41 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
 
 
 def check_record(path: Path, cfg: RunConfig) -> None:
-    """A quorum.jsonl whose committed rounds this run can train: its groups exist, its steps
-    are within --steps, and its samples are slices of this layout's stream."""
-    p, t = cfg.parallel, cfg.train
+    """A quorum.jsonl that a replay can train from the start: its rounds fit this layout
+    (`recorded_rounds`), and its effective rounds are steps 1, 2, ... in order."""
     flag = f"--replay-quorum {str(path)!r}"
+    rounds = recorded_rounds(path, flag, cfg)
+    if not rounds:
+        raise ValueError(f"{flag}: no committed round to replay")
+    for due, r in enumerate(rounds):
+        if r["step"] != due:
+            raise ValueError(
+                f"{flag}: round {r.get('round')} computes step {r['step'] + 1} where step "
+                f"{due + 1} is due (a run resumed from a checkpoint of a run without fault "
+                "tolerance?): a replay trains every step from the first"
+            )
+
+
+def recorded_rounds(path: Path, flag: str, cfg: RunConfig) -> list[dict[str, Any]]:
+    """The effective rounds of a quorum.jsonl, checked: its groups exist, its steps are
+    within --steps, and its samples are slices of this layout's stream."""
+    p, t = cfg.parallel, cfg.train
     try:
-        rounds = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+        lines = read_lines(path)
     except OSError as e:
         raise ValueError(f"{flag}: cannot read it ({e.strerror})") from None
     except ValueError:
         raise ValueError(f"{flag}: not a quorum.jsonl (a JSON object per line)") from None
-    committed = [r for r in rounds if isinstance(r, dict) and r.get("committed")]
-    if not committed:
-        raise ValueError(f"{flag}: no committed round to replay")
-    for r in committed:
+    try:
+        rounds = effective_rounds(lines)
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"{flag}: not a quorum.jsonl (rounds and rewinds)") from None
+    for r in rounds:
         try:
             step, groups, used, mode = r["step"], r["participants"], r["samples"], r["ft_data"]
         except KeyError as e:
             raise ValueError(f"{flag}: round without {e}: not a quorum.jsonl") from None
-        if mode != committed[0]["ft_data"] or mode not in FT_DATA:
+        if mode != rounds[0]["ft_data"] or mode not in FT_DATA:
             raise ValueError(
                 f"{flag}: round {r.get('round')} has ft_data {mode!r}: not a quorum.jsonl"
             )
@@ -83,3 +109,4 @@ def check_record(path: Path, cfg: RunConfig) -> None:
                     f"not a slice of this run's stream ({per_group} samples from a multiple of "
                     f"{per_group}): it was recorded with another --global-batch or --replicas"
                 )
+    return rounds
