@@ -283,6 +283,9 @@ INEFFECTIVE = {
     ),
     "parallel.inject_fault": (["--inject-fault", "kill:1:2"], HSDP, [*HSDP, "--fault-tolerance"]),
     "parallel.ft_data": (["--ft-data", "replay"], HSDP, [*HSDP, "--fault-tolerance"]),
+    "parallel.coordinator": (
+        ["--coordinator", "127.0.0.1:0"], HSDP, [*HSDP, "--fault-tolerance"]
+    ),
     "train.lr_base_batch": (["--lr-base-batch", "32"], [], ["--lr-scaling", "linear"]),
     "train.loss_scale": (["--loss-scale", "1024"], [], ["--dtype", "float16"]),
     "train.trace": (["--trace"], [], ["--pp", "2"]),
@@ -294,6 +297,7 @@ INEFFECTIVE = {
 NEEDS_FILES = {  # tested below with files of their own
     "data.val_fraction": "a prepared directory",
     "parallel.replay_quorum": "a quorum record (tests/test_fault_tolerance.py)",
+    "parallel.ft_group": "torchrun, and refused without it (tests/test_fault_tolerance.py)",
 }
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -135,6 +137,10 @@ def test_bad_fault_tolerance_input_is_refused_with_one_line(tmp_path):
         ([*THREE_GROUPS, "--fault-tolerance", "--inject-fault", "kill:5:2"], "group 5"),
         ([*THREE_GROUPS, "--fault-tolerance", "--inject-fault", "kill:1:9"], "step 9"),
         ([*THREE_GROUPS, "--fault-tolerance", "--straggler", "1:3"], "--straggler is not"),
+        ([*THREE_GROUPS, "--fault-tolerance", "--ft-group", "1"], "started by torchrun"),
+        ([*THREE_GROUPS, "--ft-group", "1"], "has no effect here"),
+        ([*THREE_GROUPS, "--fault-tolerance", "--ft-group", "3"], "--ft-group 3: valid: 0 to 2"),
+        ([*THREE_GROUPS, "--fault-tolerance", "--coordinator", "nowhere"], "HOST:PORT"),
         ([*THREE_GROUPS, "--fault-tolerance", "--replay-quorum", str(record)], "samples"),
         (
             [
@@ -369,6 +375,68 @@ def test_every_group_lost_rewinds_to_the_checkpoint_and_resume_works_on_another_
     ]:
         line = refused("--resume", str(out), "--steps", str(STEPS + 4), *args, cwd=tmp_path)
         assert words in line, line
+
+
+@pytest.mark.e2e
+def test_groups_started_by_torchrun_reach_a_coordinator_given_by_address(tmp_path):
+    """Across machines: `paratrain train --coordinator HOST:0` runs the coordinator alone
+    and prints its address; each replica group is a torchrun job of its own (here on this
+    machine) with the same flags, --ft-group and that address. Group 1 is killed at step 5
+    and torchrun (--max-restarts 1) relaunches it: it heals from group 0, and the run,
+    recorded by the coordinator's process, ends bitwise equal to the replay of its record
+    by our launcher."""
+    # (no --nproc for torchrun's jobs: torchrun's parser takes it for its --nproc-per-node)
+    layout = ["--replicas", "2", "--zero", "1", "--global-batch", "8",
+              *FT, "--min-replicas", "1", "--comm-order", "nccl"]  # fmt: skip
+    out = tmp_path / "torchrun"
+    flags = [
+        *SMALL,
+        "--steps",
+        str(STEPS),
+        *layout,
+        "--inject-fault",
+        "kill:1:5",
+        "--out",
+        str(out),
+    ]
+    coordinator = start(*flags, "--nproc", "2", "--coordinator", "127.0.0.1:0", cwd=tmp_path)
+    assert coordinator.stdout is not None
+    address = coordinator.stdout.readline().split("--coordinator ")[-1].strip()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "1", "--max-restarts", "1"]  # fmt: skip
+    groups = [
+        subprocess.Popen(
+            [
+                *torchrun,
+                "-m",
+                "paratrain",
+                "train",
+                *flags,
+                "--ft-group",
+                str(g),
+                "--coordinator",
+                address,
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for g in range(2)
+    ]
+    for group in groups:
+        _, err = group.communicate(timeout=600)
+        assert group.returncode == 0, err
+    code, stdout, err = finish(coordinator)
+    assert code == 0, err
+    assert "fault tolerance:" in stdout, stdout
+    committed = [r for r in rounds(out) if r["committed"]]
+    assert [r["step"] for r in committed] == list(range(STEPS))
+    assert json.loads((out / "groups/1/summary.json").read_text())["restarts"] == 1
+    assert any(r["heal"] == [[1, 0]] for r in committed)
+    replay = tmp_path / "replay"
+    run(replay, *layout, "--nproc", "2", "--replay-quorum", str(out / "quorum.jsonl"))
+    assert digests(replay) == digests(out) and len(digests(out)) == 1
 
 
 @pytest.mark.e2e

@@ -61,10 +61,11 @@ def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunC
     """The configuration resolved and checked, and the data in words: every refusal before
     any worker starts (under a user's torchrun, before this rank trains)."""
     from paratrain.validate import resolve_and_check
+    from paratrain.validate.rules_fault_tolerance import torchrun_group_rules
 
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
-    if env is not None and group_env() is not None:  # a replica group's own world
+    if env is not None and group_env(cfg.parallel.ft_group) is not None:  # a group's own world
         world *= cfg.parallel.replicas
     given = None if args.launched_worker else explicit_fields(args)  # ours: the config written
     data: list[str] = []
@@ -79,6 +80,7 @@ def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunC
     cfg = resolve_and_check(cfg, world, local, given, device_free=data_check)
     if args.dry_run and env is not None:
         raise ValueError("--dry-run starts no worker: run it without torchrun")
+    torchrun_group_rules(cfg, env is not None, group_env() is not None)
     _check_inputs(cfg, env, args.launched_worker)
     return cfg, "".join(data)
 
@@ -89,8 +91,8 @@ def _work(cfg: RunConfig, env: dict[str, Any], launched_worker: bool, as_json: b
     from paratrain.train.worker import WorkerEnv, run_worker
 
     worker_env = WorkerEnv(use_env_rendezvous=True, **env)
-    group = group_env()
-    if group is not None:  # fault tolerance: our launcher records the run from the groups'
+    group = group_env(cfg.parallel.ft_group, cfg.parallel.coordinator)
+    if group is not None:  # fault tolerance: the coordinator records the run from the groups'
         from paratrain.fault_tolerance.worker import run_group_worker
 
         run_group_worker(cfg, worker_env, group)

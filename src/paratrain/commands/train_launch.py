@@ -105,14 +105,16 @@ def _start(cfg: RunConfig, run_dir: Path, fresh: bool) -> dict[str, Any]:
     cfg.train.out = str(run_dir)
     config_path = rd.write_config(run_dir, cfg)
     record_start(run_dir, user_command())  # the workers' command line is the launcher's
+    if cfg.parallel.fault_tolerance:  # one agent per replica group, and the coordinator
+        from paratrain.fault_tolerance.launch import launch_groups, serve_groups
+
+        if cfg.parallel.coordinator:  # the groups are torchrun's, elsewhere
+            return serve_groups(cfg, run_dir)
+        return launch_groups(cfg, config_path, run_dir)
     if cfg.parallel.nproc == 1:  # the same worker code, in this process
         summary = run_worker(cfg, WorkerEnv(0, 1, 0, 1, use_env_rendezvous=False), True)
         assert summary is not None
         return summary
-    if cfg.parallel.fault_tolerance:  # one agent per replica group, and the coordinator
-        from paratrain.fault_tolerance.launch import launch_groups
-
-        return launch_groups(cfg, config_path, run_dir)
     launch_local(cfg.parallel.nproc, config_path, max_restarts=cfg.parallel.max_restarts)
     return rd.read_summary(run_dir)
 

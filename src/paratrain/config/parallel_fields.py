@@ -209,6 +209,21 @@ class ParallelConfig:
         repeatable=True,
         effect=FAULT_TOLERANCE,
     )
+    coordinator: str = param(
+        "",
+        "Fault tolerance across machines: HOST:PORT of the coordinator. Without torchrun,"
+        " this process runs only the coordinator there (port 0: a free one, printed) and"
+        " waits for the replica groups; under torchrun, a group's workers reach it there.",
+        default_means="none: the launcher runs it beside the groups",
+        effect=FAULT_TOLERANCE,
+    )
+    ft_group: int = param(
+        -1,
+        "Fault tolerance under torchrun: the replica group this job is, 0 to --replicas - 1"
+        " (each group its own torchrun job, pointed at --coordinator).",
+        default_means="none",
+        effect=FAULT_TOLERANCE,
+    )
     replay_quorum: str = param(
         "",
         "Train the committed steps of a fault-tolerant run's RUN_DIR/quorum.jsonl again,"

@@ -52,20 +52,23 @@ class Coordinator:
         global_batch: int,
         ft_data: str,
         script: Script | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,  # 0: a free port (`address` says which)
     ) -> None:
         self.replicas, self.min_replicas = replicas, min_replicas
         self.timeout_s, self.log_path = heartbeat_timeout_s, log_path
         self.global_batch, self.ft_data, self.script = global_batch, ft_data, script
         self.store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(hours=1)
         )
-        self.address = f"127.0.0.1:{self.store.port}"
+        self.address = f"{host}:{self.store.port}"
         self.beats = [Beat() for _ in range(replicas)]
         self.started = time.monotonic()
         self.exited: set[int] = set()  # groups whose agent has exited: never coming back
         self.round = 0  # the round being decided
         self.error: BaseException | None = None
         self._stop = threading.Event()
+        self.done = threading.Event()  # the run is over and every group gone
         self._thread = threading.Thread(target=self._run, name="ft-coordinator", daemon=True)
         self._thread.start()
 
@@ -95,6 +98,8 @@ class Coordinator:
     def _run(self) -> None:
         try:
             self._rounds()
+            self._goodbyes()
+            self.done.set()
         except BaseException as e:  # reported by close(), in the launcher's thread
             self.error = e
             self.store.set("quorum/error", str(e))
@@ -184,14 +189,30 @@ class Coordinator:
         return time.monotonic()
 
     def _nobody_else_can_come(self, asks: dict[int, int]) -> bool:
-        """Every group that has not asked is gone for good (finished, or its agent has
-        exited), and those that asked cannot form a round by themselves."""
+        """Every group that has not asked is gone for good, and those that asked cannot
+        form a round by themselves."""
         if decide(asks, self.min_replicas) is not None:
             return False
-        return all(
-            g in asks or g in self.exited or self.store.check([f"left/{g}"])
-            for g in range(self.replicas)
-        )
+        now = time.monotonic()
+        return all(g in asks or self._gone(g, now) for g in range(self.replicas))
+
+    def _gone(self, group: int, now: float) -> bool:
+        """Gone for good: finished (it left), its agent has exited, or (started by torchrun
+        elsewhere, whose restarts this process does not see) silent for STARTUP_GRACE_S."""
+        if group in self.exited or self.store.check([f"left/{group}"]):
+            return True
+        self._alive(group, now)  # reads the heartbeat
+        beat = self.beats[group]
+        since = beat.at if beat.count > 0 else self.started
+        return now - since > STARTUP_GRACE_S
+
+    def _goodbyes(self) -> None:
+        """After the last round: until every group is gone (its summary written)."""
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if all(self._gone(g, now) for g in range(self.replicas)):
+                return
+            time.sleep(LOOK_S)
 
     def _wait_for_votes(self, quorum: Quorum) -> bool:
         """True when every participant voted that its round succeeded; False at the first

@@ -17,7 +17,9 @@ class GroupEnv:
     coordinator: str
 
 
-def group_env() -> GroupEnv | None:
-    if GROUP_VAR not in os.environ:
-        return None
-    return GroupEnv(int(os.environ[GROUP_VAR]), os.environ[COORDINATOR_VAR])
+def group_env(ft_group: int = -1, coordinator: str = "") -> GroupEnv | None:
+    """Our launcher's group (the environment), else a user's torchrun job's (--ft-group and
+    --coordinator), else None: not a replica group's worker."""
+    if GROUP_VAR in os.environ:
+        return GroupEnv(int(os.environ[GROUP_VAR]), os.environ[COORDINATOR_VAR])
+    return GroupEnv(ft_group, coordinator) if ft_group >= 0 else None

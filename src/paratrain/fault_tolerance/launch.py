@@ -17,7 +17,7 @@ from typing import Any
 from paratrain.config import RunConfig
 from paratrain.fault_tolerance.coordinator import Coordinator
 from paratrain.fault_tolerance.group_env import COORDINATOR_VAR
-from paratrain.fault_tolerance.quorum import samples
+from paratrain.fault_tolerance.quorum import coordinator_address, samples
 from paratrain.fault_tolerance.record import (
     QUORUM_FILE,
     Script,
@@ -30,10 +30,10 @@ from paratrain.launch import SHUTDOWN_TIMEOUT_S, WORKER_FLAG, WorkersFailed
 from paratrain.train import run_dir as rd
 
 
-def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str, Any]:
+def start_coordinator(cfg: RunConfig, run_dir: Path, host: str, port: int) -> Coordinator:
     p = cfg.parallel
     script = Script(Path(p.replay_quorum)) if p.replay_quorum else None
-    coordinator = Coordinator(
+    return Coordinator(
         p.replicas,
         p.min_replicas,
         p.heartbeat_timeout_s,
@@ -41,7 +41,37 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
         cfg.train.global_batch,
         ft_data_of(p.replay_quorum, p.ft_data),
         script,
+        host,
+        port,
     )
+
+
+def serve_groups(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """--coordinator HOST:PORT without torchrun: the coordinator alone, for replica groups
+    that torchrun starts (on other machines); the run's record once every group is gone.
+    RUN_DIR is where every group writes too: a filesystem they share."""
+    p = cfg.parallel
+    host, port = coordinator_address(p.coordinator)
+    coordinator = start_coordinator(cfg, run_dir, host, port)
+    print(
+        f"fault tolerance: coordinator at {coordinator.address}; start each replica group G "
+        f"(0 to {p.replicas - 1}, {p.nproc // p.replicas} ranks each) as its own torchrun job: "
+        "torchrun <its nodes and ranks> -m paratrain train <the flags given here> --ft-group G "
+        f"--coordinator {coordinator.address}",
+        flush=True,
+    )
+    try:
+        while not coordinator.done.wait(0.2):
+            pass
+    finally:
+        coordinator.close()
+    finished = {g: (group_dir(run_dir, g) / rd.SUMMARY_FILE).is_file() for g in range(p.replicas)}
+    return run_record(cfg, run_dir, {g: 0 if done else None for g, done in finished.items()})
+
+
+def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str, Any]:
+    p = cfg.parallel
+    coordinator = start_coordinator(cfg, run_dir, "127.0.0.1", 0)
     env = os.environ | {COORDINATOR_VAR: coordinator.address}
     workers = ["train", "--config", str(config_path), WORKER_FLAG]
     agents = {
@@ -59,7 +89,7 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
         )
         for g in range(p.replicas)
     }
-    exits: dict[int, int] = {}
+    exits: dict[int, int | None] = {}
     try:
         while len(exits) < len(agents):
             for g, agent in agents.items():
@@ -77,8 +107,9 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
     return run_record(cfg, run_dir, exits)
 
 
-def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
-    """The run's metrics and summary from its groups'; WorkersFailed if no group finished."""
+def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int | None]) -> dict[str, Any]:
+    """The run's metrics and summary from its groups'; WorkersFailed if no group finished.
+    exits: each group's exit status; None where it is not known (torchrun's, elsewhere)."""
     finished = []
     for g in sorted(exits):
         path = group_dir(run_dir, g) / rd.SUMMARY_FILE
@@ -86,7 +117,8 @@ def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str
             finished.append(json.loads(path.read_text()))
     if not finished:
         failed = ", ".join(f"group {g} exit {code}" for g, code in sorted(exits.items()))
-        raise WorkersFailed(f"no replica group finished ({failed})", max(exits.values()) or 1)
+        codes = [code for code in exits.values() if code is not None]
+        raise WorkersFailed(f"no replica group finished ({failed})", max(codes, default=1) or 1)
     best = max(finished, key=lambda s: (s["steps"], -s["group"]))
     shutil.copyfile(group_dir(run_dir, best["group"]) / rd.METRICS_FILE, run_dir / rd.METRICS_FILE)
     summary = dict(best) | {"run_dir": str(run_dir), "world_size": cfg.world_size}
@@ -96,7 +128,7 @@ def run_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str
     return summary
 
 
-def protocol_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int]) -> dict[str, Any]:
+def protocol_record(cfg: RunConfig, run_dir: Path, exits: dict[int, int | None]) -> dict[str, Any]:
     """Rounds, commits, each group's exit status, and the samples that committed steps
     trained and dropped (under --ft-data drop, the slices of groups out of a round)."""
     lines = read_lines(run_dir / QUORUM_FILE)

@@ -88,6 +88,14 @@ def samples(slot: int, global_batch: int, replicas: int) -> tuple[int, int]:
     return slot * per_group, (slot + 1) * per_group
 
 
+def coordinator_address(text: str) -> tuple[str, int]:
+    """--coordinator HOST:PORT, checked: ValueError with one line."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--coordinator {text!r}: expected HOST:PORT, PORT 0 to 65535")
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str

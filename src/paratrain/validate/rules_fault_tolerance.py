@@ -8,7 +8,7 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.config.choices import FT_DATA
-from paratrain.fault_tolerance.quorum import parse_faults
+from paratrain.fault_tolerance.quorum import coordinator_address, parse_faults
 from paratrain.fault_tolerance.record import QUORUM_FILE, effective_rounds, read_lines
 
 
@@ -30,12 +30,15 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
         (t.dtype == "float16", "--dtype float16", "bfloat16 or float32"),
         (bool(p.straggler), "--straggler", "no --straggler"),
         (t.tensorboard, "--tensorboard", "--no-tensorboard"),
-        (p.nproc != cfg.world_size, f"--nproc {p.nproc}", f"--nproc {cfg.world_size}"),
     ]
     for refused, given, instead in unsupported:
         if refused:
             raise ValueError(f"--fault-tolerance with {given} is not supported yet; use {instead}")
     parse_faults(p.inject_fault, p.replicas, t.steps)
+    if p.coordinator:
+        coordinator_address(p.coordinator)
+    if not -1 <= p.ft_group < p.replicas:
+        raise ValueError(f"--ft-group {p.ft_group}: valid: 0 to {p.replicas - 1}")
     if t.resume and (Path(t.resume) / QUORUM_FILE).is_file():
         record = Path(t.resume) / QUORUM_FILE
         rounds = recorded_rounds(record, f"--resume {t.resume!r}: its {QUORUM_FILE}", cfg)
@@ -110,3 +113,24 @@ def recorded_rounds(path: Path, flag: str, cfg: RunConfig) -> list[dict[str, Any
                     f"{per_group}): it was recorded with another --global-batch or --replicas"
                 )
     return rounds
+
+
+def torchrun_group_rules(cfg: RunConfig, under_torchrun: bool, our_groups: bool) -> None:
+    """A replica group started by a user's torchrun says which it is and where its
+    coordinator is; --ft-group means nothing to our launcher, which numbers its own.
+    our_groups: the worker of a group our launcher started (it was told both)."""
+    p = cfg.parallel
+    if not p.fault_tolerance or our_groups:
+        return
+    if not under_torchrun and p.ft_group >= 0:
+        raise ValueError(
+            f"--ft-group {p.ft_group} is for a replica group started by torchrun; without "
+            "it the launcher starts and numbers every group: drop --ft-group"
+        )
+    if under_torchrun and (p.ft_group < 0 or not p.coordinator):
+        raise ValueError(
+            "--fault-tolerance under torchrun: each replica group is its own torchrun job; "
+            "give it --ft-group G and --coordinator HOST:PORT (docs/reliability.md)"
+        )
+    if under_torchrun and coordinator_address(p.coordinator)[1] == 0:
+        raise ValueError(f"--coordinator {p.coordinator!r}: give the port the coordinator printed")
