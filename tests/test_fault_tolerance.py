@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -437,6 +439,34 @@ def test_groups_started_by_torchrun_reach_a_coordinator_given_by_address(tmp_pat
     replay = tmp_path / "replay"
     run(replay, *layout, "--nproc", "2", "--replay-quorum", str(out / "quorum.jsonl"))
     assert digests(replay) == digests(out) and len(digests(out)) == 1
+
+
+@pytest.mark.e2e
+def test_a_stop_signal_saves_a_checkpoint_and_the_resumed_run_ends_bitwise_equal(tmp_path):
+    """SIGTERM to the launcher, as a scheduler sends it: the groups finish their step, the
+    last round's saver saves, the run stops with one line naming the checkpoint (exit 143),
+    and `--resume` ends bitwise equal to the same run never stopped."""
+    steps, layout = 40, [*FT, "--nproc", "2", "--replicas", "2", "--zero", "1",
+                         "--global-batch", "8"]  # fmt: skip
+    out = tmp_path / "stopped"
+    proc = start(*SMALL, "--steps", str(steps), *layout, "--out", str(out), cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while not (out / "quorum.jsonl").is_file() or sum(r["committed"] for r in rounds(out)) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    line = err.strip().splitlines()[-1]
+    assert "stopped by SIGTERM; checkpoint of step" in line and "--resume" in line, err
+    saved = int(line.split("checkpoint of step ")[1].split()[0])
+    assert 3 <= saved < steps
+    assert saved == max(r["step"] for r in rounds(out) if r["committed"]) + 1  # the last one
+    code, _, err = finish(start("--resume", str(out), cwd=tmp_path))
+    assert code == 0, err
+    run(tmp_path / "never", *layout, steps=steps)
+    assert digests(out, steps) == digests(tmp_path / "never", steps)
+    assert len(digests(out, steps)) == 1
 
 
 @pytest.mark.e2e

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from paratrain.commands import train as train_command
+from paratrain.config import RunConfig
 
 HUGE = ["--seq-len", "100000", "--max-seq-len", "100000"]  # 12.83 TB of activations per rank
 
@@ -54,12 +55,12 @@ def test_a_users_torchrun_rank_0_exits_with_the_stop_signals_status(
     summary = {"stopped_at_step": 3, "stopped_by": signal_name, "run_dir": str(tmp_path)}
     monkeypatch.setattr(worker, "run_worker", lambda cfg, env, run_dir_prepared: summary)
     env = {"rank": 0, "world_size": 2, "local_rank": 0, "local_world_size": 2}
-    assert train_command._work(None, env, launched_worker=False, as_json=False) == status
+    assert train_command._work(RunConfig(), env, launched_worker=False, as_json=False) == status
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("paratrain train: stopped by "), err
     assert f"{signal_name}; no checkpoint was saved" in err[0].replace(")", ""), err
     # Our launcher's workers exit 0 after a stop: the launcher reports it, with the status.
-    assert train_command._work(None, env, launched_worker=True, as_json=False) == 0
+    assert train_command._work(RunConfig(), env, launched_worker=True, as_json=False) == 0
 
 
 def test_a_users_torchrun_stop_names_its_checkpoint_and_a_resume_through_torchrun(
@@ -76,7 +77,7 @@ def test_a_users_torchrun_stop_names_its_checkpoint_and_a_resume_through_torchru
     summary = {"stopped_at_step": 3, "stopped_by": "SIGTERM", "run_dir": str(tmp_path)}
     monkeypatch.setattr(worker, "run_worker", lambda cfg, env, run_dir_prepared: summary)
     env = {"rank": 0, "world_size": 2, "local_rank": 0, "local_world_size": 2}
-    assert train_command._work(None, env, launched_worker=False, as_json=False) == 143
+    assert train_command._work(RunConfig(), env, launched_worker=False, as_json=False) == 143
     assert capsys.readouterr().err.strip() == (
         f"paratrain train: stopped by SIGTERM; checkpoint of step 3 in {saved}; "
         f"continue with torchrun again and `-m paratrain train --resume {tmp_path}`"

@@ -61,7 +61,7 @@ def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunC
     """The configuration resolved and checked, and the data in words: every refusal before
     any worker starts (under a user's torchrun, before this rank trains)."""
     from paratrain.validate import resolve_and_check
-    from paratrain.validate.rules_fault_tolerance import torchrun_group_rules
+    from paratrain.validate.rules_fault_tolerance import check_torchrun_group
 
     cfg = config_from_args(args)
     world = env["world_size"] if env else cfg.parallel.nproc
@@ -80,7 +80,7 @@ def _checked(args: argparse.Namespace, env: dict[str, Any] | None) -> tuple[RunC
     cfg = resolve_and_check(cfg, world, local, given, device_free=data_check)
     if args.dry_run and env is not None:
         raise ValueError("--dry-run starts no worker: run it without torchrun")
-    torchrun_group_rules(cfg, env is not None, group_env() is not None)
+    check_torchrun_group(cfg, env is not None, group_env() is not None)
     _check_inputs(cfg, env, args.launched_worker)
     return cfg, "".join(data)
 

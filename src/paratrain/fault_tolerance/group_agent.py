@@ -13,6 +13,8 @@ from paratrain.fault_tolerance.group_env import GROUP_VAR
 
 
 def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from paratrain.launch import WorkersFailed, launch_workers
 
     group, nproc, max_restarts, rest = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
@@ -22,6 +24,8 @@ def main(argv: list[str]) -> int:
     except WorkersFailed as e:
         print(f"paratrain: replica group {group}: {e}", file=sys.stderr, flush=True)
         return e.exitcode if e.exitcode > 0 else 1
+    except SignalException as e:  # the launcher's stop, passed on to the workers: they saved
+        return 128 + e.sigval
     return 0
 
 

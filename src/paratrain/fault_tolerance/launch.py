@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
 from paratrain.config import RunConfig
 from paratrain.fault_tolerance.coordinator import Coordinator
 from paratrain.fault_tolerance.group_env import COORDINATOR_VAR
@@ -97,7 +99,17 @@ def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str,
                     exits[g] = agent.returncode
                     coordinator.agent_exited(g)
             time.sleep(0.05)
-    finally:  # a signal to this process: the agents pass it on to their workers
+    except SignalException as e:
+        # A stop: the agents pass it on; each group finishes its step and the saver of the
+        # last round saves (train/preemption.py), with the coordinator still up for them.
+        # A second signal ends them at once (below).
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.send_signal(e.sigval)
+        for agent in agents.values():
+            agent.wait(SHUTDOWN_TIMEOUT_S)
+        raise
+    finally:  # a second signal, or an error here: the agents pass it on to their workers
         for agent in agents.values():
             if agent.poll() is None:
                 agent.terminate()

@@ -38,7 +38,7 @@ from paratrain.fault_tolerance.quorum import (
     parse_faults,
 )
 from paratrain.fault_tolerance.record import ft_data_of
-from paratrain.fault_tolerance.rounds import Rounds
+from paratrain.fault_tolerance.rounds import Mispredicted, RoundAborted, Rounds
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
 from paratrain.train.loop import build_training, checkpoint_due, finish_training
@@ -54,10 +54,6 @@ HANG_TIMEOUTS = 2
 KILLED_EXIT = 43  # an injected kill's exit status: not a signal, so the agent relaunches
 
 
-class RoundAborted(RuntimeError):
-    """The coordinator did not commit the round: no group updates."""
-
-
 class InjectedFault(RuntimeError):
     """--inject-fault allreduce-error: this group's reduction reports a failure."""
 
@@ -67,14 +63,6 @@ def group_config(cfg: RunConfig) -> RunConfig:
     p = cfg.parallel
     inner = replace(p, dp=p.dp // p.replicas, replicas=1, nproc=p.nproc // p.replicas)
     return replace(cfg, parallel=inner)
-
-
-class Mispredicted(RuntimeError):
-    """The round decided is not the one this group computed ahead: compute it as decided."""
-
-    def __init__(self, decided: Quorum) -> None:
-        super().__init__(f"round {decided.round} is not the round computed ahead")
-        self.decided = decided
 
 
 class Reduction:
@@ -111,7 +99,7 @@ class Reduction:
             log.warning("round %d: the reduction failed: %s", self.quorum.round, e)
             ok = False
         if not self.participant.vote(self.quorum, ok):
-            raise RoundAborted(f"round {self.quorum.round} was not committed")
+            raise RoundAborted(self.quorum)
         return loss, tokens
 
 
@@ -123,20 +111,20 @@ def train_in_rounds(
     start: Checkpoint | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
     run_dir: Path | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
-    """Train this group until cfg.train.steps (or until the coordinator ends the run),
-    from `start` if given. run_dir: where the checkpoints go; the lowest-numbered
-    participant of a round saves them."""
+    """Train this group until cfg.train.steps (or the coordinator's end), from `start` if
+    given. run_dir: where the lowest-numbered participant of a round saves checkpoints.
+    stop: asked after every committed step, over the group (train/preemption.py)."""
     t, p, inner = cfg.train, cfg.parallel, group_config(cfg)
     layout = run_row_layout(cfg, data.supervised)
     engine, optimizer, first, lr = build_training(inner, mesh, start, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
-    me = participant.group
-    faults = Injected(cfg, participant)
+    me, faults = participant.group, Injected(cfg, participant)
     timer = StepTimer(mesh.ledger)
     metrics: list[StepMetrics] = []
     rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
-    step = first
+    step, stopped_at = first, None
     while step < t.steps:
         timer.start(step)  # the step's time includes its round: the protocol's cost shows
         quorum = rounds.next(step)
@@ -147,20 +135,14 @@ def train_in_rounds(
             rounds.unknown()
             continue
         step, rng = joined, torch.get_rng_state()
-        micro_batches = on_device(
-            _rows(sampler, quorum, me, mesh.group("dp").rank, cfg), mesh.device
-        )
+        micro_batches = _micro_batches(sampler, quorum, me, mesh, cfg)
         timer.data_done()
         reduce = faults.reduction(quorum, rounds.is_guess(quorum), step)  # a kill exits here
         try:
             out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
-        except Mispredicted as e:
-            torch.set_rng_state(rng)
-            rounds.learnt(e.decided)
-            continue
-        except RoundAborted:
-            torch.set_rng_state(rng)
-            rounds.ended(reduce.quorum, committed=False)
+        except (Mispredicted, RoundAborted) as e:
+            torch.set_rng_state(rng)  # computed again, the step draws what it drew
+            rounds.redo(e)
             continue
         metrics.append(timer.finish(step, out, lr(step)))
         if on_step is not None:
@@ -168,24 +150,31 @@ def train_in_rounds(
         step += 1
         quorum = reduce.quorum
         rounds.ended(quorum, committed=True)
-        if run_dir is not None and checkpoint_due(step, t) and me == quorum.participants[0]:
+        stopped_at = step if stop is not None and step < t.steps and stop() else None
+        due = stopped_at is not None or checkpoint_due(step, t)
+        if run_dir is not None and due and me == quorum.participants[0]:
             checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
                             t.keep_checkpoints)  # fmt: skip
+        if stopped_at is not None:
+            break
     digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout
-    result = finish_training(inner, engine, optimizer, data, metrics, first, None, mesh.device)
+    result = finish_training(
+        inner, engine, optimizer, data, metrics, first, stopped_at, mesh.device
+    )
     result.extra["state_digest"] = digest
     return result
 
 
-def _rows(
-    sampler: BatchSampler, quorum: Quorum, group: int, rank: int, cfg: RunConfig
+def _micro_batches(
+    sampler: BatchSampler, quorum: Quorum, group: int, mesh: Mesh, cfg: RunConfig
 ) -> list[torch.Tensor]:
-    """The micro-batches of this rank (`rank` in its group's dp) in the slice of the sample
-    stream that the round assigns to its group."""
+    """This rank's micro-batches, on its device, of the slice of the sample stream that the
+    round assigns to its group."""
     p, t = cfg.parallel, cfg.train
     batch, slice_ = divmod(quorum.slot_of(group), p.replicas)
-    per_group = p.dp // p.replicas
-    return sampler.replica_microbatches(batch, slice_ * per_group + rank, p.dp, t.micro_batch)
+    replica = slice_ * (p.dp // p.replicas) + mesh.group("dp").rank
+    rows = sampler.replica_microbatches(batch, replica, p.dp, t.micro_batch)
+    return on_device(rows, mesh.device)
 
 
 class Injected:

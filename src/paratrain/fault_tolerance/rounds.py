@@ -9,6 +9,22 @@ from paratrain.fault_tolerance.participant import Participant
 from paratrain.fault_tolerance.quorum import Quorum, following
 
 
+class RoundAborted(RuntimeError):
+    """The coordinator did not commit the round: no group updates."""
+
+    def __init__(self, quorum: Quorum) -> None:
+        super().__init__(f"round {quorum.round} was not committed")
+        self.quorum = quorum
+
+
+class Mispredicted(RuntimeError):
+    """The round decided is not the one this group computed ahead: compute it as decided."""
+
+    def __init__(self, decided: Quorum) -> None:
+        super().__init__(f"round {decided.round} is not the round computed ahead")
+        self.decided = decided
+
+
 class Rounds:
     def __init__(self, participant: Participant, replicas: int, ft_data: str) -> None:
         self.participant, self.replicas, self.ft_data = participant, replicas, ft_data
@@ -39,3 +55,10 @@ class Rounds:
 
     def ended(self, quorum: Quorum, committed: bool) -> None:
         self.guess = following(quorum, committed, self.replicas, self.ft_data)
+
+    def redo(self, why: Mispredicted | RoundAborted) -> None:
+        """The step is computed again: as decided, or in the round after the aborted one."""
+        if isinstance(why, Mispredicted):
+            self.learnt(why.decided)
+        else:
+            self.ended(why.quorum, committed=False)

@@ -18,6 +18,7 @@ from paratrain.fault_tolerance.participant import Participant
 from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
 from paratrain.train.metrics import StepMetrics
+from paratrain.train.preemption import Preemption
 from paratrain.train.worker import (
     WorkerEnv,
     init_process_group,
@@ -48,7 +49,7 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
     participant = Participant(group, mesh, cfg.parallel.heartbeat_timeout_s, p.comm_timeout_s)
     run_dir = Path(cfg.train.out)
     mine = group_dir(run_dir, group.group)
-    writer = None
+    writer, stop = None, Preemption(mesh.control)  # a stop signal: save and stop
     try:
         data = load_tokens(cfg.data.path, cfg.data.val_fraction, cfg.data.tokenizer)
         if mesh.global_rank == 0:
@@ -58,7 +59,7 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
         # Relaunched, or --resume: from the latest checkpoint (a live peer's state replaces
         # it when there is one; when every group starts from it, the record says `rewind`)
         start = resume_point(inner, mesh, run_dir, env.restart_count)
-        result = train_in_rounds(cfg, mesh, data, participant, start, on_step, run_dir)
+        result = train_in_rounds(cfg, mesh, data, participant, start, on_step, run_dir, stop)
         if writer is not None:
             writer.close()
             writer = None
@@ -71,6 +72,7 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
     finally:
         if writer is not None:
             writer.close()
+        stop.close()
         participant.close()
         mesh.close()
     dist.destroy_process_group()

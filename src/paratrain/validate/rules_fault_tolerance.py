@@ -115,7 +115,7 @@ def recorded_rounds(path: Path, flag: str, cfg: RunConfig) -> list[dict[str, Any
     return rounds
 
 
-def torchrun_group_rules(cfg: RunConfig, under_torchrun: bool, our_groups: bool) -> None:
+def check_torchrun_group(cfg: RunConfig, under_torchrun: bool, our_groups: bool) -> None:
     """A replica group started by a user's torchrun says which it is and where its
     coordinator is; --ft-group means nothing to our launcher, which numbers its own.
     our_groups: the worker of a group our launcher started (it was told both)."""
