@@ -309,11 +309,17 @@ PAIRS_OF = ["--nproc", "4", "--replicas", "2", "--global-batch", "8"]
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "inner",
-    [["--zero", "3", "--tp", "2"], ["--zero", "1", "--pp", "2"], ["--zero", "3", "--cp", "2"]],
-    ids=["tp2-zero3", "pp2-zero1", "cp2-zero3"],
+    [
+        ["--zero", "3", "--tp", "2"],
+        ["--zero", "1", "--pp", "2"],
+        ["--zero", "3", "--cp", "2"],
+        ["--zero", "3", "--dtype", "float16", "--loss-scale", "256"],  # a healed group: its scaler
+    ],
+    ids=["tp2-zero3", "pp2-zero1", "cp2-zero3", "fp16-2ranks-zero3"],
 )
 def test_with_tensor_pipeline_or_context_parallel_groups_a_kill_changes_nothing(tmp_path, inner):
-    """2 replica groups of tp 2, pp 2 or cp 2 ranks; group 1 killed at step 4 and
+    """2 replica groups of tp 2, pp 2 or cp 2 ranks, or of 2 ranks in float16 (whose loss
+    scaler, counting its good steps, the heal copies too); group 1 killed at step 4 and
     relaunched. A group alone never commits, so every committed step has both groups
     and the run must train as plain HSDP of that layout (proven equal to one process by
     test_hsdp), within test_without_faults_it_trains_as_hsdp's bound, with the relaunched

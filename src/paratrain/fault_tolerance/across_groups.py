@@ -40,11 +40,28 @@ def state_tensors(engine: Engine, optimizer: Any) -> list[torch.Tensor]:
     return tensors
 
 
+SCALER_KEYS = ("scale", "good_steps", "skipped")  # DynamicLossScaler.state_dict's
+
+
+def scaler_tensor(engine: Engine) -> torch.Tensor:
+    """fp16's loss scalers (Python numbers, not tensors) as one float64 host tensor: the
+    scale, its run of good steps and its skips, per replica that has one."""
+    states = [r.scaler.state_dict() for r in engine.replicas if r.scaler is not None]
+    return torch.tensor([[s[k] for k in SCALER_KEYS] for s in states], dtype=torch.float64)
+
+
+def load_scaler_tensor(engine: Engine, state: torch.Tensor) -> None:
+    scalers = [r.scaler for r in engine.replicas if r.scaler is not None]
+    for scaler, row in zip(scalers, state.tolist(), strict=True):
+        scaler.load_state_dict(dict(zip(SCALER_KEYS, row, strict=True)))
+
+
 def state_digest(engine: Engine, optimizer: Any, group: CommGroup) -> str:
     """SHA-256 of the whole training state of a replica group (every rank's
-    `state_tensors`, bit for bit, in rank order): equal digests, equal states."""
+    `state_tensors` and loss scalers, bit for bit, in rank order): equal digests, equal
+    states."""
     mine = hashlib.sha256()
-    for t in state_tensors(engine, optimizer):
+    for t in [*state_tensors(engine, optimizer), scaler_tensor(engine)]:
         mine.update(t.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     digest = torch.frombuffer(bytearray(mine.digest()), dtype=torch.uint8)
     everyone = comm.gather(digest, group)  # group rank 0 gets them; the others None
@@ -58,8 +75,9 @@ def state_digest(engine: Engine, optimizer: Any, group: CommGroup) -> str:
 def heal(engine: Engine, optimizer: Any, across: CommGroup, source: int, receive: bool) -> None:
     """Copy `source`'s (a rank of `across`) training state to the participants that are
     behind (`receive` on their ranks), bit for bit: one broadcast per dtype of the whole
-    state; the others receive into scratch and keep their own, so that a copy cut short
-    by a failure changes nothing but the group behind, which is still behind."""
+    state, then the random generator and fp16's loss scalers; the others receive into
+    scratch and keep their own, so that a copy cut short by a failure changes nothing but
+    the group behind, which is still behind."""
     tensors = state_tensors(engine, optimizer)
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
@@ -70,6 +88,9 @@ def heal(engine: Engine, optimizer: Any, across: CommGroup, source: int, receive
         flat = torch.cat([t.reshape(-1) for t in group])
         received.append((group, comm.broadcast(flat, across, src=source)))
     rng = comm.broadcast(torch.get_rng_state(), across, src=source)
+    scalers = scaler_tensor(engine)  # on the host: `across` is gloo; under fp16 only
+    if scalers.numel():  # (the same on every participant: one configuration)
+        scalers = comm.broadcast(scalers, across, src=source)
     if not receive:
         return
     for group, flat in received:
@@ -78,5 +99,6 @@ def heal(engine: Engine, optimizer: Any, across: CommGroup, source: int, receive
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
     torch.set_rng_state(rng)
+    load_scaler_tensor(engine, scalers)
     for r in engine.replicas:
         r.after_load()

@@ -27,7 +27,6 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
             f"valid: 1 to {p.replicas}"
         )
     unsupported = [
-        (t.dtype == "float16", "--dtype float16", "bfloat16 or float32"),
         (bool(p.straggler), "--straggler", "no --straggler"),
         (t.tensorboard, "--tensorboard", "--no-tensorboard"),
     ]
