@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from paratrain import comm
+from paratrain.checkpoint import scaler_state
 from paratrain.comm.group import CommGroup
 from paratrain.train.engine import Engine
 
@@ -40,20 +41,17 @@ def state_tensors(engine: Engine, optimizer: Any) -> list[torch.Tensor]:
     return tensors
 
 
-SCALER_KEYS = ("scale", "good_steps", "skipped")  # DynamicLossScaler.state_dict's
-
-
 def scaler_tensor(engine: Engine) -> torch.Tensor:
-    """fp16's loss scalers (Python numbers, not tensors) as one float64 host tensor: the
-    scale, its run of good steps and its skips, per replica that has one."""
-    states = [r.scaler.state_dict() for r in engine.replicas if r.scaler is not None]
-    return torch.tensor([[s[k] for k in SCALER_KEYS] for s in states], dtype=torch.float64)
+    """fp16's loss scaler state (Python numbers; the same on every replica, as the
+    checkpoint saves it) as a float64 host tensor; empty without fp16."""
+    return torch.tensor(list((scaler_state(engine) or {}).values()), dtype=torch.float64)
 
 
-def load_scaler_tensor(engine: Engine, state: torch.Tensor) -> None:
-    scalers = [r.scaler for r in engine.replicas if r.scaler is not None]
-    for scaler, row in zip(scalers, state.tolist(), strict=True):
-        scaler.load_state_dict(dict(zip(SCALER_KEYS, row, strict=True)))
+def load_scaler_tensor(engine: Engine, values: torch.Tensor) -> None:
+    keys = scaler_state(engine) or {}
+    for r in engine.replicas:
+        if r.scaler is not None:
+            r.scaler.load_state_dict(dict(zip(keys, values.tolist(), strict=True)))
 
 
 def state_digest(engine: Engine, optimizer: Any, group: CommGroup) -> str:

@@ -62,13 +62,16 @@ def serve_groups(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         f"--coordinator {coordinator.address}",
         flush=True,
     )
-    try:
+    started = time.time()
+    try:  # in short waits: a stop signal to this process is handled at once
         while not coordinator.done.wait(0.2):
-            pass
+            continue
     finally:
         coordinator.close()
-    finished = {g: (group_dir(run_dir, g) / rd.SUMMARY_FILE).is_file() for g in range(p.replicas)}
-    return run_record(cfg, run_dir, {g: 0 if done else None for g, done in finished.items()})
+    summaries = [group_dir(run_dir, g) / rd.SUMMARY_FILE for g in range(p.replicas)]
+    # A group finished if it wrote its summary in this run (a resumed run has older ones)
+    finished = [s.is_file() and s.stat().st_mtime >= started for s in summaries]
+    return run_record(cfg, run_dir, {g: 0 if done else None for g, done in enumerate(finished)})
 
 
 def launch_groups(cfg: RunConfig, config_path: Path, run_dir: Path) -> dict[str, Any]:

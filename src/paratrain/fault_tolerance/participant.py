@@ -69,11 +69,6 @@ class Participant:
             self._beats.join()
 
     # -- rounds --------------------------------------------------------------------------
-    def quorum(self, step: int) -> Quorum:
-        """Ask for the next round at `step` and return its decision."""
-        self.ask(step)
-        return self.decision()
-
     def ask(self, step: int) -> None:
         """Ask for the next round at `step` (the leader; the others have nothing to do)."""
         if not self.leader:
