@@ -68,7 +68,7 @@ def test_hsdp_composes_with_tensor_and_pipeline_parallelism():
     [
         ({"replicas": 3}, r"--replicas 3 does not divide the 4 data-parallel ranks; valid: 1, 2"),
         ({"zero": 0}, r"--replicas 2 needs ZeRO \(--zero 1, 2 or 3\)"),
-        ({"ep": 2, "experts": 4}, r"--replicas 2 with --ep 2 is not supported yet"),
+        ({"ep": 4, "experts": 4}, r"--ep 4 does not divide a replica group's 2 ranks .*: 1, 2"),
     ],
 )
 def test_hsdp_refusals_name_the_flag_and_what_is_valid(change, message):
@@ -135,6 +135,37 @@ def test_planner_formulas_shard_over_a_replica_group_and_all_reduce_across():
     assert entries[("dp_replicate", "gradient shards across replica groups")] == 2 * n // 4
     assert entries[("dp_shard", "gradients, every micro-batch")] == 3 * 2 * n // 4
     assert sum(b for (axis, _), b in entries.items() if axis == "dp_shard") == 3 * 3 * 2 * n // 4
+
+
+def test_planner_formulas_for_experts_under_hsdp():
+    """Mixtral 8x7B at dp 16 = 2 replica groups of 8, ep 4, ZeRO-1: the dense parameters
+    shard over the group's 8 ranks, the experts (1/4 of them per rank) over the group's 2
+    ranks holding the same ones; each set's gradient shard is all-reduced once over the 2
+    groups, 2 (R - 1) / R of its bytes; the model state (mixed-precision Adam, ZeRO-1:
+    4 bytes whole, 12 sharded) is the dense (4 + 12 / 8) N plus the experts'
+    (4 + 12 / 2) E / 4."""
+    from paratrain.plan import moe
+    from paratrain.plan.cluster import ClusterSpec
+    from paratrain.plan.comm import ACROSS_REPLICAS, dp_traffic
+    from paratrain.plan.estimate import model_state
+    from paratrain.plan.layout import Layout, Workload
+    from paratrain.plan.model import model_preset
+
+    m, workload = model_preset("mixtral-8x7b"), Workload(micro_batch=1, global_batch=16)
+    experts = moe.all_expert_params(m)
+    dense = m.params - experts
+    layout = Layout(dp=16, zero=1, ep=4, replicas=2)
+    cluster = ClusterSpec("two nodes of 8", 16, 8, 80e9, 1e11, 1e10, 0, 0, 1e15, 0.5)
+    entries = {(e.axis, e.what): e.bytes for e in dp_traffic(m, workload, layout, cluster, 1)}
+    grad = workload.precision.grad_bytes
+    assert entries[("dp_replicate", ACROSS_REPLICAS)] == grad * -(-dense // 8)
+    assert entries[("dp_replicate", "expert " + ACROSS_REPLICAS)] == grad * (experts // 4 // 2)
+    assert {axis for axis, _ in entries} == {"dp_shard", "expert_shard", "dp_replicate"}
+    state = model_state(m, workload, layout)
+    expected = (4 + 12 / 8) * dense + (4 + 12 / 2) * experts / 4
+    assert state.step_boundary == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="ep 16 does not divide a replica group's 8 ranks"):
+        Layout(dp=16, zero=1, ep=16, replicas=2)
 
 
 def _checkpointed_run(rank, world_size, dp, zero, replicas, run_dir, resume_step, rewarmup):

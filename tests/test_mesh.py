@@ -119,6 +119,22 @@ def test_hsdp_replica_groups_are_consecutive_and_replicate_across_them():
         MeshShape(dp=4, replicas=3)
 
 
+def test_hsdp_experts_shard_within_a_replica_group_and_replicate_across():
+    """With ep > 1 each replica group holds every expert (its ep runs lie inside it): the
+    experts shard over the group's ranks at one place in their runs ("expert_shard"), and
+    the ranks at one place of every group hold the same expert shards (dp_replicate)."""
+    shape = MeshShape(dp=8, ep=2, replicas=2)
+    assert shape.groups("dp_shard") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert shape.groups("ep") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert shape.groups("expert_dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert shape.groups("expert_shard") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert shape.size("expert_shard") == 2
+    for group in shape.groups("dp_replicate"):  # same ep place: the same experts
+        assert len({shape.group_of("ep", r).index(r) for r in group}) == 1
+    with pytest.raises(ValueError, match="ep=4 must divide a replica group's dp·cp / replicas"):
+        MeshShape(dp=4, ep=4, replicas=2)
+
+
 def _hsdp_facts(rank, world_size, dp, tp, replicas):
     mesh = Mesh.build(dp=dp, tp=tp, replicas=replicas)
     return {axis: mesh.group(axis).ranks for axis in ("dp_shard", "dp_replicate")}

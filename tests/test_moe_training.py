@@ -132,6 +132,11 @@ LAYOUTS = {  # name -> (dp, tp, ep, zero, collective algorithms[, pp, schedule])
     "pp 2 x dp 2 x ep 2, zb-h1, recompute selective": (
         2, 1, 2, 0, "native", 2, "zb-h1", "float32", "selective"),
 }  # fmt: skip
+HSDP = {  # --replicas 2: each replica group of 2 ranks holds every expert (ep 2 or 1)
+    "HSDP 2 x (dp 2 x ep 2), ZeRO-1": (4, 1, 2, 1, "native"),
+    "HSDP 2 x (dp 2 x ep 2), ZeRO-3": (4, 1, 2, 3, "native"),
+    "HSDP 2 x dp 2, experts whole (ep 1), ZeRO-2": (4, 1, 1, 2, "native"),
+}
 BF16 = (4, 1, 2, 1, "native")  # dp 4 x ep 2, ZeRO-1, in bfloat16: within bf16's bounds
 
 
@@ -145,13 +150,14 @@ def layout_config(
     schedule: str = "1f1b",
     dtype: str = "float32",
     recompute: str = "none",
+    replicas: int = 1,
 ) -> RunConfig:
     cfg = RunConfig()
     cfg.model = dataclasses.replace(cfg.model, **preset("moe-tiny"), name="moe-tiny")
     cfg.model.d_model, cfg.model.max_seq_len = 32, 32
     p, t = cfg.parallel, cfg.train
     p.nproc, p.dp, p.tp, p.ep, p.zero, p.bucket_mb = dp * tp * pp, dp, tp, ep, zero, 0.01
-    p.pp, p.schedule = pp, schedule
+    p.pp, p.schedule, p.replicas = pp, schedule, replicas
     p.comm_algo = algo  # the run-wide default, as --comm-algo sets it
     t.seq_len, t.global_batch, t.micro_batch, t.steps = 16, 8, 8 // dp, 3
     t.dtype, t.recompute = dtype, recompute
@@ -161,10 +167,11 @@ def layout_config(
 
 def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
     """Under ZeRO-3 with ep > 1, what the rank holds at the step boundary: its experts'
-    shard is 1/expert_dp of its E/ep experts (the wrapper's shards against the experts'
-    sizes), and the model state by kind is the run's prediction (plan/rank_experts.py).
-    The experts prefetch as the dense units do (--prefetch 1): layer 1's gather is issued
-    before layer 0's forward ends, and layer 0's in layer 1's backward."""
+    shard is 1/expert_dp of its E/ep experts, under HSDP 1/expert_shard (the wrapper's
+    shards against the experts' sizes), and the model state by kind is the run's
+    prediction (plan/rank_experts.py). The experts prefetch as the dense units do
+    (--prefetch 1): layer 1's gather is issued before layer 0's forward ends, and layer
+    0's in layer 1's backward."""
     from paratrain.train.prediction import predict
 
     p = cfg.parallel
@@ -174,7 +181,8 @@ def check_expert_shards(cfg: RunConfig, result, rank: int) -> None:
     local = [q for n, q in result.engine.modules[0].named_parameters() if ".experts.local." in n]
     assert {id(q) for q in local} == {id(q) for u in experts.units for q in u.params}
     held = sum(s.param.numel() for s in experts.shards)  # no padding at d 32
-    assert held * (p.dp // p.ep) == sum(q.numel() for q in local) > 0
+    shard_over = p.dp // (p.ep * p.replicas)  # HSDP: within a replica group (expert_shard)
+    assert held * shard_over == sum(q.numel() for q in local) > 0
     assert experts.group.size == p.dp // p.ep and dense.group.size == p.dp
     predicted = predict(cfg).model_state[rank]
     measured = result.extra["model_state_bytes"]
@@ -198,7 +206,7 @@ def train_layouts(
     for i, cfg in enumerate(configs):
         p = cfg.parallel
         options = CommOptions(algo=p.comm_algo)
-        mesh = Mesh.build(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, options=options)
+        mesh = Mesh.build(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, options=options, replicas=p.replicas)
         result = train(cfg, mesh, data, run_dir=(run_dirs or {}).get(i))
         check_expert_shards(cfg, result, rank)
         state = {}
@@ -223,12 +231,15 @@ def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process(tmp_path):
     broadcast overwrites the other ranks' experts; the shard check first), and their
     reduce-scatter averaging instead of summing (step 1's gradient norm).
     At ep 1 the experts are whole on every rank and only the routing spans the ranks.
+    In 2 HSDP replica groups (ZeRO within each) the experts shard within their group and
+    all-reduce across: skipping that all-reduce for them fails step 2's loss.
     Last, the bf16 layout, against the same float32 process.
     The ZeRO-3 layout saves a sharded checkpoint: `read_model` reads it back with whole
     experts, (E, d, h), equal to one process's parameters and the routers' balancing
     biases (persistent buffers: 0 here, bias_rate 0)."""
     data = load_tokens(DATA)
     configs = [layout_config(*layout) for layout in LAYOUTS.values()]
+    configs += [layout_config(*layout, replicas=2) for layout in HSDP.values()]
     configs.append(layout_config(*BF16, dtype="bfloat16"))
     zero3 = list(LAYOUTS).index("dp 4 x ep 2, ZeRO-3")
     run_dirs = {zero3: tmp_path / "zero3"}
@@ -246,7 +257,7 @@ def test_expert_parallel_with_zero_buckets_and_tp_equals_one_process(tmp_path):
             assert math.isclose(a, b, rel_tol=BF16_LOSS_RTOL), (a, b)
         ours, ref = update(bf16.state, initial), update(reference.state, initial)
         assert (ours - ref).norm() <= BF16_UPDATE_RTOL * ref.norm()
-    for i, (name, layout) in enumerate(LAYOUTS.items()):
+    for i, (name, layout) in enumerate({**LAYOUTS, **HSDP}.items()):
         for rank, records in enumerate(per_rank):
             record = records[i]
             if len(layout) > 5 and layout[5] > 1:  # a pipeline: each rank its stage's

@@ -189,7 +189,8 @@ def cp_and_moe_configs() -> list[RunConfig]:
     at dp 4 x ep 2 under ZeRO-1, so that each expert has two replicas (expert_dp 2), and
     at pp 2 x dp 2 x ep 2 (1F1B, K = 2): each stage its block's experts and routing; and
     at dp 4 x ep 2 under ZeRO-3 with a tied head: FSDP units, each layer's experts one
-    over expert_dp, the tied table a root unit not gathered again for backward."""
+    over expert_dp, the tied table a root unit not gathered again for backward; the same
+    in 2 HSDP replica groups."""
     ring = config(dp=2, cp=2, nproc=4)
     ulysses = config(dp=2, cp=2, nproc=4, cp_method="alltoall", zero=1)
     moe = tiny_config(steps=2, global_batch=16)  # b = 2 at dp 4: K = 2 micro-batches
@@ -208,6 +209,10 @@ def cp_and_moe_configs() -> list[RunConfig]:
     recomputed = copy.deepcopy(moe)
     r = recomputed.parallel
     r.dp, r.tp, r.zero, recomputed.train.recompute = 2, 2, 0, "full"
+    # HSDP, 2 replica groups of 2 ranks, each one ep group: the experts shard over their
+    # group's ranks holding them (expert_shard, 1 rank here) and all-reduce across
+    hsdp = copy.deepcopy(fsdp)
+    hsdp.parallel.replicas = 2
     out = [
         ring,
         ulysses,
@@ -215,7 +220,7 @@ def cp_and_moe_configs() -> list[RunConfig]:
         resolve_and_check(piped, 4),
         resolve_and_check(fsdp, 4),
     ]
-    return out + [resolve_and_check(recomputed, 4)]
+    return out + [resolve_and_check(recomputed, 4), resolve_and_check(hsdp, 4)]
 
 
 def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tuple]:
@@ -235,8 +240,9 @@ def train_each(rank: int, world: int, configs: list[RunConfig], data) -> list[tu
 
 def test_cp_and_experts_predicted_per_rank_and_group():
     """Ring and all-to-all attention at cp 2 x dp 2, and moe-tiny at dp 4 x ep 2 (ZeRO-1;
-    ZeRO-3, tied) and pp 2 x dp 2 x ep 2: the summary's model state and bytes sent per
-    step by group (dp_cp, cp, dp, ep, expert_dp) equal the prediction on every rank,
+    ZeRO-3, tied, also in 2 HSDP replica groups) and pp 2 x dp 2 x ep 2: the summary's
+    model state and bytes sent per step by group (dp_cp, cp, dp, ep, expert_dp,
+    dp_replicate) equal the prediction on every rank,
     exactly, but for one term: the tokens of the expert all-to-all, which follow the
     router's choices and are predicted for a balanced router (2 k N d e (ep-1)/ep per
     layer and pass). For it the test allows
@@ -256,7 +262,9 @@ def test_cp_and_experts_predicted_per_rank_and_group():
             m, k, routed = cfg.model, cfg.train.microbatches, predicted["routed_bytes_per_step"]
             exact = {g: v for g, v in p_sent[rank].items() if g != "ep"}
             assert exact == {g: v for g, v in m_sent[rank].items() if g != "ep"}
-            assert (exact["expert_dp"] > 0) == (cfg.parallel.dp > cfg.parallel.ep)
+            hsdp = cfg.parallel.replicas > 1  # the experts' shards: all-reduced across
+            assert (exact["expert_dp"] > 0) == (cfg.parallel.dp > cfg.parallel.ep and not hsdp)
+            assert (exact["dp_replicate"] > 0) == hsdp
             assert counts > 0 and routed[rank] > 0
             assert (exact["pp"] > 0) == (cfg.parallel.pp > 1)
             # everything on ep but the routed tokens is exact: counts, norms

@@ -35,6 +35,7 @@ LAYOUT_FIELDS = (
     "sequence_parallel",
     "schedule",
     "chunks",
+    "replicas",
 )
 
 
@@ -71,6 +72,7 @@ AT_SCALE = {
         world=64, tp=2, pp=4, zero=1, schedule="interleaved", chunks=2, k=4
     ),
     "cp 2 tp 2": dict(world=64, cp=2, tp=2),
+    "hsdp zero3 dp 64 in 4 groups": dict(world=64, zero=3, replicas=4),
 }
 
 
@@ -170,6 +172,7 @@ W8 = ["--world", "8", "--global-batch", "64"]
         ([*W8, "--ranks", "last"], "give 'roles' or ranks"),
         ([*W8, "--data", "x.txt"], "has no meaning under simulation"),
         ([*W8, "--dtype", "float16"], "--dtype float16"),
+        ([*W8, "--num-experts", "8", "--ep", "2"], "--num-experts 8: a router's token counts"),
         (["--world", "8", "--tp", "8"], "tp=8 must divide"),
     ],
 )

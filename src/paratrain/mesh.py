@@ -101,6 +101,9 @@ class Mesh:
             "dp_cp": ("dp", shape.cp == 1),
             "expert_dp": ("dp_cp", shape.ep == 1),
             "dp_shard": ("dp_cp", shape.replicas == 1),
+            "expert_shard": (
+                ("dp_shard", True) if shape.ep == 1 else ("expert_dp", shape.replicas == 1)
+            ),
         }
         for kind in DERIVED:
             base, alias = same_as.get(kind, ("", False))

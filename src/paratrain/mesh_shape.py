@@ -21,6 +21,11 @@ docs/experts.md):
   of dp_cp, one replica group (within a node, as torchtitan's 2-D mesh), which ZeRO shards
   over; "dp_replicate": the ranks at one position of every run (same shards), over which
   the reduced shards are all-reduced. With R = 1 dp_shard is dp_cp.
+- "expert_shard" (HSDP with ep > 1): the ranks of one replica group at the same position
+  in their ep run, which hold the same experts and shard them. An ep run lies inside a
+  replica group (ep divides dp·cp / R), so every replica group holds every expert and
+  the ranks at one position of every group, dp_replicate, hold the same expert shards
+  too. With R = 1 it is expert_dp; with ep = 1, dp_shard.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost
 # groups made of the axes' ranks (module docstring)
-DERIVED = ("dp_cp", "ep", "expert_dp", "dp_shard", "dp_replicate")
+DERIVED = ("dp_cp", "ep", "expert_dp", "dp_shard", "dp_replicate", "expert_shard")
 GROUPS = AXES + DERIVED
 
 
@@ -55,6 +60,11 @@ class MeshShape:
                 f"mesh {self.describe()}: ep={self.ep} must divide dp·cp = "
                 f"{self.dp * self.cp}, the ranks that hold different tokens"
             )
+        if (self.dp * self.cp // self.replicas) % self.ep:
+            raise ValueError(
+                f"mesh {self.describe()}: ep={self.ep} must divide a replica group's "
+                f"dp·cp / replicas = {self.dp * self.cp // self.replicas} ranks"
+            )
 
     @property
     def world_size(self) -> int:
@@ -73,6 +83,8 @@ class MeshShape:
             return self.dp * self.cp // self.replicas
         if axis == "dp_replicate":
             return self.replicas
+        if axis == "expert_shard":
+            return self.dp * self.cp // (self.replicas * self.ep)
         raise ValueError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUPS)}")
 
     def describe(self) -> str:
@@ -123,6 +135,10 @@ class MeshShape:
             elif kind in ("ep", "dp_shard"):  # consecutive runs
                 run = self.size(kind)
                 groups += [ranks[i : i + run] for i in range(0, len(ranks), run)]
+            elif kind == "expert_shard":  # in each replica group, one position of ep runs
+                run, ep = self.size("dp_shard"), self.ep
+                for start in range(0, len(ranks), run):
+                    groups += [ranks[start + i : start + run : ep] for i in range(ep)]
             else:  # expert_dp, dp_replicate: the same position in every run
                 run = self.size("ep" if kind == "expert_dp" else "dp_shard")
                 groups += [ranks[i::run] for i in range(run)]

@@ -68,6 +68,11 @@ def checked_config(args: argparse.Namespace) -> Any:
     check_effective(cfg, given)
     if cfg.train.dtype == "float16":
         raise ValueError("--dtype float16: the loss scaler reads values, which fake tensors lack")
+    if cfg.model.num_experts:
+        raise ValueError(
+            f"--num-experts {cfg.model.num_experts}: a router's token counts decide shapes, "
+            "which fake tensors lack; simulate a dense model (--num-experts 0)"
+        )
     return cfg
 
 

@@ -109,20 +109,20 @@ def train_in_rounds(
     data: TokenData,
     participant: Participant,
     start: Checkpoint | None = None,
-    on_step: Callable[[StepMetrics], None] | None = None,
+    on_step: Callable[[StepMetrics, bool], None] | None = None,
     run_dir: Path | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train this group until cfg.train.steps (or the coordinator's end), from `start` if
-    given. run_dir: where the lowest-numbered participant of a round saves checkpoints.
-    stop: asked after every committed step, over the group (train/preemption.py)."""
+    given. on_step: each committed step's metrics, and whether this group is the round's
+    lowest participant, which saves checkpoints in run_dir. stop: asked after every
+    committed step, over the group (train/preemption.py)."""
     t, p, inner = cfg.train, cfg.parallel, group_config(cfg)
     layout = run_row_layout(cfg, data.supervised)
     engine, optimizer, first, lr = build_training(inner, mesh, start, layout == "documents")
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
     me, faults = participant.group, Injected(cfg, participant)
-    timer = StepTimer(mesh.ledger)
-    metrics: list[StepMetrics] = []
+    timer, metrics = StepTimer(mesh.ledger), list[StepMetrics]()
     rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
     step, stopped_at = first, None
     while step < t.steps:
@@ -145,10 +145,10 @@ def train_in_rounds(
             rounds.redo(e)
             continue
         metrics.append(timer.finish(step, out, lr(step)))
-        if on_step is not None:
-            on_step(metrics[-1])
-        step += 1
         quorum = reduce.quorum
+        if on_step is not None:
+            on_step(metrics[-1], me == quorum.participants[0])
+        step += 1
         rounds.ended(quorum, committed=True)
         stopped_at = step if stop is not None and step < t.steps and stop() else None
         due = stopped_at is not None or checkpoint_due(step, t)

@@ -19,6 +19,7 @@ from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
 from paratrain.train.metrics import StepMetrics
 from paratrain.train.preemption import Preemption
+from paratrain.train.progress import Progress
 from paratrain.train.worker import (
     WorkerEnv,
     init_process_group,
@@ -55,10 +56,22 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
         if mesh.global_rank == 0:
             mine.mkdir(parents=True, exist_ok=True)
             writer = GroupMetrics(mine)
-        on_step = writer.write if writer is not None else None
         # Relaunched, or --resume: from the latest checkpoint (a live peer's state replaces
         # it when there is one; when every group starts from it, the record says `rewind`)
         start = resume_point(inner, mesh, run_dir, env.restart_count)
+        # The round's loss is the participants' mean, the same in every group: the lowest
+        # participant shows it, in log lines (the groups share the terminal: no bar)
+        first = start.step if start is not None else 0
+        progress = Progress(
+            cfg.train.steps, cfg.train.log_every, writer is not None, first, bar=False
+        )
+
+        def on_step(m: StepMetrics, leading: bool) -> None:
+            if writer is not None:
+                writer.write(m)
+            if leading:
+                progress.update(m)
+
         result = train_in_rounds(cfg, mesh, data, participant, start, on_step, run_dir, stop)
         if writer is not None:
             writer.close()

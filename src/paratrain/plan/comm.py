@@ -39,6 +39,9 @@ from paratrain.plan.memory import local_params
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
+ACROSS_REPLICAS = "gradient shards across replica groups"  # HSDP's all-reduce (hybrid.py)
+# The groups that carry data-parallel gradients (dense and experts', with HSDP's parts)
+GRADIENT_AXES = ("dp", "expert_dp", "dp_shard", "expert_shard", "dp_replicate")
 LOSS_STAT_BYTES = 12  # per token: the max (fp32), then sum of exp and the target logit (fp32)
 
 
@@ -96,6 +99,7 @@ def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:
         "ep": t * layout.ep,
         "expert_dp": t * c * layout.dp,
         "dp_shard": t * c * layout.dp // layout.replicas,  # a run of consecutive dp ranks
+        "expert_shard": t * c * layout.dp // layout.replicas,  # inside that run
         "dp_replicate": t * c * layout.dp,
         "pp": layout.world,
     }[axis]
@@ -109,26 +113,25 @@ def dp_traffic(
     ranks; a mixture of experts' expert parameters over the expert_dp group of k / ep
     (plan/moe.py), each with the same formulas. Under HSDP (`Layout.replicas` R > 1) ZeRO
     runs over a replica group of k / R ranks ("dp_shard"), and each rank all-reduces its
-    gradient shard over the R groups once per step ("dp_replicate")."""
+    gradient shard over the R groups once per step ("dp_replicate"); so do the experts,
+    over the k / (R ep) ranks of a replica group holding the same ones ("expert_shard")."""
     experts = moe.all_expert_params(model)
     k, hsdp = layout.data_ranks, layout.replicas > 1 and layout.zero > 0
-    dense = model.params - experts
-    entries = _sync_traffic(
-        dense, layout.shard_ranks if hsdp else k, "dp_shard" if hsdp else "dp",
-        model, workload, layout, cluster, microbatches,
-    )  # fmt: skip
-    if hsdp:
-        shard = math.ceil(local_params(dense, layout.tp, layout.pp) / layout.shard_ranks)
-        nbytes = all_reduce_bytes(workload.precision.grad_bytes * shard, layout.replicas)
-        link = axis_link("dp_replicate", layout, cluster)
-        what = "gradient shards across replica groups"
-        messages = 2 * (layout.replicas - 1)
-        entries.append(CommEntry("all_reduce", "dp_replicate", link, what, nbytes, messages))
-    if experts:
-        entries += _sync_traffic(
-            experts // layout.ep, k // layout.ep, "expert_dp", model, workload, layout, cluster,
-            microbatches,
-        )  # fmt: skip
+    r = layout.replicas if hsdp else 1
+    entries = []
+    for n, ranks, axis in [
+        (model.params - experts, k // r, "dp_shard" if hsdp else "dp"),
+        (experts // layout.ep, k // (r * layout.ep), "expert_shard" if hsdp else "expert_dp"),
+    ]:
+        if not n:
+            continue
+        entries += _sync_traffic(n, ranks, axis, model, workload, layout, cluster, microbatches)
+        if hsdp:
+            shard = math.ceil(local_params(n, layout.tp, layout.pp) / ranks)
+            nbytes = all_reduce_bytes(workload.precision.grad_bytes * shard, r)
+            link = axis_link("dp_replicate", layout, cluster)
+            what = ("expert " if axis == "expert_shard" else "") + ACROSS_REPLICAS
+            entries.append(CommEntry("all_reduce", "dp_replicate", link, what, nbytes, 2 * (r - 1)))
     return entries
 
 
@@ -148,7 +151,7 @@ def _sync_traffic(
     n = local_params(n_params, layout.tp, layout.pp)
     grads = workload.precision.grad_bytes * n
     link = axis_link(axis, layout, cluster)
-    prefix = "expert " if axis == "expert_dp" else ""
+    prefix = "expert " if axis in ("expert_dp", "expert_shard") else ""
     buckets = max(1, math.ceil(grads / workload.bucket_bytes))
     units = (model.n_layer or 0) + 1  # ZeRO-3 / FSDP gathers one block (or the ends) at a time
     # ZeRO's flat buffer is padded to k ceil(n / k) elements (plan/memory.py), so with S the

@@ -51,8 +51,9 @@ class Estimate:
     @property
     def gradient_comm_bytes(self) -> int:
         """Data-parallel gradient traffic: the all-reduce or reduce-scatters of gradients."""
-        dp = ("dp", "dp_shard", "dp_replicate")
-        return sum(e.bytes for e in self.comm if e.axis in dp and "gradient" in e.what)
+        return sum(
+            e.bytes for e in self.comm if e.axis in comm.GRADIENT_AXES and "gradient" in e.what
+        )
 
     @property
     def model_tflops_per_gpu(self) -> float | None:

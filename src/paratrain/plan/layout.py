@@ -183,6 +183,10 @@ class Layout:
             raise ValueError(f"ep {self.ep} does not divide dp {self.dp} x cp {self.cp}")
         if self.dp % self.replicas:
             raise ValueError(f"replicas {self.replicas} does not divide dp {self.dp}")
+        if self.shard_ranks % self.ep:  # every replica group holds every expert
+            raise ValueError(
+                f"ep {self.ep} does not divide a replica group's {self.shard_ranks} ranks"
+            )
 
     @property
     def world(self) -> int:

@@ -6,6 +6,8 @@ data-parallel wrapping splits in two, each a flat buffer of its own for ZeRO-1/2
 - dense (attention, norms, embeddings, every layer's router and shared expert), over
   dp_cp: what a dense model holds, less its MLPs, plus the routers and shared experts;
 - experts: E/ep of every layer's experts, over expert_dp (dp_cp / ep ranks).
+Under HSDP each share shards within its replica group (dense over dp_shard, experts over
+expert_shard: mesh_shape.py) and all-reduces its gradient shards over dp_replicate.
 Under ZeRO-3 each share is the flat buffers of its units, each padded on its own: the
 dense share the model's units (a block's holding its router and shared expert, and its
 experts with ep 1; a tied table the root), the experts one unit per layer.
@@ -23,7 +25,8 @@ Traffic per step, K micro-batches, L MoE layers, b s tokens a micro-batch:
   many arrive: 2 k N d e (ep - 1)/ep per layer and pass (plan/moe.py with iota = 1). The
   real router's choices differ step by step: that term is marked `routed`, the rest is
   exact. The experts' gradient-norm squares, two float64, are summed over ep (and under
-  ZeRO over expert_dp first: train/clip.py).
+  ZeRO over the group their shards split over first, expert_dp or expert_shard:
+  train/clip.py).
 Per pipeline stage, its own blocks. Recomputation routes every layer again in backward:
 its counts and all-to-alls twice, its tokens in three passes; DataParallel's broadcast
 stays once (the recomputation calls the block, not the wrapper).
@@ -47,6 +50,7 @@ from paratrain.plan.rank_groups import (
     data_rank,
     ep_rank,
     expert_dp_rank,
+    expert_shard_rank,
     group_name,
 )
 from paratrain.plan.rank_memory import (
@@ -107,6 +111,11 @@ class Share:
     def flat(self) -> list[int]:
         return list(self.buffers or (self.params,))
 
+    @property
+    def shard_kind(self) -> str:
+        """The group ZeRO shards it over under HSDP: its kind's part of a replica group."""
+        return "dp_shard" if self.kind == "dp_cp" else "expert_shard"
+
 
 def shares(model: ModelSpec, experts: ExpertCounts, layout: Layout, at: Coords) -> list[Share]:
     """The rank's shares (module docstring), per chunk of its pipeline stage: each chunk is
@@ -138,8 +147,9 @@ def shares(model: ModelSpec, experts: ExpertCounts, layout: Layout, at: Coords) 
 
 
 def share_layout(share: Share, layout: Layout) -> Layout:
-    """The share's group as the dense counts take it: its data-parallel ranks."""
-    return Layout(dp=share.size, zero=layout.zero)
+    """The share's group as the dense counts take it: its data-parallel ranks, in the
+    run's replica groups (each holds every expert: mesh_shape.py)."""
+    return Layout(dp=share.size, zero=layout.zero, replicas=layout.replicas)
 
 
 def expert_model_state(
@@ -202,7 +212,8 @@ def moe_terms(
         RankTraffic("ep", "all_to_all", "routing counts", counts),
         RankTraffic("ep", "all_to_all", what, round(balanced), routed=True),
     ]
-    norms = [("expert_dp", size // ep, expert_dp_rank(layout, at))] if layout.zero else []
+    shard = size // (ep * layout.replicas)  # ZeRO's shards of the experts: expert_shard
+    norms = [("expert_shard", shard, expert_shard_rank(layout, at))] if layout.zero else []
     for kind, n, r in [*norms, ("ep", ep, ep_rank(layout, at))]:
         sent = comm.ring_all_reduce_rank_bytes(2, 8, n, r)
         if sent:

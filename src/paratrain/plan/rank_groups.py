@@ -8,7 +8,8 @@ the same rule, so a predicted term lands where the ledger puts the measured one.
 Inside dp_cp the ranks are in rank order, dp-major and cp-minor; an ep group is a run of
 ep consecutive ones, an expert_dp group the ranks at the same place in every run
 (mesh.py `_derived_groups`). Under HSDP a replica group ("dp_shard") is a run of
-dp_cp / R consecutive ones, "dp_replicate" the ranks at the same place in every run.
+dp_cp / R consecutive ones, "dp_replicate" the ranks at the same place in every run, and
+"expert_shard" the ranks of one replica group at the same place in their ep runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from paratrain.plan.layout import Layout
 
 # Every group the ledger names (mesh.py GROUPS less "world" and "control"), in the order
 # the prediction reports them.
-AXES = ("dp", "dp_cp", "dp_shard", "dp_replicate", "cp", "tp", "pp", "ep", "expert_dp")
+AXES = ("dp", "dp_cp", "dp_shard", "dp_replicate", "cp", "tp", "pp", "ep", "expert_dp",
+        "expert_shard")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,17 @@ class RankTraffic:
 
 
 def group_name(kind: str, layout: Layout) -> str:
-    """The ledger's name for a group of `kind` (an axis, "dp_cp" or "expert_dp")."""
+    """The ledger's name for a group of `kind` (an axis or a derived group, mesh.py)."""
     if kind == "dp_cp":
         return "dp" if layout.cp == 1 else "dp_cp"
     if kind == "expert_dp":
         return group_name("dp_cp", layout) if layout.ep == 1 else "expert_dp"
     if kind == "dp_shard":  # HSDP's replica group (mesh.py); without replicas, dp_cp
         return group_name("dp_cp", layout) if layout.replicas == 1 else "dp_shard"
+    if kind == "expert_shard":  # HSDP's experts' shard group: expert_dp, or dp_shard
+        if layout.ep == 1:
+            return group_name("dp_shard", layout)
+        return group_name("expert_dp", layout) if layout.replicas == 1 else "expert_shard"
     return kind
 
 
@@ -74,3 +80,8 @@ def ep_rank(layout: Layout, at: Coords) -> int:
 
 def expert_dp_rank(layout: Layout, at: Coords) -> int:
     return data_rank(layout, at) // layout.ep
+
+
+def expert_shard_rank(layout: Layout, at: Coords) -> int:
+    """The rank's place among the ranks of its replica group holding its experts."""
+    return shard_rank(layout, at) // layout.ep

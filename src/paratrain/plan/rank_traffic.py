@@ -112,8 +112,7 @@ def _across_replicas(chunks: list[list[int]], layout: Layout, at: Coords) -> lis
         )
         for chunk in chunks
     )
-    what = "gradient shards across replica groups"
-    return [RankTraffic("dp_replicate", "all_reduce", what, sent)]
+    return [RankTraffic("dp_replicate", "all_reduce", comm.ACROSS_REPLICAS, sent)]
 
 
 def _buffers_traffic(
@@ -177,16 +176,19 @@ def _share_gradients(
     """A mixture of experts: each share's gradients over its own group (rank_experts.py)."""
     out = []
     for share in shares(model, experts, layout, at):
-        lay = share_layout(share, layout)
-        name = group_name(share.kind, layout)
+        lay, within = share_layout(share, layout), Coords(dp_rank=share.rank)
+        # ZeRO's over the share's part of a replica group (its group without HSDP)
+        name = group_name(share.shard_kind if layout.zero else share.kind, layout)
         if layout.zero and share.size > 1:  # per flat buffer: ZeRO-3's units
             terms = _buffers_traffic([share.flat], share.root, workload, lay, microbatches)
+            terms += _across_replicas([share.flat], lay, within)
         else:
             spec = ModelSpec(f"{share.kind} share", n_params=share.params)
-            terms = _dp_gradients(spec, workload, lay, microbatches, Coords(dp_rank=share.rank))
+            terms = _dp_gradients(spec, workload, lay, microbatches, within)
         for t in terms:
             what = t.what if share.kind == "dp_cp" else "expert " + t.what
-            out.append(replace(t, axis=name, what=what))
+            axis = t.axis if t.axis == "dp_replicate" else name
+            out.append(replace(t, axis=axis, what=what))
     return out
 
 

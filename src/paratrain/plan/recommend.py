@@ -90,7 +90,7 @@ def _variants(
     shape: _Shape, schedule: str | None, chunks: int, fixed: dict[str, int], experts: int
 ) -> list[Layout]:
     """One tp x cp x pp x dp shape under every ep, ZeRO stage and schedule; with `replicas`
-    R > 1 (HSDP), only ZeRO 1-3 and ep 1, and only where R divides dp."""
+    R > 1 (HSDP), only ZeRO 1-3, only where R divides dp and ep a replica group."""
     ranks = shape["dp"] * shape["cp"]
     replicas = fixed.get("replicas", 1)
     eps = [e for e in divisors(ranks) if experts % e == 0] if experts else [1]
@@ -99,7 +99,8 @@ def _variants(
     if replicas > 1:
         if shape["dp"] % replicas:
             return []
-        eps, zeros = [e for e in eps if e == 1], [z for z in zeros if z > 0]
+        eps = [e for e in eps if (ranks // replicas) % e == 0]
+        zeros = [z for z in zeros if z > 0]
     scheds = [""] if shape["pp"] == 1 else ([schedule] if schedule else list(SCHEDULES))
     out = []
     for ep in eps:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from paratrain.models.presets import ffn_width, kv_heads
 from paratrain.plan import moe
 from paratrain.plan.cluster import ClusterSpec
-from paratrain.plan.comm import CommEntry
+from paratrain.plan.comm import GRADIENT_AXES, CommEntry
 from paratrain.plan.model import ModelSpec
 
 
@@ -169,7 +169,7 @@ def step_time(
     memory_s: float = 0.0,
     hidden_s: float = 0.0,
 ) -> StepTime:
-    """Compose the step: of the gradient traffic (dp and expert_dp), `overlap` of it may
+    """Compose the step: of the gradient traffic (GRADIENT_AXES), `overlap` of it may
     hide, but no more than `window_s`, the backward still running when its gradients are
     ready; `hidden_s` of the rest hides behind attention (the ring's key/value transfers,
     plan/context.py); everything else (TP, PP, all-to-alls) is exposed."""
@@ -177,7 +177,7 @@ def step_time(
     for e in entries:
         t = entry_time(e, cluster)
         total += t
-        if e.axis in ("dp", "expert_dp", "dp_shard", "dp_replicate"):
+        if e.axis in GRADIENT_AXES:
             dp += t
         else:
             exposed += t

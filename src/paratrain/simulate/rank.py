@@ -101,7 +101,7 @@ def build_mesh(cfg: RunConfig, control_backend: str = "gloo") -> Mesh:
     device = torch.device(device_type(cfg))
     return Mesh.build(
         dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=device,
-        control_backend=control_backend,
+        replicas=p.replicas, control_backend=control_backend,
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from paratrain.spawn import forkserver_context
 
 def mesh_shape(cfg: RunConfig) -> MeshShape:
     p = cfg.parallel
-    return MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep)
+    return MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, replicas=p.replicas)
 
 
 def role_ranks(shape: MeshShape) -> list[int]:

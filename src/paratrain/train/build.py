@@ -58,7 +58,7 @@ from paratrain.parallel.pipeline import (
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import RngTracker, apply_tensor_parallel
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
-from paratrain.train.experts import apply_experts
+from paratrain.train.experts import apply_experts, hybrid_groups
 
 
 def run_gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -187,8 +187,10 @@ def build_engine(
     if mesh.size("pp") == 1:
         # One wrapper per share of the parameters (two under expert parallelism).
         shares = apply_experts(model, plan, mesh)
-        hybrid = hybrid_groups(mesh)
-        replicas = [data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid) for s, g in shares]
+        replicas = [
+            data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid_groups(mesh, s))
+            for s, g in shares
+        ]
         tp, dp = mesh.group("tp"), mesh.group("dp")
         engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:])
     else:
@@ -239,10 +241,10 @@ def _pipeline_engine(
     # (over dp_cp), split experts over expert_dp, and the engine divides every gradient by
     # the global batch's tokens, as the flat engine does.
     (dense, dp_cp), *experts = shares
-    hybrid = hybrid_groups(mesh)
+    hybrid = hybrid_groups(mesh, dense)
     replicas = [data_parallel(c, dp_cp, cfg, plan, "sum", dense, hybrid) for c in chunks]
-    more = [data_parallel(c, g, cfg, plan, "sum", s) for s, g in experts for c in chunks
-            if s.named(c)]  # fmt: skip
+    more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s))
+            for s, g in experts for c in chunks if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
     return PipelineEngine(
         replicas, runtime, mesh.group("tp"), tied, ends, mesh.group("dp"), more=more
@@ -289,12 +291,3 @@ def data_parallel(
         share=share,
         hybrid=hybrid,
     )
-
-
-def hybrid_groups(mesh: Mesh) -> HybridGroups | None:
-    """HSDP's shard and replicate groups (mesh.py), or None without replica groups. Only
-    for the dense share: validate refuses --replicas with --ep (experts over expert_dp)."""
-    if mesh.size("dp_replicate") == 1:
-        return None
-    assert mesh.size("ep") == 1, "HSDP with expert parallelism is refused by validate"
-    return HybridGroups(mesh.group("dp_shard"), mesh.group("dp_replicate"))

@@ -1,5 +1,5 @@
-"""A run's mixture of experts: the MoE layers made parallel, the wrappers' parameter shares,
-and the step's routing log (docs/experts.md).
+"""A run's mixture of experts: the MoE layers made parallel, the wrappers' parameter shares
+(and each share's HSDP groups), and the step's routing log (docs/experts.md).
 
 Every MoE layer (models/plans.py `moe_layers`) routes over the whole batch: its view of the
 batch spans the data-parallel ranks (GroupBatch), so capacity, queues and balancing
@@ -29,6 +29,7 @@ from paratrain.mesh import Mesh
 from paratrain.models.moe import MoEFeedForward
 from paratrain.models.plans import EXPERTS, ModelPlan
 from paratrain.module_names import matching
+from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.expert_parallel import GroupBatch, apply_expert_parallel
 
@@ -64,6 +65,17 @@ def apply_experts(
         (ParamShare(dense), batch),
         (ParamShare(experts, split_over=ep, units=units), mesh.group("expert_dp")),
     ]
+
+
+def hybrid_groups(mesh: Mesh, share: ParamShare = EVERY_PARAMETER) -> HybridGroups | None:
+    """HSDP's shard and replicate groups (mesh.py) for a wrapper of `share`, or None
+    without replica groups: the split experts (`split_over` ep) shard over the ranks of
+    their replica group that hold the same experts; every share all-reduces across the
+    groups over dp_replicate, since a replica group holds every expert."""
+    if mesh.size("dp_replicate") == 1:
+        return None
+    shard = "expert_shard" if share.split_over is not None else "dp_shard"
+    return HybridGroups(mesh.group(shard), mesh.group("dp_replicate"))
 
 
 def routing_log(

@@ -43,8 +43,10 @@ class Progress:
         enabled: bool,
         first_step: int = 0,
         stream: TextIO | None = None,
+        bar: bool = True,
     ) -> None:
-        """first_step: the steps already done (a resumed run's checkpoint step)."""
+        """first_step: the steps already done (a resumed run's checkpoint step); bar: False
+        for log lines even on a terminal (processes that share one: fault tolerance's)."""
         self.enabled = enabled
         self.log_every = log_every
         self.total = total_steps
@@ -53,7 +55,7 @@ class Progress:
         self.stream = stream
         self.bar: tqdm | None = None
         self._redirect = ExitStack()
-        if enabled and stream.isatty():
+        if enabled and bar and stream.isatty():
             columns, rows = terminal_size(stream)
             self.bar = tqdm(
                 total=total_steps,

@@ -69,8 +69,11 @@ def hsdp_rules(cfg: RunConfig) -> None:
             f"--replicas {p.replicas} does not divide the {p.dp} data-parallel ranks; "
             f"valid: {', '.join(map(str, divisors))}"
         )
-    if p.ep > 1:  # the experts' shares reduce over expert_dp: no replica groups there yet
+    group = p.dp * p.cp // p.replicas
+    if group % p.ep:  # every replica group must hold every expert (mesh_shape.py)
+        eps = [e for e in range(1, group + 1) if group % e == 0]
         raise ValueError(
-            f"--replicas {p.replicas} with --ep {p.ep} is not supported yet; "
-            "use --ep 1 or --replicas 1"
+            f"--ep {p.ep} does not divide a replica group's {group} ranks (dp x cp / "
+            f"--replicas {p.replicas}), so a group would lack experts; valid: "
+            f"{', '.join(map(str, eps))}"
         )

@@ -68,14 +68,15 @@ def all_to_all_rows(
 
 def shard_experts(experts: nn.Module, rank: int, ep: int) -> nn.Module:
     """A copy of `experts` keeping rank's E/ep experts: every parameter sliced along
-    dimension 0 (the layer stacks its experts there; models/moe.py)."""
-    local = copy.deepcopy(experts)
-    for module in local.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            mine = expert_range(p.shape[0], rank, ep)
-            sliced = p.detach()[mine.start : mine.stop].clone()
-            setattr(module, name, nn.Parameter(sliced, requires_grad=p.requires_grad))
-    return local
+    dimension 0 (the layer stacks its experts there; models/moe.py). The slices stand in
+    for the parameters in the copy's memo: the whole tensors are never copied (and a
+    deep copy of a fake tensor would belong to another fake mode: simulate/)."""
+    memo: dict[int, object] = {}
+    for p in experts.parameters():
+        mine = expert_range(p.shape[0], rank, ep)
+        sliced = p.detach()[mine.start : mine.stop].clone()
+        memo[id(p)] = nn.Parameter(sliced, requires_grad=p.requires_grad)
+    return copy.deepcopy(experts, memo)
 
 
 class ExpertParallel(nn.Module):
