@@ -129,10 +129,6 @@ CASES = [
     ),
     Case("attention dropout with cp", ["--cp", "2", "--dropout", "0.1", "--data", TEXT], _text),
     Case("`--ep 2` on a dense model", ["--nproc", "2", "--ep", "2"]),
-    Case(
-        "`--optimizer muon` with tensor parallelism and ZeRO",
-        ["--nproc", "2", "--tp", "2", "--zero", "1", "--optimizer", "muon"],
-    ),
     Case("a Muon flag without `--optimizer muon`", ["--muon-momentum", "0.9"]),
     Case(
         "`--muon-momentum nan`",

@@ -258,17 +258,18 @@ def _checkpointed_run(rank, world_size, layout, run_dir, resume_step, zero=0):
 
 def test_a_muon_checkpoint_resumes_exactly_and_on_another_layout(tmp_path):
     """The momentum is saved and loaded (under optim.momentum_buffer.<name>): the same layout
-    continues bitwise; dp 1 and pp 2 within the layouts' 1e-5."""
+    continues bitwise; dp 1, pp 2 and tp 2 under ZeRO-1 (the momentum in pieces of the tp
+    shards) within the layouts' 1e-5."""
     import shutil
 
     saved = tmp_path / "saved"
     full = run_distributed(_checkpointed_run, 2, dict(dp=2), str(saved), 0)[0]
     tail = full[3:]
-    for layout in [dict(dp=2), dict(dp=1), dict(pp=2)]:
+    for layout, zero in [(dict(dp=2), 0), (dict(dp=1), 0), (dict(pp=2), 0), (dict(tp=2), 1)]:
         run = tmp_path / "-".join(f"{k}{v}" for k, v in layout.items())
         shutil.copytree(saved, run)
-        world = layout.get("dp", 1) * layout.get("pp", 1)
-        resumed = run_distributed(_checkpointed_run, world, layout, str(run), 3)[0]
+        world = layout.get("dp", 1) * layout.get("pp", 1) * layout.get("tp", 1)
+        resumed = run_distributed(_checkpointed_run, world, layout, str(run), 3, zero)[0]
         if layout == dict(dp=2):
             assert resumed == tail
         assert resumed == pytest.approx(tail, rel=1e-5), layout

@@ -239,6 +239,9 @@ LAYOUTS = {
     "pp 4": dict(pp=4, n_layer=4),  # a block per stage
     "tp 4": dict(tp=4),
     "dp 2 x pp 2, ZeRO-1": dict(pp=2, zero=1),
+    # ZeRO's pieces of tp shards: assembled over dp, then put together over tp
+    "dp 2 x tp 2, ZeRO-1": dict(tp=2, zero=1),
+    "dp 2 x tp 2, ZeRO-3": dict(tp=2, zero=3),
     "moe-tiny dp 4 x ep 2": None,
 }
 ACCUMULATIONS = (1, 4)

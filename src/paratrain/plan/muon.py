@@ -67,6 +67,18 @@ def owners_among(costs: list[int], held: list[dict[int, int]], ranks: int) -> li
     return owners
 
 
+def owners_over_tp(owners: list[int], costs: list[int], ranks: int, tp: int) -> list[int]:
+    """Matrices split over tp whose pieces meet at `owners` (of `ranks` dp ranks): the
+    owners at one dp place, one per tp rank, share that place's matrices, balanced by
+    cost. Numbered d tp + t (parallel/data_parallel/muon_exchange.py)."""
+    out = [0] * len(owners)
+    for d in range(ranks):
+        owned = [i for i, o in enumerate(owners) if o == d]
+        for i, t in zip(owned, balanced_owners([costs[i] for i in owned], tp), strict=True):
+            out[i] = d * tp + t
+    return out
+
+
 def owners_of(matrices: list[Matrix], ranks: int) -> list[int]:
     """`balanced_owners` by the iteration's cost (the number of iterations scales every
     matrix alike, so it changes no owner)."""

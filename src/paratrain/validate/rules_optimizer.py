@@ -16,11 +16,6 @@ def optimizer_rules(cfg: RunConfig) -> None:
             "--optimizer muon with --dp-mode async: the parameter server runs AdamW; "
             "use --dp-mode sync or --optimizer adamw"
         )
-    if p.tp > 1 and p.zero > 0:
-        raise ValueError(
-            f"--optimizer muon with --tp {p.tp} and --zero {p.zero}: Muon over ZeRO's shards of "
-            "tensor-parallel matrices is not implemented yet; use --zero 0 or --tp 1"
-        )
     if not PLANS[cfg.model.arch].muon_matrices:
         raise ValueError(
             f"--optimizer muon: the {cfg.model.arch} model plan names no hidden matrix for "

@@ -19,6 +19,14 @@ import torch
 from paratrain import comm
 
 
+def whole_shapes(shapes: list[tuple[int, ...]], dims: list[int], tp: int) -> list[tuple[int, ...]]:
+    """The whole matrices' shapes from their tp shards' (split along `dims`)."""
+    return [
+        tuple(n * (tp if d == dim else 1) for d, n in enumerate(shape))
+        for shape, dim in zip(shapes, dims, strict=True)
+    ]
+
+
 def owner_of(owner: int, tp: int) -> tuple[int, int]:
     """(dp rank, tp rank) of owner number `owner`."""
     return divmod(owner, tp)

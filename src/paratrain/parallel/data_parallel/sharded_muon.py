@@ -13,6 +13,11 @@ gradients are reduce-scattered into the shards:
    result for its pieces, as raw bytes of the Newton-Schulz precision;
 4. each rank applies W <- W (1 - lr wd) - lr_adj O to its pieces, and the wrapper
    gathers the parameters as after AdamW.
+Under tensor parallelism the shards hold pieces of each matrix's tp shard, the same
+pieces on every tp rank (their layouts are the same), so an owner assembles its
+matrices' tp shards; between the two all-to-alls the owners at one dp place put each
+matrix together over tp, as WholeMuon does (muon_exchange.py: one tp rank orthogonalizes
+it, the work spread over them), and take back their shards of the results.
 Only the pieces of matrices that straddle shards cross the wire, each at most twice: no
 rank gathers the model. The arithmetic per element is WholeMuon's (muon.py), so the
 result is the same.
@@ -27,46 +32,15 @@ import torch
 
 from paratrain import comm
 from paratrain.comm import compat
-from paratrain.parallel.data_parallel import muon_math
+from paratrain.parallel.data_parallel import muon_exchange, muon_math
 from paratrain.parallel.data_parallel.adamw import decays, fastest
-from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece, Segment
+from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
+from paratrain.parallel.data_parallel.muon_pieces import adamw_runs, pieces_by_rank
 from paratrain.parallel.data_parallel.replica import MOMENTS, MUON_MOMENTUM
 from paratrain.parallel.data_parallel.whole_module import adam_state
 from paratrain.parallel.mixed_precision import DynamicLossScaler, found_inf
-from paratrain.plan.muon import iteration_flops, owners_among
-
-Run = tuple[int, int, int]  # (shard index, start, end) of AdamW's elements in a shard
-
-
-def adamw_runs(shards: list[FlatShard], matrices: Collection[str]) -> list[Run]:
-    """The stretches of each shard that AdamW updates: consecutive pieces of parameters
-    that are not Muon's, merged (the padding at the end of the last shard is in none)."""
-    runs: list[Run] = []
-    for si, s in enumerate(shards):
-        for p in s.layout.local_pieces(s.rank):
-            if p.segment.name in matrices:
-                continue
-            a, b = p.shard_offset, p.shard_offset + p.numel
-            if runs and runs[-1][0] == si and runs[-1][2] == a:
-                runs[-1] = (si, runs[-1][1], b)
-            else:
-                runs.append((si, a, b))
-    return runs
-
-
-def pieces_by_rank(
-    shards: list[FlatShard], matrices: list[tuple[int, Segment]], k: int
-) -> list[dict[int, Piece]]:
-    """For each of the k ranks, its piece of each matrix i (shard index, segment) it holds
-    a piece of: every rank knows every rank's, so no sizes need exchanging."""
-    pieces: list[dict[int, Piece]] = [{} for _ in range(k)]
-    for q in range(k):
-        held = [{p.segment.name: p for p in s.layout.local_pieces(q)} for s in shards]
-        for i, (si, seg) in enumerate(matrices):
-            if seg.name in held[si]:
-                pieces[q][i] = held[si][seg.name]
-    return pieces
+from paratrain.plan.muon import iteration_flops, owners_among, owners_over_tp
 
 
 class ShardedMuon:
@@ -85,7 +59,11 @@ class ShardedMuon:
         settings: MuonSettings,
         after_step: Callable[[], None] | None = None,
         scaler: DynamicLossScaler | None = None,
+        tp: comm.CommGroup | None = None,
+        split_dims: dict[str, int] | None = None,
     ) -> None:
+        """tp, split_dims: the group the matrices are split over and, per matrix, the
+        dimension (every matrix of a plan is split under tp)."""
         self.shards, self.group, self.settings = shards, group, settings
         self.weight_decay, self.after_step, self.scaler = weight_decay, after_step, scaler
         self.matrix_names = set(matrices)
@@ -111,12 +89,18 @@ class ShardedMuon:
         self.k = shards[0].layout.k if shards else 1
         self.me = shards[0].rank if shards else 0
         self.pieces = pieces_by_rank(shards, self.matrices, self.k)  # [q][i]: q's piece of i
-        costs = [iteration_flops((seg.shape[0], seg.shape[1])) for _, seg in self.matrices]
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        t = self.tp.size if self.tp is not None else 1
+        self.dims = [(split_dims or {}).get(seg.name, 0) for _, seg in self.matrices]
+        local = [tuple(seg.shape) for _, seg in self.matrices]
+        self.shapes = muon_exchange.whole_shapes(local, self.dims, t)
+        costs = [iteration_flops((rows, cols)) for rows, cols in self.shapes]
         held = [
             {q: self.pieces[q][i].numel for q in range(self.k) if i in self.pieces[q]}
             for i in range(len(self.matrices))
         ]
         self.owners = owners_among(costs, held, self.k)
+        self.tp_owners = owners_over_tp(self.owners, costs, self.k, t)
         self.momentum = {
             i: shards[self.matrices[i][0]].optimized.new_zeros(p.numel)
             for i, p in self.pieces[self.me].items()
@@ -176,16 +160,32 @@ class ShardedMuon:
             buf.lerp_(grad, 1 - s.momentum)
             updates[i] = grad.lerp(buf, s.momentum) if s.nesterov else buf
         whole = self._to_owners(updates)
-        wide = {
-            i: muon_math.orthogonalize_wide(m, s.ns_steps, s.ns_dtype) for i, m in whole.items()
-        }
-        results = self._from_owners(wide)
+        if self.tp is None:
+            flat = {
+                i: muon_math.newton_schulz(m, s.ns_steps, s.ns_dtype).reshape(-1)
+                for i, m in whole.items()
+            }
+        else:
+            flat = self._over_tp(whole)
+        results = self._from_owners(flat)
         lr, decay = self.muon_group["lr"], self.muon_group["weight_decay"]
         for i, p in self.pieces[me].items():
-            si, seg = self.matrices[i]
+            si, _ = self.matrices[i]
             view = self.shards[si].optimized[p.shard_offset : p.shard_offset + p.numel]
             view.mul_(1 - lr * decay)
-            view.add_(results[i], alpha=-muon_math.adjusted_lr(lr, seg.shape, s.lr_adjust))
+            view.add_(results[i], alpha=-muon_math.adjusted_lr(lr, self.shapes[i], s.lr_adjust))
+
+    def _over_tp(self, whole: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """This rank's tp shard (flat, Newton-Schulz precision) of each result it owns over
+        dp: the tp ranks at its dp place hold the other shards of the same matrices."""
+        assert self.tp is not None
+        s, owners = self.settings, self.tp_owners
+        full = muon_exchange.gather_to_owners(whole, owners, self.dims, self.me, self.tp)
+        done = {i: muon_math.newton_schulz(m, s.ns_steps, s.ns_dtype) for i, m in full.items()}
+        shapes = {i: m.shape for i, m in whole.items()}
+        return muon_exchange.scatter_from_owners(
+            done, shapes, owners, self.dims, self.me, self.tp, s.ns_dtype
+        )
 
     def _owned(self, rank: int) -> list[int]:
         return [i for i, owner in enumerate(self.owners) if owner == rank]
@@ -213,15 +213,11 @@ class ShardedMuon:
                     offset += p.numel
         return {i: m.view(self.matrices[i][1].shape) for i, m in whole.items()}
 
-    def _from_owners(self, wide: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Every rank's pieces of the results, from their owners (an all-to-all of the
-        Newton-Schulz precision's bytes)."""
+    def _from_owners(self, flat: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Every rank's pieces of the results, from their owners' `flat` results (in the
+        matrices' row-major order; an all-to-all of the Newton-Schulz precision's bytes)."""
         me, k, dtype = self.me, self.k, self.settings.ns_dtype
         width = dtype.itemsize
-        flat = {
-            i: muon_math.as_update(w, self.matrices[i][1].shape).reshape(-1)
-            for i, w in wide.items()
-        }
         mine = self._owned(me)
         send = [
             flat[i][self.pieces[q][i].lo : self.pieces[q][i].hi]

@@ -31,6 +31,7 @@ from paratrain.parallel.data_parallel.replica import GradSquares, StatePiece
 from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.whole_module import complete_state_dict
 from paratrain.parallel.mixed_precision import MixedPrecision
+from paratrain.parallel.tensor_parallel.state import split_dims
 
 
 class ShardedReplica(nn.Module, abc.ABC):
@@ -145,13 +146,14 @@ class ShardedReplica(nn.Module, abc.ABC):
                 self.shards, self.group, lr, weight_decay, betas, eps, self._after_update,
                 self.scaler,
             )  # fmt: skip
-        if tp is not None and tp.size > 1:  # refused before any worker starts
-            raise ValueError("Muon over ZeRO's shards of tensor-parallel matrices: not implemented")
         mine = {n for n, _ in self.share.named(self.module)}
         names = [n for n in muon_matrix_names(self.module, muon.matrices) if n in mine]
+        dims = split_dims(self.module) if tp is not None and tp.size > 1 else {}
+        if dims and any(n not in dims for n in names):  # every plan's matrix is split
+            raise ValueError(f"Muon matrices not split over tp: {set(names) - set(dims)}")
         return ShardedMuon(
             self.shards, self.shard_group, lr, weight_decay, betas, eps, names, muon,
-            self._after_update, self.scaler,
+            self._after_update, self.scaler, tp, dims,
         )  # fmt: skip
 
     def checkpoint_pieces(

@@ -36,6 +36,16 @@ def sharded_parameters(model: nn.Module) -> dict[str, tuple[nn.Parameter, int]]:
     return out
 
 
+def split_dims(model: nn.Module) -> dict[str, int]:
+    """{name: dimension it is split along} for every tp-split parameter, by the modules'
+    records alone (a sharded wrapper may hold the values elsewhere)."""
+    return {
+        f"{mod_name}.{p_name}" if mod_name else p_name: dim
+        for mod_name, module in model.named_modules()
+        for p_name, dim in getattr(module, "tp_shard_dims", {}).items()
+    }
+
+
 def sequence_parallel_parameters(model: nn.Module) -> list[nn.Parameter]:
     """Replicated parameters whose gradients are partial under sequence parallelism."""
     params = []
