@@ -214,7 +214,7 @@ def test_a_killed_group_is_dropped_healed_and_the_run_equals_its_replay(
     ft = [*FT, "--min-replicas", "1", "--max-restarts", "1"]
     out = tmp_path / "faults"
     each = [arg for fault in faults.split(",") for arg in ("--inject-fault", fault)]
-    summary = run(out, *layout, *ft, *each)  # the flag repeated: each use adds its faults
+    summary = run(out, *layout, *ft, *each, "--tensorboard")  # each use adds its faults
     record = rounds(out)
     groups = int(layout[layout.index("--replicas") + 1])
 
@@ -251,6 +251,19 @@ def test_a_killed_group_is_dropped_healed_and_the_run_equals_its_replay(
     if groups == 2:
         assert killed in healed_groups
     assert len(digests(out)) == 1
+
+    # Each group's TensorBoard run holds the steps it committed, and its loss is the round's.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for g in range(groups):
+        if not (out / "groups" / str(g) / "summary.json").exists():
+            continue  # relaunched after the others finished
+        events = EventAccumulator(str(out / "tensorboard" / f"group-{g}"))
+        events.Reload()
+        steps = [e.step for e in events.Scalars("train/loss")]
+        mine = [r["step"] + 1 for r in committed if g in r["participants"]]
+        assert steps == mine, (g, steps, mine)
+        assert len(events.Scalars("val/loss")) == 1
 
     # No committed step reused a sample; what absent groups dropped is reported exactly.
     used = sorted(tuple(s) for r in committed for s in r["samples"].values())

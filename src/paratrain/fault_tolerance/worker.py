@@ -17,9 +17,10 @@ from paratrain.fault_tolerance.loop import group_config, train_in_rounds
 from paratrain.fault_tolerance.participant import Participant
 from paratrain.mesh import Mesh
 from paratrain.train import run_dir as rd
-from paratrain.train.metrics import StepMetrics
+from paratrain.train.metrics import StepMetrics, TrainResult
 from paratrain.train.preemption import Preemption
 from paratrain.train.progress import Progress
+from paratrain.train.tensorboard import TensorBoardWriter
 from paratrain.train.worker import (
     WorkerEnv,
     init_process_group,
@@ -49,46 +50,68 @@ def run_group_worker(cfg: RunConfig, env: WorkerEnv, group: GroupEnv) -> None:
     mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, options=options, device=device)
     participant = Participant(group, mesh, cfg.parallel.heartbeat_timeout_s, p.comm_timeout_s)
     run_dir = Path(cfg.train.out)
-    mine = group_dir(run_dir, group.group)
-    writer, stop = None, Preemption(mesh.control)  # a stop signal: save and stop
+    record: GroupRecord | None = None
+    stop = Preemption(mesh.control)  # a stop signal: save and stop
     try:
         data = load_tokens(cfg.data.path, cfg.data.val_fraction, cfg.data.tokenizer)
-        if mesh.global_rank == 0:
-            mine.mkdir(parents=True, exist_ok=True)
-            writer = GroupMetrics(mine)
         # Relaunched, or --resume: from the latest checkpoint (a live peer's state replaces
         # it when there is one; when every group starts from it, the record says `rewind`)
         start = resume_point(inner, mesh, run_dir, env.restart_count)
-        # The round's loss is the participants' mean, the same in every group: the lowest
-        # participant shows it, in log lines (the groups share the terminal: no bar)
-        first = start.step if start is not None else 0
-        progress = Progress(
-            cfg.train.steps, cfg.train.log_every, writer is not None, first, bar=False
-        )
-
-        def on_step(m: StepMetrics, leading: bool) -> None:
-            if writer is not None:
-                writer.write(m)
-            if leading:
-                progress.update(m)
-
+        if mesh.global_rank == 0:
+            record = GroupRecord(cfg, run_dir, group.group, start.step if start else 0)
+        on_step = record.on_step if record is not None else None
         result = train_in_rounds(cfg, mesh, data, participant, start, on_step, run_dir, stop)
-        if writer is not None:
-            writer.close()
-            writer = None
-            if result.metrics:
-                summary = run_summary(result, cfg, mine) | {"group": group.group}
-                summary["restarts"] = env.restart_count
-                summary["last_step"] = result.metrics[-1].step
-                summary["state_digest"] = result.extra["state_digest"]
-                rd.write_summary(mine, summary)
+        if record is not None:
+            record.finish(result, cfg, env.restart_count)
     finally:
-        if writer is not None:
-            writer.close()
+        if record is not None:
+            record.close()
         stop.close()
         participant.close()
         mesh.close()
     dist.destroy_process_group()
+
+
+class GroupRecord:
+    """What rank 0 of a replica group records: RUN_DIR/groups/G/ (metrics.jsonl, and the
+    summary the launcher makes the run's from), its TensorBoard run, and progress lines
+    for the steps whose round it speaks for (the round's loss is the participants' mean,
+    the same in every group; the groups share the terminal: no bar)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, group: int, first_step: int) -> None:
+        self.group, self.dir = group, group_dir(run_dir, group)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics: GroupMetrics | None = GroupMetrics(self.dir)
+        t = cfg.train
+        self.progress = Progress(t.steps, t.log_every, True, first_step, bar=False)
+        self.board = TensorBoardWriter(run_dir, f"group-{group}") if t.tensorboard else None
+
+    def on_step(self, m: StepMetrics, leading: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.write(m)
+        if self.board is not None:
+            self.board.write(m)
+        if leading:
+            self.progress.update(m)
+
+    def finish(self, result: TrainResult, cfg: RunConfig, restarts: int) -> None:
+        if self.board is not None:
+            self.board.validation(result.val_loss)
+        self.close()
+        if result.metrics:
+            summary = run_summary(result, cfg, self.dir) | {"group": self.group}
+            summary["restarts"] = restarts
+            summary["last_step"] = result.metrics[-1].step
+            summary["state_digest"] = result.extra["state_digest"]
+            rd.write_summary(self.dir, summary)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
 
 class GroupMetrics(rd.MetricsWriter):

@@ -30,7 +30,6 @@ def fault_tolerance_rules(cfg: RunConfig) -> None:
         (bool(p.straggler), "--straggler", "no --straggler"),
         # each group balances by its own batch's loads: the groups' biases would differ
         (cfg.model.bias_rate > 0, f"--bias-rate {cfg.model.bias_rate}", "--bias-rate 0"),
-        (t.tensorboard, "--tensorboard", "--no-tensorboard"),
     ]
     for refused, given, instead in unsupported:
         if refused:
