@@ -22,6 +22,7 @@ from paratrain.parallel.data_parallel.adamw import param_groups
 from paratrain.parallel.data_parallel.muon import muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.plan import muon as plan_muon
+from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
 
@@ -328,6 +329,42 @@ def test_the_planner_counts_muons_state_and_all_gather_exactly_per_rank():
             predicted, measured = compared[0]["predicted"], compared[0]["measured"]
             assert predicted["model_state_bytes"] == measured["model_state_bytes"]
             assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+
+
+def _zero_muon_config(world, arch="gpt", tied=False, dtype="float32", ns="bfloat16", **parallel):
+    cfg = tiny_config(steps=2, global_batch=4 * parallel.get("dp", 1))  # K = 2
+    cfg.model.arch, cfg.model.tie_embeddings = arch, tied
+    cfg.train.dtype, cfg.train.optimizer, cfg.train.muon_ns_dtype = dtype, "muon", ns
+    cfg.train.microbatches, cfg.parallel.nproc = 0, world
+    for key, value in parallel.items():
+        setattr(cfg.parallel, key, value)
+    return resolve_and_check(cfg, world)
+
+
+ZERO_MUON = [  # (world, layout): pieces of unequal sizes, straddling shards and units
+    (3, dict(dp=3, zero=1)),
+    (4, dict(dp=2, pp=2, zero=2, ns="float32")),
+    (2, dict(dp=2, zero=3, tied=True)),  # the tied table a root unit
+    (4, dict(dp=4, zero=3, replicas=2)),  # HSDP: pieces within a replica group
+    (4, dict(dp=2, tp=2, zero=1)),  # pieces of tp shards, put together over tp
+    (4, dict(dp=2, tp=2, zero=2, arch="llama")),
+    (2, dict(dp=2, zero=3, arch="llama", tied=True)),
+    (2, dict(dp=2, zero=0, dtype="bfloat16")),  # stage 0's one buffer: every rank all
+]
+
+
+@pytest.mark.parametrize("world, layout", ZERO_MUON, ids=[str(c[1]) for c in ZERO_MUON])
+def test_the_planner_counts_muon_over_zeros_shards_exactly_per_rank(world, layout):
+    """Over ZeRO's shards (plan/muon_shards.py): each rank's optimizer state (momentum for
+    the pieces it holds, AdamW's moments for the rest, none for the padding) and the bytes
+    of both all-to-alls over the shard group and of the tp exchange, predicted = measured
+    on every rank. Not counting the float32 pieces sent to owners, or counting momentum
+    twice, fails every case."""
+    cfg = _zero_muon_config(world, **layout)
+    for compared in run_distributed(_many_layouts, world, [cfg]):
+        predicted, measured = compared[0]["predicted"], compared[0]["measured"]
+        assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+        assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])

@@ -32,6 +32,7 @@ from paratrain.plan.memory import (
 )
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon import momentum_elements
+from paratrain.plan.muon_shards import optimizer_elements, sharded_muon
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
 STATE_KINDS = ("params", "grads", "optimizer", "master")
@@ -161,22 +162,27 @@ def padding_bytes(
 
 
 def rank_model_state(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0, shard: int = 0
 ) -> ModelState:
     """Model-state bytes of a rank on `stage`, itemised as the runtime records them.
 
     `formula_model_state`, with all the flat buffers' padding (`padding_bytes`) counted
     under params: train/engine.py `Engine.memory_report` adds the wrappers'
-    MemoryReport.padding to params. The total is what the buffers hold. Under Muon
-    (whole parameters only) its matrices hold one momentum instead of AdamW's two.
+    MemoryReport.padding to params. The total is what the buffers hold. Under Muon its
+    matrices hold one momentum instead of AdamW's two: over ZeRO's shards, the pieces the
+    rank at `shard` in its shard group holds (muon_shards.py), the padding neither.
     """
     if workload.lora is not None:
         return lora_rank_model_state(model, workload, layout, stage)
     formula = formula_model_state(model, workload, layout, stage)
     pad = sum(padding_bytes(model, workload, layout, stage).values())
     state = replace(formula, params=formula.params + pad)
-    if workload.muon_ns_bytes:  # whole matrices: one momentum each instead of two moments
-        muon = workload.precision.moment_bytes * momentum_elements(model, layout, stage)
+    moment = workload.precision.moment_bytes
+    if workload.muon_ns_bytes and sharded_muon(workload, layout):
+        mine = optimizer_elements(model, layout, stage, shard if layout.zero else 0)
+        state = replace(state, optimizer=moment * mine)
+    elif workload.muon_ns_bytes:  # whole matrices: one momentum each instead of two moments
+        muon = moment * momentum_elements(model, layout, stage)
         state = replace(state, optimizer=state.optimizer - muon)
     return state
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paratrain.plan import comm, muon
+from paratrain.plan import comm
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
@@ -68,6 +68,7 @@ from paratrain.plan.rank_memory import (
     replicated_params,
     tied_root,
 )
+from paratrain.plan.rank_muon import muon_terms
 
 __all__ = ["AXES", "Coords", "RankTraffic", "bytes_by_axis", "rank_traffic", "runtime_scalars"]
 REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
@@ -149,20 +150,6 @@ def _dp_gradients(
     rank = data_rank(layout, at)
     sent = sum(comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, rank) for n in chunks)
     return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
-
-
-def _muon_terms(
-    model: ModelSpec, workload: Workload, layout: Layout, at: Coords
-) -> list[RankTraffic]:
-    """Muon over whole (or tp-split) matrices: the owners' results all-gathered over the
-    gradient group, and over tp the shards to their owners and back (plan/muon.py)."""
-    ns, rank = workload.muon_ns_bytes, data_rank(layout, at)
-    gathered = muon.gather_bytes(model, layout, at.stage, rank, ns)
-    out = [RankTraffic(group_name("dp_cp", layout), "all_gather", "Muon's results", gathered)]
-    if layout.tp > 1:
-        sent = muon.tp_bytes(model, layout, at.stage, rank, at.tp_rank, ns)
-        out.append(RankTraffic("tp", "all_to_all", "Muon's matrices to owners and back", sent))
-    return out
 
 
 def _share_gradients(
@@ -285,7 +272,7 @@ def rank_traffic(
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
     out += cp_terms(model, workload, layout, microbatches, at.stage)
     if workload.muon_ns_bytes:
-        out += _muon_terms(model, workload, layout, at)
+        out += muon_terms(model, workload, layout, at)
     if experts is not None:
         out += moe_terms(model, experts, workload, layout, microbatches, at)
     return out + runtime_scalars(layout, at, experts is not None)

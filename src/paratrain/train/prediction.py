@@ -49,6 +49,7 @@ from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import ExpertCounts, expert_model_state
+from paratrain.plan.rank_groups import shard_rank
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
 from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
 from paratrain.plan.run_inputs import planner_inputs
@@ -93,7 +94,7 @@ def predict(cfg: RunConfig) -> Prediction:
         c = shape.coords(rank)
         at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
         state = (  # the step boundary
-            rank_model_state(model, workload, layout, at.stage)
+            rank_model_state(model, workload, layout, at.stage, shard_rank(layout, at))
             if experts is None
             else expert_model_state(model, experts, workload, layout, at)
         )

@@ -1,0 +1,33 @@
+"""Muon on each rank of paratrain's own runtime: what it sends per step (plan/muon.py
+for whole or tp-split matrices, plan/muon_shards.py over ZeRO's shards)."""
+
+from __future__ import annotations
+
+from paratrain.plan import muon
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon_shards import sharded_muon, stage_muons
+from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name, shard_rank
+
+
+def muon_terms(
+    model: ModelSpec, workload: Workload, layout: Layout, at: Coords
+) -> list[RankTraffic]:
+    """Muon over whole (or tp-split) matrices: the owners' results all-gathered over the
+    gradient group, and over tp the shards to their owners and back (plan/muon.py); over
+    ZeRO's shards (or a mixed-precision stage 0's one buffer), muon_shards.py's terms."""
+    ns, rank, tp = workload.muon_ns_bytes, data_rank(layout, at), layout.tp
+    if sharded_muon(workload, layout):
+        me = shard_rank(layout, at) if layout.zero else 0  # stage 0: one unsharded buffer
+        chunks = stage_muons(model, layout, at.stage)
+        dp = sum(c.dp_bytes(me, ns) for c in chunks) if layout.zero else 0
+        tp_sent = sum(c.tp_bytes(me, at.tp_rank, tp, ns) for c in chunks) if tp > 1 else 0
+        what = "Muon's pieces to owners and back"
+        out = [RankTraffic(group_name("dp_shard", layout), "all_to_all", what, dp)]
+    else:
+        gathered = muon.gather_bytes(model, layout, at.stage, rank, ns)
+        tp_sent = muon.tp_bytes(model, layout, at.stage, rank, at.tp_rank, ns) if tp > 1 else 0
+        out = [RankTraffic(group_name("dp_cp", layout), "all_gather", "Muon's results", gathered)]
+    if tp > 1:
+        out.append(RankTraffic("tp", "all_to_all", "Muon's matrices to owners and back", tp_sent))
+    return out
