@@ -12,6 +12,7 @@ counters, buffers, in every rank's shards), which each group's summary records.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.config import RunConfig
+from paratrain.fault_tolerance.group_env import GROUP_VAR
 from paratrain.fault_tolerance.launch import dropped_slices
 from paratrain.fault_tolerance.quorum import (
     Fault,
@@ -419,6 +421,46 @@ def test_a_stop_signal_saves_a_checkpoint_and_the_resumed_run_ends_bitwise_equal
     run(tmp_path / "never", *layout, steps=steps)
     assert digests(out, steps) == digests(tmp_path / "never", steps)
     assert len(digests(out, steps)) == 1
+
+
+def _group_workers(group: int) -> list[int]:
+    """The process ids of replica group `group`'s workers (not its agent), from /proc."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes().split(b"\0") if d.name.isdigit() else []
+            cmd = (d / "cmdline").read_bytes() if env else b""
+        except OSError:
+            continue
+        worker = b"--launched-worker" in cmd and b"group_agent" not in cmd
+        if worker and f"{GROUP_VAR}={group}".encode() in env:
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.e2e
+def test_a_stop_that_reaches_another_group_first_is_saved_by_the_rounds_saver(tmp_path):
+    """SIGTERM to group 1's worker only (as when the launcher's forwarding reaches group 1
+    first and it stops after a step that group 0 goes past): group 1 stops, the
+    coordinator ends the rounds, and group 0, the rounds' saver, which saw no signal,
+    saves the last committed step; the run stops with exit 143 naming that checkpoint.
+    (Before, group 0 ended without saving and the run exited 0 with nothing saved: the
+    stop test failed so once in CI under load.)"""
+    layout = [*FT, "--nproc", "2", "--replicas", "2", "--zero", "1", "--global-batch", "8"]
+    out = tmp_path / "stopped"
+    proc = start(*SMALL, "--steps", "40", *layout, "--out", str(out), cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while not (out / "quorum.jsonl").is_file() or sum(r["committed"] for r in rounds(out)) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    workers = _group_workers(1)
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    last = max(r["step"] for r in rounds(out) if r["committed"]) + 1
+    assert f"checkpoint of step {last} in" in err.strip().splitlines()[-1], err
 
 
 @pytest.mark.e2e

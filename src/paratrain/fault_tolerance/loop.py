@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,10 @@ def train_in_rounds(
     run_dir: Path | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
-    """Train this group until cfg.train.steps (or the coordinator's end), from `start` if
-    given. on_step: each committed step's metrics, and whether this group is the round's
-    lowest participant, which saves checkpoints in run_dir. stop: asked after every
-    committed step, over the group (train/preemption.py)."""
+    """Train this group until cfg.train.steps (or the coordinator's end), from `start`.
+    on_step: each committed step's metrics, and whether this group is the round's saver
+    (its lowest participant: checkpoints, and an early end's, say after a stop the other
+    groups saw first). stop: asked after each committed step (train/preemption.py)."""
     t, p, inner = cfg.train, cfg.parallel, group_config(cfg)
     layout = run_row_layout(cfg, data.supervised)
     engine, optimizer, first, lr = build_training(inner, mesh, start, layout == "documents")
@@ -124,11 +125,13 @@ def train_in_rounds(
     me, faults = participant.group, Injected(cfg, participant)
     timer, metrics = StepTimer(mesh.ledger), list[StepMetrics]()
     rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
-    step, stopped_at = first, None
+    save = partial(_save, run_dir, engine, optimizer, mesh, inner, data, t.keep_checkpoints)
+    step, stopped_at, saver = first, None, None  # saver: of the last round committed here
     while step < t.steps:
         timer.start(step)  # the step's time includes its round: the protocol's cost shows
         quorum = rounds.next(step)
-        if quorum.step == END:
+        if quorum.step == END:  # before the last step: keep what was trained
+            stopped_at = step if saver == me and save(step) else None
             break
         joined = _join(engine, optimizer, participant, quorum, step)
         if joined is None:  # left out of the round, or copying the state failed
@@ -145,16 +148,14 @@ def train_in_rounds(
             rounds.redo(e)
             continue
         metrics.append(timer.finish(step, out, lr(step)))
-        quorum = reduce.quorum
+        quorum, saver = reduce.quorum, reduce.quorum.participants[0]
         if on_step is not None:
-            on_step(metrics[-1], me == quorum.participants[0])
+            on_step(metrics[-1], me == saver)
         step += 1
         rounds.ended(quorum, committed=True)
         stopped_at = step if stop is not None and step < t.steps and stop() else None
-        due = stopped_at is not None or checkpoint_due(step, t)
-        if run_dir is not None and due and me == quorum.participants[0]:
-            checkpoint.save(run_dir, step, engine, optimizer, mesh, inner, data.fingerprint,
-                            t.keep_checkpoints)  # fmt: skip
+        if (stopped_at is not None or checkpoint_due(step, t)) and me == saver:
+            save(step)
         if stopped_at is not None:
             break
     digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout
@@ -163,6 +164,25 @@ def train_in_rounds(
     )
     result.extra["state_digest"] = digest
     return result
+
+
+def _save(
+    run_dir: Path | None,
+    engine: Engine,
+    optimizer: Any,
+    mesh: Mesh,
+    cfg: RunConfig,
+    data: TokenData,
+    keep: int,
+    step: int,
+) -> bool:
+    """Save the state after `step` steps, unless the run has a checkpoint as late (a
+    group that fell behind the others' last round keeps nothing older)."""
+    latest = checkpoint.latest_checkpoint(run_dir) if run_dir is not None else None
+    if run_dir is None or (latest is not None and latest.step >= step):
+        return False
+    checkpoint.save(run_dir, step, engine, optimizer, mesh, cfg, data.fingerprint, keep)
+    return True
 
 
 def _micro_batches(
