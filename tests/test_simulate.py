@@ -46,12 +46,13 @@ def layout(
     k: int = 2,
     recompute: str = "none",
     arch: str = "gpt",
+    optimizer: str = "adamw",
     **parallel: object,
 ) -> RunConfig:
     cfg = tiny_config(steps=steps, micro_batch=1)
     cfg.model.n_layer = 8
     cfg.model.arch = arch
-    cfg.train.dtype, cfg.train.recompute = dtype, recompute
+    cfg.train.dtype, cfg.train.recompute, cfg.train.optimizer = dtype, recompute, optimizer
     p = cfg.parallel
     p.nproc = world
     for key, value in parallel.items():
@@ -73,6 +74,9 @@ AT_SCALE = {
     ),
     "cp 2 tp 2": dict(world=64, cp=2, tp=2),
     "hsdp zero3 dp 64 in 4 groups": dict(world=64, zero=3, replicas=4),
+    # Muon: state, both exchanges and the Newton-Schulz FLOPs of the matrices a rank owns
+    "muon zero3 tp 2 dp 32 bf16": dict(world=64, tp=2, zero=3, optimizer="muon", dtype="bfloat16"),
+    "muon whole tp 2 dp 32": dict(world=64, tp=2, optimizer="muon"),
 }
 
 

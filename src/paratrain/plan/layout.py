@@ -99,6 +99,7 @@ class Workload:
     # --optimizer muon (plan/muon.py): the bytes per element of its Newton-Schulz precision
     # (2 bfloat16, 4 float32), which its all-gather moves; 0: AdamW only.
     muon_ns_bytes: int = 0
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per matrix and step (FLOPs)
     # LoRA (plan/lora.py): the adapters' rank and targets; None: every parameter trains.
     lora: LoraSpec | None = None
 

@@ -175,10 +175,13 @@ def rank_model_state(
     if workload.lora is not None:
         return lora_rank_model_state(model, workload, layout, stage)
     formula = formula_model_state(model, workload, layout, stage)
-    pad = sum(padding_bytes(model, workload, layout, stage).values())
-    state = replace(formula, params=formula.params + pad)
+    pads = padding_bytes(model, workload, layout, stage)
+    sharded = bool(workload.muon_ns_bytes) and sharded_muon(workload, layout)
+    if sharded:  # Muon's AdamW keeps no moments for the padding (fsdp.py memory_report)
+        pads["optimizer"] = 0
+    state = replace(formula, params=formula.params + sum(pads.values()))
     moment = workload.precision.moment_bytes
-    if workload.muon_ns_bytes and sharded_muon(workload, layout):
+    if sharded:
         mine = optimizer_elements(model, layout, stage, shard if layout.zero else 0)
         state = replace(state, optimizer=moment * mine)
     elif workload.muon_ns_bytes:  # whole matrices: one momentum each instead of two moments

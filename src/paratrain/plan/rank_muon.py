@@ -1,5 +1,6 @@
-"""Muon on each rank of paratrain's own runtime: what it sends per step (plan/muon.py
-for whole or tp-split matrices, plan/muon_shards.py over ZeRO's shards)."""
+"""Muon on each rank of paratrain's own runtime: what it sends per step, and the FLOPs
+of the matrices it orthogonalizes (plan/muon.py for whole or tp-split matrices,
+plan/muon_shards.py over ZeRO's shards)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,27 @@ def muon_terms(
     if tp > 1:
         out.append(RankTraffic("tp", "all_to_all", "Muon's matrices to owners and back", tp_sent))
     return out
+
+
+def muon_flops(model: ModelSpec, workload: Workload, layout: Layout, at: Coords) -> int:
+    """The Newton-Schulz FLOPs of the matrices this rank orthogonalizes per step, as
+    FlopCounterMode counts them: per iteration two products of (m, n) by (n, m) sizes
+    and one (m, m) by (m, m), 2 (2 m^2 n + m^3) (plan/muon.py `iteration_flops`)."""
+    if not workload.muon_ns_bytes:
+        return 0
+    t, per = layout.tp, 2 * workload.muon_ns_steps
+    if sharded_muon(workload, layout):
+        me = shard_rank(layout, at) if layout.zero else 0
+        return sum(
+            per * muon.iteration_flops(m)
+            for c in stage_muons(model, layout, at.stage)
+            for m, owner, numbered in zip(c.shapes, c.owners, c.tp_owners, strict=True)
+            if owner == me and numbered % t == at.tp_rank
+        )
+    mine = data_rank(layout, at) * t + at.tp_rank  # owners numbered d tp + t
+    return sum(
+        per * muon.iteration_flops(m)
+        for matrices in muon.chunk_matrices(model, layout, at.stage)
+        for m, owner in zip(matrices, muon.owners_of(matrices, layout.data_ranks * t), strict=True)
+        if owner == mine
+    )

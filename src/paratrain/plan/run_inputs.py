@@ -38,6 +38,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         zero2_accumulate=p.zero2_accumulate,
         # Muon over whole matrices or ZeRO's shards; with experts not modelled (MUON_NOTE)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if muon else 0,
+        muon_ns_steps=t.muon_ns_steps,
         lora=lora_spec(cfg),
     )
     notes = [MUON_NOTE] if t.optimizer == "muon" and not muon else []

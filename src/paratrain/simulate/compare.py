@@ -3,7 +3,8 @@ two side by side.
 
 State bytes and bytes per group come from the same per-rank formulas `paratrain train`
 compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
-(per pipeline stage and cp coordinate; None where not predicted).
+(per pipeline stage and cp coordinate; None where not predicted) and, under Muon, the
+Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.py).
 Not yet predicted, so `None` here and "-" in the table: calls per group (the planner
 counts bytes, not calls).
 """
@@ -14,8 +15,11 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_flops import rank_step_flops
-from paratrain.plan.rank_traffic import AXES
+from paratrain.plan.rank_muon import muon_flops
+from paratrain.plan.rank_traffic import AXES, Coords
 from paratrain.plan.run_inputs import planner_inputs
 from paratrain.simulate.ranks import mesh_shape
 from paratrain.train.prediction import STATE_KINDS, Prediction, predict
@@ -32,15 +36,20 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             **{k: every.model_state[r][k] for k in STATE_KINDS},
             "bytes": dict(every.bytes_per_step[r]),
             "calls": dict.fromkeys(AXES),
-            "flops": rank_step_flops(model, workload, layout, *_stage_and_cp(shape, r)),
+            "flops": _flops(model, workload, layout, shape, r),
         }
         for r in ranks
     }
 
 
-def _stage_and_cp(shape: MeshShape, rank: int) -> tuple[int, int]:
-    where = shape.coords(rank)
-    return where["pp"], where["cp"]
+def _flops(
+    model: ModelSpec, workload: Workload, layout: Layout, shape: MeshShape, rank: int
+) -> int | None:
+    """The rank's step FLOPs: the model's, and Muon's orthogonalizations it owns."""
+    c = shape.coords(rank)
+    flops = rank_step_flops(model, workload, layout, c["pp"], c["cp"])
+    at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
+    return None if flops is None else flops + muon_flops(model, workload, layout, at)
 
 
 def rows(measured: dict[str, Any], predicted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
