@@ -99,6 +99,8 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_steps_metrics(tmp_path):
         f"run directory {out} keeps the steps' metrics"
     )
     assert steps_logged(out) == list(range(1, len(steps_logged(out)) + 1))
+    # a range, not a number: step 1 is logged before the first Ctrl-C, and the straggler
+    # (rank 1 at 2000 times its work) keeps the run from finishing all 6 before the stop
     assert 1 <= len(steps_logged(out)) < 6
 
 

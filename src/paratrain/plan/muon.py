@@ -117,6 +117,13 @@ def gather_bytes(model: ModelSpec, layout: Layout, stage: int, rank: int, ns_byt
     return sent
 
 
+def tp_exchange_bytes(shard: int, owner_t: int, tp_rank: int, tp: int, ns_bytes: int) -> int:
+    """What tp rank `tp_rank` sends for one matrix of `shard` elements per tp rank that tp
+    rank `owner_t` puts together: its float32 shard of the update, or, on the owner, every
+    other tp rank's shard of the result in the Newton-Schulz precision."""
+    return 4 * shard if owner_t != tp_rank else (tp - 1) * shard * ns_bytes
+
+
 def tp_bytes(
     model: ModelSpec, layout: Layout, stage: int, dp_rank: int, tp_rank: int, ns_bytes: int
 ) -> int:
@@ -132,6 +139,5 @@ def tp_bytes(
             d, owner_t = divmod(owner, t)
             if d != dp_rank:
                 continue
-            shard = r * c // t
-            sent += 4 * shard if owner_t != tp_rank else (t - 1) * shard * ns_bytes
+            sent += tp_exchange_bytes(r * c // t, owner_t, tp_rank, t, ns_bytes)
     return sent

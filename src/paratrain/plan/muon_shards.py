@@ -29,6 +29,7 @@ from paratrain.plan.muon import (
     iteration_flops,
     owners_among,
     owners_over_tp,
+    tp_exchange_bytes,
 )
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
@@ -141,8 +142,7 @@ class ChunkMuon:
         for (r, c), owner, numbered in zip(self.shapes, self.owners, self.tp_owners, strict=True):
             if owner != me:
                 continue
-            local = r * c // tp
-            sent += 4 * local if numbered % tp != tp_rank else (tp - 1) * local * ns_bytes
+            sent += tp_exchange_bytes(r * c // tp, numbered % tp, tp_rank, tp, ns_bytes)
         return sent
 
     def momentum(self, me: int) -> int:

@@ -68,10 +68,8 @@ class WholeMuon:
                 raise ValueError(f"Muon matrix {n} is not split over tp: not supported")
         self.dims = [split[n][1] if n in split else 0 for n in self.names]
         t = self.tp.size if self.tp is not None else 1
-        self.shapes = [  # the whole matrices' shapes, tp shards put together
-            tuple(s * (t if d == dim else 1) for d, s in enumerate(p.shape))
-            for p, dim in zip(self.matrices, self.dims, strict=True)
-        ]
+        local = [tuple(p.shape) for p in self.matrices]
+        self.shapes = muon_exchange.whole_shapes(local, self.dims, t)  # tp shards together
         dp = group.size if group is not None else 1
         self.owners = owners_of([(r, c) for r, c in self.shapes], dp * t)
         self.momentum: dict[torch.Tensor, torch.Tensor] = {

@@ -25,17 +25,6 @@ from paratrain.comm import regions
 from paratrain.comm.group import CommGroup
 
 
-def sharded_parameters(model: nn.Module) -> dict[str, tuple[nn.Parameter, int]]:
-    """{name: (parameter, dimension it is split along)} for every tp-split parameter."""
-    out = {}
-    for mod_name, module in model.named_modules():
-        for p_name, dim in getattr(module, "tp_shard_dims", {}).items():
-            param = getattr(module, p_name)
-            if param is not None:
-                out[f"{mod_name}.{p_name}" if mod_name else p_name] = (param, dim)
-    return out
-
-
 def split_dims(model: nn.Module) -> dict[str, int]:
     """{name: dimension it is split along} for every tp-split parameter, by the modules'
     records alone (a sharded wrapper may hold the values elsewhere)."""
@@ -44,6 +33,17 @@ def split_dims(model: nn.Module) -> dict[str, int]:
         for mod_name, module in model.named_modules()
         for p_name, dim in getattr(module, "tp_shard_dims", {}).items()
     }
+
+
+def sharded_parameters(model: nn.Module) -> dict[str, tuple[nn.Parameter, int]]:
+    """{name: (parameter, dimension it is split along)} for every tp-split parameter."""
+    out = {}
+    for name, dim in split_dims(model).items():
+        mod_name, _, p_name = name.rpartition(".")
+        param = getattr(model.get_submodule(mod_name), p_name)
+        if param is not None:
+            out[name] = (param, dim)
+    return out
 
 
 def sequence_parallel_parameters(model: nn.Module) -> list[nn.Parameter]:
