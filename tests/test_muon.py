@@ -10,6 +10,7 @@ gradients the parameters are bitwise those of a single-process torch.optim.Muon 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -367,17 +368,23 @@ def test_the_planner_counts_muon_over_zeros_shards_exactly_per_rank(world, layou
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
 
 
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
+@pytest.mark.parametrize("arch", ["gpt", "llama", "moe-tiny"])
 def test_dry_run_states_the_split_the_runtime_makes(arch):
     """`--dry-run`'s line (from the planner's block_matrices) against the parameters the
-    optimizer really gives Muon (from the plan's module names on the built model)."""
+    optimizer really gives Muon (from the plan's module names on the built model); with
+    experts, attention's matrices alone."""
+    from paratrain.models.presets import preset
     from paratrain.models.registry import plain_model
     from paratrain.train.dry_run import muon_split
 
     cfg = muon_config()
-    cfg.model.arch = arch
+    if arch == "moe-tiny":
+        cfg.model = dataclasses.replace(cfg.model, **preset(arch), name=arch)
+    else:
+        cfg.model.arch = arch
     model = plain_model(cfg.model)
-    names = set(muon_matrix_names(model, (GPT_PLAN if arch == "gpt" else LLAMA_PLAN).muon_matrices))
+    plan = LLAMA_PLAN if cfg.model.arch == "llama" else GPT_PLAN
+    names = set(muon_matrix_names(model, plan.muon_matrices))
     muon = sum(p.numel() for n, p in model.named_parameters() if n in names)
     other = sum(p.numel() for n, p in model.named_parameters() if n not in names)
     line = muon_split(cfg)
@@ -519,3 +526,33 @@ def test_muon_with_expert_parallelism_equals_one_process():
                 name
             ].norm()
             assert diff <= 1e-5, (name, diff.item())
+
+
+def test_the_planner_counts_muon_with_experts_exactly_per_rank():
+    """moe-tiny under Muon (test_prediction.py's layouts: dp 4 x ep 2 under ZeRO-1, pp 2 x
+    dp 2 x ep 2 with whole matrices, ZeRO-3 with a tied head, alone and in 2 HSDP replica
+    groups, dp 2 x tp 2 x ep 2 recomputed): Muon takes attention's matrices only, the
+    experts, routers and shared experts stay AdamW's, and the experts' share holds no
+    matrix. Each rank's model state and bytes by group equal the prediction exactly, but
+    for the tokens of the expert all-to-all (test_prediction.py's one routed term)."""
+    from tests.test_prediction import cp_and_moe_configs, train_each
+
+    configs = cp_and_moe_configs()[2:]
+    wide = copy.deepcopy(configs[0])  # dp 6 x ep 2: the experts' buffer over 3 ranks, padded
+    wide.parallel.nproc, wide.parallel.dp, wide.train.global_batch = 6, 6, 24
+    for cfg in [*configs, wide]:
+        cfg.train.optimizer, cfg.train.muon_ns_dtype = "muon", "bfloat16"
+    runs = [(4, [resolve_and_check(c, 4) for c in configs]), (6, [resolve_and_check(wide, 6)])]
+    for world, layouts in runs:
+        for rank, results in enumerate(run_distributed(train_each, world, layouts, tiny_data())):
+            _compare_but_routed(rank, results)
+
+
+def _compare_but_routed(rank: int, results: list[tuple]) -> None:
+    for compared, _, tokens in results:
+        predicted, measured = compared["predicted"], compared["measured"]
+        assert predicted["model_state_bytes"] == measured["model_state_bytes"]
+        p_sent, m_sent = predicted["bytes_sent_per_step"], measured["bytes_sent_per_step"]
+        routed = predicted["routed_bytes_per_step"][rank]
+        assert m_sent[rank].pop("ep") - tokens == p_sent[rank].pop("ep") - routed
+        assert p_sent[rank] == m_sent[rank]

@@ -8,6 +8,11 @@ per matrix instead of AdamW's two moments, and each step all-gathers the owners'
 orthogonalized matrices in the Newton-Schulz precision (2 bytes in bfloat16, 4 in float32):
 a ring all-gather of chunks of unequal size, one per owner, in which rank r sends every
 chunk but that of rank r + 1 (comm/traffic.py's `ring_all_gather`).
+
+With a mixture of experts every block's MLP is one (models/moe.py): its router, stacked
+experts and shared expert stay with AdamW, so a block's matrices are attention's alone.
+`moe` below: the parameters of each block's mixture of experts in the wrapper counted
+(plan/rank_experts.py `dense_moe`); 0 for a dense MLP.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 Matrix = tuple[int, int]  # (rows, cols): (out_features, in_features) of a linear layer
 
 
-def block_matrices(shape: Shape) -> list[Matrix]:
+def block_matrices(shape: Shape, moe: bool = False) -> list[Matrix]:
     """One block's Muon matrices, in the order the model's named_parameters gives them
     (models/plans.py `muon_matrices`): GPT's q, k, v, proj, fc, proj; Llama's q, k, v, o,
-    gate, up, down."""
+    gate, up, down. With a mixture of experts (`moe`) attention's four."""
     h, f = shape.d_model, ffn_width(shape)
     if shape.arch == "gpt":
-        return [(h, h)] * 4 + [(f, h), (h, f)]
-    d_kv = kv_heads(shape) * (h // shape.n_head)
-    return [(h, h), (d_kv, h), (d_kv, h), (h, h), (f, h), (f, h), (h, f)]
+        matrices = [(h, h)] * 4 + [(f, h), (h, f)]
+    else:
+        d_kv = kv_heads(shape) * (h // shape.n_head)
+        matrices = [(h, h), (d_kv, h), (d_kv, h), (h, h), (f, h), (f, h), (h, f)]
+    return matrices[:4] if moe else matrices
 
 
 def iteration_flops(matrix: Matrix) -> int:
@@ -85,22 +92,26 @@ def owners_of(matrices: list[Matrix], ranks: int) -> list[int]:
     return balanced_owners([iteration_flops(m) for m in matrices], ranks)
 
 
-def chunk_matrices(model: ModelSpec, layout: Layout, stage: int) -> list[list[Matrix]]:
+def chunk_matrices(
+    model: ModelSpec, layout: Layout, stage: int, moe: int = 0
+) -> list[list[Matrix]]:
     """The Muon matrices of each chunk on `stage` (each chunk has its own optimizer)."""
     s, c = layout.pp, layout.chunks
     layers = virtual_stage_layers(model.shape.n_layer, s, c)
-    per_block = block_matrices(model.shape)
+    per_block = block_matrices(model.shape, bool(moe))
     return [per_block * layers[vs] for vs in stage_virtual_stages(stage, s, c)]
 
 
-def momentum_elements(model: ModelSpec, layout: Layout, stage: int) -> int:
+def momentum_elements(model: ModelSpec, layout: Layout, stage: int, moe: int = 0) -> int:
     """Elements of Muon's momentum on a rank of `stage`: one per element of its shard of
     each matrix (every plan's Muon matrices are split over tp)."""
-    whole = sum(r * c for chunk in chunk_matrices(model, layout, stage) for r, c in chunk)
+    whole = sum(r * c for chunk in chunk_matrices(model, layout, stage, moe) for r, c in chunk)
     return whole // layout.tp
 
 
-def gather_bytes(model: ModelSpec, layout: Layout, stage: int, rank: int, ns_bytes: int) -> int:
+def gather_bytes(
+    model: ModelSpec, layout: Layout, stage: int, rank: int, ns_bytes: int, moe: int = 0
+) -> int:
     """What rank `rank` of the gradient group (dp_cp) sends per step in the all-gathers of
     the results (one per chunk): each replica's shards of the results its ranks own, a ring
     all-gather of unequal chunks. Owners are numbered d tp + t (parallel/data_parallel/
@@ -109,7 +120,7 @@ def gather_bytes(model: ModelSpec, layout: Layout, stage: int, rank: int, ns_byt
     if k == 1:
         return 0
     sent = 0
-    for matrices in chunk_matrices(model, layout, stage):
+    for matrices in chunk_matrices(model, layout, stage, moe):
         held = [0] * k  # bytes of each replica's shards of the results
         for (r, c), owner in zip(matrices, owners_of(matrices, k * t), strict=True):
             held[owner // t] += r * c // t * ns_bytes
@@ -125,7 +136,13 @@ def tp_exchange_bytes(shard: int, owner_t: int, tp_rank: int, tp: int, ns_bytes:
 
 
 def tp_bytes(
-    model: ModelSpec, layout: Layout, stage: int, dp_rank: int, tp_rank: int, ns_bytes: int
+    model: ModelSpec,
+    layout: Layout,
+    stage: int,
+    dp_rank: int,
+    tp_rank: int,
+    ns_bytes: int,
+    moe: int = 0,
 ) -> int:
     """What a rank sends over tp per step: its float32 shards of the updates of the matrices
     its replica's other tp ranks own, and, for each matrix it owns, every other tp rank's
@@ -134,7 +151,7 @@ def tp_bytes(
     if t == 1:
         return 0
     sent = 0
-    for matrices in chunk_matrices(model, layout, stage):
+    for matrices in chunk_matrices(model, layout, stage, moe):
         for (r, c), owner in zip(matrices, owners_of(matrices, layout.data_ranks * t), strict=True):
             d, owner_t = divmod(owner, t)
             if d != dp_rank:

@@ -14,6 +14,9 @@ a matrix's piece on rank q is its overlap with shard q. Per step and chunk:
   the result (muon_exchange.py);
 - state: Muon's momentum for each piece it holds, AdamW's two moments for the rest of
   its shards (the padding has neither).
+With a mixture of experts (`moe`: plan/muon.py) a block's MLP is its MoE's parameters in
+the wrapper, whole on every tp rank and all AdamW's; the experts' own wrapper under
+ep > 1 holds no matrix (plan/rank_experts.py counts it).
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 Segment = tuple[int, Matrix | None]
 
 
-def block_segments(model: ModelSpec, tp: int) -> list[Segment]:
+def block_segments(model: ModelSpec, tp: int, moe: int = 0) -> list[Segment]:
     """One block's parameters in registration order (models/gpt.py, models/llama.py) on
     one tp rank: column-parallel weights and biases split, row-parallel weights split and
-    their biases replicated, norms replicated (models/plans.py)."""
+    their biases replicated, norms replicated (models/plans.py); a mixture of experts
+    whole (`moe` parameters: router, experts, shared expert, in that order)."""
     shape = model.shape
     h, t, m = shape.d_model, tp, block_matrices(shape)
     if model.arch == "gpt":
@@ -49,15 +53,15 @@ def block_segments(model: ModelSpec, tp: int) -> list[Segment]:
         for matrix in m[:3]:  # q, k, v with their biases
             attn += [(matrix[0] * matrix[1] // t, matrix), (matrix[0] // t, None)]
         norm = [(h, None), (h, None)]
-        return [
-            *norm, *attn, (h * h // t, m[3]), (h, None),
-            *norm, (f * h // t, m[4]), (f // t, None), (h * f // t, m[5]), (h, None),
-        ]  # fmt: skip
-    split = [(r * c // t, (r, c)) for r, c in m]
-    return [(h, None), *split[:4], (h, None), *split[4:]]
+        mlp: list[Segment] = [(f * h // t, m[4]), (f // t, None), (h * f // t, m[5]), (h, None)]
+        attn = [*norm, *attn, (h * h // t, m[3]), (h, None), *norm]
+    else:
+        split: list[Segment] = [(r * c // t, (r, c)) for r, c in m]
+        attn, mlp = [(h, None), *split[:4], (h, None)], split[4:]
+    return [*attn, *([(moe, None)] if moe else mlp)]
 
 
-def chunk_units(model: ModelSpec, layout: Layout, vs: int) -> list[list[Segment]]:
+def chunk_units(model: ModelSpec, layout: Layout, vs: int, moe: int = 0) -> list[list[Segment]]:
     """Virtual stage `vs`'s parameters by FSDP unit (models/plans.py `fsdp_units`), each
     in registration order: the ends' and one per block; with tied embeddings and both
     ends here, the token table alone first (a root unit) and no head."""
@@ -73,15 +77,17 @@ def chunk_units(model: ModelSpec, layout: Layout, vs: int) -> list[list[Segment]
         opening.append(((shape.max_seq_len or 0) * h, None))
     closing = [*norm, *([] if tied else [table])] if last else []
     units = [[table]] if tied else []
-    units += [opening, *[block_segments(model, t)] * layers, closing]
+    units += [opening, *[block_segments(model, t, moe)] * layers, closing]
     return [u for u in units if u]
 
 
-def stage_buffers(model: ModelSpec, layout: Layout, stage: int) -> list[list[list[Segment]]]:
+def stage_buffers(
+    model: ModelSpec, layout: Layout, stage: int, moe: int = 0
+) -> list[list[list[Segment]]]:
     """Per chunk on `stage`, its flat buffers' segments in buffer order (module docstring)."""
     out = []
     for vs in stage_virtual_stages(stage, layout.pp, layout.chunks):
-        units = chunk_units(model, layout, vs)
+        units = chunk_units(model, layout, vs, moe)
         if layout.zero >= 3:
             out.append(units)
         else:
@@ -149,21 +155,27 @@ class ChunkMuon:
         return sum(held.get(me, 0) for held in self.pieces)
 
 
+def unpadded_elements(buffers: list[int], k: int, me: int) -> int:
+    """Elements of flat buffers of these sizes in shard `me` of k, without the padding:
+    what Muon's AdamW keeps moments for in a wrapper with no matrix (the experts')."""
+    return sum(max(0, min(n, (me + 1) * -(-n // k)) - me * -(-n // k)) for n in buffers)
+
+
 def sharded_muon(workload: Workload, layout: Layout) -> bool:
     """Whether the run's Muon works over flat shards: under ZeRO, and under a stage 0 in
     mixed precision, whose wrapper keeps one buffer (train/build.py `data_parallel`)."""
     return layout.zero > 0 or workload.precision.name != "fp32"
 
 
-def stage_muons(model: ModelSpec, layout: Layout, stage: int) -> list[ChunkMuon]:
+def stage_muons(model: ModelSpec, layout: Layout, stage: int, moe: int = 0) -> list[ChunkMuon]:
     """The Muon of each chunk on `stage` (each chunk is wrapped and optimized on its own);
     stage 0 holds one unsharded buffer (k = 1)."""
     k = layout.shard_ranks if layout.zero else 1
-    return [ChunkMuon.of(b, k, layout.tp) for b in stage_buffers(model, layout, stage)]
+    return [ChunkMuon.of(b, k, layout.tp) for b in stage_buffers(model, layout, stage, moe)]
 
 
-def optimizer_elements(model: ModelSpec, layout: Layout, stage: int, me: int) -> int:
+def optimizer_elements(model: ModelSpec, layout: Layout, stage: int, me: int, moe: int = 0) -> int:
     """Elements of optimizer state on shard rank `me`: two moments per AdamW element, one
     momentum per element of a matrix's piece."""
-    chunks = stage_muons(model, layout, stage)
+    chunks = stage_muons(model, layout, stage, moe)
     return sum(2 * c.adamw[me] + c.momentum(me) for c in chunks)

@@ -43,6 +43,8 @@ from paratrain.plan.expert_cost import COUNT_BYTES, counts_bytes, expected_token
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec, spec_of
+from paratrain.plan.muon import momentum_elements
+from paratrain.plan.muon_shards import optimizer_elements, sharded_muon, unpadded_elements
 from paratrain.plan.pipeline import stage_layers, stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_groups import (
     Coords,
@@ -52,6 +54,7 @@ from paratrain.plan.rank_groups import (
     expert_dp_rank,
     expert_shard_rank,
     group_name,
+    shard_rank,
 )
 from paratrain.plan.rank_memory import (
     STATE_KINDS,
@@ -146,6 +149,14 @@ def shares(model: ModelSpec, experts: ExpertCounts, layout: Layout, at: Coords) 
     return out
 
 
+def dense_moe(experts: ExpertCounts | None, ep: int) -> int:
+    """Parameters of one block's mixture of experts in the dense share: router and shared
+    expert, and the experts themselves at ep 1 (whole on every tp rank); 0 without one."""
+    if experts is None:
+        return 0
+    return experts.moe - (experts.num_experts * experts.expert if ep > 1 else 0)
+
+
 def share_layout(share: Share, layout: Layout) -> Layout:
     """The share's group as the dense counts take it: its data-parallel ranks, in the
     run's replica groups (each holds every expert: mesh_shape.py)."""
@@ -155,11 +166,27 @@ def share_layout(share: Share, layout: Layout) -> Layout:
 def expert_model_state(
     model: ModelSpec, experts: ExpertCounts, workload: Workload, layout: Layout, at: Coords
 ) -> ModelState:
-    """Model-state bytes of a rank, itemised as the runtime records them: its shares'."""
-    states = []
+    """Model-state bytes of a rank, itemised as the runtime records them: its shares'.
+    Under Muon the dense share's optimizer state is plan/muon_shards.py's (or one momentum
+    per whole matrix), the experts' AdamW's, without moments for padding when sharded."""
+    states, held = [], 0  # held: optimizer elements when Muon works over flat shards
+    sharded = bool(workload.muon_ns_bytes) and sharded_muon(workload, layout)
     for share in shares(model, experts, layout, at):
-        states.append(buffers_model_state(share.flat, workload, share_layout(share, layout)))
-    return ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
+        lay = share_layout(share, layout)
+        states.append(buffers_model_state(share.flat, workload, lay))
+        if sharded and share.kind != "dp_cp":
+            k = lay.shard_ranks if layout.zero else 1
+            held += 2 * unpadded_elements(share.flat, k, expert_shard_rank(layout, at) % k)
+    state = ModelState(*(sum(getattr(st, kind) for st in states) for kind in STATE_KINDS))
+    if not workload.muon_ns_bytes:
+        return state
+    moe, moment = dense_moe(experts, layout.ep), workload.precision.moment_bytes
+    if sharded:
+        me = shard_rank(layout, at) if layout.zero else 0
+        held += optimizer_elements(model, layout, at.stage, me, moe)
+        return replace(state, optimizer=moment * held)
+    whole = momentum_elements(model, layout, at.stage, moe)  # one moment instead of two
+    return replace(state, optimizer=state.optimizer - moment * whole)
 
 
 def tp_activation_bytes(

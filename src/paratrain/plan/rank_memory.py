@@ -212,8 +212,10 @@ def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) 
     lay = Layout(dp=layout.shard_ranks, zero=layout.zero)
     formula = model_state_bytes(sum(buffers), workload, lay)
     held = buffers_held_state(buffers, workload, layout).as_dict()
-    pad = sum(held[kind] - getattr(formula, kind) for kind in STATE_KINDS)
-    return replace(formula, params=formula.params + pad)
+    pads = {kind: held[kind] - getattr(formula, kind) for kind in STATE_KINDS}
+    if workload.muon_ns_bytes and sharded_muon(workload, layout):
+        pads["optimizer"] = 0  # Muon's AdamW keeps no moments for the padding
+    return replace(formula, params=formula.params + sum(pads.values()))
 
 
 def accumulated_gradient_bytes(

@@ -48,6 +48,7 @@ from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
     ExpertCounts,
+    dense_moe,
     moe_terms,
     share_layout,
     shares,
@@ -272,7 +273,7 @@ def rank_traffic(
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
     out += cp_terms(model, workload, layout, microbatches, at.stage)
     if workload.muon_ns_bytes:
-        out += muon_terms(model, workload, layout, at)
+        out += muon_terms(model, workload, layout, at, dense_moe(experts, layout.ep))
     if experts is not None:
         out += moe_terms(model, experts, workload, layout, microbatches, at)
     return out + runtime_scalars(layout, at, experts is not None)

@@ -15,7 +15,6 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
 
 MUON_NS_BYTES = {"bfloat16": 2, "float32": 4}  # config.choices.MUON_NS_DTYPES
-MUON_NOTE = "muon with experts: model state and traffic predicted as AdamW's (not modelled yet)"
 LORA_NOTE = "LoRA: tp traffic predicted as a full fine-tune's (less is sent)"
 LORA_OTHER_NOTE = "LoRA on targets other than the model plan's patterns: predicted as full training"
 EP_NOTE = (
@@ -28,7 +27,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
     """The run's model, workload and layout as the planner takes them, and any caveats."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     model, experts = run_model(m, t.seq_len)
-    muon = t.optimizer == "muon" and not m.num_experts
+    muon = t.optimizer == "muon"
     workload = Workload(
         micro_batch=t.micro_batch,
         global_batch=t.global_batch,
@@ -36,12 +35,12 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
         zero2_accumulate=p.zero2_accumulate,
-        # Muon over whole matrices or ZeRO's shards; with experts not modelled (MUON_NOTE)
+        # Muon over whole matrices or ZeRO's shards (plan/muon.py, plan/muon_shards.py)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if muon else 0,
         muon_ns_steps=t.muon_ns_steps,
         lora=lora_spec(cfg),
     )
-    notes = [MUON_NOTE] if t.optimizer == "muon" and not muon else []
+    notes = []
     if t.lora_rank:
         notes.append(LORA_NOTE if workload.lora else LORA_OTHER_NOTE)
     if experts is not None:  # the dense model of the same shape; rank_experts.py adds them

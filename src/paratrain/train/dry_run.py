@@ -22,11 +22,13 @@ from paratrain.train.prediction import MB, describe_prediction, predict
 
 
 def muon_split(cfg: RunConfig) -> str:
-    """Which parameters Muon takes (the plan's matrices) and how many AdamW keeps."""
+    """Which parameters Muon takes (the plan's matrices: with experts attention's alone)
+    and how many AdamW keeps."""
     model = spec_of(cfg.model, cfg.train.seq_len)
-    matrices = block_matrices(model.shape) * cfg.model.n_layer
+    per_block = block_matrices(model.shape, moe=bool(cfg.model.num_experts))
+    matrices = per_block * cfg.model.n_layer
     muon = sum(rows * cols for rows, cols in matrices)
-    patterns = ", ".join(PLANS[cfg.model.arch].muon_matrices)
+    patterns = ", ".join(PLANS[cfg.model.arch].muon_matrices[: len(per_block)])
     return (
         f"optimizer: Muon for {len(matrices)} matrices ({muon:,} parameters: {patterns}); "
         f"AdamW for the other {model.params - muon:,} parameters"
