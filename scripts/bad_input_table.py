@@ -153,6 +153,15 @@ CASES = [
         "HSDP without ZeRO (`--replicas 2`)",
         ["--nproc", "4", "--micro-batch", "1", "--replicas", "2"],
     ),
+    Case("DiLoCo without replica groups", ["--nproc", "2", "--dp-mode", "diloco"]),
+    Case(
+        "DiLoCo restarted (its groups' states are not saved yet)",
+        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--max-restarts", "1"],
+    ),
+    Case(
+        "`--sync-every 0`",
+        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--sync-every", "0"],
+    ),  # fmt: skip
     Case(
         "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
         ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],

@@ -238,6 +238,7 @@ LLAMA = ["--model", "llama-tiny"]
 ASYNC = ["--dp-mode", "async"]
 MOE = ["--num-experts", "4"]
 HSDP = ["--replicas", "2", "--zero", "1"]  # 2 replica groups of one rank
+DILOCO = ["--dp-mode", "diloco", "--replicas", "2"]
 INEFFECTIVE = {
     "model.n_kv_head": (["--n-kv-head", "1"], [], LLAMA),
     "model.ffn_hidden": (["--ffn-hidden", "96"], [], LLAMA),
@@ -271,6 +272,10 @@ INEFFECTIVE = {
     "parallel.comm_order": (["--comm-order", "nccl"], ["--nproc", "1"], []),
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
     "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
+    "parallel.sync_every": (["--sync-every", "10"], [], DILOCO),
+    "parallel.outer_lr": (["--outer-lr", "1.0"], [], DILOCO),
+    "parallel.outer_momentum": (["--outer-momentum", "0.5"], [], DILOCO),
+    "parallel.outer_nesterov": (["--no-outer-nesterov"], [], DILOCO),
     "parallel.staleness_bound": (["--staleness-bound", "2"], [], ASYNC),
     "parallel.dc_mode": (["--dc-mode", "adaptive"], ASYNC, [*ASYNC, "--dc-lambda", "0.5"]),
     "parallel.dc_decay": (["--dc-decay", "0.5"], [*ASYNC, "--dc-lambda", "0.5"],

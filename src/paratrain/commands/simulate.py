@@ -20,7 +20,7 @@ REFUSED = {
     "parallel.backend": "the simulation's backend is torch's fake one",
     "parallel.max_restarts": "no process is restarted",
     "parallel.straggler": "no time is simulated",
-    "parallel.dp_mode": "the asynchronous parameter server is not simulated",
+    "parallel.dp_mode": "only sync is simulated (not async's server or DiLoCo's groups)",
     "train.out": "no run directory is written",
     "train.resume": "no checkpoint is read",
     "train.init_from": "no weights are read",

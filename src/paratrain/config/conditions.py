@@ -13,8 +13,9 @@ def world(cfg: Any) -> int:
     return p.dp * p.pp * p.cp * p.tp
 
 
-SYNC = Effect(lambda c: c.parallel.dp_mode == "sync", "--dp-mode sync")
+SYNC = Effect(lambda c: c.parallel.dp_mode != "async", "--dp-mode sync or diloco")
 ASYNC = Effect(lambda c: c.parallel.dp_mode == "async", "--dp-mode async")
+DILOCO = Effect(lambda c: c.parallel.dp_mode == "diloco", "--dp-mode diloco")
 LLAMA = Effect(lambda c: c.model.arch == "llama", "a Llama model (--arch llama)")
 GPT = Effect(lambda c: c.model.arch == "gpt", "a GPT model (--arch gpt)")
 MOE = Effect(lambda c: c.model.num_experts > 0, "a mixture of experts (--num-experts)")

@@ -22,6 +22,7 @@ from paratrain.config.conditions import (
     ASYNC,
     COLLECTIVES,
     DC_ASGD,
+    DILOCO,
     FAULT_GROUPS,
     FAULT_TOLERANCE,
     PIPELINE,
@@ -54,7 +55,10 @@ class ParallelConfig:
         "HSDP: the data-parallel ranks form this many replica groups; ZeRO shards within a"
         " group and gradients are all-reduced across groups (divides dp; 1 = plain ZeRO).",
         at_least=1,
-        effect=Effect(lambda c: c.parallel.zero > 0, "--zero 1, 2 or 3"),
+        effect=Effect(
+            lambda c: c.parallel.zero > 0 or c.parallel.dp_mode == "diloco",
+            "--zero 1, 2 or 3, or --dp-mode diloco",
+        ),
     )
     prefetch: int = param(
         1,
@@ -108,8 +112,8 @@ class ParallelConfig:
         "Default collective algorithm.",
         choices=COMM_ALGOS,
         effect=Effect(
-            lambda c: world(c) > 1 and c.parallel.dp_mode == "sync",
-            "more than one process in --dp-mode sync",
+            lambda c: world(c) > 1 and c.parallel.dp_mode != "async",
+            "more than one process in --dp-mode sync or diloco",
         ),
     )
     # NCCL orders its calls itself: the order is enforced on gloo groups only.
@@ -129,14 +133,29 @@ class ParallelConfig:
         "Gradient bucket size in MiB; 0 puts the whole model in one.",
         at_least=0,
         effect=Effect(
-            lambda c: c.parallel.dp_mode == "sync" and c.parallel.zero != 3 and c.parallel.dp > 1,
+            lambda c: c.parallel.dp_mode != "async" and c.parallel.zero != 3 and c.parallel.dp > 1,
             "data parallelism (dp 2 or more) without ZeRO-3 (its units are its buckets)",
         ),
     )
     dp_mode: str = param(
         "sync",
-        "Data parallel: sync all-reduces gradients, async runs a parameter server.",
+        "Data parallel: sync all-reduces gradients, async runs a parameter server, diloco"
+        " trains each replica group (--replicas) on its own and averages their parameter"
+        " changes every --sync-every steps (docs/diloco.md).",
         choices=DP_MODES,
+    )
+    sync_every: int = param(
+        100,
+        "DiLoCo: inner steps between outer steps, H (the last step always synchronizes).",
+        at_least=1,
+        effect=DILOCO,
+    )
+    outer_lr: float = param(0.7, "DiLoCo: the outer SGD's learning rate.", above=0, effect=DILOCO)
+    outer_momentum: float = param(
+        0.9, "DiLoCo: the outer SGD's momentum (0: none).", at_least=0, below=1, effect=DILOCO
+    )
+    outer_nesterov: bool = param(
+        True, "DiLoCo: Nesterov momentum in the outer step.", effect=DILOCO
     )
     dc_lambda: float = param(
         0.0, "Async: DC-ASGD delay compensation strength (0 = off).", at_least=0, effect=ASYNC

@@ -149,7 +149,7 @@ class TrainConfig:
         at_least=0,
         effect=Effect(
             lambda c: (
-                c.parallel.dp_mode == "sync"
+                c.parallel.dp_mode != "async"
                 and (bool(c.train.resume) or c.parallel.max_restarts > 0)
             ),
             "--dp-mode sync with --resume or --max-restarts (a changed world size re-warms "

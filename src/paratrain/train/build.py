@@ -58,7 +58,7 @@ from paratrain.parallel.pipeline import (
 from paratrain.parallel.recompute import apply_recomputation
 from paratrain.parallel.tensor_parallel import RngTracker, apply_tensor_parallel
 from paratrain.train.engine import Engine, FlatEngine, PipelineEngine
-from paratrain.train.experts import apply_experts, hybrid_groups
+from paratrain.train.experts import DataGroups, apply_experts, hybrid_groups
 
 
 def run_gpt_config(cfg: RunConfig) -> GPTConfig:
@@ -186,12 +186,13 @@ def build_engine(
     recompute_blocks(model, cfg, plan)
     if mesh.size("pp") == 1:
         # One wrapper per share of the parameters (two under expert parallelism).
-        shares = apply_experts(model, plan, mesh)
+        groups = DataGroups.of(p.dp_mode)
+        shares = apply_experts(model, plan, mesh, groups)
         replicas = [
-            data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid_groups(mesh, s))
+            data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid_groups(mesh, s, groups))
             for s, g in shares
         ]
-        tp, dp = mesh.group("tp"), mesh.group("dp")
+        tp, dp = mesh.group("tp"), mesh.group(groups.batches)
         engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:])
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan, split)
@@ -218,7 +219,8 @@ def _pipeline_engine(
     model: nn.Module, mesh: Mesh, cfg: RunConfig, plan: ModelPlan, split: TokenShard
 ) -> Engine:
     p, pp = cfg.parallel, mesh.group("pp")
-    shares = apply_experts(model, plan, mesh)  # before the split: chunks share the layers
+    groups = DataGroups.of(p.dp_mode)
+    shares = apply_experts(model, plan, mesh, groups)  # before the split: chunks share layers
     cuts = pipeline_plan(plan)
     tied = find_tied_weights(model, cuts)
     chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=cuts)
@@ -241,14 +243,13 @@ def _pipeline_engine(
     # (over dp_cp), split experts over expert_dp, and the engine divides every gradient by
     # the global batch's tokens, as the flat engine does.
     (dense, dp_cp), *experts = shares
-    hybrid = hybrid_groups(mesh, dense)
+    hybrid = hybrid_groups(mesh, dense, groups)
     replicas = [data_parallel(c, dp_cp, cfg, plan, "sum", dense, hybrid) for c in chunks]
-    more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s))
+    more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s, groups))
             for s, g in experts for c in chunks if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
-    return PipelineEngine(
-        replicas, runtime, mesh.group("tp"), tied, ends, mesh.group("dp"), more=more
-    )
+    dp = mesh.group(groups.batches)
+    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends, dp, more=more)
 
 
 def data_parallel(

@@ -20,6 +20,7 @@ shard counts once, as in the dense sum over dp (grads.py derives the 1/R of mean
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -40,14 +41,35 @@ def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:
     return [n for n in names if isinstance(model.get_submodule(n), MoEFeedForward)]
 
 
+@dataclass(frozen=True)
+class DataGroups:
+    """The mesh groups (mesh_shape.py) data parallelism works over. `reduce` and `experts`:
+    the ranks whose gradients the dense and the split experts' wrappers sum (and route a
+    mixture of experts over); `batches`: the ranks that hold different samples (the
+    engine's evaluation splits over them); `across`: HSDP all-reduces the reduced shards
+    over dp_replicate. A synchronous run spans every data-parallel rank; DiLoCo
+    (parallel/diloco.py) keeps each replica group to itself, the groups meeting only in
+    the outer step."""
+
+    reduce: str = "dp_cp"
+    experts: str = "expert_dp"
+    batches: str = "dp"
+    across: bool = True
+
+    @classmethod
+    def of(cls, dp_mode: str) -> DataGroups:
+        return cls("dp_shard", "expert_shard", "dp_shard", False) if dp_mode == "diloco" else cls()
+
+
 def apply_experts(
-    model: nn.Module, plan: ModelPlan, mesh: Mesh
+    model: nn.Module, plan: ModelPlan, mesh: Mesh, groups: DataGroups = DataGroups()
 ) -> list[tuple[ParamShare, comm.CommGroup]]:
-    """Make the MoE layers route over the whole batch and, with ep > 1, split their experts;
-    return the data-parallel wrappers' shares with their reduction groups (one for a dense
-    model or ep = 1: experts then live whole on every rank, like any parameter)."""
+    """Make the MoE layers route over the whole batch of `groups.reduce` and, with ep > 1,
+    split their experts; return the data-parallel wrappers' shares with their reduction
+    groups (one for a dense model or ep = 1: experts then live whole on every rank, like
+    any parameter)."""
     layers = moe_layer_names(model, plan)
-    batch = mesh.group("dp_cp")
+    batch = mesh.group(groups.reduce)
     for name in layers:  # a seam of models/moe.py; torch types Module.__setattr__ narrowly
         model.get_submodule(name).batch = GroupBatch(batch)  # type: ignore[assignment]
     ep = mesh.group("ep")
@@ -63,16 +85,19 @@ def apply_experts(
     units = tuple((f"{name}.{EXPERTS}.local",) for name in layers)
     return [
         (ParamShare(dense), batch),
-        (ParamShare(experts, split_over=ep, units=units), mesh.group("expert_dp")),
+        (ParamShare(experts, split_over=ep, units=units), mesh.group(groups.experts)),
     ]
 
 
-def hybrid_groups(mesh: Mesh, share: ParamShare = EVERY_PARAMETER) -> HybridGroups | None:
+def hybrid_groups(
+    mesh: Mesh, share: ParamShare = EVERY_PARAMETER, groups: DataGroups = DataGroups()
+) -> HybridGroups | None:
     """HSDP's shard and replicate groups (mesh.py) for a wrapper of `share`, or None
-    without replica groups: the split experts (`split_over` ep) shard over the ranks of
-    their replica group that hold the same experts; every share all-reduces across the
-    groups over dp_replicate, since a replica group holds every expert."""
-    if mesh.size("dp_replicate") == 1:
+    without replica groups (or when they stay apart, `groups.across` False): the split
+    experts (`split_over` ep) shard over the ranks of their replica group that hold the
+    same experts; every share all-reduces across the groups over dp_replicate, since a
+    replica group holds every expert."""
+    if mesh.size("dp_replicate") == 1 or not groups.across:
         return None
     shard = "expert_shard" if share.split_over is not None else "dp_shard"
     return HybridGroups(mesh.group(shard), mesh.group("dp_replicate"))

@@ -23,6 +23,7 @@ from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
+from paratrain.train.diloco import OuterSteps
 from paratrain.train.engine import Engine
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
 from paratrain.train.optim import LrSchedule, Rewarmup, muon_settings, peak_lr
@@ -51,14 +52,11 @@ def train(
         saves a checkpoint and returns early (preemption).
     on_start: called with the engine before the first step (measurements attach here).
     """
-    if cfg.parallel.dp_mode != "sync":
-        raise ValueError(
-            f"dp_mode {cfg.parallel.dp_mode!r}: this loop is synchronous; "
-            "asynchronous runs go through train/async_loop.py: train_async"
-        )
+    assert cfg.parallel.dp_mode != "async", "the parameter server's: train/async_loop.py"
     t = cfg.train
     layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
     engine, optimizer, first, lr = build_training(cfg, mesh, resume, layout == "documents")
+    outer = OuterSteps.of(cfg, engine, optimizer, mesh)  # DiLoCo's, else None
     if on_start is not None:
         on_start(engine)
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
@@ -74,18 +72,22 @@ def train(
         timer.data_done()
         out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip)
         skips.record(step, out)
+        if outer is not None:
+            outer.after_step(step + 1)
         straggle(cfg, mesh.global_rank, mesh.shape.world_size, timer.busy_s())
         metrics.append(timer.finish(step, out, lr(step)))
         if compiled is not None and step == first:
             log.info("%s", compiled.report().line())  # what the first step compiled
         if on_step is not None:
             on_step(metrics[-1])
-        last = step + 1 == t.steps
-        if stop is not None and not last and stop():
+        if stop is not None and step + 1 < t.steps and stop():  # not after the last
             # the user is told once, by the stop's line, which names this checkpoint
             log.debug("stop requested: saving a checkpoint after step %d", step + 1)
             stopped_at = step + 1
-        if run_dir is not None and (stopped_at or checkpoint_due(step + 1, t)):
+            if outer is not None:  # so that the checkpoint holds one model
+                outer.sync(step + 1)
+        due = outer.checkpoint_due(step + 1) if outer else checkpoint_due(step + 1, t)
+        if run_dir is not None and (stopped_at or due):
             keep, fingerprint, announce = t.keep_checkpoints, data.fingerprint, not stopped_at
             checkpoint.save(run_dir, step + 1, engine, optimizer, mesh, cfg, fingerprint, keep,
                             announce=announce)  # fmt: skip

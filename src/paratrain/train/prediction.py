@@ -162,7 +162,8 @@ class PredictionTracker:
 
     def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.prediction = None if cfg.parallel.dp_mode == "async" else predict(cfg)
+        # The planner prices synchronous runs (not yet the server's or DiLoCo's groups)
+        self.prediction = None if cfg.parallel.dp_mode != "sync" else predict(cfg)
         self.marks: list[dict[str, int]] = []
         self.last_step = 0  # none yet in this start
         if self.prediction is not None:

@@ -12,6 +12,7 @@ from paratrain.validate.field_checks import check_fields
 from paratrain.validate.rules_compile import compile_rules
 from paratrain.validate.rules_data import data_rules
 from paratrain.validate.rules_devices import device_rules, dtype_rules
+from paratrain.validate.rules_diloco import diloco_rules
 from paratrain.validate.rules_experts import experts_rules
 from paratrain.validate.rules_fault_tolerance import fault_tolerance_rules
 from paratrain.validate.rules_layout import batch_rules, mesh_rules, straggler_rules
@@ -41,6 +42,7 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     zero_rules,
     hsdp_rules,
     fault_tolerance_rules,
+    diloco_rules,
     compile_rules,
     optimizer_rules,
     lora_rules,

@@ -57,7 +57,7 @@ def hsdp_rules(cfg: RunConfig) -> None:
     p = cfg.parallel
     if p.replicas == 1:
         return
-    if p.zero == 0:  # also EFFECTS' refusal; here for configurations built in code
+    if p.zero == 0 and p.dp_mode != "diloco":  # also EFFECTS'; for configurations in code
         raise ValueError(
             f"--replicas {p.replicas} needs ZeRO (--zero 1, 2 or 3): without sharding every "
             "dp rank holds the whole model, so replica groups would be plain data parallelism; "

@@ -1,0 +1,76 @@
+"""DiLoCo's outer step (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication
+Training of Language Models", arXiv:2311.08105, algorithm 1).
+
+Replica groups train apart, each with its own inner optimizer on its own share of every
+batch; every H inner steps they take one outer step together. Each group's pseudo-gradient
+is the global parameters minus its own, theta_global - theta_group (the direction the
+outer step descends: with outer lr 1 and no momentum the step lands on the groups'
+average); their mean over the groups moves the global parameters by SGD with momentum
+mu (Nesterov by default):
+
+    v <- mu v + delta;    theta_global <- theta_global - lr (delta + mu v)   (Nesterov)
+                          theta_global <- theta_global - lr v                (plain)
+
+and every group continues from theta_global, its inner optimizer's state its own.
+
+A rank keeps a global copy and the outer momentum of the pieces of the parameters it
+updates (`Replica.checkpoint_pieces`' "model" tensors: ZeRO's fp32 master shards, a whole
+module's parameters). The ranks at one place of every group (dp_replicate) hold the same
+pieces, so the outer step is one all-reduce of this rank's pseudo-gradient pieces per
+dtype over that group, once per H steps, then the wrapper's `after_load` makes every copy
+(ZeRO-1/2's gathered parameters, the compute dtype's) agree with the new values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from paratrain import comm
+from paratrain.comm.group import CommGroup
+
+
+@dataclass(frozen=True)
+class OuterSettings:
+    lr: float
+    momentum: float  # 0: none
+    nesterov: bool
+
+
+class OuterStep:
+    """The outer optimizer over this rank's `pieces` (live views of what it updates)."""
+
+    def __init__(
+        self,
+        pieces: list[torch.Tensor],
+        across: CommGroup,
+        settings: OuterSettings,
+        after: Callable[[], None],
+    ) -> None:
+        self.local, self.across, self.settings, self.after = pieces, across, settings, after
+        self.global_ = [p.detach().clone() for p in pieces]
+        self.velocity = [torch.zeros_like(p) for p in pieces] if settings.momentum else []
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Average the pseudo-gradients over the groups, step the global parameters and
+        start every group from them (collective over `across`, then the wrappers')."""
+        deltas = [g - p for g, p in zip(self.global_, self.local, strict=True)]
+        for dtype in sorted({d.dtype for d in deltas}, key=str):
+            mine = [d for d in deltas if d.dtype == dtype]
+            flat = torch.cat([d.reshape(-1) for d in mine])
+            comm.all_reduce(flat, self.across)
+            flat.div_(self.across.size)
+            for d, mean in zip(mine, flat.split([d.numel() for d in mine]), strict=True):
+                d.copy_(mean.view_as(d))
+        s = self.settings
+        for i, (g, p, delta) in enumerate(zip(self.global_, self.local, deltas, strict=True)):
+            update = delta
+            if s.momentum:
+                v = self.velocity[i].mul_(s.momentum).add_(delta)
+                update = delta.add(v, alpha=s.momentum) if s.nesterov else v
+            g.sub_(update, alpha=s.lr)
+            p.copy_(g)
+        self.after()

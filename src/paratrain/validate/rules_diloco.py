@@ -1,0 +1,30 @@
+"""Rules on --dp-mode diloco (parallel/diloco.py): replica groups to train apart, and what
+it does not combine with yet."""
+
+from __future__ import annotations
+
+from paratrain.config import RunConfig
+
+
+def diloco_rules(cfg: RunConfig) -> None:
+    p, t = cfg.parallel, cfg.train
+    if p.dp_mode != "diloco":
+        return
+    if p.replicas < 2:
+        raise ValueError(
+            "--dp-mode diloco trains replica groups apart: give --replicas 2 or more "
+            "(dividing the data-parallel ranks)"
+        )
+    unsupported = [
+        (p.fault_tolerance, "--fault-tolerance", "no --fault-tolerance"),
+        (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
+        # a group's router would have to route over its own batch (fault tolerance does)
+        (cfg.model.num_experts > 0, f"--num-experts {cfg.model.num_experts}", "a dense model"),
+        # the groups' inner optimizer states and the outer state are not saved yet
+        (bool(t.resume), "--resume", "a fresh run"),
+        (p.max_restarts > 0, f"--max-restarts {p.max_restarts}", "--max-restarts 0"),
+        (bool(p.straggler), "--straggler", "no --straggler"),
+    ]
+    for refused, given, instead in unsupported:
+        if refused:
+            raise ValueError(f"--dp-mode diloco with {given} is not supported yet; use {instead}")

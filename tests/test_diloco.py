@@ -1,0 +1,215 @@
+"""--dp-mode diloco: replica groups that train apart and meet every H steps in an outer
+step, equal to the same algorithm written here in plain PyTorch in one process.
+
+The reference below shares no training code with paratrain: one plain model and one
+`torch.optim.AdamW` per group, each group stepping on its own rows of every global batch
+(the mean over its tokens, its own gradient norm clipped), and `torch.optim.SGD` (momentum,
+Nesterov) as the outer optimizer over the global parameters, fed the groups' mean
+pseudo-gradient, global minus local; every H steps and after the last, each group then
+takes the global parameters. Tolerances are measured against the same reference in
+float64, as tests/equivalence.py measures them (Tolerance).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from paratrain.config import RunConfig
+from paratrain.data.document_rows import training_rows
+from paratrain.data.supervised import run_row_layout
+from paratrain.data.tokens import TokenData
+from paratrain.validate import resolve_and_check
+from tests.distributed import run_distributed
+from tests.equivalence import (
+    SPREAD_ORDERS,
+    RunRecord,
+    Tolerance,
+    assert_equivalent,
+    reference_lr,
+    tiny_config,
+    tiny_data,
+    train_layouts,
+)
+
+
+def diloco_training(
+    cfg: RunConfig, data: TokenData, dtype: torch.dtype, accumulate: int
+) -> tuple[list[RunRecord], dict]:
+    """cfg's DiLoCo run in one process: a record per replica group (its losses and norms,
+    and the final global parameters) and the initial state."""
+    from paratrain.models.registry import plain_model  # the model only: no training code
+
+    t, p = cfg.train, cfg.parallel
+    torch.manual_seed(t.seed)
+    with torch.device("cpu"):
+        model = plain_model(cfg.model)
+    initial = copy.deepcopy(model.state_dict())
+    model.to(dtype=dtype)
+    groups = [copy.deepcopy(model) for _ in range(p.replicas)]
+    inner = []
+    for m in groups:
+        decay = [q for q in m.parameters() if q.dim() >= 2]
+        rest = [q for q in m.parameters() if q.dim() < 2]
+        spec = [
+            {"params": decay, "weight_decay": t.weight_decay},
+            {"params": rest, "weight_decay": 0},
+        ]
+        inner.append(torch.optim.AdamW(spec, lr=t.lr, betas=(t.beta1, t.beta2)))
+    global_ = [q.detach().clone().requires_grad_() for q in model.parameters()]
+    mu = p.outer_momentum
+    outer = torch.optim.SGD(
+        global_, lr=p.outer_lr, momentum=mu, nesterov=p.outer_nesterov and mu > 0
+    )
+    sampler = training_rows(data, run_row_layout(cfg, False), t.seq_len, t.global_batch, t.seed)
+    losses = [[] for _ in groups]
+    norms = [[] for _ in groups]
+    for step in range(t.steps):
+        rows = sampler.global_batch_at(step).chunk(p.replicas)
+        for g, (m, opt) in enumerate(zip(groups, inner, strict=True)):
+            for group in opt.param_groups:
+                group["lr"] = reference_lr(step, cfg)
+            opt.zero_grad()
+            total = 0.0
+            for part in rows[g].chunk(accumulate):
+                loss = m(part[:, :-1], part[:, 1:]) / accumulate
+                loss.backward()
+                total += loss.item()
+            norms[g].append(torch.nn.utils.clip_grad_norm_(m.parameters(), t.grad_clip).item())
+            opt.step()
+            losses[g].append(total)
+        if (step + 1) % p.sync_every == 0 or step + 1 == t.steps:
+            with torch.no_grad():
+                for i, q in enumerate(global_):
+                    q.grad = torch.stack([q - list(m.parameters())[i] for m in groups]).mean(0)
+                outer.step()
+                for m in groups:
+                    for local, q in zip(m.parameters(), global_, strict=True):
+                        local.copy_(q)
+    state = {k: v.detach().float().clone() for k, v in groups[0].state_dict().items()}
+    return [RunRecord(losses[g], norms[g], state) for g in range(p.replicas)], initial
+
+
+def diloco_reference(cfg: RunConfig, data: TokenData) -> tuple[list[RunRecord], dict]:
+    """Per group, the float32 record with the tolerance measured against float64 over
+    SPREAD_ORDERS accumulation orders (those that divide a group's rows)."""
+    rows = cfg.train.global_batch // cfg.parallel.replicas
+    orders = [k for k in SPREAD_ORDERS if rows % k == 0]
+    runs = [diloco_training(cfg, data, torch.float32, k) for k in orders]
+    exact, _ = diloco_training(cfg, data, torch.float64, 1)
+    records, initial = runs[0]
+    for g, record in enumerate(records):
+        record.tolerance = Tolerance.measured(exact[g], [r[g] for r, _ in runs])
+    return records, initial
+
+
+def diloco_config(world: int, sync_every: int, lr: float, momentum: float, nesterov: bool,
+                  **parallel: int) -> RunConfig:  # fmt: skip
+    cfg = tiny_config(steps=5, global_batch=8)
+    p = cfg.parallel
+    p.nproc, p.dp_mode, p.replicas, p.sync_every = world, "diloco", 2, sync_every
+    p.outer_lr, p.outer_momentum, p.outer_nesterov = lr, momentum, nesterov
+    for key, value in parallel.items():
+        setattr(p, key, value)
+    cfg.train.microbatches = 0
+    return resolve_and_check(cfg, world)
+
+
+CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
+    "dp 2, groups of 1, Nesterov": (2, 2, 0.7, 0.9, True, dict(dp=2)),
+    "dp 4, ZeRO-1 groups of 2, averaging": (4, 3, 1.0, 0.0, False, dict(dp=4, zero=1)),
+    "dp 2 x pp 2, ZeRO-1, momentum": (4, 2, 0.5, 0.5, False, dict(dp=2, pp=2, zero=1)),
+    "dp 2 x tp 2, ZeRO-3": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, zero=3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_diloco_equals_the_algorithm_in_one_process(name):
+    """Every rank's losses and gradient norms are its group's, and the final parameters
+    (after the last outer step, one model) the reference's global ones, each within the
+    tolerance measured against float64. Steps 5 with H 2 or 3: outer steps inside the
+    run and one more after the last step. With outer lr 1 and no momentum the outer step
+    is parameter averaging."""
+    world, sync_every, lr, momentum, nesterov, layout = CASES[name]
+    cfg = diloco_config(world, sync_every, lr, momentum, nesterov, **layout)
+    p = cfg.parallel
+    data = tiny_data()
+    records = run_distributed(train_layouts, world, [(p.dp, p.pp, p.tp, cfg)], data)
+    references, initial = diloco_reference(cfg, data)
+    from paratrain.mesh import MeshShape
+
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, replicas=p.replicas)
+    state = {}
+    for [record] in records:
+        state.update(record.state)
+    for rank, [record] in enumerate(records):
+        group = shape.coords(rank)["dp"] // (p.dp // p.replicas)
+        reference = references[group]
+        assert_equivalent(RunRecord(record.losses, record.grad_norms, state), reference, initial)
+    assert references[0].losses != references[1].losses  # the groups did train apart
+
+
+def _replicate_traffic(rank: int, world: int, cfg: RunConfig, data: TokenData) -> tuple:
+    """This rank's ledger bytes over dp_replicate by step, and the model's parameters."""
+    from paratrain.comm.ledger import Ledger
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+
+    ledger, p = Ledger(max_recent=100_000), cfg.parallel
+    mesh = Mesh.build(dp=p.dp, replicas=p.replicas, ledger=ledger)
+    result = train(cfg, mesh, data)
+    mesh.close()
+    sent: dict[int, int] = {}
+    for r in ledger.recent():
+        if r.group == "dp_replicate":
+            sent[r.step] = sent.get(r.step, 0) + r.bytes_sent
+    return sent, sum(q.numel() for q in result.model.parameters())
+
+
+def test_the_groups_meet_only_in_the_outer_steps_sending_their_pieces_once():
+    """dp 4 as 2 groups of 2 under ZeRO-1, H 2, 5 steps: across the groups (dp_replicate)
+    nothing is sent on inner steps; on steps 2, 4 and 5 each rank sends its float32 shard
+    of the pseudo-gradient once, in a ring all-reduce over the 2 groups (half of it)."""
+    from paratrain.plan.comm import ring_all_reduce_rank_bytes
+    from paratrain.plan.muon_shards import unpadded_elements
+
+    cfg = diloco_config(4, 2, 0.7, 0.9, True, dp=4, zero=1)
+    for rank, (sent, params) in enumerate(run_distributed(_replicate_traffic, 4, cfg, tiny_data())):
+        group, shard = divmod(rank, 2)
+        piece = unpadded_elements([params], 2, shard)
+        outer = ring_all_reduce_rank_bytes(piece, 4, 2, group)
+        assert sent == {2: outer, 4: outer, 5: outer}
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+
+def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():
+    """H 3, 14 steps, --checkpoint-every 4: outer steps after 3, 6, 9, 12 and the last;
+    checkpoints at the first outer step at or after each multiple of 4 (6, 9, 12) and at
+    the last; a stop's sync after an outer step's adds none."""
+    from paratrain.train.diloco import OuterSteps
+
+    cfg = diloco_config(2, 3, 0.7, 0.9, True, dp=2)
+    cfg.train.steps, cfg.train.checkpoint_every = 14, 4
+    counting = _Counting()
+    outer = OuterSteps(cfg, counting)  # type: ignore[arg-type]
+    synced, saved = [], []
+    for done in range(1, 15):
+        before = counting.steps
+        outer.after_step(done)
+        if done == 6:  # a stop right after an outer step
+            outer.sync(done)
+        synced += [done] * (counting.steps - before)
+        saved += [done] if outer.checkpoint_due(done) else []
+    assert synced == [3, 6, 9, 12, 14]
+    assert saved == [6, 9, 12, 14]
+    outer.sync(7)  # a stop between outer steps takes one
+    assert counting.steps == 6
