@@ -155,8 +155,8 @@ CASES = [
     ),
     Case("DiLoCo without replica groups", ["--nproc", "2", "--dp-mode", "diloco"]),
     Case(
-        "DiLoCo restarted (its groups' states are not saved yet)",
-        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--max-restarts", "1"],
+        "DiLoCo with context parallelism (not yet)",
+        ["--nproc", "4", "--dp-mode", "diloco", "--replicas", "2", "--cp", "2"],
     ),
     Case(
         "`--sync-every 0`",

@@ -28,6 +28,7 @@ from tests.equivalence import (
     RunRecord,
     Tolerance,
     assert_equivalent,
+    record_of,
     reference_lr,
     tiny_config,
     tiny_data,
@@ -213,3 +214,59 @@ def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():
     assert saved == [6, 9, 12, 14]
     outer.sync(7)  # a stop between outer steps takes one
     assert counting.steps == 6
+
+
+def _run_and_record(rank: int, world: int, cfg: RunConfig, run_dir: str, resume_step: int):
+    """cfg's run saving into `run_dir` (from its checkpoint of `resume_step`, if given):
+    this rank's losses, norms and whole parameters."""
+    from pathlib import Path
+
+    from paratrain import checkpoint as ck
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+
+    p = cfg.parallel
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, replicas=p.replicas)
+    resume = None
+    if resume_step:
+        resume = ck.Checkpoint(ck.checkpoint_path(Path(run_dir), resume_step), resume_step)
+    result = train(cfg, mesh, tiny_data(), run_dir=Path(run_dir), resume=resume)
+    record = record_of(result, mesh.group("tp"))
+    mesh.close()
+    return record
+
+
+def test_a_checkpoint_resumes_bitwise_and_on_another_inner_layout(tmp_path):
+    """dp 4 as 2 ZeRO-1 groups of 2, H 2, 6 steps, --checkpoint-every 3: checkpoints after
+    the outer steps of steps 4 (the first at or after 3) and 6. Resumed from step 4 on the
+    same layout, steps 5 and 6 and the final parameters are bitwise the uninterrupted run's
+    (each group's AdamW moments are its own: saving group 0's for both fails this);
+    resumed on dp 2 x tp 2 without ZeRO (groups of one rank, tp-split), they equal the
+    one-process reference within its float64-measured tolerance."""
+    import shutil
+
+    from paratrain import checkpoint as ck
+
+    cfg = diloco_config(4, 2, 0.7, 0.9, True, dp=4, zero=1)
+    cfg.train.steps, cfg.train.checkpoint_every = 6, 3
+    saved = tmp_path / "saved"
+    full = run_distributed(_run_and_record, 4, cfg, str(saved), 0)
+    assert [c.step for c in ck.complete_checkpoints(saved)] == [4, 6]
+    again = tmp_path / "again"
+    shutil.copytree(saved, again)
+    resumed_run = run_distributed(_run_and_record, 4, cfg, str(again), 4)
+    for whole, resumed in zip(full, resumed_run, strict=True):
+        assert resumed.losses == whole.losses[4:] and resumed.grad_norms == whole.grad_norms[4:]
+        assert all(torch.equal(resumed.state[k], v) for k, v in whole.state.items())
+    other = diloco_config(4, 2, 0.7, 0.9, True, dp=2, tp=2)
+    other.train.steps, other.train.checkpoint_every = 6, 3
+    moved = tmp_path / "moved"
+    shutil.copytree(saved, moved)
+    records = run_distributed(_run_and_record, 4, other, str(moved), 4)
+    references, initial = diloco_reference(cfg, tiny_data())
+    state = {k: v for r in records for k, v in r.state.items()}
+    for rank, record in enumerate(records):
+        reference = references[rank // 2]  # dp 2 x tp 2: ranks 0, 1 are group 0
+        tail = RunRecord(reference.losses[4:], reference.grad_norms[4:], reference.state)
+        tail.tolerance = reference.tolerance
+        assert_equivalent(RunRecord(record.losses, record.grad_norms, state), tail, initial)

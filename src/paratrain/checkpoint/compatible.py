@@ -82,6 +82,15 @@ def _mode_problems(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
             f"parallel.dp_mode = {now} but the checkpoint has {saved} (a run resumes in the "
             f"mode that saved it; --init-from starts a {now} run from its weights)"
         ]
+    if now == "diloco":
+        p, saved_groups = cfg.parallel, meta["diloco"]
+        if saved_groups != {"replicas": p.replicas, "outer_momentum": p.outer_momentum > 0}:
+            return [
+                f"parallel.replicas = {p.replicas}, parallel.outer_momentum = "
+                f"{p.outer_momentum} but the DiLoCo checkpoint has {saved_groups['replicas']} "
+                "replica groups (each with its own optimizer state) and outer momentum "
+                f"{'on' if saved_groups['outer_momentum'] else 'off'}: resume with them"
+            ]
     if now == "async" and meta["layout"]["dp"] != cfg.parallel.dp:
         workers, saved = cfg.parallel.dp - 1, meta["layout"]["dp"] - 1
         return [

@@ -29,6 +29,7 @@ from paratrain.checkpoint import (
 from paratrain.checkpoint.buffers import absent_buffers, absent_note
 from paratrain.checkpoint.planner import CheckpointMismatch, ShardedLoadPlanner
 from paratrain.checkpoint.state import BUFFER, rank_state
+from paratrain.checkpoint.training_state import engine_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 
@@ -44,7 +45,7 @@ def load(
     """
     meta = read_meta(ckpt.path)
     check_compatible(meta, cfg, ckpt.path)
-    state = rank_state(engine.replicas, optimizer.optimizers, engine.tp)
+    state = engine_state(engine, optimizer, mesh)
     entries: dict[str, Any] = _present(dict(state.tensors), ckpt, mesh)
     same_layout = meta["layout"] == layout_of(cfg, mesh)
     same_layout = same_layout and meta.get("chunks") == cfg.parallel.chunks
@@ -57,6 +58,8 @@ def load(
         replica.after_load()
         if replica.scaler is not None and meta.get("loss_scale"):  # fp16 saved by fp16
             replica.scaler.load_state_dict(meta["loss_scale"])
+    if optimizer.outer is not None:  # saved at an outer step: global = local
+        optimizer.outer.take_local()
     if same_layout:
         set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
     return meta

@@ -176,12 +176,16 @@ def _moment_keys(optimizer: Any, name: str) -> tuple[str, ...]:
 
 
 def _prefix(key: str) -> str:
-    """A piece's tensor key as the checkpoint spells it: `model`, or `optim.<moment>`."""
-    return "model" if key == "model" else f"optim.{key}"
+    """A piece's tensor key as the checkpoint spells it: `model`, `outer.velocity` (DiLoCo's
+    outer momentum), or `optim.<moment>`."""
+    return {"model": "model", "outer_velocity": "outer.velocity"}.get(key, f"optim.{key}")
 
 
 def rank_state(
-    replicas: Sequence[Checkpointed], optimizers: Sequence[Any], tp: comm.CommGroup
+    replicas: Sequence[Checkpointed],
+    optimizers: Sequence[Any],
+    tp: comm.CommGroup,
+    outer: Sequence[torch.Tensor] | None = None,
 ) -> RankState:
     """Model values (fp32 master copies where they exist) and AdamW moments, as boxes.
 
@@ -189,12 +193,16 @@ def rank_state(
     `optim.momentum_buffer.<name>`), and
     `buffer.<name>` for persistent buffers; a frozen parameter has only `model.<name>`,
     whole (`frozen_state`). A name whose pieces all live on other dp ranks
-    is present with no boxes, so that every rank's key set is the same.
+    is present with no boxes, so that every rank's key set is the same. `outer`: DiLoCo's
+    outer momentum, one tensor per piece in the order the replicas give their pieces,
+    saved as `outer.velocity.<name>`.
     """
     tensors: dict[str, Sharded] = {}
     counters: list[torch.Tensor] = []
     places: dict[str, tuple[Any, tuple[str, ...]]] = {}  # name -> (place, its moments)
     kept: set[str] = set()  # the places this rank holds pieces of, under their own keys
+    velocity = iter(outer or ())
+    extra = ("outer_velocity",) if outer is not None else ()
     for replica, optimizer in zip(replicas, optimizers, strict=True):
         where = tp_placements(replica.module, tp)
         frozen_names = {n for n, p in replica.module.named_parameters() if not p.requires_grad}
@@ -208,10 +216,13 @@ def rank_state(
             kept.add(place.name)
             for key, values in piece.tensors.items():
                 tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, values, place)
+            for key in extra:
+                tensors[f"{_prefix(key)}.{place.name}"] = _boxes(piece, next(velocity), place)
+    assert next(velocity, None) is None, "one outer momentum per piece"
     frozen = frozen_state(replicas, tp, kept | sharded_frozen(replicas, tp))
     for name, (place, moments) in places.items():
         if name not in kept and f"model.{name}" not in frozen:  # held on other dp ranks
-            for key in ("model", *moments):
+            for key in ("model", *moments, *(extra if moments else ())):
                 tensors[f"{_prefix(key)}.{name}"] = Sharded(place.shape, [])
     tensors.update(frozen)
     tensors.update(buffer_state([r.module for r in replicas]))

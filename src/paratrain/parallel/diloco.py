@@ -19,6 +19,10 @@ module's parameters). The ranks at one place of every group (dp_replicate) hold 
 pieces, so the outer step is one all-reduce of this rank's pseudo-gradient pieces per
 dtype over that group, once per H steps, then the wrapper's `after_load` makes every copy
 (ZeRO-1/2's gathered parameters, the compute dtype's) agree with the new values.
+
+A checkpoint is taken only at an outer step, when the global parameters are the local
+ones: it stores the outer momentum beside the model, and each group's inner optimizer
+state under the group's own keys (checkpoint/training_state.py).
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ class OuterStep:
         self.local, self.across, self.settings, self.after = pieces, across, settings, after
         self.global_ = [p.detach().clone() for p in pieces]
         self.velocity = [torch.zeros_like(p) for p in pieces] if settings.momentum else []
+
+    @torch.no_grad()
+    def take_local(self) -> None:
+        """The global parameters are the local ones: after a checkpoint, saved at an outer
+        step (when they were), is loaded into them."""
+        for g, p in zip(self.global_, self.local, strict=True):
+            g.copy_(p)
 
     @torch.no_grad()
     def step(self) -> None:

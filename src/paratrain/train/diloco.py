@@ -11,6 +11,27 @@ from paratrain.parallel.diloco import OuterSettings, OuterStep
 from paratrain.train.engine import Engine
 
 
+def outer_step(cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> OuterStep | None:
+    """--dp-mode diloco: the outer step over every piece this rank updates, in the order
+    checkpoint/state.py's rank_state takes them, across the replica groups (dp_replicate);
+    None in any other mode."""
+    p = cfg.parallel
+    if p.dp_mode != "diloco":
+        return None
+    pieces = [
+        piece.tensors["model"]
+        for r, opt in zip(engine.replicas, optimizer.optimizers, strict=True)
+        for piece in r.checkpoint_pieces(opt)[0]
+    ]
+    settings = OuterSettings(p.outer_lr, p.outer_momentum, p.outer_nesterov)
+
+    def after() -> None:
+        for r in engine.replicas:
+            r.after_load()
+
+    return OuterStep(pieces, mesh.group("dp_replicate"), settings, after)
+
+
 class OuterSteps:
     """The outer step over every piece this rank updates, across the replica groups
     (dp_replicate): after every --sync-every steps and after the last."""
@@ -21,23 +42,9 @@ class OuterSteps:
         self.outer, self.synced = outer, -1  # the last `done` that ended on an outer step
 
     @classmethod
-    def of(cls, cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> OuterSteps | None:
-        """DiLoCo's, or None for any other --dp-mode."""
-        p = cfg.parallel
-        if p.dp_mode != "diloco":
-            return None
-        pieces = [
-            piece.tensors["model"]
-            for r, opt in zip(engine.replicas, optimizer.optimizers, strict=True)
-            for piece in r.checkpoint_pieces(opt)[0]
-        ]
-        settings = OuterSettings(p.outer_lr, p.outer_momentum, p.outer_nesterov)
-
-        def after() -> None:
-            for r in engine.replicas:
-                r.after_load()
-
-        return cls(cfg, OuterStep(pieces, mesh.group("dp_replicate"), settings, after))
+    def of(cls, cfg: RunConfig, optimizer: Any) -> OuterSteps | None:
+        """The loop's, over the optimizer's outer step (`outer_step`); None without one."""
+        return None if optimizer.outer is None else cls(cfg, optimizer.outer)
 
     def due(self, done: int) -> bool:
         return done % self.every == 0 or done == self.steps

@@ -23,7 +23,7 @@ from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import TokenData, on_device
 from paratrain.mesh import Mesh
 from paratrain.train.build import build_engine, build_model, seed_rank_stream
-from paratrain.train.diloco import OuterSteps
+from paratrain.train.diloco import OuterSteps, outer_step
 from paratrain.train.engine import Engine
 from paratrain.train.metrics import StepMetrics, StepTimer, TrainResult
 from paratrain.train.optim import LrSchedule, Rewarmup, muon_settings, peak_lr
@@ -56,7 +56,7 @@ def train(
     t = cfg.train
     layout = run_row_layout(cfg, data.supervised)  # the rows --packing cuts
     engine, optimizer, first, lr = build_training(cfg, mesh, resume, layout == "documents")
-    outer = OuterSteps.of(cfg, engine, optimizer, mesh)  # DiLoCo's, else None
+    outer = OuterSteps.of(cfg, optimizer)  # DiLoCo's, else None
     if on_start is not None:
         on_start(engine)
     sampler = training_rows(data, layout, t.seq_len, t.global_batch, t.seed)
@@ -108,6 +108,7 @@ def build_training(
     seed_rank_stream(t.seed, mesh.global_rank)
     betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
     optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)
+    optimizer.outer = outer_step(cfg, engine, optimizer, mesh)  # DiLoCo's; before a load
     first, rewarm = 0, Rewarmup()
     if resume is not None:
         first, rewarm = restore(resume, engine, optimizer, mesh, cfg, peak_lr(cfg))

@@ -130,6 +130,9 @@ class OptimizerSet:
 
     def __init__(self, optimizers: list[Any]) -> None:
         self.optimizers = optimizers
+        # DiLoCo's outer optimizer (parallel/diloco.py `OuterStep`; train/diloco.py sets
+        # it), checkpointed with the rest; None in every other mode
+        self.outer: Any = None
 
     @property
     def param_groups(self) -> list[dict]:

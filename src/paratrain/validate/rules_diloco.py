@@ -7,7 +7,7 @@ from paratrain.config import RunConfig
 
 
 def diloco_rules(cfg: RunConfig) -> None:
-    p, t = cfg.parallel, cfg.train
+    p = cfg.parallel
     if p.dp_mode != "diloco":
         return
     if p.replicas < 2:
@@ -20,9 +20,6 @@ def diloco_rules(cfg: RunConfig) -> None:
         (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
         # a group's router would have to route over its own batch (fault tolerance does)
         (cfg.model.num_experts > 0, f"--num-experts {cfg.model.num_experts}", "a dense model"),
-        # the groups' inner optimizer states and the outer state are not saved yet
-        (bool(t.resume), "--resume", "a fresh run"),
-        (p.max_restarts > 0, f"--max-restarts {p.max_restarts}", "--max-restarts 0"),
         (bool(p.straggler), "--straggler", "no --straggler"),
     ]
     for refused, given, instead in unsupported:
