@@ -270,3 +270,38 @@ def test_a_checkpoint_resumes_bitwise_and_on_another_inner_layout(tmp_path):
         tail = RunRecord(reference.losses[4:], reference.grad_norms[4:], reference.state)
         tail.tolerance = reference.tolerance
         assert_equivalent(RunRecord(record.losses, record.grad_norms, state), tail, initial)
+
+
+def _tracked(rank: int, world: int, configs: list[RunConfig]) -> list[dict]:
+    from tests.test_prediction import train_and_compare
+
+    return [train_and_compare(rank, world, cfg, tiny_data()) for cfg in configs]
+
+
+def test_the_summary_measures_the_outer_copies_and_the_bytes_of_the_whole_run():
+    """dp 4 as 2 ZeRO-1 groups of 2 (H 2, 5 steps: outer steps 2, 4, 5) beside the same
+    layout as synchronous HSDP: the measured model state differs by the outer step's two
+    float32 copies of the rank's shard (global parameters as master, momentum as optimizer
+    state); the last step (an outer one) sent one ring all-reduce of the shard across the
+    groups and `bytes_sent_total` three; nothing crosses the groups otherwise."""
+    from paratrain.models.registry import plain_model
+    from paratrain.plan.comm import ring_all_reduce_rank_bytes
+    from paratrain.plan.muon_shards import unpadded_elements
+
+    diloco = diloco_config(4, 2, 0.7, 0.9, True, dp=4, zero=1)
+    hsdp = tiny_config(steps=5, global_batch=8)
+    hsdp.parallel.nproc, hsdp.parallel.dp, hsdp.parallel.zero, hsdp.parallel.replicas = 4, 4, 1, 2
+    hsdp.train.microbatches = 0
+    hsdp = resolve_and_check(hsdp, 4)
+    params = sum(q.numel() for q in plain_model(diloco.model).parameters())
+    for rank, (ours, sync) in enumerate(run_distributed(_tracked, 4, [diloco, hsdp])):
+        assert "predicted" not in ours and "predicted" in sync
+        group, shard = divmod(rank, 2)
+        piece = unpadded_elements([params], 2, shard)
+        outer = ring_all_reduce_rank_bytes(piece, 4, 2, group)
+        state, theirs = (r["measured"]["model_state_bytes"][rank] for r in (ours, sync))
+        extra = {k: state[k] - theirs[k] for k in ("params", "grads", "optimizer", "master")}
+        assert extra == {"params": 0, "grads": 0, "optimizer": 4 * piece, "master": 4 * piece}
+        last, total = (ours["measured"][k][rank] for k in ("bytes_sent_per_step", "bytes_sent_total"))
+        assert last["dp_replicate"] == outer and total["dp_replicate"] == 3 * outer
+        assert last["dp"] == total["dp"] == last["dp_cp"] == total["dp_cp"] == 0, (last, total)

@@ -57,6 +57,12 @@ class OuterStep:
         self.global_ = [p.detach().clone() for p in pieces]
         self.velocity = [torch.zeros_like(p) for p in pieces] if settings.momentum else []
 
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank keeps for the outer step, by the planner's kinds: the global
+        parameters ("master", a float32 copy) and the outer momentum ("optimizer")."""
+        held = {"master": self.global_, "optimizer": self.velocity}
+        return {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in held.items()}
+
     @torch.no_grad()
     def take_local(self) -> None:
         """The global parameters are the local ones: after a checkpoint, saved at an outer

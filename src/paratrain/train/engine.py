@@ -117,13 +117,17 @@ class Engine:
 
     def memory_report(self, optimizer: OptimizerSet) -> dict[str, int]:
         """Bytes of model state held on this rank at the step boundary, by the planner's
-        kinds (padding counted with the parameters; AdamW's step counters left out)."""
+        kinds (padding counted with the parameters; AdamW's step counters left out;
+        DiLoCo's global parameters as master, its outer momentum as optimizer state)."""
         totals = dict.fromkeys(STATE_KINDS, 0)
         for r, opt in zip(self.replicas, optimizer.optimizers, strict=True):
             report = r.memory_report(opt)
             for kind in STATE_KINDS:
                 totals[kind] += getattr(report, kind)
             totals["params"] += report.padding
+        if optimizer.outer is not None:  # DiLoCo's global copy (master) and outer momentum
+            for kind, nbytes in optimizer.outer.memory().items():
+                totals[kind] += nbytes
         return totals
 
     def finish(self) -> None:

@@ -8,7 +8,9 @@ At the end every rank reports what it held and sent, and the summary carries bot
                   total}], "bytes_sent_per_step": [per rank {dp, dp_cp, cp, tp, pp, ep,
                   expert_dp}], "routed_bytes_per_step": [per rank],
                   "activation_bytes": [per rank], "bubble_fraction": float or None}
-    "measured":  {"model_state_bytes": [...], "bytes_sent_per_step": [...], "step": n}
+    "measured":  {"model_state_bytes": [...], "bytes_sent_per_step": [...],
+                  "bytes_sent_total": [per rank, by group, from the start to the last
+                  step's end, set-up included], "step": n}
 
 The groups are the comm ledger's names (plan/rank_groups.py): with cp 1 the gradient
 group dp_cp is "dp", with ep 1 the experts' expert_dp is the gradient group.
@@ -30,8 +32,9 @@ share (dense over dp_cp, experts over expert_dp) with its routing traffic exactl
 for one term: the tokens of the ep all-to-all follow the router's choices, so they are
 predicted for a balanced router, said in a note, and reported apart as
 `routed_bytes_per_step` (plan/rank_experts.py); its activations are the dense model's.
-Not predicted: the asynchronous parameter server (`--dp-mode async`); sequence
-parallelism's smaller activations.
+Not predicted: the asynchronous parameter server (`--dp-mode async`, nor measured), DiLoCo
+(`--dp-mode diloco`: measured only, its outer steps every H steps are why
+`bytes_sent_total` is there); sequence parallelism's smaller activations.
 """
 
 from __future__ import annotations
@@ -162,22 +165,24 @@ class PredictionTracker:
 
     def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
         self.mesh = mesh
-        # The planner prices synchronous runs (not yet the server's or DiLoCo's groups)
-        self.prediction = None if cfg.parallel.dp_mode != "sync" else predict(cfg)
+        # train/loop.py's runs are measured (sync, DiLoCo); the planner prices synchronous
+        # ones (not yet the parameter server's, or DiLoCo's groups)
+        self.measuring = cfg.parallel.dp_mode != "async"
+        self.prediction = predict(cfg) if cfg.parallel.dp_mode == "sync" else None
         self.marks: list[dict[str, int]] = []
         self.last_step = 0  # none yet in this start
-        if self.prediction is not None:
+        if self.measuring:
             self.marks.append(self._ledger())
-            if mesh.global_rank == 0:
-                for line in describe_prediction(self.prediction):
-                    log.info(line)
+        if self.prediction is not None and mesh.global_rank == 0:
+            for line in describe_prediction(self.prediction):
+                log.info(line)
 
     def _ledger(self) -> dict[str, int]:
         return {axis: self.mesh.ledger.bytes_sent(group=axis) for axis in AXES}
 
     def step_done(self, step: int) -> None:
         """`step`: the global step just done (a resumed run's count on from its checkpoint)."""
-        if self.prediction is not None:
+        if self.measuring:
             self.marks.append(self._ledger())
             self.last_step = step
 
@@ -185,18 +190,24 @@ class PredictionTracker:
         """Nothing to release; kept so the worker's try/finally reads the same as before."""
 
     def measure(self, state: dict[str, int] | None) -> list[int]:
-        """This rank's model-state bytes (STATE_KINDS) and last step's bytes (AXES)."""
+        """This rank's model-state bytes (STATE_KINDS), last step's bytes (AXES) and bytes
+        from this start to the last step's end, set-up included (AXES)."""
         state = state or {}
         before, after = self.marks[-2:] if len(self.marks) > 1 else (self.marks[0],) * 2
-        return [state.get(kind, 0) for kind in STATE_KINDS] + [after[a] - before[a] for a in AXES]
+        return (
+            [state.get(kind, 0) for kind in STATE_KINDS]
+            + [after[a] - before[a] for a in AXES]
+            + [after[a] - self.marks[0][a] for a in AXES]
+        )
 
     def compare(self, state: dict[str, int] | None) -> dict[str, Any]:
-        """Collective over the world group: {"predicted", "measured"}, or {} if not predicted.
+        """Collective over the world group: {"predicted", "measured"} ("measured" alone when
+        not predicted), or {} for the parameter server's runs.
 
         Every rank must call it (it all-gathers the ranks' measurements). `state`: this
         rank's model-state record at the last step's end (TrainResult.extra).
         """
-        if self.prediction is None:
+        if not self.measuring:
             return {}
         mine = torch.tensor(self.measure(state), dtype=torch.float64, device="cpu")  # host-side
         world = self.mesh.control
@@ -207,11 +218,17 @@ class PredictionTracker:
         for r in rows:
             state = dict(zip(STATE_KINDS, map(int, r[:n]), strict=True))
             states.append({**state, "total": sum(state.values())})
+        a = len(AXES)
         measured = {
             "model_state_bytes": states,
-            "bytes_sent_per_step": [dict(zip(AXES, map(int, r[n:]), strict=True)) for r in rows],
+            "bytes_sent_per_step": [
+                dict(zip(AXES, map(int, r[n : n + a]), strict=True)) for r in rows
+            ],
+            "bytes_sent_total": [dict(zip(AXES, map(int, r[n + a :]), strict=True)) for r in rows],
             "step": self.last_step,
         }
+        if self.prediction is None:
+            return {"measured": measured}
         if self.mesh.global_rank == 0:
             log.info(summary_line(self.prediction, measured))
         return {"predicted": self.prediction.as_dict(), "measured": measured}
