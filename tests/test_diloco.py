@@ -302,6 +302,8 @@ def test_the_summary_measures_the_outer_copies_and_the_bytes_of_the_whole_run():
         state, theirs = (r["measured"]["model_state_bytes"][rank] for r in (ours, sync))
         extra = {k: state[k] - theirs[k] for k in ("params", "grads", "optimizer", "master")}
         assert extra == {"params": 0, "grads": 0, "optimizer": 4 * piece, "master": 4 * piece}
-        last, total = (ours["measured"][k][rank] for k in ("bytes_sent_per_step", "bytes_sent_total"))
+        last, total = (
+            ours["measured"][k][rank] for k in ("bytes_sent_per_step", "bytes_sent_total")
+        )
         assert last["dp_replicate"] == outer and total["dp_replicate"] == 3 * outer
         assert last["dp"] == total["dp"] == last["dp_cp"] == total["dp_cp"] == 0, (last, total)
