@@ -38,7 +38,7 @@ def muon_split(cfg: RunConfig) -> str:
 def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     p = cfg.parallel
     shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, ep=p.ep, replicas=p.replicas)
-    pred = None if p.dp_mode != "sync" else predict(cfg)
+    pred = None if p.dp_mode == "async" else predict(cfg)
     layers = virtual_stage_layers(cfg.model.n_layer, p.pp, p.chunks)
     lines = ["# resolved configuration", to_toml(cfg).rstrip(), "", f"# mesh: {shape.describe()}"]
     for rank in range(shape.world_size):
@@ -64,6 +64,6 @@ def dry_run_lines(cfg: RunConfig, data: str) -> list[str]:
     lines += [f"# {note}"] if note is not None else []
     lines += [f"# {muon_split(cfg)}"] if cfg.train.optimizer == "muon" else []
     lines += ["", "# plan"] + (
-        describe_prediction(pred) if pred is not None else [f"{p.dp_mode}: not predicted yet"]
+        describe_prediction(pred) if pred is not None else ["async: not predicted"]
     )
     return lines

@@ -32,9 +32,11 @@ share (dense over dp_cp, experts over expert_dp) with its routing traffic exactl
 for one term: the tokens of the ep all-to-all follow the router's choices, so they are
 predicted for a balanced router, said in a note, and reported apart as
 `routed_bytes_per_step` (plan/rank_experts.py); its activations are the dense model's.
-Not predicted: the asynchronous parameter server (`--dp-mode async`, nor measured), DiLoCo
-(`--dp-mode diloco`: measured only, its outer steps every H steps are why
-`bytes_sent_total` is there); sequence parallelism's smaller activations.
+DiLoCo counts each group as a run of its own, plus the outer step's copies and its
+all-reduce across the groups, which the last step (an outer one) records; with outer steps
+only every H steps, `bytes_sent_total` gives the whole run's (plan/rank_diloco.py).
+Not predicted: the asynchronous parameter server (`--dp-mode async`, nor measured);
+sequence parallelism's smaller activations.
 """
 
 from __future__ import annotations
@@ -50,11 +52,19 @@ from paratrain.config import RunConfig
 from paratrain.mesh import Mesh, MeshShape
 from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
+from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_diloco import (
+    group_coords,
+    group_layout,
+    outer_elements,
+    outer_state,
+    within_group,
+)
 from paratrain.plan.rank_experts import ExpertCounts, expert_model_state
 from paratrain.plan.rank_groups import shard_rank
 from paratrain.plan.rank_memory import accumulated_gradient_bytes, rank_model_state
-from paratrain.plan.rank_traffic import AXES, Coords, bytes_by_axis, rank_traffic
+from paratrain.plan.rank_traffic import AXES, Coords, RankTraffic, bytes_by_axis, rank_traffic
 from paratrain.plan.run_inputs import planner_inputs
 
 log = logging.getLogger(__name__)
@@ -96,18 +106,10 @@ def predict(cfg: RunConfig) -> Prediction:
     for rank in range(shape.world_size):
         c = shape.coords(rank)
         at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
-        state = (  # the step boundary
-            rank_model_state(model, workload, layout, at.stage, shard_rank(layout, at))
-            if experts is None
-            else expert_model_state(model, experts, workload, layout, at)
-        )
+        state, terms = _state_and_terms(cfg, model, workload, layout, at, experts)
         states.append(
             {**{kind: getattr(state, kind) for kind in STATE_KINDS}, "total": state.total}
         )
-        terms = rank_traffic(
-            model, workload, layout, k, at, cfg.parallel.sequence_parallel, cfg.model.dropout,
-            experts,
-        )  # fmt: skip
         sent.append(bytes_by_axis(terms))
         routed.append(sum(t.bytes for t in terms if t.routed))
         acts.append(activations.stage_activation_bytes(model, workload, layout, k, at.stage))
@@ -116,7 +118,38 @@ def predict(cfg: RunConfig) -> Prediction:
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
         notes.append(zero2_accumulation_note(model, workload, layout, k))
+    if cfg.parallel.dp_mode == "diloco":
+        notes.append("diloco: bytes of an outer step (the last); inner ones send no dp_replicate")
     return Prediction(states, sent, acts, bubble, notes, routed)
+
+
+def _state_and_terms(
+    cfg: RunConfig,
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    at: Coords,
+    experts: ExpertCounts | None,
+) -> tuple[ModelState, list[RankTraffic]]:
+    """A rank's model state at the step boundary and its traffic terms of one step; under
+    DiLoCo its group's as a run of its own, with the outer step's (plan/rank_diloco.py)."""
+    diloco = cfg.parallel.dp_mode == "diloco"
+    inner, here = (group_layout(layout), group_coords(layout, at)) if diloco else (layout, at)
+    state = (
+        rank_model_state(model, workload, inner, here.stage, shard_rank(inner, here))
+        if experts is None
+        else expert_model_state(model, experts, workload, inner, here)
+    )
+    terms = rank_traffic(
+        model, workload, inner, cfg.train.microbatches, here, cfg.parallel.sequence_parallel,
+        cfg.model.dropout, experts,
+    )  # fmt: skip
+    if not diloco:
+        return state, terms
+    elements = outer_elements(model, workload, inner, here)
+    outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
+    state = ModelState(*(getattr(state, k) + getattr(outer, k) for k in STATE_KINDS))
+    return state, within_group(terms, layout, at, elements)
 
 
 def zero2_accumulation_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:
@@ -165,10 +198,9 @@ class PredictionTracker:
 
     def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
         self.mesh = mesh
-        # train/loop.py's runs are measured (sync, DiLoCo); the planner prices synchronous
-        # ones (not yet the parameter server's, or DiLoCo's groups)
+        # train/loop.py's runs (sync, DiLoCo); not yet the parameter server's
         self.measuring = cfg.parallel.dp_mode != "async"
-        self.prediction = predict(cfg) if cfg.parallel.dp_mode == "sync" else None
+        self.prediction = predict(cfg) if self.measuring else None
         self.marks: list[dict[str, int]] = []
         self.last_step = 0  # none yet in this start
         if self.measuring:

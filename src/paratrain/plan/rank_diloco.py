@@ -1,0 +1,77 @@
+"""DiLoCo on each rank of paratrain's own runtime (--dp-mode diloco, parallel/diloco.py):
+what a rank holds and sends, from the same counts as a synchronous run.
+
+Each replica group trains as a synchronous run whose data-parallel ranks are the group's
+(`group_layout`: dp / R ranks, no HSDP), so a rank's inner traffic and wrappers' state are
+that run's, at its place in its group (`group_coords`), on the mesh's groups of one
+replica group: every data-parallel term goes over dp_shard (`within_group`). On top:
+- state: the outer step's float32 global copy of every element the rank updates
+  (`outer_elements`: ZeRO's unpadded shard, or the whole chunks), counted as master, and
+  the outer momentum as much again, counted as optimizer state (without momentum, none);
+- traffic, on an outer step (every --sync-every H steps and the last, so the last step's
+  record has it): one ring all-reduce of those elements in float32 over the R groups
+  (dp_replicate), and under ZeRO-1/2 the step's all-gather of the updated parameters
+  once more (the wrappers rebuild the whole parameters from the shards the outer step
+  wrote); an inner step sends nothing across the groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paratrain.plan import comm
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.lora_traffic import lora_chunks
+from paratrain.plan.memory import ModelState
+from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon_shards import unpadded_elements
+from paratrain.plan.rank_groups import Coords, RankTraffic, shard_rank
+from paratrain.plan.rank_memory import chunk_params, flat_buffers
+
+OUTER_BYTES = 4  # the global copy, the momentum and the pseudo-gradient: float32
+GROUP_AXES = ("dp", "dp_cp", "dp_shard")  # a synchronous run's data-parallel groups
+
+
+def group_layout(layout: Layout) -> Layout:
+    """One replica group's layout: dp / R data-parallel ranks, no replica groups."""
+    return replace(layout, dp=layout.dp // layout.replicas, replicas=1)
+
+
+def group_coords(layout: Layout, at: Coords) -> Coords:
+    """A rank's place in its group's layout."""
+    return replace(at, dp_rank=at.dp_rank % (layout.dp // layout.replicas))
+
+
+def outer_elements(model: ModelSpec, workload: Workload, inner: Layout, at: Coords) -> int:
+    """Elements this rank updates (the outer step's pieces) in its group's layout `inner`:
+    the unpadded part of its shard of every flat buffer when the wrappers shard (ZeRO, or
+    a mixed-precision stage 0's one buffer), else its chunks whole; LoRA's adapters only."""
+    lora = workload.lora is not None
+    chunks = lora_chunks(model, inner, at.stage, workload) if lora else None
+    # DataParallel keeps whole parameters; ZeRO, and a stage 0 in mixed precision, flat
+    # buffers (train/build.py `data_parallel`)
+    if not inner.zero and workload.precision.name == "fp32":
+        return sum(map(sum, chunks)) if chunks else sum(chunk_params(model, inner, at.stage))
+    buffers = [n for chunk in (chunks or flat_buffers(model, inner, at.stage)) for n in chunk]
+    k = inner.shard_ranks if inner.zero else 1
+    return unpadded_elements(buffers, k, shard_rank(inner, at) % k)
+
+
+def outer_state(elements: int, momentum: bool) -> ModelState:
+    """The outer step's copies: the global parameters, and the momentum when it has one."""
+    nbytes = OUTER_BYTES * elements
+    return ModelState(params=0, grads=0, optimizer=nbytes if momentum else 0, master=nbytes)
+
+
+def within_group(
+    terms: list[RankTraffic], layout: Layout, at: Coords, elements: int
+) -> list[RankTraffic]:
+    """The group run's terms on the mesh's groups of one replica group, and the outer
+    step's all-reduce across the groups."""
+    out = [replace(t, axis="dp_shard") if t.axis in GROUP_AXES else t for t in terms]
+    group = at.dp_rank // (layout.dp // layout.replicas)
+    sent = comm.ring_all_reduce_rank_bytes(elements, OUTER_BYTES, layout.replicas, group)
+    out.append(RankTraffic("dp_replicate", "all_reduce", "DiLoCo's pseudo-gradient", sent))
+    # ZeRO-1/2 gather the whole parameters again from the shards the outer step wrote
+    again = "parameters gathered again after the outer step"
+    return out + [replace(t, what=again) for t in out if t.what.endswith("updated parameters")]
