@@ -159,6 +159,10 @@ CASES = [
         ["--nproc", "4", "--dp-mode", "diloco", "--replicas", "2", "--cp", "2"],
     ),
     Case(
+        "Streaming DiLoCo saving mid-run (its groups never hold one model there)",
+        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--fragments", "2"],
+    ),
+    Case(
         "`--sync-every 0`",
         ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--sync-every", "0"],
     ),  # fmt: skip

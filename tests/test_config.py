@@ -273,6 +273,7 @@ INEFFECTIVE = {
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
     "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
     "parallel.sync_every": (["--sync-every", "10"], [], DILOCO),
+    "parallel.fragments": (["--fragments", "2"], [], [*DILOCO, "--checkpoint-every", "0"]),
     "parallel.outer_lr": (["--outer-lr", "1.0"], [], DILOCO),
     "parallel.outer_momentum": (["--outer-momentum", "0.5"], [], DILOCO),
     "parallel.outer_nesterov": (["--no-outer-nesterov"], [], DILOCO),

@@ -36,6 +36,15 @@ from tests.equivalence import (
 )
 
 
+def fragment(name: str, blocks: int, fragments: int) -> int:
+    """Streaming DiLoCo's fragment of a parameter of the (untied) test GPT: runs of
+    consecutive blocks; the embeddings with the first, the final norm and head the last."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        return int(parts[1]) * fragments // blocks
+    return fragments - 1 if parts[0] in ("norm", "head") else 0
+
+
 def diloco_training(
     cfg: RunConfig, data: TokenData, dtype: torch.dtype, accumulate: int
 ) -> tuple[list[RunRecord], dict]:
@@ -59,6 +68,7 @@ def diloco_training(
             {"params": rest, "weight_decay": 0},
         ]
         inner.append(torch.optim.AdamW(spec, lr=t.lr, betas=(t.beta1, t.beta2)))
+    names = [n for n, _ in model.named_parameters()]
     global_ = [q.detach().clone().requires_grad_() for q in model.parameters()]
     mu = p.outer_momentum
     outer = torch.optim.SGD(
@@ -81,13 +91,19 @@ def diloco_training(
             norms[g].append(torch.nn.utils.clip_grad_norm_(m.parameters(), t.grad_clip).item())
             opt.step()
             losses[g].append(total)
-        if (step + 1) % p.sync_every == 0 or step + 1 == t.steps:
-            with torch.no_grad():
-                for i, q in enumerate(global_):
-                    q.grad = torch.stack([q - list(m.parameters())[i] for m in groups]).mean(0)
-                outer.step()
-                for m in groups:
-                    for local, q in zip(m.parameters(), global_, strict=True):
+        offsets = [f * p.sync_every // p.fragments for f in range(p.fragments)]
+        due = {f for f in range(p.fragments) if (step + 1) % p.sync_every == offsets[f]}
+        if step + 1 == t.steps:
+            due = set(range(p.fragments))
+        with torch.no_grad():  # SGD steps the parameters given a gradient, the due fragments'
+            for i, (name, q) in enumerate(zip(names, global_, strict=True)):
+                mine = fragment(name, cfg.model.n_layer, p.fragments) in due
+                local = [list(m.parameters())[i] for m in groups]
+                q.grad = torch.stack([q - x for x in local]).mean(0) if mine else None
+            outer.step()
+            for m in groups:
+                for name, local, q in zip(names, m.parameters(), global_, strict=True):
+                    if fragment(name, cfg.model.n_layer, p.fragments) in due:
                         local.copy_(q)
     state = {k: v.detach().float().clone() for k, v in groups[0].state_dict().items()}
     return [RunRecord(losses[g], norms[g], state) for g in range(p.replicas)], initial
@@ -115,11 +131,16 @@ def diloco_config(world: int, sync_every: int, lr: float, momentum: float, neste
     for key, value in parallel.items():
         setattr(p, key, value)
     cfg.train.microbatches = 0
+    cfg.train.checkpoint_every = 0 if p.fragments > 1 else cfg.train.checkpoint_every
     return resolve_and_check(cfg, world)
 
 
 CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
     "dp 2, groups of 1, Nesterov": (2, 2, 0.7, 0.9, True, dict(dp=2)),
+    # Streaming: H 4, fragments after steps 2 (the second) and 4 (the first), all after 5
+    "streaming, 2 fragments, dp 2": (2, 4, 0.7, 0.9, True, dict(dp=2, fragments=2)),
+    "streaming, 2 fragments, dp 4 ZeRO-1": (4, 4, 0.7, 0.9, True, dict(dp=4, zero=1, fragments=2)),
+    "streaming, 2 fragments, dp 2 x pp 2": (4, 4, 0.5, 0.5, False, dict(dp=2, pp=2, fragments=2)),
     "dp 4, ZeRO-1 groups of 2, averaging": (4, 3, 1.0, 0.0, False, dict(dp=4, zero=1)),
     "dp 2 x pp 2, ZeRO-1, momentum": (4, 2, 0.5, 0.5, False, dict(dp=2, pp=2, zero=1)),
     "dp 2 x tp 2, ZeRO-3": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, zero=3)),
@@ -187,9 +208,11 @@ def test_the_groups_meet_only_in_the_outer_steps_sending_their_pieces_once():
 class _Counting:
     def __init__(self) -> None:
         self.steps = 0
+        self.synced: list[list[int] | None] = []
 
-    def step(self) -> None:
+    def step(self, which: list[int] | None = None) -> None:
         self.steps += 1
+        self.synced.append(which)
 
 
 def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():
@@ -201,7 +224,7 @@ def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():
     cfg = diloco_config(2, 3, 0.7, 0.9, True, dp=2)
     cfg.train.steps, cfg.train.checkpoint_every = 14, 4
     counting = _Counting()
-    outer = OuterSteps(cfg, counting)  # type: ignore[arg-type]
+    outer = OuterSteps(cfg, counting, [[0]])  # type: ignore[arg-type]
     synced, saved = [], []
     for done in range(1, 15):
         before = counting.steps
@@ -315,6 +338,7 @@ PREDICTED = {  # name: (H, outer momentum, layout): each rank's state and bytes 
     "dp 4 in bfloat16 (one flat buffer)": (2, 0.9, dict(dp=4, dtype="bfloat16")),
     "dp 2 x pp 2, ZeRO-2": (2, 0.9, dict(dp=2, pp=2, zero=2)),
     "dp 2 x tp 2": (2, 0.9, dict(dp=2, tp=2)),
+    "streaming, 2 fragments, ZeRO-1": (4, 0.9, dict(dp=4, zero=1, fragments=2)),
 }
 
 
@@ -338,3 +362,30 @@ def test_the_planner_predicts_every_rank_of_a_diloco_run_exactly():
                 predicted, measured = c["predicted"], c["measured"]
                 assert predicted["model_state_bytes"] == measured["model_state_bytes"]
                 assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+
+
+def test_each_fragment_synchronizes_once_per_h_steps_at_its_offset():
+    """Streaming DiLoCo, p 3 fragments, H 6, 20 steps: fragment f after steps t with
+    t mod 6 = 2 f, each once per 6 steps; after the last step, the fragments not yet
+    synchronized there; a stop's sync after that adds none. Blocks 0-1, 2-3, 4-5 of 6
+    form the fragments; the embeddings go with the first, the final norm and head with the
+    last, a tied head with the first."""
+    from paratrain.models.plans import GPT_PLAN
+    from paratrain.train.diloco import OuterSteps, fragment_of
+
+    cfg = tiny_config(steps=20)  # the schedule alone: no model is built
+    cfg.parallel.sync_every, cfg.parallel.fragments, cfg.train.checkpoint_every = 6, 3, 0
+    counting = _Counting()
+    outer = OuterSteps(cfg, counting, [[0], [1], [2]])  # type: ignore[arg-type]
+    for done in range(1, 21):
+        outer.after_step(done)
+    outer.sync(20)
+    expected = {2: [1], 4: [2], 6: [0], 8: [1], 10: [2], 12: [0], 14: [1], 16: [2], 18: [0],
+                20: [0, 1, 2]}  # fmt: skip
+    assert counting.synced == list(expected.values())
+    names = {"tok_emb.weight": 0, "pos_emb.weight": 0, "blocks.1.attn.q.weight": 0,
+             "blocks.2.ln1.weight": 1, "blocks.5.mlp.fc.bias": 2, "norm.weight": 2,
+             "head.weight": 2}  # fmt: skip
+    for name, f in names.items():
+        assert fragment_of(name, GPT_PLAN, 6, 3, tied=False) == f, name
+    assert fragment_of("head.weight", GPT_PLAN, 6, 3, tied=True) == 0

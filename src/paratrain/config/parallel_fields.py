@@ -150,6 +150,13 @@ class ParallelConfig:
         at_least=1,
         effect=DILOCO,
     )
+    fragments: int = param(
+        1,
+        "DiLoCo: Streaming DiLoCo's fragments of consecutive blocks, each synchronized once"
+        " per --sync-every steps at its own offset (1: all at once).",
+        at_least=1,
+        effect=DILOCO,
+    )
     outer_lr: float = param(0.7, "DiLoCo: the outer SGD's learning rate.", above=0, effect=DILOCO)
     outer_momentum: float = param(
         0.9, "DiLoCo: the outer SGD's momentum (0: none).", at_least=0, below=1, effect=DILOCO

@@ -56,6 +56,7 @@ class OuterStep:
         self.local, self.across, self.settings, self.after = pieces, across, settings, after
         self.global_ = [p.detach().clone() for p in pieces]
         self.velocity = [torch.zeros_like(p) for p in pieces] if settings.momentum else []
+        self.names: list[str] = []  # the pieces' parameters, where the caller needs them
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank keeps for the outer step, by the planner's kinds: the global
@@ -71,23 +72,26 @@ class OuterStep:
             g.copy_(p)
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, which: list[int] | None = None) -> None:
         """Average the pseudo-gradients over the groups, step the global parameters and
-        start every group from them (collective over `across`, then the wrappers')."""
-        deltas = [g - p for g, p in zip(self.global_, self.local, strict=True)]
-        for dtype in sorted({d.dtype for d in deltas}, key=str):
-            mine = [d for d in deltas if d.dtype == dtype]
+        start every group from them (collective over `across`, then the wrappers').
+        `which`: the pieces to synchronize (Streaming DiLoCo's fragments), default all;
+        every rank of `across` must name the same ones."""
+        chosen = range(len(self.local)) if which is None else which
+        deltas = {i: self.global_[i] - self.local[i] for i in chosen}
+        for dtype in sorted({d.dtype for d in deltas.values()}, key=str):
+            mine = [d for d in deltas.values() if d.dtype == dtype]
             flat = torch.cat([d.reshape(-1) for d in mine])
             comm.all_reduce(flat, self.across)
             flat.div_(self.across.size)
             for d, mean in zip(mine, flat.split([d.numel() for d in mine]), strict=True):
                 d.copy_(mean.view_as(d))
         s = self.settings
-        for i, (g, p, delta) in enumerate(zip(self.global_, self.local, deltas, strict=True)):
+        for i, delta in deltas.items():
             update = delta
             if s.momentum:
                 v = self.velocity[i].mul_(s.momentum).add_(delta)
                 update = delta.add(v, alpha=s.momentum) if s.nesterov else v
-            g.sub_(update, alpha=s.lr)
-            p.copy_(g)
+            self.global_[i].sub_(update, alpha=s.lr)
+            self.local[i].copy_(self.global_[i])
         self.after()

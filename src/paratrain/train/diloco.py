@@ -1,5 +1,15 @@
 """DiLoCo's outer steps in the training loop (--dp-mode diloco; parallel/diloco.py): when
-they are taken, and when a checkpoint may be (only when the groups hold one model)."""
+they are taken, over which fragments, and when a checkpoint may be (only when the groups
+hold one model).
+
+Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512) with `--fragments p` cuts the
+model into p fragments of consecutive blocks (the modules before the blocks go with the
+first, those after with the last, a tied head with the token table) and synchronizes
+fragment f once per H steps, after step t with t mod H = f H / p (rounded down): the
+fragments' traffic is spread over the H steps instead of arriving at once. After the last
+step every fragment not just synchronized is, so the run ends on one model. One fragment
+is DiLoCo itself.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +17,9 @@ from typing import Any
 
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.models.plans import ModelPlan
 from paratrain.parallel.diloco import OuterSettings, OuterStep
+from paratrain.train.build import plan_of
 from paratrain.train.engine import Engine
 
 
@@ -19,7 +31,7 @@ def outer_step(cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> Ou
     if p.dp_mode != "diloco":
         return None
     pieces = [
-        piece.tensors["model"]
+        piece
         for r, opt in zip(engine.replicas, optimizer.optimizers, strict=True)
         for piece in r.checkpoint_pieces(opt)[0]
     ]
@@ -29,40 +41,79 @@ def outer_step(cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> Ou
         for r in engine.replicas:
             r.after_load()
 
-    return OuterStep(pieces, mesh.group("dp_replicate"), settings, after)
+    group = mesh.group("dp_replicate")
+    outer = OuterStep([q.tensors["model"] for q in pieces], group, settings, after)
+    outer.names = [q.name for q in pieces]  # for the fragments (OuterSteps.of)
+    return outer
+
+
+def fragment_of(name: str, plan: ModelPlan, n_layer: int, fragments: int, tied: bool) -> int:
+    """The fragment of parameter `name` (module docstring): block i of L in fragment
+    i p // L; the modules before the blocks in the first, those after in the last, but a
+    head tied to the token table with it (the two copies on a pipeline's ends must move
+    together)."""
+    head, _, rest = name.partition(".")
+    if head == plan.pipeline_blocks:
+        return int(rest.split(".")[0]) * fragments // n_layer
+    if head in plan.pipeline_last and not (tied and head == "head"):
+        return fragments - 1
+    return 0
 
 
 class OuterSteps:
-    """The outer step over every piece this rank updates, across the replica groups
-    (dp_replicate): after every --sync-every steps and after the last."""
+    """The outer steps over the fragments of every piece this rank updates, across the
+    replica groups (dp_replicate)."""
 
-    def __init__(self, cfg: RunConfig, outer: OuterStep) -> None:
+    def __init__(self, cfg: RunConfig, outer: OuterStep, fragments: list[list[int]]) -> None:
         self.every, self.steps = cfg.parallel.sync_every, cfg.train.steps
         self.checkpoint_every = cfg.train.checkpoint_every
-        self.outer, self.synced = outer, -1  # the last `done` that ended on an outer step
+        self.outer, self.fragments = outer, fragments  # per fragment, its pieces' indices
+        p = len(fragments)
+        self.offsets = [f * self.every // p for f in range(p)]
+        self.synced: tuple[int, set[int]] = (-1, set())  # step `done` and its fragments
 
     @classmethod
     def of(cls, cfg: RunConfig, optimizer: Any) -> OuterSteps | None:
         """The loop's, over the optimizer's outer step (`outer_step`); None without one."""
-        return None if optimizer.outer is None else cls(cfg, optimizer.outer)
+        outer = optimizer.outer
+        if outer is None:
+            return None
+        p, m = cfg.parallel.fragments, cfg.model
+        plan = plan_of(cfg)
+        fragments: list[list[int]] = [[] for _ in range(p)]
+        for i, name in enumerate(outer.names):
+            fragments[fragment_of(name, plan, m.n_layer, p, m.tie_embeddings)].append(i)
+        return cls(cfg, outer, fragments)
+
+    def due_fragments(self, done: int) -> list[int]:
+        """The fragments synchronized after `done` steps: each at its offset once per H,
+        every one after the last step."""
+        if done == self.steps:
+            return list(range(len(self.fragments)))
+        return [f for f, offset in enumerate(self.offsets) if done % self.every == offset]
 
     def due(self, done: int) -> bool:
-        return done % self.every == 0 or done == self.steps
+        """Whether every fragment is synchronized after `done` steps (one model again)."""
+        return len(self.due_fragments(done)) == len(self.fragments)
 
     def after_step(self, done: int) -> None:
-        """After `done` steps: the outer step if it is due."""
-        if self.due(done):
-            self.sync(done)
+        """After `done` steps: the outer step of the fragments due, in one call."""
+        self._sync(done, self.due_fragments(done))
 
     def sync(self, done: int) -> None:
-        """End step `done` on an outer step, unless it has one already (a stop's)."""
-        if self.synced != done:
-            self.outer.step()
-            self.synced = done
+        """End step `done` with every fragment synchronized (a stop's), those not yet."""
+        self._sync(done, list(range(len(self.fragments))))
+
+    def _sync(self, done: int, fragments: list[int]) -> None:
+        already = self.synced[1] if self.synced[0] == done else set()
+        todo = [f for f in fragments if f not in already]
+        if todo:
+            self.outer.step([i for f in todo for i in self.fragments[f]])
+            self.synced = (done, already | set(todo))
 
     def checkpoint_due(self, done: int) -> bool:
-        """The last step, and the first outer step at or after each --checkpoint-every
-        multiple: a checkpoint holds one model only after an outer step."""
+        """The last step, and the first whole outer step at or after each
+        --checkpoint-every multiple: a checkpoint holds one model only after one."""
         every = self.checkpoint_every
         crossed = every > 0 and done // every > (done - self.every) // every
         return done == self.steps or (self.due(done) and crossed)

@@ -25,3 +25,15 @@ def diloco_rules(cfg: RunConfig) -> None:
     for refused, given, instead in unsupported:
         if refused:
             raise ValueError(f"--dp-mode diloco with {given} is not supported yet; use {instead}")
+    if p.fragments > cfg.model.n_layer:
+        raise ValueError(
+            f"--fragments {p.fragments} is more than the model's {cfg.model.n_layer} blocks; "
+            f"valid: 1 to {cfg.model.n_layer}"
+        )
+    every = cfg.train.checkpoint_every
+    if p.fragments > 1 and every:
+        raise ValueError(
+            f"--fragments {p.fragments} with --checkpoint-every {every}: a streaming run's "
+            "groups hold one model only after its last step, which it saves; use "
+            "--checkpoint-every 0"
+        )
