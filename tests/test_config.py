@@ -275,6 +275,7 @@ INEFFECTIVE = {
     "parallel.sync_every": (["--sync-every", "10"], [], DILOCO),
     "parallel.fragments": (["--fragments", "2"], [], [*DILOCO, "--checkpoint-every", "0"]),
     "parallel.outer_lr": (["--outer-lr", "1.0"], [], DILOCO),
+    "parallel.outer_dtype": (["--outer-dtype", "int8"], [], DILOCO),
     "parallel.outer_momentum": (["--outer-momentum", "0.5"], [], DILOCO),
     "parallel.outer_nesterov": (["--no-outer-nesterov"], [], DILOCO),
     "parallel.staleness_bound": (["--staleness-bound", "2"], [], ASYNC),

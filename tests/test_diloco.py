@@ -339,6 +339,9 @@ PREDICTED = {  # name: (H, outer momentum, layout): each rank's state and bytes 
     "dp 2 x pp 2, ZeRO-2": (2, 0.9, dict(dp=2, pp=2, zero=2)),
     "dp 2 x tp 2": (2, 0.9, dict(dp=2, tp=2)),
     "streaming, 2 fragments, ZeRO-1": (4, 0.9, dict(dp=4, zero=1, fragments=2)),
+    "int8 outer gradients, ZeRO-1": (2, 0.9, dict(dp=4, zero=1, outer_dtype="int8")),
+    "fp4 outer gradients, groups of 1": (2, 0.9, dict(dp=2, outer_dtype="fp4")),
+    "bfloat16 outer gradients, dp 2 x tp 2": (2, 0.9, dict(dp=2, tp=2, outer_dtype="bfloat16")),
 }
 
 
@@ -389,3 +392,17 @@ def test_each_fragment_synchronizes_once_per_h_steps_at_its_offset():
     for name, f in names.items():
         assert fragment_of(name, GPT_PLAN, 6, 3, tied=False) == f, name
     assert fragment_of("head.weight", GPT_PLAN, 6, 3, tied=True) == 0
+
+
+def test_quantized_outer_gradients_leave_every_group_on_the_same_model(tmp_path):
+    """dp 2 in groups of one, fp4 outer gradients: the groups end bitwise equal (each
+    decodes the same bytes of the mean), on parameters that differ from the float32 run's
+    (the codec was used)."""
+    runs = {}
+    for dtype in ("float32", "fp4"):
+        cfg = diloco_config(2, 2, 0.7, 0.9, True, dp=2, outer_dtype=dtype)
+        runs[dtype] = run_distributed(_run_and_record, 2, cfg, str(tmp_path / dtype), 0)
+    group0, group1 = runs["fp4"]
+    assert all(torch.equal(group0.state[k], group1.state[k]) for k in group0.state)
+    plain = runs["float32"][0]
+    assert any(not torch.equal(group0.state[k], plain.state[k]) for k in plain.state)

@@ -14,6 +14,7 @@ from paratrain.config.choices import (
     DEVICES,
     DP_MODES,
     FT_DATA,
+    OUTER_DTYPES,
     SCHEDULES,
     ZERO2_ACCUMULATE,
     ZERO_STAGES,
@@ -155,6 +156,13 @@ class ParallelConfig:
         "DiLoCo: Streaming DiLoCo's fragments of consecutive blocks, each synchronized once"
         " per --sync-every steps at its own offset (1: all at once).",
         at_least=1,
+        effect=DILOCO,
+    )
+    outer_dtype: str = param(
+        "float32",
+        "DiLoCo: the pseudo-gradient on the wire; bfloat16, or int8 and fp4 with a float32"
+        " scale per 256 elements, averaged in a reduce-scatter and an all-gather of bytes.",
+        choices=OUTER_DTYPES,
         effect=DILOCO,
     )
     outer_lr: float = param(0.7, "DiLoCo: the outer SGD's learning rate.", above=0, effect=DILOCO)

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from paratrain import comm
+from paratrain.comm.codecs import CODECS
 from paratrain.comm.group import CommGroup
+from paratrain.comm.low_precision import encoded_mean
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class OuterSettings:
     lr: float
     momentum: float  # 0: none
     nesterov: bool
+    dtype: str = "float32"  # the pseudo-gradient's on the wire: float32, or comm/codecs.py's
 
 
 class OuterStep:
@@ -81,9 +84,7 @@ class OuterStep:
         deltas = {i: self.global_[i] - self.local[i] for i in chosen}
         for dtype in sorted({d.dtype for d in deltas.values()}, key=str):
             mine = [d for d in deltas.values() if d.dtype == dtype]
-            flat = torch.cat([d.reshape(-1) for d in mine])
-            comm.all_reduce(flat, self.across)
-            flat.div_(self.across.size)
+            flat = self._mean(torch.cat([d.reshape(-1) for d in mine]))
             for d, mean in zip(mine, flat.split([d.numel() for d in mine]), strict=True):
                 d.copy_(mean.view_as(d))
         s = self.settings
@@ -95,3 +96,10 @@ class OuterStep:
             self.global_[i].sub_(update, alpha=s.lr)
             self.local[i].copy_(self.global_[i])
         self.after()
+
+    def _mean(self, flat: torch.Tensor) -> torch.Tensor:
+        """The groups' mean of `flat`: summed in float32 then divided, or in a codec's bytes
+        (comm/low_precision.py), identical on every rank either way."""
+        if self.settings.dtype == "float32":
+            return comm.all_reduce(flat, self.across).div_(self.across.size)
+        return encoded_mean(flat.float(), self.across, CODECS[self.settings.dtype]).to(flat.dtype)

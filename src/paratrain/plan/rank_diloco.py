@@ -29,6 +29,9 @@ from paratrain.plan.rank_groups import Coords, RankTraffic, shard_rank
 from paratrain.plan.rank_memory import chunk_params, flat_buffers
 
 OUTER_BYTES = 4  # the global copy, the momentum and the pseudo-gradient: float32
+# --outer-dtype's codecs (comm/codecs.py): bits per element, a float32 scale per block
+ENCODINGS = {"bfloat16": (16, False), "int8": (8, True), "fp4": (4, True)}
+SCALE_BLOCK = 256
 GROUP_AXES = ("dp", "dp_cp", "dp_shard")  # a synchronous run's data-parallel groups
 
 
@@ -63,14 +66,33 @@ def outer_state(elements: int, momentum: bool) -> ModelState:
     return ModelState(params=0, grads=0, optimizer=nbytes if momentum else 0, master=nbytes)
 
 
+def encoded_bytes(n: int, dtype: str) -> int:
+    """Bytes of n float32 elements in --outer-dtype's codec (comm/codecs.py): bits per
+    element, and for int8 and fp4 a float32 scale per SCALE_BLOCK elements."""
+    bits, scaled = ENCODINGS[dtype]
+    return -(-n * bits // 8) + (4 * -(-n // SCALE_BLOCK) if scaled else 0)
+
+
+def outer_bytes(elements: int, dtype: str, groups: int, group: int) -> int:
+    """What a rank sends in one outer step's mean over the groups: a float32 ring
+    all-reduce, or in a codec (comm/low_precision.py) an all-to-all of its encoded chunks
+    to their owners (all but its own) and a ring all-gather of the encoded means (all
+    but the next rank's)."""
+    if dtype == "float32":
+        return comm.ring_all_reduce_rank_bytes(elements, OUTER_BYTES, groups, group)
+    sizes = [elements // groups + (p < elements % groups) for p in range(groups)]
+    chunks = [encoded_bytes(n, dtype) for n in sizes]
+    return sum(chunks) - chunks[group] + sum(chunks) - chunks[(group + 1) % groups]
+
+
 def within_group(
-    terms: list[RankTraffic], layout: Layout, at: Coords, elements: int
+    terms: list[RankTraffic], layout: Layout, at: Coords, elements: int, dtype: str
 ) -> list[RankTraffic]:
     """The group run's terms on the mesh's groups of one replica group, and the outer
-    step's all-reduce across the groups."""
+    step's mean across the groups in `dtype` (--outer-dtype)."""
     out = [replace(t, axis="dp_shard") if t.axis in GROUP_AXES else t for t in terms]
-    group = at.dp_rank // (layout.dp // layout.replicas)
-    sent = comm.ring_all_reduce_rank_bytes(elements, OUTER_BYTES, layout.replicas, group)
+    group, groups = at.dp_rank // (layout.dp // layout.replicas), layout.replicas
+    sent = outer_bytes(elements, dtype, groups, group) if groups > 1 else 0
     out.append(RankTraffic("dp_replicate", "all_reduce", "DiLoCo's pseudo-gradient", sent))
     # ZeRO-1/2 gather the whole parameters again from the shards the outer step wrote
     again = "parameters gathered again after the outer step"

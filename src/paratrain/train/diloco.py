@@ -35,7 +35,7 @@ def outer_step(cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> Ou
         for r, opt in zip(engine.replicas, optimizer.optimizers, strict=True)
         for piece in r.checkpoint_pieces(opt)[0]
     ]
-    settings = OuterSettings(p.outer_lr, p.outer_momentum, p.outer_nesterov)
+    settings = OuterSettings(p.outer_lr, p.outer_momentum, p.outer_nesterov, p.outer_dtype)
 
     def after() -> None:
         for r in engine.replicas:

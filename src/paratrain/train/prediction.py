@@ -149,7 +149,7 @@ def _state_and_terms(
     elements = outer_elements(model, workload, inner, here)
     outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
     state = ModelState(*(getattr(state, k) + getattr(outer, k) for k in STATE_KINDS))
-    return state, within_group(terms, layout, at, elements)
+    return state, within_group(terms, layout, at, elements, cfg.parallel.outer_dtype)
 
 
 def zero2_accumulation_note(model: ModelSpec, workload: Workload, layout: Layout, k: int) -> str:

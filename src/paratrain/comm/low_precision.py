@@ -1,0 +1,43 @@
+"""The mean of a float32 vector over a group, sent in a codec's bytes (comm/codecs.py):
+what Streaming DiLoCo's quantized outer gradients need (parallel/diloco.py), on every
+backend, gloo included, since only bytes cross.
+
+A reduce-scatter then an all-gather, each in the codec: the vector is cut into k chunks
+(torch.tensor_split's sizes); chunk p of every rank, encoded, goes to rank p (one
+all-to-all), which decodes the k of them, sums them in rank order in float32 and divides
+by k, encodes its mean chunk, and every rank gathers every encoded mean (one all-gather)
+and decodes it. Every rank, the owner included, decodes the same bytes, so all end with
+the same vector. Each rank sends about 2 (k - 1) / k of the encoded vector: int8 3.94 and
+fp4 7.76 times fewer bytes than a float32 ring all-reduce, at any k.
+
+Rounding: each element carries the senders' encoding errors averaged and the mean's own
+(for int8 at most half a block scale each, fp4 a whole one, bfloat16 2^-8 relative).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paratrain.comm.all_to_all import all_to_all
+from paratrain.comm.codecs import Codec
+from paratrain.comm.group import CommGroup
+from paratrain.comm.sharded import all_gather_flat
+from paratrain.comm.traffic import chunk_sizes
+
+
+def encoded_mean(flat: torch.Tensor, group: CommGroup, codec: Codec) -> torch.Tensor:
+    """The mean of `flat` (float32, 1-D) over `group`, equal on every rank (collective)."""
+    k = group.size
+    if k == 1:
+        return codec.decode(codec.encode(flat), flat.numel())
+    sizes = chunk_sizes(flat.numel(), k)
+    sent = [codec.encode(chunk) for chunk in flat.split(sizes)]
+    mine = codec.nbytes(sizes[group.rank])
+    got = all_to_all(torch.cat(sent), group, [s.numel() for s in sent], [mine] * k)
+    total = torch.zeros(sizes[group.rank], dtype=torch.float32, device=flat.device)
+    for part in got.split(mine):  # in rank order
+        total += codec.decode(part, sizes[group.rank])
+    mean = codec.encode(total / k)
+    every = all_gather_flat(mean, group, sizes=[codec.nbytes(n) for n in sizes])
+    parts = every.split([codec.nbytes(n) for n in sizes])
+    return torch.cat([codec.decode(part, n) for part, n in zip(parts, sizes, strict=True)])
