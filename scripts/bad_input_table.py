@@ -163,6 +163,23 @@ CASES = [
         ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--fragments", "2"],
     ),
     Case(
+        "an outer step delayed past the next (`--sync-delay 4 --sync-every 4`)",
+        [
+            "--nproc",
+            "2",
+            "--dp-mode",
+            "diloco",
+            "--replicas",
+            "2",
+            "--sync-every",
+            "4",
+            "--sync-delay",
+            "4",
+            "--checkpoint-every",
+            "0",
+        ],
+    ),  # fmt: skip
+    Case(
         "`--sync-every 0`",
         ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--sync-every", "0"],
     ),  # fmt: skip

@@ -276,6 +276,8 @@ INEFFECTIVE = {
     "parallel.fragments": (["--fragments", "2"], [], [*DILOCO, "--checkpoint-every", "0"]),
     "parallel.outer_lr": (["--outer-lr", "1.0"], [], DILOCO),
     "parallel.outer_dtype": (["--outer-dtype", "int8"], [], DILOCO),
+    "parallel.sync_delay": (["--sync-delay", "1"], [], [*DILOCO, "--checkpoint-every", "0"]),
+    "parallel.merge_alpha": (["--merge-alpha", "0.5"], [], [*DILOCO, "--checkpoint-every", "0"]),
     "parallel.outer_momentum": (["--outer-momentum", "0.5"], [], DILOCO),
     "parallel.outer_nesterov": (["--no-outer-nesterov"], [], DILOCO),
     "parallel.staleness_bound": (["--staleness-bound", "2"], [], ASYNC),

@@ -70,6 +70,7 @@ def diloco_training(
         inner.append(torch.optim.AdamW(spec, lr=t.lr, betas=(t.beta1, t.beta2)))
     names = [n for n, _ in model.named_parameters()]
     global_ = [q.detach().clone().requires_grad_() for q in model.parameters()]
+    pending: list[tuple[int, set[int], list]] = []  # (lands after, fragments, mean grads)
     mu = p.outer_momentum
     outer = torch.optim.SGD(
         global_, lr=p.outer_lr, momentum=mu, nesterov=p.outer_nesterov and mu > 0
@@ -91,22 +92,60 @@ def diloco_training(
             norms[g].append(torch.nn.utils.clip_grad_norm_(m.parameters(), t.grad_clip).item())
             opt.step()
             losses[g].append(total)
-        offsets = [f * p.sync_every // p.fragments for f in range(p.fragments)]
-        due = {f for f in range(p.fragments) if (step + 1) % p.sync_every == offsets[f]}
-        if step + 1 == t.steps:
-            due = set(range(p.fragments))
-        with torch.no_grad():  # SGD steps the parameters given a gradient, the due fragments'
-            for i, (name, q) in enumerate(zip(names, global_, strict=True)):
-                mine = fragment(name, cfg.model.n_layer, p.fragments) in due
-                local = [list(m.parameters())[i] for m in groups]
-                q.grad = torch.stack([q - x for x in local]).mean(0) if mine else None
-            outer.step()
-            for m in groups:
-                for name, local, q in zip(names, m.parameters(), global_, strict=True):
-                    if fragment(name, cfg.model.n_layer, p.fragments) in due:
-                        local.copy_(q)
+        outer_steps(step + 1, cfg, names, groups, global_, outer, pending)
     state = {k: v.detach().float().clone() for k, v in groups[0].state_dict().items()}
     return [RunRecord(losses[g], norms[g], state) for g in range(p.replicas)], initial
+
+
+def outer_steps(done, cfg, names, groups, global_, outer, pending) -> None:
+    """After `done` inner steps: the outer steps landing (merged by alpha), then those due
+    start (landing tau steps later); after the last step every one in flight lands, the
+    rest take one at once, and every group takes the global parameters."""
+    p, last = cfg.parallel, done == cfg.train.steps
+    offsets = [f * p.sync_every // p.fragments for f in range(p.fragments)]
+    due = {f for f in range(p.fragments) if done % p.sync_every == offsets[f]}
+    landed: set[int] = set()
+    for item in [x for x in pending if x[0] == done or last]:
+        pending.remove(item)
+        _apply(item[1], item[2], cfg, names, groups, global_, outer, p.merge_alpha)
+        landed |= item[1]
+    due = set(range(p.fragments)) - landed if last else due
+    if due:
+        grads = _mean_pseudo_gradients(due, cfg, names, groups, global_)
+        if p.sync_delay and not last:
+            pending.append((done + p.sync_delay, due, grads))
+        else:
+            _apply(due, grads, cfg, names, groups, global_, outer, 0.0 if last else p.merge_alpha)
+    if last:
+        _apply(set(), [None] * len(names), cfg, names, groups, global_, outer, 0.0)
+
+
+def _mean_pseudo_gradients(fragments, cfg, names, groups, global_) -> list:
+    """Per parameter, the groups' mean of global minus local if in `fragments`, else None."""
+    out = []
+    with torch.no_grad():
+        for i, (name, q) in enumerate(zip(names, global_, strict=True)):
+            mine = fragment(name, cfg.model.n_layer, cfg.parallel.fragments) in fragments
+            local = [list(m.parameters())[i] for m in groups]
+            out.append(torch.stack([q - x for x in local]).mean(0) if mine else None)
+    return out
+
+
+def _apply(fragments, grads, cfg, names, groups, global_, outer, merge) -> None:
+    """The outer SGD on the parameters given a gradient (those of `fragments`), then every
+    group's copies of `fragments` (all of them when none is given: the run's end) set to
+    merge x local + (1 - merge) x global."""
+    with torch.no_grad():
+        for q, g in zip(global_, grads, strict=True):
+            q.grad = g
+        if any(g is not None for g in grads):
+            outer.step()
+        for m in groups:
+            for name, local, q in zip(names, m.parameters(), global_, strict=True):
+                f = fragment(name, cfg.model.n_layer, cfg.parallel.fragments)
+                if fragments and f not in fragments:
+                    continue
+                local.copy_(local * merge + q * (1 - merge) if merge else q)
 
 
 def diloco_reference(cfg: RunConfig, data: TokenData) -> tuple[list[RunRecord], dict]:
@@ -131,7 +170,8 @@ def diloco_config(world: int, sync_every: int, lr: float, momentum: float, neste
     for key, value in parallel.items():
         setattr(p, key, value)
     cfg.train.microbatches = 0
-    cfg.train.checkpoint_every = 0 if p.fragments > 1 else cfg.train.checkpoint_every
+    streaming = p.fragments > 1 or p.sync_delay or p.merge_alpha
+    cfg.train.checkpoint_every = 0 if streaming else cfg.train.checkpoint_every
     return resolve_and_check(cfg, world)
 
 
@@ -141,6 +181,17 @@ CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
     "streaming, 2 fragments, dp 2": (2, 4, 0.7, 0.9, True, dict(dp=2, fragments=2)),
     "streaming, 2 fragments, dp 4 ZeRO-1": (4, 4, 0.7, 0.9, True, dict(dp=4, zero=1, fragments=2)),
     "streaming, 2 fragments, dp 2 x pp 2": (4, 4, 0.5, 0.5, False, dict(dp=2, pp=2, fragments=2)),
+    # overlap: a fragment's step lands a step after it starts (the first one's at the end)
+    "streaming, tau 1, alpha 0.5, dp 2": (
+        2,
+        4,
+        0.7,
+        0.9,
+        True,
+        dict(dp=2, fragments=2, sync_delay=1, merge_alpha=0.5),
+    ),
+    "tau 1, alpha 0, dp 4 ZeRO-1": (4, 2, 0.7, 0.9, True, dict(dp=4, zero=1, sync_delay=1)),
+    "alpha 0.5, dp 2 x tp 2": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, merge_alpha=0.5)),
     "dp 4, ZeRO-1 groups of 2, averaging": (4, 3, 1.0, 0.0, False, dict(dp=4, zero=1)),
     "dp 2 x pp 2, ZeRO-1, momentum": (4, 2, 0.5, 0.5, False, dict(dp=2, pp=2, zero=1)),
     "dp 2 x tp 2, ZeRO-3": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, zero=3)),
@@ -206,13 +257,25 @@ def test_the_groups_meet_only_in_the_outer_steps_sending_their_pieces_once():
 
 
 class _Counting:
+    """An OuterStep that records which pieces each outer step took."""
+
     def __init__(self) -> None:
         self.steps = 0
         self.synced: list[list[int] | None] = []
 
-    def step(self, which: list[int] | None = None) -> None:
+    def start(self, which: list[int] | None = None) -> list[int] | None:
+        return which
+
+    def finish(self, started: list[int] | None, merge: float = 0.0, rebuild: bool = True):
         self.steps += 1
-        self.synced.append(which)
+        self.synced.append(started)
+
+    def step(self, which: list[int] | None = None, merge: float = 0.0, rebuild: bool = True):
+        self.finish(which)
+
+    def take_global(self) -> None: ...
+
+    def after(self) -> None: ...
 
 
 def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():

@@ -158,6 +158,21 @@ class ParallelConfig:
         at_least=1,
         effect=DILOCO,
     )
+    sync_delay: int = param(
+        0,
+        "DiLoCo: Streaming DiLoCo's overlap, tau: an outer step lands this many inner steps"
+        " after it starts (below --sync-every).",
+        at_least=0,
+        effect=DILOCO,
+    )
+    merge_alpha: float = param(
+        0.0,
+        "DiLoCo: where an outer step lands, each local parameter becomes alpha x local +"
+        " (1 - alpha) x global (0: the global one).",
+        at_least=0,
+        below=1,
+        effect=DILOCO,
+    )
     outer_dtype: str = param(
         "float32",
         "DiLoCo: the pseudo-gradient on the wire; bfloat16, or int8 and fp4 with a float32"

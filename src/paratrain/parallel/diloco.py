@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,17 @@ from paratrain import comm
 from paratrain.comm.codecs import CODECS
 from paratrain.comm.group import CommGroup
 from paratrain.comm.low_precision import encoded_mean
+
+# one dtype's pseudo-gradients, their concatenation, and the all-reduce in flight (or None)
+Call = tuple[list[torch.Tensor], torch.Tensor, Any]
+
+
+class Started:
+    """An outer step in flight: its pieces' pseudo-gradients by index, and per dtype those
+    tensors, their concatenation and the all-reduce carrying it (None: run at finish)."""
+
+    def __init__(self, deltas: dict[int, torch.Tensor], calls: list[Call]) -> None:
+        self.deltas, self.calls = deltas, calls
 
 
 @dataclass(frozen=True)
@@ -75,31 +87,60 @@ class OuterStep:
             g.copy_(p)
 
     @torch.no_grad()
-    def step(self, which: list[int] | None = None) -> None:
-        """Average the pseudo-gradients over the groups, step the global parameters and
-        start every group from them (collective over `across`, then the wrappers').
-        `which`: the pieces to synchronize (Streaming DiLoCo's fragments), default all;
-        every rank of `across` must name the same ones."""
+    def start(self, which: list[int] | None = None) -> Started:
+        """Take the pseudo-gradients of `which` pieces (Streaming DiLoCo's fragments;
+        default all) and start their mean over the groups; `finish` applies it. Every rank
+        of `across` must name the same pieces. In float32 the all-reduce runs while the
+        caller goes on (an overlapped outer step); a codec's mean runs at `finish`."""
         chosen = range(len(self.local)) if which is None else which
         deltas = {i: self.global_[i] - self.local[i] for i in chosen}
+        calls = []
         for dtype in sorted({d.dtype for d in deltas.values()}, key=str):
             mine = [d for d in deltas.values() if d.dtype == dtype]
-            flat = self._mean(torch.cat([d.reshape(-1) for d in mine]))
-            for d, mean in zip(mine, flat.split([d.numel() for d in mine]), strict=True):
-                d.copy_(mean.view_as(d))
+            flat = torch.cat([d.reshape(-1) for d in mine])
+            plain = self.settings.dtype == "float32"
+            calls.append(
+                (mine, flat, comm.all_reduce(flat, self.across, async_op=True) if plain else None)
+            )
+        return Started(deltas, calls)
+
+    @torch.no_grad()
+    def finish(self, started: Started, merge: float = 0.0, rebuild: bool = True) -> None:
+        """Step the global parameters of `started` by their groups' mean pseudo-gradient,
+        then set each local one to merge x local + (1 - merge) x global (0: the global,
+        exactly); the wrappers then rebuild their copies (collective), unless the caller
+        does it once for several (`rebuild` False, then `after()`)."""
+        for mine, flat, pending in started.calls:
+            if pending is not None:
+                mean = pending.wait().div_(self.across.size)
+            else:
+                codec = CODECS[self.settings.dtype]
+                mean = encoded_mean(flat.float(), self.across, codec).to(flat.dtype)
+            for d, part in zip(mine, mean.split([d.numel() for d in mine]), strict=True):
+                d.copy_(part.view_as(d))
         s = self.settings
-        for i, delta in deltas.items():
+        for i, delta in started.deltas.items():
             update = delta
             if s.momentum:
                 v = self.velocity[i].mul_(s.momentum).add_(delta)
                 update = delta.add(v, alpha=s.momentum) if s.nesterov else v
             self.global_[i].sub_(update, alpha=s.lr)
-            self.local[i].copy_(self.global_[i])
-        self.after()
+            if merge:
+                self.local[i].mul_(merge).add_(self.global_[i], alpha=1 - merge)
+            else:
+                self.local[i].copy_(self.global_[i])
+        if rebuild:
+            self.after()
 
-    def _mean(self, flat: torch.Tensor) -> torch.Tensor:
-        """The groups' mean of `flat`: summed in float32 then divided, or in a codec's bytes
-        (comm/low_precision.py), identical on every rank either way."""
-        if self.settings.dtype == "float32":
-            return comm.all_reduce(flat, self.across).div_(self.across.size)
-        return encoded_mean(flat.float(), self.across, CODECS[self.settings.dtype]).to(flat.dtype)
+    def step(
+        self, which: list[int] | None = None, merge: float = 0.0, rebuild: bool = True
+    ) -> None:
+        """`start` then `finish` at once."""
+        self.finish(self.start(which), merge, rebuild)
+
+    @torch.no_grad()
+    def take_global(self) -> None:
+        """Every local piece set to its global one (the run's end: one model again); the
+        caller then rebuilds the wrappers' copies (`after()`)."""
+        for g, p in zip(self.global_, self.local, strict=True):
+            p.copy_(g)

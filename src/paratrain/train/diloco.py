@@ -6,9 +6,13 @@ Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512) with `--fragments p` 
 model into p fragments of consecutive blocks (the modules before the blocks go with the
 first, those after with the last, a tied head with the token table) and synchronizes
 fragment f once per H steps, after step t with t mod H = f H / p (rounded down): the
-fragments' traffic is spread over the H steps instead of arriving at once. After the last
-step every fragment not just synchronized is, so the run ends on one model. One fragment
-is DiLoCo itself.
+fragments' traffic is spread over the H steps instead of arriving at once. With
+`--sync-delay tau` a fragment's outer step starts after step t and lands tau steps later
+(its all-reduce overlapped with those inner steps), and `--merge-alpha a` then sets each
+local parameter to a x local + (1 - a) x global instead of the global one. After the last
+step (or at a stop) the steps in flight land, every fragment not synchronized there takes
+an outer step at once, and every local parameter takes its global value: the run ends on
+one model. One fragment, tau 0 and a 0 is DiLoCo itself.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.models.plans import ModelPlan
-from paratrain.parallel.diloco import OuterSettings, OuterStep
+from paratrain.parallel.diloco import OuterSettings, OuterStep, Started
 from paratrain.train.build import plan_of
 from paratrain.train.engine import Engine
 
@@ -65,12 +69,16 @@ class OuterSteps:
     replica groups (dp_replicate)."""
 
     def __init__(self, cfg: RunConfig, outer: OuterStep, fragments: list[list[int]]) -> None:
-        self.every, self.steps = cfg.parallel.sync_every, cfg.train.steps
+        p = cfg.parallel
+        self.every, self.steps = p.sync_every, cfg.train.steps
+        self.delay, self.merge = p.sync_delay, p.merge_alpha
         self.checkpoint_every = cfg.train.checkpoint_every
         self.outer, self.fragments = outer, fragments  # per fragment, its pieces' indices
-        p = len(fragments)
-        self.offsets = [f * self.every // p for f in range(p)]
-        self.synced: tuple[int, set[int]] = (-1, set())  # step `done` and its fragments
+        self.offsets = [f * self.every // len(fragments) for f in range(len(fragments))]
+        # outer steps in flight (--sync-delay): the step after which each lands, its
+        # fragments, its call; and the last step's synchronized fragments
+        self.pending: list[tuple[int, list[int], Started]] = []
+        self.synced: tuple[int, set[int]] = (-1, set())
 
     @classmethod
     def of(cls, cfg: RunConfig, optimizer: Any) -> OuterSteps | None:
@@ -86,8 +94,8 @@ class OuterSteps:
         return cls(cfg, outer, fragments)
 
     def due_fragments(self, done: int) -> list[int]:
-        """The fragments synchronized after `done` steps: each at its offset once per H,
-        every one after the last step."""
+        """The fragments whose outer step starts after `done` steps: each at its offset
+        once per H; every one after the last step (`sync`)."""
         if done == self.steps:
             return list(range(len(self.fragments)))
         return [f for f, offset in enumerate(self.offsets) if done % self.every == offset]
@@ -97,19 +105,51 @@ class OuterSteps:
         return len(self.due_fragments(done)) == len(self.fragments)
 
     def after_step(self, done: int) -> None:
-        """After `done` steps: the outer step of the fragments due, in one call."""
-        self._sync(done, self.due_fragments(done))
+        """After `done` steps: the outer steps landing now (merged by --merge-alpha), then
+        those due start, in one call, landing --sync-delay steps later; the last step
+        ends the run on one model (`sync`)."""
+        if done == self.steps:
+            self.sync(done)
+            return
+        landed = []
+        for _, fragments, started in self._landing(done):
+            self.outer.finish(started, self.merge)
+            landed += fragments
+        due = self.due_fragments(done)
+        if due:
+            started = self.outer.start(self._pieces(due))
+            if self.delay:
+                self.pending.append((done + self.delay, due, started))
+            else:
+                self.outer.finish(started, self.merge)
+                landed += due
+        self.synced = (done, set(landed))
 
     def sync(self, done: int) -> None:
-        """End step `done` with every fragment synchronized (a stop's), those not yet."""
-        self._sync(done, list(range(len(self.fragments))))
+        """End step `done` on one model (the last step, or a stop): the outer steps in
+        flight land, every fragment not synchronized at this step takes one at once, every
+        local piece takes its global value, and the wrappers rebuild their copies once."""
+        landed = set(self.synced[1]) if self.synced[0] == done else set()
+        for _, fragments, started in self._landing(None):
+            self.outer.finish(started, self.merge, rebuild=False)
+            landed |= set(fragments)
+        rest = [f for f in range(len(self.fragments)) if f not in landed]
+        if rest:
+            self.outer.step(self._pieces(rest), rebuild=False)
+        if self.merge or landed:
+            self.outer.take_global()
+        if rest or landed:
+            self.outer.after()
+        self.synced = (done, set(range(len(self.fragments))))
 
-    def _sync(self, done: int, fragments: list[int]) -> None:
-        already = self.synced[1] if self.synced[0] == done else set()
-        todo = [f for f in fragments if f not in already]
-        if todo:
-            self.outer.step([i for f in todo for i in self.fragments[f]])
-            self.synced = (done, already | set(todo))
+    def _landing(self, done: int | None) -> list[tuple[int, list[int], Started]]:
+        """The outer steps in flight that land after `done` steps (None: all), removed."""
+        landing = [p for p in self.pending if done is None or p[0] == done]
+        self.pending = [p for p in self.pending if p not in landing]
+        return landing
+
+    def _pieces(self, fragments: list[int]) -> list[int]:
+        return [i for f in fragments for i in self.fragments[f]]
 
     def checkpoint_due(self, done: int) -> bool:
         """The last step, and the first whole outer step at or after each

@@ -120,6 +120,8 @@ def predict(cfg: RunConfig) -> Prediction:
         notes.append(zero2_accumulation_note(model, workload, layout, k))
     if cfg.parallel.dp_mode == "diloco":
         notes.append("diloco: bytes of an outer step (the last); inner ones send no dp_replicate")
+        if cfg.parallel.sync_delay:  # their all-reduces were counted where they started
+            notes.append("--sync-delay: the last step's dp_replicate leaves out steps in flight")
     return Prediction(states, sent, acts, bubble, notes, routed)
 
 

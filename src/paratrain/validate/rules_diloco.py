@@ -30,10 +30,21 @@ def diloco_rules(cfg: RunConfig) -> None:
             f"--fragments {p.fragments} is more than the model's {cfg.model.n_layer} blocks; "
             f"valid: 1 to {cfg.model.n_layer}"
         )
-    every = cfg.train.checkpoint_every
-    if p.fragments > 1 and every:
+    if p.sync_delay >= p.sync_every:
         raise ValueError(
-            f"--fragments {p.fragments} with --checkpoint-every {every}: a streaming run's "
-            "groups hold one model only after its last step, which it saves; use "
-            "--checkpoint-every 0"
+            f"--sync-delay {p.sync_delay} with --sync-every {p.sync_every}: an outer step "
+            "would start before the last one landed; valid: 0 to "
+            f"{p.sync_every - 1}"
+        )
+    streaming = [
+        (p.fragments > 1, f"--fragments {p.fragments}"),
+        (p.sync_delay > 0, f"--sync-delay {p.sync_delay}"),
+        (p.merge_alpha > 0, f"--merge-alpha {p.merge_alpha}"),
+    ]
+    chosen = [flag for on, flag in streaming if on]
+    every = cfg.train.checkpoint_every
+    if chosen and every:
+        raise ValueError(
+            f"{chosen[0]} with --checkpoint-every {every}: a streaming run's groups hold one "
+            "model only after its last step, which it saves; use --checkpoint-every 0"
         )
