@@ -272,6 +272,8 @@ INEFFECTIVE = {
     "parallel.comm_order": (["--comm-order", "nccl"], ["--nproc", "1"], []),
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
     "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
+    "train.beta1": (["--beta1", "0.8"], ["--optimizer", "sgd"], []),
+    "train.beta2": (["--beta2", "0.9"], ["--optimizer", "sgd"], []),
     "parallel.sync_every": (["--sync-every", "10"], [], DILOCO),
     "parallel.fragments": (["--fragments", "2"], [], [*DILOCO, "--checkpoint-every", "0"]),
     "parallel.outer_lr": (["--outer-lr", "1.0"], [], DILOCO),

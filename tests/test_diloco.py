@@ -67,7 +67,10 @@ def diloco_training(
             {"params": decay, "weight_decay": t.weight_decay},
             {"params": rest, "weight_decay": 0},
         ]
-        inner.append(torch.optim.AdamW(spec, lr=t.lr, betas=(t.beta1, t.beta2)))
+        if t.optimizer == "sgd":  # plain SGD, the decay as torch's L2 term
+            inner.append(torch.optim.SGD(spec, lr=t.lr))
+        else:
+            inner.append(torch.optim.AdamW(spec, lr=t.lr, betas=(t.beta1, t.beta2)))
     names = [n for n, _ in model.named_parameters()]
     global_ = [q.detach().clone().requires_grad_() for q in model.parameters()]
     pending: list[tuple[int, set[int], list]] = []  # (lands after, fragments, mean grads)
@@ -89,11 +92,12 @@ def diloco_training(
                 loss = m(part[:, :-1], part[:, 1:]) / accumulate
                 loss.backward()
                 total += loss.item()
-            norms[g].append(torch.nn.utils.clip_grad_norm_(m.parameters(), t.grad_clip).item())
+            clip = t.grad_clip or float("inf")
+            norms[g].append(torch.nn.utils.clip_grad_norm_(m.parameters(), clip).item())
             opt.step()
             losses[g].append(total)
         outer_steps(step + 1, cfg, names, groups, global_, outer, pending)
-    state = {k: v.detach().float().clone() for k, v in groups[0].state_dict().items()}
+    state = {k: v.detach().clone() for k, v in groups[0].state_dict().items()}
     return [RunRecord(losses[g], norms[g], state) for g in range(p.replicas)], initial
 
 
@@ -469,3 +473,36 @@ def test_quantized_outer_gradients_leave_every_group_on_the_same_model(tmp_path)
     assert all(torch.equal(group0.state[k], group1.state[k]) for k in group0.state)
     plain = runs["float32"][0]
     assert any(not torch.equal(group0.state[k], plain.state[k]) for k in plain.state)
+
+
+def test_h1_with_sgd_inside_and_out_is_data_parallel_sgd():
+    """DiLoCo with H 1, inner plain SGD, outer SGD at lr 1 without momentum: averaging the
+    groups' SGD steps is one SGD step on the averaged gradient (SGD is linear; both groups
+    hold as many tokens; no clipping, which is per group here and global there). In
+    float64 the reference of 2 groups equals the one of a single group (data parallelism)
+    to 1e-12 of the largest parameter, float64 reassociation; then the DiLoCo run (dp 4,
+    ZeRO-1 groups of 2) and synchronous data parallelism with SGD (dp 4, ZeRO-1) both lie
+    within the float64-measured tolerance of that reference."""
+    diloco = diloco_config(4, 1, 1.0, 0.0, False, dp=4, zero=1)
+    sync = tiny_config(steps=5, global_batch=8)
+    for cfg in (diloco, sync):
+        cfg.train.optimizer, cfg.train.grad_clip = "sgd", 0.0
+    sync.parallel.nproc, sync.parallel.dp, sync.parallel.zero = 4, 4, 1
+    sync.train.microbatches = 0
+    diloco, sync = resolve_and_check(diloco, 4), resolve_and_check(sync, 4)
+    data = tiny_data()
+    one_group = copy.deepcopy(diloco)
+    one_group.parallel.replicas = 1
+    two, _ = diloco_training(diloco, data, torch.float64, 1)
+    one, _ = diloco_training(one_group, data, torch.float64, 1)
+    top = max(v.abs().max().item() for v in one[0].state.values())
+    for k, v in one[0].state.items():
+        assert (two[0].state[k].double() - v.double()).abs().max().item() <= 1e-12 * top
+    references, initial = diloco_reference(diloco, data)
+    tol = references[0].tolerance
+    runs = [(c.parallel.dp, 1, 1, c) for c in (diloco, sync)]
+    for rank, (ours, theirs) in enumerate(run_distributed(train_layouts, 4, runs, data)):
+        reference = references[rank // 2]
+        assert_equivalent(ours, reference, initial)
+        for k, v in reference.state.items():
+            assert (theirs.state[k] - v).abs().max().item() <= tol.param_atol, k

@@ -19,7 +19,7 @@ OUTER_DTYPES = ("float32", "bfloat16", "int8", "fp4")  # DiLoCo's on the wire: c
 FT_DATA = ("drop", "replay")  # fault_tolerance/quorum.py: assign_slots
 DC_MODES = ("constant", "adaptive")  # DC-ASGD-c and DC-ASGD-a (parallel/data_parallel/dc_asgd.py)
 LR_SCALINGS = ("none", "linear", "sqrt")
-OPTIMIZERS = ("adamw", "muon")  # parallel/data_parallel/adamw.py, muon.py
+OPTIMIZERS = ("adamw", "muon", "sgd")  # parallel/data_parallel/adamw.py, muon.py, sgd.py
 MUON_LR_ADJUSTS = ("original", "match-rms-adamw")  # parallel/data_parallel/muon_math.py
 MUON_NS_DTYPES = ("bfloat16", "float32")  # or auto: config/resolution.py
 # How a batch's rows are cut from the data (data/document_rows.py); auto: one padded row

@@ -22,6 +22,7 @@ MOE = Effect(lambda c: c.model.num_experts > 0, "a mixture of experts (--num-exp
 PIPELINE = Effect(lambda c: c.parallel.pp > 1, "a pipeline (--pp 2 or more)")
 LORA = Effect(lambda c: c.train.lora_rank > 0, "LoRA (--lora-rank 1 or more)")
 MUON = Effect(lambda c: c.train.optimizer == "muon", "--optimizer muon")
+ADAMW = Effect(lambda c: c.train.optimizer != "sgd", "--optimizer adamw or muon (AdamW's)")
 COLLECTIVES = Effect(lambda c: world(c) > 1, "more than one process")
 DC_ASGD = Effect(
     lambda c: c.parallel.dp_mode == "async" and c.parallel.dc_lambda > 0,

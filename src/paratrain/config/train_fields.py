@@ -15,7 +15,7 @@ from paratrain.config.choices import (
     PACKINGS,
     RECOMPUTE_MODES,
 )
-from paratrain.config.conditions import LORA, MUON, PIPELINE, SYNC
+from paratrain.config.conditions import ADAMW, LORA, MUON, PIPELINE, SYNC
 from paratrain.config.fields import Effect, param
 
 
@@ -43,13 +43,14 @@ class TrainConfig:
     )
     warmup_steps: int = param(30, "Steps of linear warmup from 0 to lr.", at_least=0)
     weight_decay: float = param(
-        0.1, "AdamW weight decay, applied to matrices and embeddings only.", at_least=0
+        0.1, "Weight decay (AdamW's, or SGD's), on matrices and embeddings only.", at_least=0
     )
-    beta1: float = param(0.9, "AdamW beta1.", at_least=0, below=1)
-    beta2: float = param(0.95, "AdamW beta2.", at_least=0, below=1)
+    beta1: float = param(0.9, "AdamW beta1.", at_least=0, below=1, effect=ADAMW)
+    beta2: float = param(0.95, "AdamW beta2.", at_least=0, below=1, effect=ADAMW)
     optimizer: str = param(
         "adamw",
-        "muon: Muon for the model plan's hidden matrices, AdamW (as configured) for the rest.",
+        "muon: Muon for the model plan's hidden matrices, AdamW (as configured) for the rest;"
+        " sgd: plain SGD, no momentum (what DiLoCo's equality with data parallelism uses).",
         choices=OPTIMIZERS,
     )
     muon_momentum: float = param(0.95, "Muon's momentum.", at_least=0, below=1, effect=MUON)

@@ -38,6 +38,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         # Muon over whole matrices or ZeRO's shards (plan/muon.py, plan/muon_shards.py)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if muon else 0,
         muon_ns_steps=t.muon_ns_steps,
+        optimizer="sgd" if t.optimizer == "sgd" else "adam",
         lora=lora_spec(cfg),
     )
     notes = []

@@ -93,10 +93,13 @@ class Engine:
         weight_decay: float,
         betas: tuple[float, float],
         muon: MuonSettings | None = None,
+        sgd: bool = False,
     ) -> OptimizerSet:
-        """AdamW (or, with `muon`, Muon and AdamW) over what each replica updates."""
+        """AdamW (or, with `muon`, Muon and AdamW; with `sgd`, plain SGD) over what each
+        replica updates."""
         optimizers = [
-            r.build_optimizer(lr, weight_decay, betas, muon=muon, tp=self.tp) for r in self.replicas
+            r.build_optimizer(lr, weight_decay, betas, muon=muon, tp=self.tp, sgd=sgd)
+            for r in self.replicas
         ]
         return OptimizerSet(optimizers)
 

@@ -107,7 +107,8 @@ def build_training(
     engine = build_engine(cfg, mesh, model=model, packed=packed)
     seed_rank_stream(t.seed, mesh.global_rank)
     betas, muon = (t.beta1, t.beta2), muon_settings(cfg)
-    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon)
+    sgd = t.optimizer == "sgd"
+    optimizer = engine.build_optimizer(peak_lr(cfg), t.weight_decay, betas, muon=muon, sgd=sgd)
     optimizer.outer = outer_step(cfg, engine, optimizer, mesh)  # DiLoCo's; before a load
     first, rewarm = 0, Rewarmup()
     if resume is not None:

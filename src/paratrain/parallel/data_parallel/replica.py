@@ -162,10 +162,11 @@ class Replica(Protocol):
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
         tp: CommGroup | None = None,
+        sgd: bool = False,
     ) -> Any:
         """AdamW over what this rank updates (with `muon`, Muon over the plan's matrices and
-        AdamW over the rest; `tp`: the group the matrices are split over); driven as
-        `param_groups[i]["lr"]`, `step()`."""
+        AdamW over the rest; `tp`: the group the matrices are split over; with `sgd`, plain
+        SGD instead: sgd.py); driven as `param_groups[i]["lr"]`, `step()`."""
         ...
 
     def memory_report(self, optimizer: Any = None) -> MemoryReport: ...

@@ -28,6 +28,7 @@ from paratrain.parallel.data_parallel.muon import muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import GradSquares, StatePiece
+from paratrain.parallel.data_parallel.sgd import ShardedSGD
 from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.whole_module import complete_state_dict
 from paratrain.parallel.mixed_precision import MixedPrecision
@@ -140,7 +141,12 @@ class ShardedReplica(nn.Module, abc.ABC):
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
         tp: comm.CommGroup | None = None,
+        sgd: bool = False,
     ) -> ShardedAdamW | ShardedMuon:
+        if sgd:
+            return ShardedSGD(
+                self.shards, self.group, lr, weight_decay, self._after_update, self.scaler
+            )
         if muon is None:
             return ShardedAdamW(
                 self.shards, self.group, lr, weight_decay, betas, eps, self._after_update,

@@ -100,6 +100,8 @@ def whole_checkpoint_pieces(
             continue  # another wrapper's, or frozen (checkpoint/state.py saves it whole)
         if isinstance(optimizer, WholeMuon) and p in optimizer.momentum:
             moments = {MUON_MOMENTUM: optimizer.momentum[p]}
+        elif isinstance(optimizer, torch.optim.SGD):  # plain SGD (sgd.py): no state
+            moments = {}
         else:
             adam = optimizer.adamw if isinstance(optimizer, WholeMuon) else optimizer
             state = adam_state(adam, p)

@@ -37,6 +37,7 @@ from paratrain.parallel.data_parallel.muon import WholeMuon, muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
 from paratrain.parallel.data_parallel.replica import GradSquares, MemoryReport, StatePiece
+from paratrain.parallel.data_parallel.sgd import sgd as plain_sgd
 from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
 from paratrain.parallel.data_parallel.whole_module import (
     all_reduce_whole_grads_,
@@ -209,8 +210,11 @@ class DataParallel(SyncSwitch, nn.Module):
         eps: float = 1e-8,
         muon: MuonSettings | None = None,
         tp: comm.CommGroup | None = None,
-    ) -> torch.optim.AdamW | WholeMuon:
+        sgd: bool = False,
+    ) -> torch.optim.Optimizer | WholeMuon:
         mine = self.share.names
+        if sgd:
+            return plain_sgd(self.module, lr, weight_decay, mine)
         if muon is None:
             return adamw(self.module, lr, weight_decay, betas, eps, mine)
         matrices = [
