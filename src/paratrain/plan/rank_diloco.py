@@ -25,6 +25,7 @@ from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon_shards import unpadded_elements
+from paratrain.plan.rank_experts import ExpertCounts, shares
 from paratrain.plan.rank_groups import Coords, RankTraffic, shard_rank
 from paratrain.plan.rank_memory import chunk_params, flat_buffers
 
@@ -32,7 +33,8 @@ OUTER_BYTES = 4  # the global copy, the momentum and the pseudo-gradient: float3
 # --outer-dtype's codecs (comm/codecs.py): bits per element, a float32 scale per block
 ENCODINGS = {"bfloat16": (16, False), "int8": (8, True), "fp4": (4, True)}
 SCALE_BLOCK = 256
-GROUP_AXES = ("dp", "dp_cp", "dp_shard")  # a synchronous run's data-parallel groups
+# a synchronous run's data-parallel groups, as one replica group's mesh names them
+GROUP_AXES = {"dp": "dp_shard", "dp_cp": "dp_shard", "expert_dp": "expert_shard"}
 
 
 def group_layout(layout: Layout) -> Layout:
@@ -45,10 +47,24 @@ def group_coords(layout: Layout, at: Coords) -> Coords:
     return replace(at, dp_rank=at.dp_rank % (layout.dp // layout.replicas))
 
 
-def outer_elements(model: ModelSpec, workload: Workload, inner: Layout, at: Coords) -> int:
+def outer_elements(
+    model: ModelSpec,
+    workload: Workload,
+    inner: Layout,
+    at: Coords,
+    experts: ExpertCounts | None = None,
+) -> int:
     """Elements this rank updates (the outer step's pieces) in its group's layout `inner`:
     the unpadded part of its shard of every flat buffer when the wrappers shard (ZeRO, or
-    a mixed-precision stage 0's one buffer), else its chunks whole; LoRA's adapters only."""
+    a mixed-precision stage 0's one buffer), else its chunks whole; LoRA's adapters only;
+    with experts, each share's (plan/rank_experts.py)."""
+    if experts is not None:
+        sharded = inner.zero or workload.precision.name != "fp32"
+        total = 0
+        for share in shares(model, experts, inner, at):
+            k = share.size if inner.zero else 1
+            total += unpadded_elements(share.flat, k, share.rank % k) if sharded else share.params
+        return total
     lora = workload.lora is not None
     chunks = lora_chunks(model, inner, at.stage, workload) if lora else None
     # DataParallel keeps whole parameters; ZeRO, and a stage 0 in mixed precision, flat
@@ -90,7 +106,7 @@ def within_group(
 ) -> list[RankTraffic]:
     """The group run's terms on the mesh's groups of one replica group, and the outer
     step's mean across the groups in `dtype` (--outer-dtype)."""
-    out = [replace(t, axis="dp_shard") if t.axis in GROUP_AXES else t for t in terms]
+    out = [replace(t, axis=GROUP_AXES.get(t.axis, t.axis)) for t in terms]
     group, groups = at.dp_rank // (layout.dp // layout.replicas), layout.replicas
     sent = outer_bytes(elements, dtype, groups, group) if groups > 1 else 0
     out.append(RankTraffic("dp_replicate", "all_reduce", "DiLoCo's pseudo-gradient", sent))

@@ -148,7 +148,7 @@ def _state_and_terms(
     )  # fmt: skip
     if not diloco:
         return state, terms
-    elements = outer_elements(model, workload, inner, here)
+    elements = outer_elements(model, workload, inner, here, experts)
     outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
     state = ModelState(*(getattr(state, k) + getattr(outer, k) for k in STATE_KINDS))
     return state, within_group(terms, layout, at, elements, cfg.parallel.outer_dtype)

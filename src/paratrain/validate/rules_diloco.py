@@ -18,8 +18,6 @@ def diloco_rules(cfg: RunConfig) -> None:
     unsupported = [
         (p.fault_tolerance, "--fault-tolerance", "no --fault-tolerance"),
         (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
-        # a group's router would have to route over its own batch (fault tolerance does)
-        (cfg.model.num_experts > 0, f"--num-experts {cfg.model.num_experts}", "a dense model"),
         (bool(p.straggler), "--straggler", "no --straggler"),
     ]
     for refused, given, instead in unsupported:
