@@ -168,9 +168,9 @@ class ParallelConfig:
     merge_alpha: float = param(
         0.0,
         "DiLoCo: where an outer step lands, each local parameter becomes alpha x local +"
-        " (1 - alpha) x global (0: the global one).",
+        " (1 - alpha) x global (0: the global one; 1: the local one, until the run's end).",
         at_least=0,
-        below=1,
+        at_most=1,
         effect=DILOCO,
     )
     outer_dtype: str = param(
