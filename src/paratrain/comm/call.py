@@ -61,7 +61,7 @@ def begin(
 
 def finish(group: CommGroup, record: CallRecord, traffic: Traffic) -> None:
     if record.algo == "native":  # ours hold each step where it is sent (p2p.exchange)
-        hold_until(group, link_ready_at(group, record.start, traffic.messages))
+        hold_until(group, link_ready_at(group, record.start, traffic.messages, traffic.sent))
     group.ledger.finish(
         record, traffic.sent, traffic.recv, traffic.messages, time.perf_counter() - record.start
     )
@@ -89,7 +89,7 @@ class Handle(Generic[T]):
         self._blocked_from = blocked_from  # a call its caller waited for from the start
         self._ready = 0.0  # when the simulated link lets a native call end (wait.py)
         if traffic is not None and record.algo == "native":
-            self._ready = link_ready_at(group, record.start, traffic.messages)
+            self._ready = link_ready_at(group, record.start, traffic.messages, traffic.sent)
 
     @property
     def seq(self) -> int:

@@ -29,6 +29,9 @@ class CommOptions:
     # machine, so that communication is long enough to time and, as on a real link, costs
     # waiting rather than CPU. For measurements only; 0 in training.
     link_latency_s: float = 0.0
+    # And each byte sent at most this fast (0: no limit): a slow link's bandwidth, on a
+    # group that crosses it (`paratrain bench diloco` slows the one between replica groups)
+    link_bandwidth_Bps: float = 0.0
     # "nccl": every call waits its turn as ProcessGroupNCCL would order it, on gloo, so
     # that a program that would deadlock on GPUs deadlocks here too and is reported
     # (comm/ordering.py). Tests ask for it with CommOptions(order="nccl").
@@ -43,6 +46,8 @@ class CommOptions:
             raise ValueError(f"comm order {self.order!r}; valid: {', '.join(COMM_ORDERS)}")
         if self.link_latency_s < 0:
             raise ValueError(f"link latency {self.link_latency_s} s must be >= 0")
+        if self.link_bandwidth_Bps < 0:
+            raise ValueError(f"link bandwidth {self.link_bandwidth_Bps} B/s must be >= 0")
 
 
 def backend_of(pg: dist.ProcessGroup) -> str:

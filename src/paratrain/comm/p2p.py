@@ -162,8 +162,13 @@ def exchange(
         wait_works(group, record, ordering.post_batch(group, sends, recvs))
     else:
         wait_works(group, record, [ordering.batch(group, record, sends, recvs)])
-    hold_until(group, start + group.options.link_latency_s)  # each step on our thread
-    return Traffic(sum(_nbytes(t) for t, _ in sends), sum(_nbytes(t) for t, _ in recvs), len(sends))
+    sent = sum(_nbytes(t) for t, _ in sends)
+    o = group.options  # each step on our thread, on the simulated slower network
+    hold_until(
+        group,
+        start + o.link_latency_s + (sent / o.link_bandwidth_Bps if o.link_bandwidth_Bps else 0),
+    )
+    return Traffic(sent, sum(_nbytes(t) for t, _ in recvs), len(sends))
 
 
 def _post(

@@ -65,18 +65,21 @@ def wait_works(group: CommGroup, record: CallRecord, works: Sequence[Work | None
             raise failure(group, record, e) from e
 
 
-def link_ready_at(group: CommGroup, start: float, steps: int) -> float:
-    """When a native call of `steps` message steps, issued at `start`, may end on the
-    simulated slower network (CommOptions.link_latency_s): the link carries one call at a
-    time, as one NCCL stream or one ring of our thread does, so it waits for the calls
-    issued before it. Records the link busy until then."""
-    ready = max(start, group.link_free_at) + steps * group.options.link_latency_s
+def link_ready_at(group: CommGroup, start: float, steps: int, nbytes: int = 0) -> float:
+    """When a native call of `steps` message steps sending `nbytes`, issued at `start`, may
+    end on the simulated slower network (CommOptions.link_latency_s per step, and
+    link_bandwidth_Bps): the link carries one call at a time, as one NCCL stream or one
+    ring of our thread does, so it waits for the calls issued before it. Records the link
+    busy until then."""
+    o = group.options
+    wire = nbytes / o.link_bandwidth_Bps if o.link_bandwidth_Bps else 0.0
+    ready = max(start, group.link_free_at) + steps * o.link_latency_s + wire
     group.link_free_at = ready
     return ready
 
 
 def hold_until(group: CommGroup, ready: float) -> None:
-    if group.options.link_latency_s > 0:
+    if group.options.link_latency_s > 0 or group.options.link_bandwidth_Bps > 0:
         time.sleep(max(0.0, ready - time.perf_counter()))
 
 

@@ -161,6 +161,12 @@ def _lora(args: argparse.Namespace) -> tuple[Any, int]:
     return run_lora_bench(*sizes, args.lora_lr_scale), 0
 
 
+def _diloco(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.diloco.run import run_diloco_bench
+
+    return run_diloco_bench(args.pairs, args.steps, args.sync_every), 0
+
+
 def _names(flag: str) -> list[str]:
     return [n.strip() for n in flag.split(",") if n.strip()]
 
@@ -179,4 +185,5 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "model": _model,
     "muon": _muon,
     "lora": _lora,
+    "diloco": _diloco,
 }

@@ -113,6 +113,20 @@ def _layout_benches(benches: Subparsers) -> None:
     model.add_argument("--seq-len", type=count, default=128, help="tokens per sequence")
     model.add_argument("--batch", type=count, default=8, help="sequences per step")
     model.add_argument("--what", default="fwd-bwd,step", help="forward+backward, whole step")
+    _optimizer_benches(benches)
+
+
+def _optimizer_benches(benches: Subparsers) -> None:
+    """DiLoCo, Muon and LoRA: ways of training against the usual one."""
+    diloco = benches.add_parser(
+        "diloco", help="DiLoCo's step time against data parallelism's as the link slows"
+    )
+    diloco.add_argument(
+        "--pairs", type=int, default=3, help="alternating runs of each way per link (at least 2)"
+    )
+    diloco.set_defaults(min_pairs=2)
+    diloco.add_argument("--steps", type=count, default=40, help="steps of each run")
+    diloco.add_argument("--sync-every", type=count, default=10, help="DiLoCo's H")
     muon = benches.add_parser("muon", help="our Muon against torch.optim.Muon; Muon vs AdamW")
     _pairs(muon, 4)
     muon.add_argument("--steps", type=count, default=300, help="steps of the training runs")

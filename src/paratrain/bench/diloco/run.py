@@ -1,0 +1,112 @@
+"""`paratrain bench diloco`: DiLoCo's step time against data parallelism's as the link
+between replica groups slows (docs/diloco.md).
+
+At 2 ranks, 2 replica groups of one rank, ZeRO-1, on `paratrain train`'s default model and
+data, three ways of training, each through train/loop.py's whole loop: synchronous HSDP
+(every step all-reduces the gradient across the groups), DiLoCo (an outer step every
+--sync-every steps) and DiLoCo with int8 outer gradients. Only the group that crosses
+between the replica groups, dp_replicate, is slowed (CommOptions: a latency per message
+step and a bandwidth); for each link the runs alternate, --pairs times, and the bench
+reports each way's mean seconds per step (the outer steps' cost spread over the run) and
+median with its quartiles (over the runs' own per-step times, the first step left out),
+the bytes each rank sent across per step on average, and the final losses, which differ
+by design (they are different algorithms: recorded, not compared).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from paratrain.config import RunConfig
+from paratrain.data.tokens import TokenData, load_tokens
+from paratrain.spawn import run_ranks
+from paratrain.validate import resolve_and_check
+
+log = logging.getLogger(__name__)
+WORLD = 2
+WAYS = {  # name: the parallel settings on top of HSDP's 2 groups of one rank
+    "dp (HSDP)": {},
+    "diloco": {"dp_mode": "diloco"},
+    "diloco int8": {"dp_mode": "diloco", "outer_dtype": "int8"},
+}
+
+
+def _train_one(rank: int, world: int, cfg: RunConfig, data: TokenData, link: tuple) -> dict:
+    from paratrain.comm import CommOptions, Ledger
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+
+    torch.set_num_threads(1)
+    ledger = Ledger()
+    mesh = Mesh.build(dp=WORLD, replicas=WORLD, ledger=ledger, options=CommOptions())
+    across = mesh.group("dp_replicate")
+    across.options = replace(across.options, link_latency_s=link[0], link_bandwidth_Bps=link[1])
+    result = train(cfg, mesh, data)
+    mesh.close()
+    steps = [m.step_s for m in result.metrics[1:]]
+    sent = ledger.bytes_sent(group="dp_replicate") / max(1, len(result.metrics))
+    return {"step_s": steps, "sent": sent, "loss": result.metrics[-1].loss}
+
+
+def run_diloco_bench(
+    pairs: int = 3,
+    steps: int = 40,
+    sync_every: int = 10,
+    links: list[tuple[float, float]] | None = None,
+    base: RunConfig | None = None,
+    data: TokenData | None = None,
+) -> dict[str, Any]:
+    """`links`: (latency in seconds per message step, bandwidth in bytes/s; 0: no limit);
+    `base`: the model and batch (default: `paratrain train`'s); `data`: the tokens
+    (default: the embedded default data)."""
+    links = links or [(0.0, 0.0), (1e-3, 1e9), (2e-3, 1e8), (5e-3, 2e7)]
+    data = data or load_tokens("")
+    base = copy.deepcopy(base or RunConfig())
+    p, t = base.parallel, base.train
+    p.nproc, p.dp, p.replicas, p.zero, p.sync_every = WORLD, WORLD, WORLD, 1, sync_every
+    t.steps, t.val_batches, t.checkpoint_every = steps, 0, 0
+    configs = {}
+    for name, settings in WAYS.items():
+        cfg = copy.deepcopy(base)
+        for key, value in settings.items():
+            setattr(cfg.parallel, key, value)
+        if cfg.parallel.dp_mode != "diloco":
+            cfg.parallel.sync_every = RunConfig().parallel.sync_every  # no effect: default
+        configs[name] = resolve_and_check(cfg, WORLD)
+    out: dict[str, Any] = {"steps": steps, "sync_every": sync_every, "pairs": pairs, "links": []}
+    for latency, bandwidth in links:
+        times: dict[str, list[float]] = {name: [] for name in WAYS}
+        row: dict[str, Any] = {"latency_s": latency, "bandwidth_Bps": bandwidth}
+        for _ in range(pairs):
+            for name, cfg in configs.items():
+                ranks = run_ranks(_train_one, WORLD, cfg, data, (latency, bandwidth))
+                times[name] += ranks[0]["step_s"]
+                row[name] = {"sent_per_step": ranks[0]["sent"], "loss": ranks[0]["loss"]}
+        for name in WAYS:
+            q, mean = statistics.quantiles(times[name], n=4), statistics.fmean(times[name])
+            row[name] |= {"median_s": statistics.median(times[name]), "q1_s": q[0], "q3_s": q[2]}
+            row[name]["mean_s"] = mean  # the outer steps' cost spread over the run's steps
+        out["links"].append(row)
+        log.info("%s", _line(row))
+    return out
+
+
+def _line(row: dict[str, Any]) -> str:
+    bw = row["bandwidth_Bps"]
+    link = f"latency {1e3 * row['latency_s']:.0f} ms/step, " + (
+        f"{bw / 1e6:.0f} MB/s" if bw else "unlimited"
+    )
+    ways = "; ".join(
+        f"{name} mean {1e3 * row[name]['mean_s']:.1f} ms, median {1e3 * row[name]['median_s']:.1f}"
+        f" [{1e3 * row[name]['q1_s']:.1f}-{1e3 * row[name]['q3_s']:.1f}], "
+        f"{row[name]['sent_per_step'] / 1e6:.3f} MB/step, "
+        f"loss {row[name]['loss']:.4f}"
+        for name in WAYS
+    )
+    return f"link {link}: {ways}"
