@@ -19,7 +19,14 @@ PAIRS = "test_mode_pairs.py::test_mode_layouts_match_single_process"
 LOW = "test_mode_pairs.py::test_low_precision_layouts_track_float32"
 CP = "test_context_parallel_training.py::test_context_parallel_layouts_match_single_process"
 KILLED = "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened"  # noqa: E501
+DILOCO = "test_diloco.py::test_diloco_equals_the_algorithm_in_one_process"
 COVERAGE: dict[str, list[set[str]]] = {
+    f"{DILOCO}[dp 2, groups of 1, Nesterov]": [{"diloco"}],
+    f"{DILOCO}[dp 4, ZeRO-1 groups of 2, averaging]": [{"diloco", "zero1"}],
+    f"{DILOCO}[dp 2 x pp 2, ZeRO-1, momentum]": [{"diloco", "zero1", "1f1b"}],
+    f"{DILOCO}[dp 2 x tp 2, ZeRO-3]": [{"diloco", "tp", "zero3"}],
+    f"{DILOCO}[dp 4, ZeRO-2 over our ring]": [{"diloco", "zero2", "ring"}],
+    f"{DILOCO}[dp 2 x pp 2, gpipe]": [{"diloco", "gpipe"}],
     f"{COMPOSITION}[4]": [{"dp", "sp", "rc-full"}, {"tp", "1f1b", "rc-full"}],
     f"{COMPOSITION}[8]": [
         {"dp", "tp", "interleaved"},
@@ -203,5 +210,7 @@ cp+restarts cp-a2a+restarts
 gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts
+diloco+bf16 diloco+fp16 diloco+compile diloco+interleaved diloco+zb-h1 diloco+llama
+diloco+rc-full diloco+rc-sel diloco+restarts diloco+sp diloco+tree
 """.split()
 }

@@ -62,6 +62,13 @@ def _pp(schedule: str, *more: str) -> Mode:
 MODES = [
     Mode("dp", "dp", (), "`--nproc 2`: synchronous data parallel, dp 2", dp=2),
     Mode("async", "mode", ("--dp-mode", "async"), "`--dp-mode async`: a server, a worker", dp=2),
+    Mode(
+        "diloco",
+        "mode",
+        ("--dp-mode", "diloco", "--replicas", "2"),
+        "`--dp-mode diloco --replicas 2`: DiLoCo, 2 replica groups of one rank, dp 2",
+        dp=2,
+    ),
     Mode("zero1", "zero", ("--zero", "1"), "`--zero 1`, dp 2", dp=2),
     Mode("zero2", "zero", ("--zero", "2"), "`--zero 2`, dp 2", dp=2),
     Mode("zero3", "zero", ("--zero", "3"), "`--zero 3` (FSDP), dp 2", dp=2),
@@ -118,7 +125,7 @@ BY_KEY = {m.key: m for m in MODES}
 # One mode of each pair includes the other (ZeRO and async are data parallel, sequence
 # parallelism is tensor parallel): the pair is the larger one alone.
 IMPLIED = {
-    ("dp", "async"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"), ("tp", "sp"), ("dp", "ep")
+    ("dp", "async"), ("dp", "diloco"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"), ("tp", "sp"), ("dp", "ep")
 }  # fmt: skip
 TRIPLES = [
     ("dp", "tp", "gpipe"),

@@ -204,6 +204,8 @@ CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
     "dp 4, ZeRO-1 groups of 2, averaging": (4, 3, 1.0, 0.0, False, dict(dp=4, zero=1)),
     "dp 2 x pp 2, ZeRO-1, momentum": (4, 2, 0.5, 0.5, False, dict(dp=2, pp=2, zero=1)),
     "dp 2 x tp 2, ZeRO-3": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, zero=3)),
+    "dp 4, ZeRO-2 over our ring": (4, 2, 0.7, 0.9, True, dict(dp=4, zero=2, comm_algo="ring")),
+    "dp 2 x pp 2, gpipe": (4, 2, 0.7, 0.9, True, dict(dp=2, pp=2, schedule="gpipe")),
 }
 
 
