@@ -125,7 +125,8 @@ BY_KEY = {m.key: m for m in MODES}
 # One mode of each pair includes the other (ZeRO and async are data parallel, sequence
 # parallelism is tensor parallel): the pair is the larger one alone.
 IMPLIED = {
-    ("dp", "async"), ("dp", "diloco"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"), ("tp", "sp"), ("dp", "ep")
+    ("dp", "async"), ("dp", "diloco"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"),
+    ("tp", "sp"), ("dp", "ep"),
 }  # fmt: skip
 TRIPLES = [
     ("dp", "tp", "gpipe"),
