@@ -155,8 +155,8 @@ CASES = [
     ),
     Case("DiLoCo without replica groups", ["--nproc", "2", "--dp-mode", "diloco"]),
     Case(
-        "DiLoCo with context parallelism (not yet)",
-        ["--nproc", "4", "--dp-mode", "diloco", "--replicas", "2", "--cp", "2"],
+        "DiLoCo with fault tolerance (not yet)",
+        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--fault-tolerance"],
     ),
     Case(
         "Streaming DiLoCo saving mid-run (its groups never hold one model there)",

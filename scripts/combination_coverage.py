@@ -27,6 +27,7 @@ COVERAGE: dict[str, list[set[str]]] = {
     f"{DILOCO}[dp 2 x tp 2, ZeRO-3]": [{"diloco", "tp", "zero3"}],
     f"{DILOCO}[dp 4, ZeRO-2 over our ring]": [{"diloco", "zero2", "ring"}],
     f"{DILOCO}[dp 2 x pp 2, gpipe]": [{"diloco", "gpipe"}],
+    f"{DILOCO}[dp 2 x cp 2, ring attention]": [{"diloco", "cp"}],
     f"{COMPOSITION}[4]": [{"dp", "sp", "rc-full"}, {"tp", "1f1b", "rc-full"}],
     f"{COMPOSITION}[8]": [
         {"dp", "tp", "interleaved"},
@@ -211,6 +212,6 @@ gpipe+compile interleaved+compile bf16+compile
 fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+compile
 ep+restarts
 diloco+bf16 diloco+fp16 diloco+compile diloco+interleaved diloco+zb-h1 diloco+llama
-diloco+rc-full diloco+rc-sel diloco+restarts diloco+sp diloco+tree
+diloco+rc-full diloco+rc-sel diloco+restarts diloco+sp diloco+tree diloco+cp-a2a
 """.split()
 }

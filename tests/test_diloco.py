@@ -206,6 +206,7 @@ CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
     "dp 2 x tp 2, ZeRO-3": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, zero=3)),
     "dp 4, ZeRO-2 over our ring": (4, 2, 0.7, 0.9, True, dict(dp=4, zero=2, comm_algo="ring")),
     "dp 2 x pp 2, gpipe": (4, 2, 0.7, 0.9, True, dict(dp=2, pp=2, schedule="gpipe")),
+    "dp 2 x cp 2, ring attention": (4, 2, 0.7, 0.9, True, dict(dp=2, cp=2)),
 }
 
 
@@ -224,7 +225,7 @@ def test_diloco_equals_the_algorithm_in_one_process(name):
     references, initial = diloco_reference(cfg, data)
     from paratrain.mesh import MeshShape
 
-    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, replicas=p.replicas)
+    shape = MeshShape(dp=p.dp, pp=p.pp, tp=p.tp, cp=p.cp, replicas=p.replicas)
     state = {}
     for [record] in records:
         state.update(record.state)
@@ -416,6 +417,7 @@ PREDICTED = {  # name: (H, outer momentum, layout): each rank's state and bytes 
     "int8 outer gradients, ZeRO-1": (2, 0.9, dict(dp=4, zero=1, outer_dtype="int8")),
     "fp4 outer gradients, groups of 1": (2, 0.9, dict(dp=2, outer_dtype="fp4")),
     "bfloat16 outer gradients, dp 2 x tp 2": (2, 0.9, dict(dp=2, tp=2, outer_dtype="bfloat16")),
+    "dp 2 x cp 2, ZeRO-1": (2, 0.9, dict(dp=2, cp=2, zero=1)),
 }
 
 
@@ -429,7 +431,7 @@ def test_the_planner_predicts_every_rank_of_a_diloco_run_exactly():
     for sync_every, momentum, layout in PREDICTED.values():
         layout = dict(layout)
         dtype = layout.pop("dtype", "float32")
-        world = layout["dp"] * layout.get("pp", 1) * layout.get("tp", 1)
+        world = layout["dp"] * layout.get("pp", 1) * layout.get("tp", 1) * layout.get("cp", 1)
         cfg = diloco_config(world, sync_every, 0.7, momentum, momentum > 0, **layout)
         cfg.train.dtype = dtype
         by_world.setdefault(world, []).append(resolve_and_check(cfg, world))

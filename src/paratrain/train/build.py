@@ -192,8 +192,8 @@ def build_engine(
             data_parallel(model, g, cfg, plan, share=s, hybrid=hybrid_groups(mesh, s, groups))
             for s, g in shares
         ]
-        tp, dp = mesh.group("tp"), mesh.group(groups.batches)
-        engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:])
+        tp, dp, held_out = mesh.group("tp"), mesh.group("dp"), mesh.group("dp_cp")
+        engine: Engine = FlatEngine(replicas[0], tp, split, dp, replicas[1:], held_out)
     else:
         engine = _pipeline_engine(model, mesh, cfg, plan, split)
     engine.rng_tracker = tracker  # saved in checkpoints: dropout resumes exactly
@@ -248,8 +248,10 @@ def _pipeline_engine(
     more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s, groups))
             for s, g in experts for c in chunks if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
-    dp = mesh.group(groups.batches)
-    return PipelineEngine(replicas, runtime, mesh.group("tp"), tied, ends, dp, more=more)
+    dp, held_out = mesh.group("dp"), mesh.group("dp_cp")
+    return PipelineEngine(
+        replicas, runtime, mesh.group("tp"), tied, ends, dp, more=more, held_out=held_out
+    )
 
 
 def data_parallel(

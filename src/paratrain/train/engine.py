@@ -151,11 +151,15 @@ class FlatEngine(Engine):
         split: TokenShard = WHOLE,
         dp: comm.CommGroup | None = None,
         more: Sequence[Replica] = (),
+        held_out: comm.CommGroup | None = None,
     ) -> None:
         """dp: the group whose ranks take different batches (default: the replica's);
-        under cp the replica's group is dp_cp and dp the ranks of this cp coordinate."""
+        under cp the replica's group is dp_cp and dp the ranks of this cp coordinate.
+        held_out: the ranks evaluation sums over (default the replica's; DiLoCo's groups,
+        one model again at the end, evaluate over all of dp_cp)."""
         super().__init__([replica, *more], tp or replica.group.alone("tp"), None)
         self.replica, self.split, self.dp = replica, split, dp or replica.group
+        self.held_out = held_out or replica.group
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
         for r in self.replicas:
@@ -170,7 +174,7 @@ class FlatEngine(Engine):
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
         # Through the wrapper: under ZeRO-3 the module alone holds no parameters.
-        return evaluate(self.replica, batches, self.dp, self.split, self.replica.group)
+        return evaluate(self.replica, batches, self.dp, self.split, self.held_out)
 
 
 class PipelineEngine(Engine):
@@ -188,14 +192,16 @@ class PipelineEngine(Engine):
         ends: comm.CommGroup | None = None,
         dp: comm.CommGroup | None = None,
         more: Sequence[Replica] = (),
+        held_out: comm.CommGroup | None = None,
     ) -> None:
-        """dp: as FlatEngine's; the runtime's `split` gives this rank's tokens. Every
+        """dp and held_out: as FlatEngine's; the runtime's `split` gives this rank's tokens. Every
         replica sums over its group (`more`, the split experts, over expert_dp), and the
         engine divides the sums by the global batch's target tokens."""
         super().__init__([*replicas, *more], tp, runtime.group)
         self.chunk_replicas, self.more = replicas, list(more)
         self.runtime, self.tokens_group = runtime, replicas[0].group
         self.dp = dp or self.tokens_group
+        self.held_out = held_out or self.tokens_group
         self.device = runtime.device  # the dp reduction of the loss runs where it lives
         self.tied = tied or TiedWeights()
         self.ends = ends  # the first and the last stage, if this rank is one of them
@@ -257,7 +263,7 @@ class PipelineEngine(Engine):
             if tokens:  # a cp chunk of padding alone has a NaN mean, and weight 0
                 stats[0] += loss * tokens
                 stats[1] += tokens
-        comm.all_reduce(stats, self.tokens_group, op="sum")
+        comm.all_reduce(stats, self.held_out, op="sum")
         return float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")
 
 

@@ -45,20 +45,18 @@ def moe_layer_names(model: nn.Module, plan: ModelPlan) -> list[str]:
 class DataGroups:
     """The mesh groups (mesh_shape.py) data parallelism works over. `reduce` and `experts`:
     the ranks whose gradients the dense and the split experts' wrappers sum (and route a
-    mixture of experts over); `batches`: the ranks that hold different samples (the
-    engine's evaluation splits over them); `across`: HSDP all-reduces the reduced shards
-    over dp_replicate. A synchronous run spans every data-parallel rank; DiLoCo
+    mixture of experts over); `across`: HSDP all-reduces the reduced shards over
+    dp_replicate. A synchronous run spans every data-parallel rank; DiLoCo
     (parallel/diloco.py) keeps each replica group to itself, the groups meeting only in
-    the outer step."""
+    the outer step. Evaluation, after the last step, always spans them all (dp_cp)."""
 
     reduce: str = "dp_cp"
     experts: str = "expert_dp"
-    batches: str = "dp"
     across: bool = True
 
     @classmethod
     def of(cls, dp_mode: str) -> DataGroups:
-        return cls("dp_shard", "expert_shard", "dp_shard", False) if dp_mode == "diloco" else cls()
+        return cls("dp_shard", "expert_shard", False) if dp_mode == "diloco" else cls()
 
 
 def apply_experts(

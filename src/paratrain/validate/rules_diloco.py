@@ -17,7 +17,6 @@ def diloco_rules(cfg: RunConfig) -> None:
         )
     unsupported = [
         (p.fault_tolerance, "--fault-tolerance", "no --fault-tolerance"),
-        (p.cp > 1, f"--cp {p.cp}", "--cp 1"),
         (bool(p.straggler), "--straggler", "no --straggler"),
     ]
     for refused, given, instead in unsupported:
