@@ -36,6 +36,9 @@ LAYOUT_FIELDS = (
     "schedule",
     "chunks",
     "replicas",
+    "dp_mode",
+    "outer_dtype",
+    "fragments",
 )
 
 
@@ -77,6 +80,10 @@ AT_SCALE = {
     # Muon: state, both exchanges and the Newton-Schulz FLOPs of the matrices a rank owns
     "muon zero3 tp 2 dp 32 bf16": dict(world=64, tp=2, zero=3, optimizer="muon", dtype="bfloat16"),
     "muon whole tp 2 dp 32": dict(world=64, tp=2, optimizer="muon"),
+    # DiLoCo: each group's own traffic over dp_shard, the outer step's int8 mean across
+    "diloco zero1 dp 64 in 4 groups, int8": dict(
+        world=64, zero=1, replicas=4, dp_mode="diloco", outer_dtype="int8"
+    ),
 }
 
 
@@ -86,7 +93,9 @@ def test_simulated_ranks_equal_the_planner_at_scale(name):
     ranks = [0, cfg.world_size - 1]  # the last holds the padding, the last stage
     predicted = rank_predictions(cfg, ranks)
     for measured, _ in simulate_ranks(cfg, ranks):
-        assert measured["bytes"]["dp" if cfg.parallel.cp == 1 else "dp_cp"] > 0
+        group = "dp" if cfg.parallel.cp == 1 else "dp_cp"
+        group = "dp_shard" if cfg.parallel.dp_mode == "diloco" else group
+        assert measured["bytes"][group] > 0
         assert disagreements(measured, predicted[measured["rank"]]) == []
 
 
@@ -146,6 +155,7 @@ FAMILIES = {
     "zero1": dict(zero=1),
     "zero2 bf16": dict(zero=2, dtype="bfloat16"),
     "zero3": dict(zero=3),
+    "diloco": dict(zero=1, replicas=2, dp_mode="diloco"),
     "tp sp": dict(tp=2, sequence_parallel=True),
     "pp 1f1b": dict(pp=2),
     "pp zb-h1": dict(pp=2, schedule="zb-h1"),  # its split backward runs autograd.grad
@@ -176,6 +186,7 @@ W8 = ["--world", "8", "--global-batch", "64"]
         ([*W8, "--ranks", "last"], "give 'roles' or ranks"),
         ([*W8, "--data", "x.txt"], "has no meaning under simulation"),
         ([*W8, "--dtype", "float16"], "--dtype float16"),
+        ([*W8, "--dp-mode", "async"], "--dp-mode async: the parameter server"),
         ([*W8, "--num-experts", "8", "--ep", "2"], "--num-experts 8: a router's token counts"),
         (["--world", "8", "--tp", "8"], "tp=8 must divide"),
     ],

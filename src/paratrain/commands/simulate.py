@@ -20,7 +20,6 @@ REFUSED = {
     "parallel.backend": "the simulation's backend is torch's fake one",
     "parallel.max_restarts": "no process is restarted",
     "parallel.straggler": "no time is simulated",
-    "parallel.dp_mode": "only sync is simulated (not async's server or DiLoCo's groups)",
     "train.out": "no run directory is written",
     "train.resume": "no checkpoint is read",
     "train.init_from": "no weights are read",
@@ -61,6 +60,8 @@ def checked_config(args: argparse.Namespace) -> Any:
     if args.world < 1:
         raise ValueError(f"--world {args.world}: give the cluster's rank count, at least 1")
     cfg = config_from_args(args)
+    if cfg.parallel.dp_mode == "async":  # before its batch, which counts the server out
+        raise ValueError("--dp-mode async: the parameter server is not simulated")
     if "train.steps" not in given:
         cfg.train.steps = 1  # a simulation's default: one full step
     cfg.parallel.nproc = args.world
