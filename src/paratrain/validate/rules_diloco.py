@@ -15,13 +15,11 @@ def diloco_rules(cfg: RunConfig) -> None:
             "--dp-mode diloco trains replica groups apart: give --replicas 2 or more "
             "(dividing the data-parallel ranks)"
         )
-    unsupported = [
-        (p.fault_tolerance, "--fault-tolerance", "no --fault-tolerance"),
-        (bool(p.straggler), "--straggler", "no --straggler"),
-    ]
-    for refused, given, instead in unsupported:
-        if refused:
-            raise ValueError(f"--dp-mode diloco with {given} is not supported yet; use {instead}")
+    if p.fault_tolerance:  # a group lost mid inner loop, healed from a peer: not yet
+        raise ValueError(
+            "--dp-mode diloco with --fault-tolerance is not supported yet; use no "
+            "--fault-tolerance"
+        )
     if p.fragments > cfg.model.n_layer:
         raise ValueError(
             f"--fragments {p.fragments} is more than the model's {cfg.model.n_layer} blocks; "
