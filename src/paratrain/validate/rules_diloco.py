@@ -17,8 +17,7 @@ def diloco_rules(cfg: RunConfig) -> None:
         )
     if p.fault_tolerance:  # a group lost mid inner loop, healed from a peer: not yet
         raise ValueError(
-            "--dp-mode diloco with --fault-tolerance is not supported yet; use no "
-            "--fault-tolerance"
+            "--dp-mode diloco with --fault-tolerance is not supported yet; use no --fault-tolerance"
         )
     if p.fragments > cfg.model.n_layer:
         raise ValueError(
