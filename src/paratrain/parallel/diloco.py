@@ -67,11 +67,14 @@ class OuterStep:
         across: CommGroup,
         settings: OuterSettings,
         after: Callable[[], None],
+        names: list[str] | None = None,
     ) -> None:
+        """`after`: the wrappers' rebuild of their copies; `names`: the pieces' parameters,
+        for a caller that groups them (Streaming DiLoCo's fragments)."""
         self.local, self.across, self.settings, self.after = pieces, across, settings, after
+        self.names = names or []
         self.global_ = [p.detach().clone() for p in pieces]
         self.velocity = [torch.zeros_like(p) for p in pieces] if settings.momentum else []
-        self.names: list[str] = []  # the pieces' parameters, where the caller needs them
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank keeps for the outer step, by the planner's kinds: the global

@@ -78,13 +78,16 @@ def ring_all_reduce_rank_bytes(numel: int, elem_bytes: int, k: int, rank: int) -
     """
     if k == 1:
         return 0
-    base, extra = divmod(numel, k)
-
-    def chunk(i: int) -> int:
-        return (base + (1 if i < extra else 0)) * elem_bytes
-
+    chunks = [n * elem_bytes for n in chunk_elements(numel, k)]
     total = numel * elem_bytes
-    return (total - chunk(rank)) + (total - chunk((rank + 1) % k))
+    return (total - chunks[rank]) + (total - chunks[(rank + 1) % k])
+
+
+def chunk_elements(numel: int, k: int) -> list[int]:
+    """numel elements cut into k chunks, the first numel % k one larger: torch's
+    tensor_split, as the runtime cuts them (comm/traffic.py `chunk_sizes`)."""
+    base, extra = divmod(numel, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
 
 
 def axis_link(axis: str, layout: Layout, cluster: ClusterSpec) -> str:

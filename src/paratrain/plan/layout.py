@@ -239,3 +239,10 @@ def microbatches_for(workload: Workload, layout: Layout) -> int:
 
 def global_batch_for(workload: Workload, layout: Layout) -> int:
     return microbatches_for(workload, layout) * workload.micro_batch * layout.dp
+
+
+def flat_buffered(workload: Workload, layout: Layout) -> bool:
+    """Whether the data-parallel wrappers keep flat buffers: under ZeRO, and under a stage 0
+    in mixed precision, whose wrapper keeps one unsharded buffer (train/build.py
+    `data_parallel`); DataParallel in float32 keeps the parameters whole."""
+    return layout.zero > 0 or workload.precision.name != "fp32"

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paratrain.models.presets import ffn_width
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon import (
     Matrix,
@@ -159,12 +159,6 @@ def unpadded_elements(buffers: list[int], k: int, me: int) -> int:
     """Elements of flat buffers of these sizes in shard `me` of k, without the padding:
     what Muon's AdamW keeps moments for in a wrapper with no matrix (the experts')."""
     return sum(max(0, min(n, (me + 1) * -(-n // k)) - me * -(-n // k)) for n in buffers)
-
-
-def sharded_muon(workload: Workload, layout: Layout) -> bool:
-    """Whether the run's Muon works over flat shards: under ZeRO, and under a stage 0 in
-    mixed precision, whose wrapper keeps one buffer (train/build.py `data_parallel`)."""
-    return layout.zero > 0 or workload.precision.name != "fp32"
 
 
 def stage_muons(model: ModelSpec, layout: Layout, stage: int, moe: int = 0) -> list[ChunkMuon]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from paratrain.plan import comm
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
@@ -58,18 +58,16 @@ def outer_elements(
     the unpadded part of its shard of every flat buffer when the wrappers shard (ZeRO, or
     a mixed-precision stage 0's one buffer), else its chunks whole; LoRA's adapters only;
     with experts, each share's (plan/rank_experts.py)."""
+    flat = flat_buffered(workload, inner)
     if experts is not None:
-        sharded = inner.zero or workload.precision.name != "fp32"
         total = 0
         for share in shares(model, experts, inner, at):
             k = share.size if inner.zero else 1
-            total += unpadded_elements(share.flat, k, share.rank % k) if sharded else share.params
+            total += unpadded_elements(share.flat, k, share.rank % k) if flat else share.params
         return total
     lora = workload.lora is not None
     chunks = lora_chunks(model, inner, at.stage, workload) if lora else None
-    # DataParallel keeps whole parameters; ZeRO, and a stage 0 in mixed precision, flat
-    # buffers (train/build.py `data_parallel`)
-    if not inner.zero and workload.precision.name == "fp32":
+    if not flat:  # DataParallel in float32: whole parameters
         return sum(map(sum, chunks)) if chunks else sum(chunk_params(model, inner, at.stage))
     buffers = [n for chunk in (chunks or flat_buffers(model, inner, at.stage)) for n in chunk]
     k = inner.shard_ranks if inner.zero else 1
@@ -96,8 +94,7 @@ def outer_bytes(elements: int, dtype: str, groups: int, group: int) -> int:
     but the next rank's)."""
     if dtype == "float32":
         return comm.ring_all_reduce_rank_bytes(elements, OUTER_BYTES, groups, group)
-    sizes = [elements // groups + (p < elements % groups) for p in range(groups)]
-    chunks = [encoded_bytes(n, dtype) for n in sizes]
+    chunks = [encoded_bytes(n, dtype) for n in comm.chunk_elements(elements, groups)]
     return sum(chunks) - chunks[group] + sum(chunks) - chunks[(group + 1) % groups]
 
 

@@ -40,11 +40,11 @@ from paratrain.config import ModelConfig
 from paratrain.models.presets import feed_forward_params, ffn_width
 from paratrain.plan import comm
 from paratrain.plan.expert_cost import COUNT_BYTES, counts_bytes, expected_token_bytes
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec, spec_of
 from paratrain.plan.muon import momentum_elements
-from paratrain.plan.muon_shards import optimizer_elements, sharded_muon, unpadded_elements
+from paratrain.plan.muon_shards import optimizer_elements, unpadded_elements
 from paratrain.plan.pipeline import stage_layers, stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_groups import (
     Coords,
@@ -170,7 +170,7 @@ def expert_model_state(
     Under Muon the dense share's optimizer state is plan/muon_shards.py's (or one momentum
     per whole matrix), the experts' AdamW's, without moments for padding when sharded."""
     states, held = [], 0  # held: optimizer elements when Muon works over flat shards
-    sharded = bool(workload.muon_ns_bytes) and sharded_muon(workload, layout)
+    sharded = bool(workload.muon_ns_bytes) and flat_buffered(workload, layout)
     for share in shares(model, experts, layout, at):
         lay = share_layout(share, layout)
         states.append(buffers_model_state(share.flat, workload, lay))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.lora import adapter_buffers, held_frozen_bytes
 from paratrain.plan.memory import (
     ModelState,
@@ -32,7 +32,7 @@ from paratrain.plan.memory import (
 )
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon import momentum_elements
-from paratrain.plan.muon_shards import optimizer_elements, sharded_muon
+from paratrain.plan.muon_shards import optimizer_elements
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 
 STATE_KINDS = ("params", "grads", "optimizer", "master")
@@ -176,7 +176,7 @@ def rank_model_state(
         return lora_rank_model_state(model, workload, layout, stage)
     formula = formula_model_state(model, workload, layout, stage)
     pads = padding_bytes(model, workload, layout, stage)
-    sharded = bool(workload.muon_ns_bytes) and sharded_muon(workload, layout)
+    sharded = bool(workload.muon_ns_bytes) and flat_buffered(workload, layout)
     if sharded:  # Muon's AdamW keeps no moments for the padding (fsdp.py memory_report)
         pads["optimizer"] = 0
     state = replace(formula, params=formula.params + sum(pads.values()))
@@ -213,7 +213,7 @@ def buffers_model_state(buffers: list[int], workload: Workload, layout: Layout) 
     formula = model_state_bytes(sum(buffers), workload, lay)
     held = buffers_held_state(buffers, workload, layout).as_dict()
     pads = {kind: held[kind] - getattr(formula, kind) for kind in STATE_KINDS}
-    if workload.muon_ns_bytes and sharded_muon(workload, layout):
+    if workload.muon_ns_bytes and flat_buffered(workload, layout):
         pads["optimizer"] = 0  # Muon's AdamW keeps no moments for the padding
     return replace(formula, params=formula.params + sum(pads.values()))
 

@@ -5,9 +5,9 @@ plan/muon_shards.py over ZeRO's shards)."""
 from __future__ import annotations
 
 from paratrain.plan import muon
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.muon_shards import sharded_muon, stage_muons
+from paratrain.plan.muon_shards import stage_muons
 from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name, shard_rank
 
 
@@ -20,7 +20,7 @@ def muon_terms(
     With a mixture of experts (`moe`: plan/muon.py) the dense share's; the experts' own
     share has no matrix and sends nothing."""
     ns, rank, tp = workload.muon_ns_bytes, data_rank(layout, at), layout.tp
-    if sharded_muon(workload, layout):
+    if flat_buffered(workload, layout):
         me = shard_rank(layout, at) if layout.zero else 0  # stage 0: one unsharded buffer
         chunks = stage_muons(model, layout, at.stage, moe)
         dp = sum(c.dp_bytes(me, ns) for c in chunks) if layout.zero else 0
@@ -45,7 +45,7 @@ def muon_flops(
     if not workload.muon_ns_bytes:
         return 0
     t, per = layout.tp, 2 * workload.muon_ns_steps
-    if sharded_muon(workload, layout):
+    if flat_buffered(workload, layout):
         me = shard_rank(layout, at) if layout.zero else 0
         return sum(
             per * muon.iteration_flops(m)

@@ -45,10 +45,8 @@ def outer_step(cfg: RunConfig, engine: Engine, optimizer: Any, mesh: Mesh) -> Ou
         for r in engine.replicas:
             r.after_load()
 
-    group = mesh.group("dp_replicate")
-    outer = OuterStep([q.tensors["model"] for q in pieces], group, settings, after)
-    outer.names = [q.name for q in pieces]  # for the fragments (OuterSteps.of)
-    return outer
+    values, names = [q.tensors["model"] for q in pieces], [q.name for q in pieces]
+    return OuterStep(values, mesh.group("dp_replicate"), settings, after, names)
 
 
 def fragment_of(name: str, plan: ModelPlan, n_layer: int, fragments: int, tied: bool) -> int:

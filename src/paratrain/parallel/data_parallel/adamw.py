@@ -92,9 +92,7 @@ class ShardedAdamW:
         self.after_step = after_step
         self.scaler = scaler
         params = [s.optimized for s in shards if s.optimized.numel()]
-        self.inner = torch.optim.AdamW(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=0.0, **fastest(params)
-        )
+        self.inner = self._inner(params, lr, betas, eps)
         self._decayed = [  # views of the pieces of decayed parameters
             s.optimized[p.shard_offset : p.shard_offset + p.numel]
             for s in shards
@@ -102,6 +100,15 @@ class ShardedAdamW:
             if decays(p.segment.shape)
         ]
         self.steps_skipped = 0
+
+    def _inner(
+        self, params: list[torch.Tensor], lr: float, betas: tuple[float, float], eps: float
+    ) -> torch.optim.Optimizer:
+        """The torch optimizer run on the shards, the decay already applied (sgd.py's
+        ShardedSGD runs SGD instead)."""
+        return torch.optim.AdamW(
+            params, lr=lr, betas=betas, eps=eps, weight_decay=0.0, **fastest(params)
+        )
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

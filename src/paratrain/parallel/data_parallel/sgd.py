@@ -10,16 +10,14 @@ p <- p (1 - lr wd), then p <- p - lr g, the same update up to rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import torch
 from torch import nn
 
-from paratrain import comm
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW, param_groups
-from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
-from paratrain.parallel.mixed_precision import DynamicLossScaler
+from paratrain.parallel.data_parallel.flat_buffer import Piece
 
 
 class PlainSGD(torch.optim.SGD):
@@ -37,20 +35,13 @@ def sgd(
 
 
 class ShardedSGD(ShardedAdamW):
-    """Plain SGD over flat shards; `step()` updates them and then calls `after_step`."""
+    """Plain SGD over flat shards; `step()` updates them and then calls `after_step`.
+    Built as ShardedAdamW is (its betas and eps unused)."""
 
-    def __init__(
-        self,
-        shards: list[FlatShard],
-        group: comm.CommGroup | None,
-        lr: float,
-        weight_decay: float,
-        after_step: Callable[[], None] | None = None,
-        scaler: DynamicLossScaler | None = None,
-    ) -> None:
-        super().__init__(shards, group, lr, weight_decay, (0.9, 0.999), 1e-8, after_step, scaler)
-        params = [s.optimized for s in shards if s.optimized.numel()]
-        self.inner = torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=True)  # type: ignore[assignment]
+    def _inner(
+        self, params: list[torch.Tensor], lr: float, betas: tuple[float, float], eps: float
+    ) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=True)
 
     def piece_moments(self, si: int, piece: Piece) -> dict[str, torch.Tensor]:
         return {}

@@ -143,12 +143,8 @@ class ShardedReplica(nn.Module, abc.ABC):
         tp: comm.CommGroup | None = None,
         sgd: bool = False,
     ) -> ShardedAdamW | ShardedMuon:
-        if sgd:
-            return ShardedSGD(
-                self.shards, self.group, lr, weight_decay, self._after_update, self.scaler
-            )
         if muon is None:
-            return ShardedAdamW(
+            return (ShardedSGD if sgd else ShardedAdamW)(
                 self.shards, self.group, lr, weight_decay, betas, eps, self._after_update,
                 self.scaler,
             )  # fmt: skip
