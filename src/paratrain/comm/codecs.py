@@ -7,7 +7,11 @@ back, the same on every backend (bytes cross gloo as well as NCCL):
   round(x / scale) in [-127, 127]; error at most scale / 2;
 - fp4: blocks of BLOCK elements, each with a float32 scale absmax / 6 and E2M1 codes (sign
   and magnitude in {0, 0.5, 1, 1.5, 2, 3, 4, 6}, to nearest, two per byte); error at most
-  scale (half the widest gap, between 4 and 6).
+  scale (half the widest gap, between 4 and 6);
+- sign: blocks of BLOCK elements, each with a float32 scale, the mean of |x| over the
+  block, and one bit per element (0 for x >= 0), eight per byte: x becomes +-scale, the
+  scaled sign of EF-SignSGD (Karimireddy et al. 2019, arXiv:1901.09847), the scale that
+  minimises the block's squared error among +-c; error at most absmax + scale.
 A block of zeros has scale 0 and decodes to zeros. The scales follow the codes.
 """
 
@@ -33,8 +37,12 @@ class Codec:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """`nbytes(len(x))` bytes for float32 `x` (1-D)."""
+        if x.numel() == 0:  # a rank's empty chunk
+            return torch.empty(0, dtype=torch.uint8, device=x.device)
         if self.name == "bfloat16":
             return x.to(torch.bfloat16).view(torch.uint8)
+        if self.name == "sign":
+            return torch.cat([_sign_bits(x), _mean_abs(x).view(torch.uint8)])
         blocks, scales = _blocks(x, 127.0 if self.name == "int8" else 6.0)
         safe = torch.where(scales > 0, scales, torch.ones_like(scales)).unsqueeze(1)
         y = (blocks / safe).reshape(-1)[: x.numel()]
@@ -43,12 +51,16 @@ class Codec:
 
     def decode(self, data: torch.Tensor, n: int) -> torch.Tensor:
         """The float32 values of `n` elements encoded in `data`."""
+        if n == 0:
+            return torch.empty(0, dtype=torch.float32, device=data.device)
         if self.name == "bfloat16":  # a copy: a slice of a byte buffer may sit at any offset
             return data.clone().view(torch.bfloat16).float()
         count = -(-n // BLOCK)
         codes, scales = data[: -4 * count], data[-4 * count :].clone().view(torch.float32)
         if self.name == "int8":
             y = codes.view(torch.int8).float()
+        elif self.name == "sign":
+            y = _sign_values(codes, n)
         else:
             y = _fp4_values(codes, n)
         padded = torch.zeros(count * BLOCK, dtype=torch.float32, device=data.device)
@@ -60,6 +72,7 @@ CODECS = {
     "bfloat16": Codec("bfloat16", 16, False),
     "int8": Codec("int8", 8, True),
     "fp4": Codec("fp4", 4, True),
+    "sign": Codec("sign", 1, True),
 }
 
 
@@ -92,3 +105,28 @@ def _fp4_values(packed: torch.Tensor, n: int) -> torch.Tensor:
     codes = torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[:n]
     values = torch.tensor(FP4_VALUES, device=packed.device)[(codes & 7).long()]
     return torch.where((codes >> 3).bool(), -values, values)
+
+
+def _mean_abs(x: torch.Tensor) -> torch.Tensor:
+    """Each block's mean |x| over its own elements (the last block may be short)."""
+    blocks, _ = _blocks(x, 1.0)
+    count = blocks.shape[0]
+    sizes = torch.full((count,), float(BLOCK), device=x.device)
+    sizes[-1] = x.numel() - (count - 1) * BLOCK
+    return blocks.abs().sum(dim=1) / sizes
+
+
+def _sign_bits(x: torch.Tensor) -> torch.Tensor:
+    """One bit per element, set where x < 0, eight per byte (the first in bit 0)."""
+    bits = (x < 0).to(torch.uint8)
+    pad = -x.numel() % 8
+    if pad:
+        bits = torch.cat([bits, bits.new_zeros(pad)])
+    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=x.device)
+    return (bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
+
+
+def _sign_values(packed: torch.Tensor, n: int) -> torch.Tensor:
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1)[:n]
+    return 1.0 - 2.0 * bits.float()

@@ -31,13 +31,34 @@ def encoded_mean(flat: torch.Tensor, group: CommGroup, codec: Codec) -> torch.Te
     if k == 1:
         return codec.decode(codec.encode(flat), flat.numel())
     sizes = chunk_sizes(flat.numel(), k)
-    sent = [codec.encode(chunk) for chunk in flat.split(sizes)]
-    mine = codec.nbytes(sizes[group.rank])
-    got = all_to_all(torch.cat(sent), group, [s.numel() for s in sent], [mine] * k)
-    total = torch.zeros(sizes[group.rank], dtype=torch.float32, device=flat.device)
-    for part in got.split(mine):  # in rank order
-        total += codec.decode(part, sizes[group.rank])
-    mean = codec.encode(total / k)
-    every = all_gather_flat(mean, group, sizes=[codec.nbytes(n) for n in sizes])
+    total = sum_encoded(encode_chunks(flat, codec, sizes), group, codec, sizes)
+    return gather_encoded(codec.encode(total / k), group, codec, sizes)
+
+
+def encode_chunks(flat: torch.Tensor, codec: Codec, sizes: list[int]) -> list[torch.Tensor]:
+    """`flat` cut into chunks of `sizes` (one per rank), each encoded on its own."""
+    return [codec.encode(chunk) for chunk in flat.split(sizes)]
+
+
+def sum_encoded(
+    sent: list[torch.Tensor], group: CommGroup, codec: Codec, sizes: list[int]
+) -> torch.Tensor:
+    """The float32 sum, in rank order, of every rank's chunk `group.rank` (one all-to-all
+    of the encoded chunks `sent`, chunk p to rank p): a reduce-scatter in the codec."""
+    mine = sizes[group.rank]
+    nbytes = codec.nbytes(mine)
+    got = all_to_all(torch.cat(sent), group, [s.numel() for s in sent], [nbytes] * group.size)
+    total = torch.zeros(mine, dtype=torch.float32, device=sent[0].device)
+    for part in got.split(nbytes):  # in rank order
+        total += codec.decode(part, mine)
+    return total
+
+
+def gather_encoded(
+    mine: torch.Tensor, group: CommGroup, codec: Codec, sizes: list[int]
+) -> torch.Tensor:
+    """Every rank's encoded chunk (`mine` here, of `sizes[group.rank]` elements), gathered
+    and decoded into one float32 vector (one all-gather of bytes)."""
+    every = all_gather_flat(mine, group, sizes=[codec.nbytes(n) for n in sizes])
     parts = every.split([codec.nbytes(n) for n in sizes])
     return torch.cat([codec.decode(part, n) for part, n in zip(parts, sizes, strict=True)])

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from paratrain.plan import comm
+from paratrain.plan.codec_bytes import codec_all_reduce_bytes
 from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.memory import ModelState
@@ -30,9 +31,6 @@ from paratrain.plan.rank_groups import Coords, RankTraffic, shard_rank
 from paratrain.plan.rank_memory import chunk_params, flat_buffers
 
 OUTER_BYTES = 4  # the global copy, the momentum and the pseudo-gradient: float32
-# --outer-dtype's codecs (comm/codecs.py): bits per element, a float32 scale per block
-ENCODINGS = {"bfloat16": (16, False), "int8": (8, True), "fp4": (4, True)}
-SCALE_BLOCK = 256
 # a synchronous run's data-parallel groups, as one replica group's mesh names them
 GROUP_AXES = {"dp": "dp_shard", "dp_cp": "dp_shard", "expert_dp": "expert_shard"}
 
@@ -80,13 +78,6 @@ def outer_state(elements: int, momentum: bool) -> ModelState:
     return ModelState(params=0, grads=0, optimizer=nbytes if momentum else 0, master=nbytes)
 
 
-def encoded_bytes(n: int, dtype: str) -> int:
-    """Bytes of n float32 elements in --outer-dtype's codec (comm/codecs.py): bits per
-    element, and for int8 and fp4 a float32 scale per SCALE_BLOCK elements."""
-    bits, scaled = ENCODINGS[dtype]
-    return -(-n * bits // 8) + (4 * -(-n // SCALE_BLOCK) if scaled else 0)
-
-
 def outer_bytes(elements: int, dtype: str, groups: int, group: int) -> int:
     """What a rank sends in one outer step's mean over the groups: a float32 ring
     all-reduce, or in a codec (comm/low_precision.py) an all-to-all of its encoded chunks
@@ -94,8 +85,7 @@ def outer_bytes(elements: int, dtype: str, groups: int, group: int) -> int:
     but the next rank's)."""
     if dtype == "float32":
         return comm.ring_all_reduce_rank_bytes(elements, OUTER_BYTES, groups, group)
-    chunks = [encoded_bytes(n, dtype) for n in comm.chunk_elements(elements, groups)]
-    return sum(chunks) - chunks[group] + sum(chunks) - chunks[(group + 1) % groups]
+    return codec_all_reduce_bytes(elements, dtype, groups, group)
 
 
 def within_group(

@@ -1,0 +1,38 @@
+"""Bytes of float32 vectors sent in a codec (comm/codecs.py, comm/low_precision.py), for
+DiLoCo's outer gradients (plan/rank_diloco.py) and --compress (plan/rank_compress.py).
+
+A codec has a number of bits per element and, for the scaled ones, a float32 scale per
+SCALE_BLOCK elements of each chunk (each rank's chunk is encoded on its own). A mean in a
+codec over k ranks cuts the vector into chunks (torch's tensor_split sizes): its
+reduce-scatter is an all-to-all in which a rank sends every encoded chunk but its own;
+its all-gather is a ring of the encoded means, in which a rank sends every chunk but the
+next rank's (comm/traffic.py `ring_all_gather`).
+"""
+
+from __future__ import annotations
+
+from paratrain.plan import comm
+
+# bits per element, and whether a float32 scale per block follows the codes
+ENCODINGS = {"bfloat16": (16, False), "int8": (8, True), "fp4": (4, True), "sign": (1, True)}
+SCALE_BLOCK = 256
+
+
+def encoded_bytes(n: int, codec: str) -> int:
+    """Bytes of n float32 elements in `codec`."""
+    bits, scaled = ENCODINGS[codec]
+    return -(-n * bits // 8) + (4 * -(-n // SCALE_BLOCK) if scaled else 0)
+
+
+def codec_reduce_scatter_bytes(sizes: list[int], codec: str, rank: int) -> int:
+    """What `rank` sends to reduce chunks of `sizes` (one per rank) to their owners."""
+    chunks = [encoded_bytes(n, codec) for n in sizes]
+    return sum(chunks) - chunks[rank]
+
+
+def codec_all_reduce_bytes(elements: int, codec: str, k: int, rank: int) -> int:
+    """What `rank` sends for the mean of `elements` over k ranks in `codec`: the
+    reduce-scatter, then the all-gather of the encoded means."""
+    sizes = comm.chunk_elements(elements, k)
+    gather = [encoded_bytes(n, codec) for n in sizes]
+    return codec_reduce_scatter_bytes(sizes, codec, rank) + sum(gather) - gather[(rank + 1) % k]
