@@ -31,6 +31,10 @@ HOST_SIDE = {
         "a (2, 3) x (3, 4) probe that the installed torch's FLOP counter still counts",
     ("comm/same_call.py", "_encode", "frombuffer"):
         "the call's signature as bytes; moved to the group's device on the next line",
+    ("parallel/data_parallel/powersgd.py", "first_factors", "Generator"):
+        "PowerSGD's first Q drawn on the CPU (the same numbers on every rank), then moved",
+    ("parallel/data_parallel/powersgd.py", "first_factors", "randn"):
+        "PowerSGD's first Q drawn on the CPU (the same numbers on every rank), then moved",
     ("parallel/data_parallel/async_sgd.py", "ParameterServer.reply", "tensor"):
         "header (version, next batch): host-side control message over the gloo group",
     ("parallel/data_parallel/async_sgd.py", "_Inbox.expect", "empty"):
