@@ -183,6 +183,23 @@ CASES = [
         "`--sync-every 0`",
         ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--sync-every", "0"],
     ),  # fmt: skip
+    Case("gradient compression with FSDP", ["--nproc", "2", "--compress", "int8", "--zero", "3"]),
+    Case(
+        "PowerSGD across HSDP's groups (flat shards, not matrices)",
+        [
+            "--nproc",
+            "4",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "1",
+            "--replicas",
+            "2",
+            "--compress",
+            "powersgd",
+        ],
+    ),  # fmt: skip
+    Case("`--compress-rank 0`", ["--nproc", "2", "--compress", "powersgd", "--compress-rank", "0"]),
     Case(
         "an ep that does not divide the experts (`--model moe-tiny --ep 3`)",
         ["--model", "moe-tiny", "--nproc", "3", "--ep", "3"],

@@ -272,6 +272,11 @@ INEFFECTIVE = {
     "parallel.comm_order": (["--comm-order", "nccl"], ["--nproc", "1"], []),
     "parallel.bucket_mb": (["--bucket-mb", "10"], ["--zero", "3"], ["--zero", "2"]),
     "parallel.dc_lambda": (["--dc-lambda", "0.5"], [], ASYNC),
+    "parallel.compress": (["--compress", "int8"], ["--nproc", "1"], []),
+    "parallel.compress_rank": (
+        ["--compress-rank", "2"], ["--compress", "int8"], ["--compress", "powersgd"]
+    ),
+    "parallel.compress_start": (["--compress-start", "2"], [], ["--compress", "sign"]),
     "train.beta1": (["--beta1", "0.8"], ["--optimizer", "sgd"], []),
     "train.beta2": (["--beta2", "0.9"], ["--optimizer", "sgd"], []),
     "parallel.sync_every": (["--sync-every", "10"], [], DILOCO),

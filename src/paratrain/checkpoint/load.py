@@ -29,7 +29,7 @@ from paratrain.checkpoint import (
 from paratrain.checkpoint.buffers import absent_buffers, absent_note
 from paratrain.checkpoint.planner import CheckpointMismatch, ShardedLoadPlanner
 from paratrain.checkpoint.state import BUFFER, rank_state
-from paratrain.checkpoint.training_state import engine_state
+from paratrain.checkpoint.training_state import COMPRESS, compress_meta, engine_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 
@@ -52,17 +52,45 @@ def load(
     rng_key = f"rng.rank{mesh.global_rank}"
     if same_layout:
         entries[rng_key] = None  # replaced by the loaded object
+    _keep_compression(entries, meta, cfg, same_layout, mesh.global_rank == 0)
     read_entries(entries, ckpt, mesh.control.pg)
     state.set_adam_step(int(meta["adam_step"]))
     for replica in engine.replicas:
         replica.after_load()
         if replica.scaler is not None and meta.get("loss_scale"):  # fp16 saved by fp16
             replica.scaler.load_state_dict(meta["loss_scale"])
+    for replica in engine.replicas:  # --compress starts after --compress-start steps
+        if getattr(replica, "compressor", None) is not None:
+            replica.compressor.steps = int(meta["step"])
     if optimizer.outer is not None:  # saved at an outer step: global = local
         optimizer.outer.take_local()
     if same_layout:
         set_rng_state(entries[rng_key], engine.rng_tracker, mesh.device)
     return meta
+
+
+def _keep_compression(
+    entries: dict[str, Any], meta: dict[str, Any], cfg: RunConfig, same: bool, say: bool
+) -> None:
+    """Leave out the --compress state unless it was saved on this layout with these
+    settings: each rank's errors are its own (training_state.py); `say`: log why."""
+    saved, here = meta.get("compress"), compress_meta(cfg).get("compress")
+    if same and saved == here:
+        return
+    for key in [k for k in entries if k.startswith(COMPRESS)]:
+        del entries[key]
+    if saved and say:
+        why = (
+            "another layout"
+            if saved == here
+            else f"--compress {here['method'] if here else 'none'}"
+        )
+        log.warning(
+            "the checkpoint's --compress %s error buffers are not carried over (%s): "
+            "they start again from zero",
+            saved["method"],
+            why,
+        )
 
 
 def load_engine_weights(

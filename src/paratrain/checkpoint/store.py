@@ -44,7 +44,7 @@ from paratrain.checkpoint.not_saved import saving
 from paratrain.checkpoint.planner import (
     ShardedSavePlanner,
 )
-from paratrain.checkpoint.training_state import engine_state
+from paratrain.checkpoint.training_state import compress_meta, diloco_meta, engine_state
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
 from paratrain.parallel.tensor_parallel.rng import RngTracker
@@ -104,15 +104,6 @@ def layout_of(cfg: RunConfig, mesh: Mesh) -> dict[str, int]:
     }
 
 
-def diloco_meta(cfg: RunConfig) -> dict[str, Any]:
-    """Under DiLoCo, what a resumed run must keep: its groups (each has its own optimizer
-    state) and whether the outer step has momentum (then its state is saved)."""
-    p = cfg.parallel
-    if p.dp_mode != "diloco":
-        return {}
-    return {"diloco": {"replicas": p.replicas, "outer_momentum": p.outer_momentum > 0}}
-
-
 def run_meta(
     cfg: RunConfig,
     mesh: Mesh,
@@ -132,6 +123,7 @@ def run_meta(
         "loss_scale": loss_scale,
         "dp_mode": cfg.parallel.dp_mode,
         **diloco_meta(cfg),
+        **compress_meta(cfg),
         "layout": layout_of(cfg, mesh),
         "chunks": cfg.parallel.chunks,
         "model": asdict(cfg.model),

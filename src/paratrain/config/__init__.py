@@ -6,8 +6,9 @@ steps, and without `--steps` it runs 50.
 
 - fields.py: `param(default, help, choices=..., at_least=..., effect=...)`, a field's facts;
 - choices.py: every set of valid values; conditions.py: the settings several fields need;
-- model_fields.py, parallel_fields.py, train_fields.py: the sections [model], [parallel],
-  [train] and [data]; run.py: RunConfig, `EFFECTS` and each field's flag, from the facts;
+- model_fields.py, parallel_fields.py (with parallel_config.py, fault tolerance's),
+  train_fields.py: the sections [model], [parallel], [train] and [data];
+- run.py: RunConfig, `EFFECTS` and each field's flag, from the facts;
 - resolution.py: `resolve`, the automatic fields filled in (pure; it refuses nothing).
 
 Adding a field is one line in its section, with its facts:
@@ -44,7 +45,7 @@ from paratrain.config.choices import (
 )
 from paratrain.config.fields import Effect, Facts, one_of, param
 from paratrain.config.model_fields import ModelConfig
-from paratrain.config.parallel_fields import ParallelConfig
+from paratrain.config.parallel_config import ParallelConfig
 from paratrain.config.resolution import resolve
 from paratrain.config.run import (
     EFFECTS,

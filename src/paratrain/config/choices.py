@@ -15,6 +15,7 @@ COMM_ORDERS = ("gloo", "nccl")  # comm/ordering.py
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 DP_MODES = ("sync", "async", "diloco")
+COMPRESS_METHODS = ("none", "powersgd", "int8", "sign")  # parallel/data_parallel/compression.py
 OUTER_DTYPES = ("float32", "bfloat16", "int8", "fp4")  # DiLoCo's on the wire: comm/codecs.py
 FT_DATA = ("drop", "replay")  # fault_tolerance/quorum.py: assign_slots
 DC_MODES = ("constant", "adaptive")  # DC-ASGD-c and DC-ASGD-a (parallel/data_parallel/dc_asgd.py)

@@ -35,3 +35,11 @@ FAULT_TOLERANCE = Effect(
     lambda c: c.parallel.replicas > 1 and c.parallel.fault_tolerance,
     "--fault-tolerance with --replicas 2 or more",
 )
+COMPRESSING = Effect(
+    lambda c: c.parallel.compress != "none" and c.parallel.dp > 1,
+    "--compress powersgd, int8 or sign with dp 2 or more",
+)
+POWERSGD = Effect(
+    lambda c: c.parallel.compress == "powersgd" and c.parallel.dp > 1,
+    "--compress powersgd with dp 2 or more",
+)

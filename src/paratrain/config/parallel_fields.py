@@ -9,11 +9,11 @@ from paratrain.config.choices import (
     BACKENDS,
     COMM_ALGOS,
     COMM_ORDERS,
+    COMPRESS_METHODS,
     CP_METHODS,
     DC_MODES,
     DEVICES,
     DP_MODES,
-    FT_DATA,
     OUTER_DTYPES,
     SCHEDULES,
     ZERO2_ACCUMULATE,
@@ -22,18 +22,20 @@ from paratrain.config.choices import (
 from paratrain.config.conditions import (
     ASYNC,
     COLLECTIVES,
+    COMPRESSING,
     DC_ASGD,
     DILOCO,
-    FAULT_GROUPS,
-    FAULT_TOLERANCE,
     PIPELINE,
+    POWERSGD,
     world,
 )
 from paratrain.config.fields import Effect, param
 
 
 @dataclass
-class ParallelConfig:
+class ParallelFields:
+    """The parallel section's fields but fault tolerance's (parallel_config.py)."""
+
     nproc: int = param(2, "Local worker processes started by the launcher.", at_least=1)
     dp: int = param(0, "Data-parallel degree; 0 means world size / (pp * cp * tp).", at_least=0)
     pp: int = param(1, "Pipeline-parallel degree (stages).", at_least=1)
@@ -138,6 +140,30 @@ class ParallelConfig:
             "data parallelism (dp 2 or more) without ZeRO-3 (its units are its buckets)",
         ),
     )
+    compress: str = param(
+        "none",
+        "Error-feedback compression of the data-parallel gradient reduction: powersgd (rank"
+        " --compress-rank per matrix), int8 or sign (a float32 scale per 256 elements); under"
+        " HSDP, of the reduction across the replica groups only (docs/compression.md).",
+        choices=COMPRESS_METHODS,
+        effect=Effect(
+            lambda c: c.parallel.dp > 1 and c.parallel.dp_mode == "sync",
+            "data parallelism (dp 2 or more) in --dp-mode sync",
+        ),
+    )
+    compress_rank: int = param(
+        1,
+        "PowerSGD's rank: each gradient matrix (a linear layer's) sent as two factors of this"
+        " many columns; a matrix no larger than it is averaged exactly.",
+        at_least=1,
+        effect=POWERSGD,
+    )
+    compress_start: int = param(
+        0,
+        "Steps whose gradients are reduced exactly before --compress starts.",
+        at_least=0,
+        effect=COMPRESSING,
+    )
     dp_mode: str = param(
         "sync",
         "Data parallel: sync all-reduces gradients, async runs a parameter server, diloco"
@@ -221,62 +247,4 @@ class ParallelConfig:
         " (with --fault-tolerance only the failed replica group, from a live peer).",
         at_least=0,
         effect=Effect(lambda c: c.parallel.nproc > 1, "--nproc 2 or more"),
-    )
-    fault_tolerance: bool = param(
-        False,
-        "Per-step fault tolerance across the replica groups: each step commits over the"
-        " groups alive (a quorum), a failed group is dropped without a restart and a"
-        " relaunched one copies the state from a live peer (docs/reliability.md).",
-        effect=FAULT_GROUPS,
-    )
-    min_replicas: int = param(
-        2,
-        "Fault tolerance: replica groups a step needs to commit (a group alone never does).",
-        at_least=1,
-        effect=FAULT_TOLERANCE,
-    )
-    heartbeat_timeout_s: float = param(
-        5.0,
-        "Fault tolerance: a group silent this long is dropped from the next quorum.",
-        above=0,
-        effect=FAULT_TOLERANCE,
-    )
-    ft_data: str = param(
-        "drop",
-        "Fault tolerance: what becomes of the samples of a group out of a round: drop them"
-        " (each step trains its own batch), or replay them (each round trains the next"
-        " samples not yet trained, so none is lost).",
-        choices=FT_DATA,
-        effect=FAULT_TOLERANCE,
-    )
-    inject_fault: str = param(
-        "",
-        "Fault tolerance: faults to inject, KIND:GROUP:STEP[,...] (repeatable); KIND kill"
-        " (the group's workers exit before their backward), hang (it holds its cross-group"
-        " reduction for two --comm-timeout-s) or allreduce-error (its reduction fails once).",
-        default_means="none",
-        repeatable=True,
-        effect=FAULT_TOLERANCE,
-    )
-    coordinator: str = param(
-        "",
-        "Fault tolerance across machines: HOST:PORT of the coordinator. Without torchrun,"
-        " this process runs only the coordinator there (port 0: a free one, printed) and"
-        " waits for the replica groups; under torchrun, a group's workers reach it there.",
-        default_means="none: the launcher runs it beside the groups",
-        effect=FAULT_TOLERANCE,
-    )
-    ft_group: int = param(
-        -1,
-        "Fault tolerance under torchrun: the replica group this job is, 0 to --replicas - 1"
-        " (each group its own torchrun job, pointed at --coordinator).",
-        default_means="none",
-        effect=FAULT_TOLERANCE,
-    )
-    replay_quorum: str = param(
-        "",
-        "Train the committed steps of a fault-tolerant run's RUN_DIR/quorum.jsonl again,"
-        " without failures: the same participants and samples per step.",
-        default_means="none",
-        effect=FAULT_TOLERANCE,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from paratrain.config.choices import AUTO
-from paratrain.config.parallel_fields import ParallelConfig
+from paratrain.config.parallel_config import ParallelConfig
 from paratrain.config.run import RunConfig
 from paratrain.config.train_fields import TrainConfig
 

@@ -11,7 +11,7 @@ from typing import Any
 from paratrain.config.conditions import world
 from paratrain.config.fields import Effect, Facts, facts_of, flag_name
 from paratrain.config.model_fields import ModelConfig
-from paratrain.config.parallel_fields import ParallelConfig
+from paratrain.config.parallel_config import ParallelConfig
 from paratrain.config.train_fields import DataConfig, TrainConfig
 
 

@@ -102,6 +102,8 @@ class Workload:
     muon_ns_steps: int = 5  # Newton-Schulz iterations per matrix and step (FLOPs)
     # LoRA (plan/lora.py): the adapters' rank and targets; None: every parameter trains.
     lora: LoraSpec | None = None
+    # --compress (plan/rank_compress.py): the gradients' codec, or "none" or "powersgd"
+    compress: str = "none"
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:

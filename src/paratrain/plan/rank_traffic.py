@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from paratrain.plan import comm
+from paratrain.plan import rank_compress as compressed
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
@@ -98,22 +99,20 @@ def _zero_traffic(
     out = _buffers_traffic(chunks, root, workload, layout, microbatches)
     if lora:  # and ZeRO-3's gathers of the frozen base
         out += frozen_gathers(model, workload, layout, microbatches, stage)
-    return out + _across_replicas(chunks, layout, at)
+    return out + _across_replicas(chunks, workload, layout, at)
 
 
-def _across_replicas(chunks: list[list[int]], layout: Layout, at: Coords) -> list[RankTraffic]:
+def _across_replicas(
+    chunks: list[list[int]], workload: Workload, layout: Layout, at: Coords
+) -> list[RankTraffic]:
     """HSDP: each wrapper (one per chunk) all-reduces its gradient shards, ceil(n / k) of
-    each flat buffer over the k ranks of a replica group, in fp32 over the R replica
-    groups, once per step (parallel/data_parallel/hybrid.py)."""
-    r, k = layout.replicas, layout.shard_ranks
+    each flat buffer over the k ranks of a replica group, in fp32 (or --compress's codec)
+    over the R replica groups, once per step (parallel/data_parallel/hybrid.py)."""
+    r, k, at_r = layout.replicas, layout.shard_ranks, replica_rank(layout, at)
     if r == 1:
         return []
-    sent = sum(
-        comm.ring_all_reduce_rank_bytes(
-            sum(-(-n // k) for n in chunk), REDUCE_BYTES, r, replica_rank(layout, at)
-        )
-        for chunk in chunks
-    )
+    shards = [sum(-(-n // k) for n in chunk) for chunk in chunks]
+    sent = sum(compressed.gradient_all_reduce_bytes(n, workload, r, at_r) for n in shards)
     return [RankTraffic("dp_replicate", "all_reduce", comm.ACROSS_REPLICAS, sent)]
 
 
@@ -130,7 +129,14 @@ def _buffers_traffic(
             for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, microbatches):
                 if root and i == 0 and e.what == "parameters for backward":
                     continue  # the root unit (first in its chunk) is not gathered again
-                sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + e.bytes
+                nbytes = e.bytes
+                if e.op == "reduce_scatter" and compressed.codec(workload) and layout.replicas == 1:
+                    times = microbatches if workload.zero2_accumulate == "shard" else 1
+                    times = times if layout.zero == 2 else 1
+                    nbytes = times * compressed.gradient_reduce_scatter_bytes(
+                        n, workload, layout_k.dp, 0
+                    )
+                sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + nbytes
     dp = group_name("dp_shard", layout)
     return [RankTraffic(dp, op, what, nbytes) for (op, what), nbytes in sent.items()]
 
@@ -149,7 +155,7 @@ def _dp_gradients(
     chunks = [sum(c) for c in lora_chunks(model, layout, at.stage, workload)] if lora else None
     chunks = chunk_params(model, layout, at.stage) if chunks is None else chunks
     rank = data_rank(layout, at)
-    sent = sum(comm.ring_all_reduce_rank_bytes(n, REDUCE_BYTES, k, rank) for n in chunks)
+    sent = sum(compressed.gradient_all_reduce_bytes(n, workload, k, rank) for n in chunks)
     return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
 
 
@@ -169,7 +175,7 @@ def _share_gradients(
         name = group_name(share.shard_kind if layout.zero else share.kind, layout)
         if layout.zero and share.size > 1:  # per flat buffer: ZeRO-3's units
             terms = _buffers_traffic([share.flat], share.root, workload, lay, microbatches)
-            terms += _across_replicas([share.flat], lay, within)
+            terms += _across_replicas([share.flat], workload, lay, within)
         else:
             spec = ModelSpec(f"{share.kind} share", n_params=share.params)
             terms = _dp_gradients(spec, workload, lay, microbatches, within)

@@ -40,6 +40,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         muon_ns_steps=t.muon_ns_steps,
         optimizer="sgd" if t.optimizer == "sgd" else "adam",
         lora=lora_spec(cfg),
+        compress=p.compress,
     )
     notes = []
     if t.lora_rank:

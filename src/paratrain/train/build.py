@@ -14,9 +14,9 @@ Which data-parallel wrapper a configuration gets:
 - float32 and --zero 0: DataParallel (gradients whole on every replica, in `.grad`);
 - --zero 1 or 2, or a 16-bit --dtype: ZeroDataParallel (stage 0 for mixed precision alone;
   stage 2 reduce-scatters every micro-batch into its shard unless --zero2-accumulate full);
-- --zero 3: FullyShardedDataParallel over the model's FSDP units.
-Under expert parallelism (--ep > 1) the same choice wraps the module twice, each wrapper
-holding one share of its parameters over its own group (train/experts.py).
+- --zero 3: FullyShardedDataParallel over the model's FSDP units;
+each with --compress's settings. Under expert parallelism (--ep > 1) the same choice wraps
+the module twice, each holding one share of its parameters over its own group.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from paratrain.models.plans import PLANS, ModelPlan, lora_patterns
 from paratrain.parallel.compile import CompiledBlocks, compile_blocks
 from paratrain.parallel.context_parallel import TokenShard, apply_context_parallel
 from paratrain.parallel.data_parallel import DataParallel
+from paratrain.parallel.data_parallel.compression import compress_settings
 from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.data_parallel.fsdp_units import expand_units
 from paratrain.parallel.data_parallel.hybrid import HybridGroups
@@ -272,8 +273,10 @@ def data_parallel(
     """
     p, dtype = cfg.parallel, compute_dtype(cfg)
     plan = plan if plan is not None else plan_of(cfg)
+    # --compress: refused with ZeRO-3 (validate/rules_compression.py)
+    compress = compress_settings(p.compress, p.compress_rank, p.compress_start, cfg.train.seed)
     if p.zero == 0 and dtype == "float32":
-        return DataParallel(module, group, p.bucket_mb, reduce_op=reduce_op, share=share)
+        return DataParallel(module, group, p.bucket_mb, reduce_op, share=share, compress=compress)
     precision = MixedPrecision.of(dtype)
     precision = dataclasses.replace(precision, initial_loss_scale=cfg.train.loss_scale)
     cast_frozen(module, precision.param_dtype)  # a LoRA run's base: no master copy
@@ -293,4 +296,5 @@ def data_parallel(
         accumulate=accumulate,
         share=share,
         hybrid=hybrid,
+        compress=compress,
     )

@@ -41,6 +41,7 @@ sequence parallelism's smaller activations.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_compress import POWERSGD_NOTE, compress_state_bytes
 from paratrain.plan.rank_diloco import (
     group_coords,
     group_layout,
@@ -118,6 +120,8 @@ def predict(cfg: RunConfig) -> Prediction:
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
         notes.append(zero2_accumulation_note(model, workload, layout, k))
+    if cfg.parallel.compress == "powersgd":
+        notes.append(POWERSGD_NOTE)
     if cfg.parallel.dp_mode == "diloco":
         notes.append("diloco: bytes of an outer step (the last); inner ones send no dp_replicate")
         if cfg.parallel.sync_delay:  # their all-reduces were counted where they started
@@ -146,8 +150,9 @@ def _state_and_terms(
         model, workload, inner, cfg.train.microbatches, here, cfg.parallel.sequence_parallel,
         cfg.model.dropout, experts,
     )  # fmt: skip
-    if not diloco:
-        return state, terms
+    if not diloco:  # --compress's error buffers, as gradients (plan/rank_compress.py)
+        grads = state.grads + compress_state_bytes(model, workload, layout, at)
+        return dataclasses.replace(state, grads=grads), terms
     elements = outer_elements(model, workload, inner, here, experts)
     outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
     state = ModelState(*(getattr(state, k) + getattr(outer, k) for k in STATE_KINDS))

@@ -10,6 +10,7 @@ from paratrain.machine import cuda_available, cuda_known
 from paratrain.validate.effective import check_effective
 from paratrain.validate.field_checks import check_fields
 from paratrain.validate.rules_compile import compile_rules
+from paratrain.validate.rules_compression import compression_rules
 from paratrain.validate.rules_data import data_rules
 from paratrain.validate.rules_devices import device_rules, dtype_rules
 from paratrain.validate.rules_diloco import diloco_rules
@@ -41,6 +42,7 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     context_parallel_rules,
     zero_rules,
     hsdp_rules,
+    compression_rules,
     fault_tolerance_rules,
     diloco_rules,
     compile_rules,

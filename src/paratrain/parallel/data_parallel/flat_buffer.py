@@ -121,6 +121,21 @@ class FlatShard:
         ]
 
 
+def flatten(
+    params: list[nn.Parameter], layout: FlatLayout, dtype: torch.dtype, master: bool, rank: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Copy `params` into one padded buffer of `dtype` and make them views of it; with
+    `master`, also the fp32 values of `rank`'s shard (taken before rounding to `dtype`)."""
+    full = torch.zeros(layout.padded, device=params[0].device)  # fp32
+    for p, view in zip(params, layout.views(full), strict=True):
+        view.copy_(p.detach())
+    flat = full if dtype == torch.float32 else full.to(dtype)
+    for p, view in zip(params, layout.views(flat), strict=True):
+        p.data = view
+    lo, hi = layout.shard_range(rank)
+    return flat, (full[lo:hi] if master else None)
+
+
 def make_shard(
     layout: FlatLayout,
     rank: int,

@@ -25,6 +25,7 @@ import torch
 
 from paratrain import comm
 from paratrain.comm.group import CommGroup
+from paratrain.parallel.data_parallel.compression import GradCompressor
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,22 @@ class HybridGroups:
 
 
 def all_reduce_across_replicas(
-    grads: list[torch.Tensor], replicate: CommGroup, op: str, dtype: torch.dtype
+    grads: list[torch.Tensor],
+    replicate: CommGroup,
+    op: str,
+    dtype: torch.dtype,
+    compressor: GradCompressor | None = None,
 ) -> None:
     """Reduce this rank's reduced gradient shards over `replicate`, in place, in one call
-    in `dtype` (the wrappers' reduce dtype: fp32 by default, as their reduce-scatters)."""
+    in `dtype` (the wrappers' reduce dtype: fp32 by default, as their reduce-scatters), or
+    through `compressor` (its buffer "replicate", compression.py) once it is active."""
     if replicate.size == 1:
         return
     flat = torch.cat([g.reshape(-1) for g in grads]).to(dtype)
-    comm.all_reduce(flat, replicate, op=op)
+    if compressor is not None and compressor.active:
+        flat = compressor.reduce("replicate", flat.float(), replicate, op, None).to(dtype)
+    else:
+        comm.all_reduce(flat, replicate, op=op)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))

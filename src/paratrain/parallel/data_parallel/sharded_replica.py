@@ -21,6 +21,7 @@ from torch import nn
 
 from paratrain import comm
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
+from paratrain.parallel.data_parallel.compression import GradCompressor
 from paratrain.parallel.data_parallel.flat_buffer import FlatShard, Piece
 from paratrain.parallel.data_parallel.grad_lists import all_reduce_in_place, scale_, squared_norms
 from paratrain.parallel.data_parallel.hybrid import HybridGroups, all_reduce_across_replicas
@@ -44,6 +45,7 @@ class ShardedReplica(nn.Module, abc.ABC):
     scaler: Any
     share: ParamShare = EVERY_PARAMETER  # ZeRO-1/2 may hold some of the module's parameters
     hybrid: HybridGroups | None = None  # HSDP: shard within a replica group (hybrid.py)
+    compressor: GradCompressor | None = None  # --compress (compression.py): ZeRO-1/2 only
     reduce_op: str
     precision: MixedPrecision
 
@@ -57,7 +59,8 @@ class ShardedReplica(nn.Module, abc.ABC):
         if self.hybrid is not None:
             grads = [s.grad for s in self.shards]
             dtype = self.precision.reduce_dtype
-            all_reduce_across_replicas(grads, self.hybrid.replicate, self.reduce_op, dtype)
+            replicate, op = self.hybrid.replicate, self.reduce_op
+            all_reduce_across_replicas(grads, replicate, op, dtype, self.compressor)
 
     @property
     @abc.abstractmethod

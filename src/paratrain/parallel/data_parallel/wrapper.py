@@ -32,6 +32,13 @@ from paratrain import comm
 from paratrain.comm.compat import same_memory
 from paratrain.parallel.data_parallel.adamw import adamw
 from paratrain.parallel.data_parallel.buckets import Bucket, build_buckets
+from paratrain.parallel.data_parallel.compression import (
+    CompressSettings,
+    GradCompressor,
+    Reduced,
+    compressor_state,
+    reduced_buffer,
+)
 from paratrain.parallel.data_parallel.memory_count import count_memory
 from paratrain.parallel.data_parallel.muon import WholeMuon, muon_matrix_names
 from paratrain.parallel.data_parallel.muon_math import MuonSettings
@@ -67,12 +74,22 @@ def broadcast_parameters(
         offset += t.numel()
 
 
+def _bucket_reduced(bucket: Bucket, group: comm.CommGroup, settings: CompressSettings) -> Reduced:
+    shapes, at = [], 0
+    for p in bucket.params:
+        shapes.append((at, p.shape))
+        at += p.numel()
+    return reduced_buffer(f"bucket{bucket.index}", shapes, at, group, True, settings)
+
+
 class DataParallel(SyncSwitch, nn.Module):
     """Wrap any module for data-parallel training over `group` (a `Replica`).
 
     reduce_op: "avg" divides the summed gradients by the group size (DDP's behaviour);
     "sum" is for losses already normalised by the global token count.
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
+    compress: error-feedback compression of the all-reduce (compression.py); a bucket is
+    then reduced where it completes, without overlap.
     """
 
     scaler: DynamicLossScaler | None = None  # float32 throughout (mixed precision: zero.py)
@@ -85,6 +102,7 @@ class DataParallel(SyncSwitch, nn.Module):
         reduce_op: str = "avg",
         broadcast_buffers: bool = True,
         share: ParamShare = EVERY_PARAMETER,
+        compress: CompressSettings | None = None,
     ) -> None:
         super().__init__()
         if reduce_op not in ("avg", "sum"):
@@ -112,6 +130,10 @@ class DataParallel(SyncSwitch, nn.Module):
                 self._bucket_of[id(p)] = (bucket, i)
                 p.grad = bucket.views[i]
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self.compressor = None
+        if compress is not None and overlap:
+            reduced = [_bucket_reduced(b, group, compress) for b in self.buckets]
+            self.compressor = GradCompressor(compress, reduced, device_of(module))
         self._sync = True
         self._next_launch = 0
         self._handles: list[Any] = []
@@ -146,9 +168,16 @@ class DataParallel(SyncSwitch, nn.Module):
                 return
             if force:
                 self._attach_unused(bucket)
-            handle = comm.all_reduce(bucket.buffer, self.group, op=self.reduce_op, async_op=True)
-            self._handles.append(handle)
+            self._handles.append(self._reduce(bucket))
             self._next_launch += 1
+
+    def _reduce(self, bucket: Bucket) -> Any:
+        """The bucket's all-reduce in flight, or done where it is compressed."""
+        if self.compressor is None or not self.compressor.active:
+            return comm.all_reduce(bucket.buffer, self.group, op=self.reduce_op, async_op=True)
+        key, op = f"bucket{bucket.index}", self.reduce_op
+        bucket.buffer.copy_(self.compressor.reduce(key, bucket.buffer, self.group, op, None))
+        return comm.Done(bucket.buffer)
 
     def _attach_unused(self, bucket: Bucket) -> None:
         """Bring every gradient of a bucket launched without all its hooks into the buffer.
@@ -172,6 +201,8 @@ class DataParallel(SyncSwitch, nn.Module):
         self._handles.clear()
         self._next_launch = 0
         self._touched.clear()
+        if self.compressor is not None:
+            self.compressor.finish_step()
         for bucket in self.buckets:
             bucket.ready.clear()
 
@@ -233,6 +264,7 @@ class DataParallel(SyncSwitch, nn.Module):
         known += [("grads", b.buffer) for b in self.buckets]
         if not self.buckets:  # a group of one: autograd's own gradients, where there are any
             known += [("grads", p.grad) for _, p in self._trained]
+        known += [("grads", t) for t in compressor_state(self.compressor)]  # errors, factors
         states = optimizer.state.values() if optimizer is not None else ()
         whole = self.module if self.share.names is None else None
         return count_memory(known, {}, whole, states)

@@ -22,10 +22,8 @@ The flat buffer lists parameters in reverse order of registration, so buckets (c
 ranges of it) fill one after another during backward, as in the DDP wrapper; a bucket's
 reduce-scatter starts from the hook that completes it and overlaps the earlier layers'
 backward. Rank r owns flat elements [r s, (r+1) s), s = ceil(n / k) (flat_buffer.py): a
-bucket's reduce-scatter gives each rank the part of the bucket inside its shard.
-
-It is driven through the `Replica` protocol (replica.py), like every wrapper: the training
-step (train/step.py) never asks which stage it runs.
+bucket's reduce-scatter gives each rank the part of the bucket inside its shard. Driven
+through the `Replica` protocol (replica.py): the training step never asks the stage.
 """
 
 from __future__ import annotations
@@ -40,11 +38,13 @@ from paratrain.comm import compat
 from paratrain.comm.compat import same_memory
 from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
+from paratrain.parallel.data_parallel.compression import CompressSettings, compressor_state
 from paratrain.parallel.data_parallel.flat_buffer import (
     FlatBucket,
     FlatLayout,
     FlatShard,
     flat_buckets,
+    flatten,
     make_shard,
 )
 from paratrain.parallel.data_parallel.hybrid import HybridGroups
@@ -55,6 +55,7 @@ from paratrain.parallel.data_parallel.sharded_muon import ShardedMuon
 from paratrain.parallel.data_parallel.sharded_replica import ShardedReplica
 from paratrain.parallel.data_parallel.sync_switch import SyncSwitch
 from paratrain.parallel.data_parallel.wrapper import broadcast_parameters
+from paratrain.parallel.data_parallel.zero_compression import compressed_bucket, flat_compressor
 from paratrain.parallel.mixed_precision import DynamicLossScaler, MixedPrecision, scale_backward
 
 
@@ -66,6 +67,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
     K micro-batches, "shard" (reduce-scatter each one) or "full" (module docstring).
     share: which of the module's parameters this wrapper holds (replica.ParamShare).
     hybrid: HSDP (hybrid.py): shard within `hybrid.shard`, a part of `group`.
+    compress: error-feedback compression of the reductions (zero_compression.py).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         accumulate: str = "shard",
         share: ParamShare = EVERY_PARAMETER,
         hybrid: HybridGroups | None = None,
+        compress: CompressSettings | None = None,
     ) -> None:
         super().__init__()
         if stage not in (0, 1, 2) or (hybrid is not None and stage == 0):
@@ -93,7 +96,10 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         self._params = [p for _, p in named]
         rank = self.shard_group.rank if stage >= 1 else 0  # under HSDP, in a replica group
         self.layout = FlatLayout(named, self.shard_group.size if stage >= 1 else 1)
-        self.flat_params, master_from = self._flatten_params(rank)
+        flat_dtype, has_master = self.precision.param_dtype, self.precision.has_master
+        self.flat_params, master_from = flatten(
+            self._params, self.layout, flat_dtype, has_master, rank
+        )
         lo, hi = self.layout.shard_range(rank)
         dtype = self.precision.param_dtype
         self.shard = make_shard(self.layout, rank, self.flat_params[lo:hi], dtype, master_from)
@@ -104,6 +110,10 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         self._grad_views = self.layout.views(self.flat_grads) if self.flat_grads is not None else []
         self.buckets = flat_buckets(
             self.layout, int(bucket_mb * 2**20), self.shard.grad.element_size()
+        )
+        device = self.flat_params.device
+        self.compressor = flat_compressor(
+            compress, self.layout, self.buckets, group, hybrid, stage, device
         )
         self._where: dict[int, tuple[FlatBucket, int]] = {}
         for b in self.buckets:
@@ -120,18 +130,6 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         self._pending: list[tuple[FlatBucket, comm.Pending, torch.Tensor]] = []
         self._touched: set[int] = set()
         self.zero_grad()
-
-    def _flatten_params(self, rank: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Copy the parameters into one padded buffer and make them views of it."""
-        full = torch.zeros(self.layout.padded, device=self._params[0].device)  # fp32
-        for p, view in zip(self._params, self.layout.views(full), strict=True):
-            view.copy_(p.detach())
-        dtype = self.precision.param_dtype
-        flat = full if dtype == torch.float32 else full.to(dtype)
-        for p, view in zip(self._params, self.layout.views(flat), strict=True):
-            p.data = view
-        lo, hi = self.layout.shard_range(rank)
-        return flat, (full[lo:hi] if self.precision.has_master else None)
 
     # -- the driving interface shared with DataParallel -------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -203,12 +201,13 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
                 bucket.buffer = self.shard.grad.new_zeros(bucket.end - bucket.start)
             data, bucket.buffer = bucket.buffer, None  # in flight: the next backward
             # (accumulate="shard") starts a fresh buffer; this one dies when reduced
-        send = (
-            data
-            if data.dtype == self.precision.reduce_dtype
-            else data.to(self.precision.reduce_dtype)
-        )
-        if self.stage == 0:
+        reduce_dtype = self.precision.reduce_dtype
+        send = data if data.dtype == reduce_dtype else data.to(reduce_dtype)
+        handle: comm.Pending
+        if self.compressor is not None and self.compressor.active and self.hybrid is None:
+            args = (self.layout, bucket, send, self.group, self.stage, self.reduce_op)
+            handle = compressed_bucket(self.compressor, *args)
+        elif self.stage == 0:
             handle = comm.all_reduce(send, self.group, op=self.reduce_op, async_op=True)
         else:
             sizes = self.layout.split_sizes(bucket.start, bucket.end)
@@ -242,6 +241,8 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         self._reset_round()
         self._touched.clear()
         self._all_reduce_across_replicas()
+        if self.compressor is not None:
+            self.compressor.finish_step()
         if self.stage >= 1:  # only the shard's gradient is reduced: hide the rest
             for p in self._params:
                 p.grad = None
@@ -284,6 +285,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
         known += [("grads", send) for _, _, send in self._pending]
         if self.flat_grads is not None:
             known.append(("grads", self.flat_grads))
+        known += [("grads", t) for t in compressor_state(self.compressor)]  # errors, factors
         if self.shard.master is not None:
             known.append(("master", self.shard.master))
         pad = self.layout.padding
