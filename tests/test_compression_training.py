@@ -4,6 +4,7 @@ planner predicts every byte and error buffer; a checkpoint resumes bitwise."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from paratrain.config import RunConfig
+from paratrain.models.presets import preset
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import check_layouts, record_of, tiny_config, tiny_data
@@ -173,16 +175,48 @@ def test_the_planner_predicts_the_bytes_and_error_buffers_of_compressed_runs():
         assert errors > compared[-1]["measured"]["model_state_bytes"][0]["grads"]
 
 
-def test_hsdp_compresses_only_across_the_groups_and_the_planner_counts_it():
-    """dp 4 as 2 ZeRO-2 groups of 2 with int8: within a group the reduce-scatter is exact
-    (dp_shard's bytes equal the uncompressed run's); across the groups (dp_replicate) the
-    shard's mean in int8; both, and the error buffers, as the planner predicts."""
-    configs = [compress_config(4, "int8", 2, replicas=2), compress_config(4, "none", 2, replicas=2)]
+def _llama(cfg: RunConfig, tie: bool) -> RunConfig:
+    llama = {"arch": "llama", "name": "llama-tiny", "n_head": 4, "n_kv_head": 2}
+    cfg.model = dataclasses.replace(cfg.model, **llama, ffn_hidden=40, tie_embeddings=tie)
+    return resolve_and_check(cfg, cfg.parallel.nproc)
+
+
+def _moe(method: str) -> RunConfig:
+    cfg = tiny_config(steps=2, global_batch=16)
+    cfg.model = dataclasses.replace(cfg.model, **preset("moe-tiny"), name="moe-tiny")
+    cfg.model.d_model, cfg.model.max_seq_len = 32, 32
+    p = cfg.parallel
+    p.nproc, p.dp, p.ep, p.zero, p.compress, cfg.train.microbatches = 4, 4, 2, 1, method, 0
+    return resolve_and_check(cfg, 4)
+
+
+def test_on_four_ranks_the_planner_predicts_every_compressed_layout():
+    """HSDP, dp 4 as 2 ZeRO-2 groups of 2, int8: within a group the reduce-scatter is exact
+    (dp_shard's bytes are the uncompressed run's), across the groups (dp_replicate) the
+    shard's mean in int8, 3.9 times fewer bytes. PowerSGD at rank 2 over dp 2 x tp 2
+    (tensor-parallel halves of each matrix), over ZeRO-1 with a 2-stage pipeline (rank 3),
+    over a tied Llama at dp 4 and rank 16, where GQA's k and v (16 x 32) are averaged
+    exactly (approximating them fails this); int8 with experts over expert_dp under ZeRO-1.
+    Every rank's model state and bytes by group are the planner's (with experts, but the
+    routed tokens over ep, which follow the router)."""
+    configs = [
+        compress_config(4, "int8", 2, replicas=2),
+        compress_config(4, "none", 2, replicas=2),
+        compress_config(4, "powersgd", 0, dp=2, tp=2, compress_rank=2),
+        compress_config(4, "powersgd", 1, dp=2, pp=2, compress_rank=3),
+        _llama(compress_config(4, "powersgd", 0, compress_rank=16), tie=True),
+        _moe("int8"),
+    ]
     per_rank = run_distributed(_tracked, 4, configs)
     for compared in per_rank:
-        for run in compared:
-            assert run["predicted"]["model_state_bytes"] == run["measured"]["model_state_bytes"]
-            assert run["predicted"]["bytes_sent_per_step"] == run["measured"]["bytes_sent_per_step"]
-        ours, plain = (run["measured"]["bytes_sent_per_step"][0] for run in compared)
+        for i, run in enumerate(compared):
+            predicted, measured = run["predicted"], run["measured"]
+            assert predicted["model_state_bytes"] == measured["model_state_bytes"], i
+            sent = zip(
+                predicted["bytes_sent_per_step"], measured["bytes_sent_per_step"], strict=True
+            )
+            for p, m in sent:
+                assert {**p, "ep": 0} == {**m, "ep": 0} and (p == m or i == 5), i
+        ours, plain = (run["measured"]["bytes_sent_per_step"][0] for run in compared[:2])
         assert ours["dp_shard"] == plain["dp_shard"]
         assert plain["dp_replicate"] / ours["dp_replicate"] >= 3.9

@@ -104,6 +104,7 @@ class Workload:
     lora: LoraSpec | None = None
     # --compress (plan/rank_compress.py): the gradients' codec, or "none" or "powersgd"
     compress: str = "none"
+    compress_rank: int = 1  # PowerSGD's
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:

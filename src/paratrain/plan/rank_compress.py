@@ -12,8 +12,11 @@ State, float32, counted as gradients: the error of every element the rank reduce
 compressed (the whole buffer; under HSDP its shard) and, where its mean is encoded again
 for an all-gather, the second rounding's error of the chunk it owns.
 
-PowerSGD's bytes follow each matrix's shape, which these counts do not carry: a run with
---compress powersgd is predicted as an uncompressed one, and its summary says so.
+PowerSGD (plan/rank_powersgd.py): per wrapper two float32 all-reduces of the factors and
+the exact elements, in place of the all-reduce (DP) or the reduce-scatter (ZeRO-1/2, each
+time it reduces); state: the errors as above (no second rounding) and each approximated
+matrix's Q. Our GPT and Llama only: with experts or LoRA's adapters a note says that the
+prediction leaves PowerSGD out.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ from __future__ import annotations
 from paratrain.plan import comm
 from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
 from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_groups import Coords, data_rank, replica_rank
-from paratrain.plan.rank_memory import chunk_params, flat_buffers
+from paratrain.plan.rank_experts import ExpertCounts, shares
+from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name
+from paratrain.plan.rank_memory import chunk_params, exact, flat_buffers
+from paratrain.plan.rank_powersgd import chunk_matrices, factor_bytes, powersgd_bytes
 
 CODECS = ("int8", "sign")
 ERROR_BYTES = 4  # float32
-POWERSGD_NOTE = "--compress powersgd: its bytes and factors not predicted (they follow shapes)"
+POWERSGD_NOTE = "--compress powersgd: not predicted with experts or LoRA (counted uncompressed)"
 
 
 def codec(workload: Workload) -> str | None:
@@ -51,19 +57,85 @@ def gradient_reduce_scatter_bytes(numel: int, workload: Workload, k: int, rank: 
     return codec_reduce_scatter_bytes([-(-numel // k)] * k, name, rank)
 
 
-def compress_state_bytes(model: ModelSpec, workload: Workload, layout: Layout, at: Coords) -> int:
-    """The rank's error buffers, in bytes (the module docstring)."""
-    name, k = codec(workload), layout.data_ranks
-    if name is None or k == 1:
+def compress_state_bytes(
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    at: Coords,
+    experts: ExpertCounts | None = None,
+) -> int:
+    """The rank's error buffers (and PowerSGD's factors), in bytes, over every wrapper:
+    one per chunk, and with experts one per share (the module docstring)."""
+    k = layout.data_ranks
+    if powersgd_predicted(model, workload) and experts is None and k > 1:
+        sizes = _bucket_sizes(model, layout, at.stage)
+        matrices = chunk_matrices(model, layout, at.stage)
+        factors = sum(factor_bytes(m, workload.compress_rank) for m in matrices)
+        return ERROR_BYTES * sum(sizes) + factors
+    if codec(workload) is None:
         return 0
-    if layout.zero == 0:  # whole chunks, each all-reduced
+    if experts is not None:
+        return sum(
+            _codec_state(share.flat, layout.zero, share.size, share.rank, layout.replicas)
+            for share in shares(model, experts, layout, at)
+        )
+    if workload.lora is not None:
+        chunks = [sum(c) for c in lora_chunks(model, layout, at.stage, workload)]
+    elif layout.zero:
+        chunks = [sum(c) for c in flat_buffers(model, layout, at.stage)]
+    else:
         chunks = chunk_params(model, layout, at.stage)
-        rank = data_rank(layout, at)
-        return sum(ERROR_BYTES * (n + comm.chunk_elements(n, k)[rank]) for n in chunks)
-    buffers = [sum(c) for c in flat_buffers(model, layout, at.stage)]
-    if layout.replicas == 1:  # the padded buffer, reduce-scattered
-        return sum(ERROR_BYTES * -(-n // k) * k for n in buffers)
-    s, r = layout.shard_ranks, layout.replicas
-    shards = [-(-n // s) for n in buffers]
-    owned = [comm.chunk_elements(n, r)[replica_rank(layout, at)] for n in shards]
-    return ERROR_BYTES * (sum(shards) + sum(owned))
+    rank = data_rank(layout, at)
+    return sum(_codec_state([n], layout.zero, k, rank, layout.replicas) for n in chunks)
+
+
+def _codec_state(flat: list[int], zero: int, k: int, rank: int, replicas: int) -> int:
+    """A wrapper's errors over k ranks (rank `rank` of them) for buffers of `flat` elements:
+    whole with the owned chunk's (all-reduced), ZeRO-1/2's padded buffer (reduce-scattered),
+    or under HSDP the shard with its owned chunk across the groups."""
+    if k == 1:
+        return 0
+    if zero == 0:
+        return sum(ERROR_BYTES * (n + comm.chunk_elements(n, k)[rank]) for n in flat)
+    if replicas == 1:
+        return sum(ERROR_BYTES * -(-n // k) * k for n in flat)
+    s = k // replicas
+    shard = sum(-(-n // s) for n in flat)  # the wrapper's shards, reduced as one buffer
+    return ERROR_BYTES * (shard + comm.chunk_elements(shard, replicas)[rank // s])
+
+
+def powersgd_predicted(model: ModelSpec, workload: Workload) -> bool:
+    """Whether the counts here price PowerSGD (the module docstring)."""
+    return workload.compress == "powersgd" and exact(model) and workload.lora is None
+
+
+def _bucket_sizes(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
+    """Each wrapper's reduced buffer: its chunk, or ZeRO-1/2's padded flat buffer."""
+    if layout.zero == 0:
+        return chunk_params(model, layout, stage)
+    k = layout.data_ranks
+    return [-(-sum(c) // k) * k for c in flat_buffers(model, layout, stage)]
+
+
+def powersgd_terms(
+    terms: list[RankTraffic],
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    microbatches: int,
+    at: Coords,
+) -> list[RankTraffic]:
+    """`terms` with the gradients' reductions over the data-parallel group replaced by
+    PowerSGD's all-reduces, where the counts price it."""
+    k = layout.data_ranks
+    if not powersgd_predicted(model, workload) or k == 1:
+        return terms
+    rank, r = data_rank(layout, at), workload.compress_rank
+    matrices = chunk_matrices(model, layout, at.stage)
+    sizes = _bucket_sizes(model, layout, at.stage)
+    per = sum(powersgd_bytes(n, m, r, k, rank) for n, m in zip(sizes, matrices, strict=True))
+    shard = layout.zero == 2 and workload.zero2_accumulate == "shard"
+    sent = per * (microbatches if shard else 1)
+    kept = [t for t in terms if not t.what.startswith("gradients")]
+    axis = group_name("dp_cp" if layout.zero == 0 else "dp_shard", layout)
+    return [RankTraffic(axis, "all_reduce", "gradients (PowerSGD)", sent), *kept]

@@ -265,8 +265,9 @@ def rank_traffic(
     `experts`: a mixture of experts (rank_experts.py), with `model` the dense model of
     the same shape; its shares replace the one gradient set, its MoE blocks the MLP's tp
     all-reduces, and its routing and expert traffic is added."""
-    if experts is None:
+    if experts is None:  # PowerSGD's gradients replaced where priced (rank_compress.py)
         out = _dp_gradients(model, workload, layout, microbatches, at)
+        out = compressed.powersgd_terms(out, model, workload, layout, microbatches, at)
     else:
         out = _share_gradients(model, experts, workload, layout, microbatches, at)
     if layout.tp > 1 or layout.pp > 1:

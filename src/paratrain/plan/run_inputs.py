@@ -41,6 +41,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         optimizer="sgd" if t.optimizer == "sgd" else "adam",
         lora=lora_spec(cfg),
         compress=p.compress,
+        compress_rank=p.compress_rank,
     )
     notes = []
     if t.lora_rank:

@@ -55,7 +55,7 @@ from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_compress import POWERSGD_NOTE, compress_state_bytes
+from paratrain.plan.rank_compress import POWERSGD_NOTE, compress_state_bytes, powersgd_predicted
 from paratrain.plan.rank_diloco import (
     group_coords,
     group_layout,
@@ -120,7 +120,7 @@ def predict(cfg: RunConfig) -> Prediction:
     bubble = bubble if modelled else None
     if layout.zero == 2 and layout.dp > 1 and k > 1:
         notes.append(zero2_accumulation_note(model, workload, layout, k))
-    if cfg.parallel.compress == "powersgd":
+    if cfg.parallel.compress == "powersgd" and not powersgd_predicted(model, workload):
         notes.append(POWERSGD_NOTE)
     if cfg.parallel.dp_mode == "diloco":
         notes.append("diloco: bytes of an outer step (the last); inner ones send no dp_replicate")
@@ -151,7 +151,7 @@ def _state_and_terms(
         cfg.model.dropout, experts,
     )  # fmt: skip
     if not diloco:  # --compress's error buffers, as gradients (plan/rank_compress.py)
-        grads = state.grads + compress_state_bytes(model, workload, layout, at)
+        grads = state.grads + compress_state_bytes(model, workload, layout, at, experts)
         return dataclasses.replace(state, grads=grads), terms
     elements = outer_elements(model, workload, inner, here, experts)
     outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
