@@ -29,7 +29,7 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import ExpertCounts, shares
 from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import chunk_params, exact, flat_buffers
-from paratrain.plan.rank_powersgd import chunk_matrices, factor_bytes, powersgd_bytes
+from paratrain.plan.rank_powersgd import local_matrices, factor_bytes, powersgd_bytes
 
 CODECS = ("int8", "sign")
 ERROR_BYTES = 4  # float32
@@ -69,7 +69,7 @@ def compress_state_bytes(
     k = layout.data_ranks
     if powersgd_predicted(model, workload) and experts is None and k > 1:
         sizes = _bucket_sizes(model, layout, at.stage)
-        matrices = chunk_matrices(model, layout, at.stage)
+        matrices = local_matrices(model, layout, at.stage)
         factors = sum(factor_bytes(m, workload.compress_rank) for m in matrices)
         return ERROR_BYTES * sum(sizes) + factors
     if codec(workload) is None:
@@ -131,7 +131,7 @@ def powersgd_terms(
     if not powersgd_predicted(model, workload) or k == 1:
         return terms
     rank, r = data_rank(layout, at), workload.compress_rank
-    matrices = chunk_matrices(model, layout, at.stage)
+    matrices = local_matrices(model, layout, at.stage)
     sizes = _bucket_sizes(model, layout, at.stage)
     per = sum(powersgd_bytes(n, m, r, k, rank) for n, m in zip(sizes, matrices, strict=True))
     shard = layout.zero == 2 and workload.zero2_accumulate == "shard"

@@ -28,7 +28,7 @@ COLUMN_PARALLEL = {
 }
 
 
-def chunk_matrices(model: ModelSpec, layout: Layout, stage: int) -> list[list[Matrix]]:
+def local_matrices(model: ModelSpec, layout: Layout, stage: int) -> list[list[Matrix]]:
     """Per chunk on `stage`, the (rows, cols) of its parameters of two dimensions."""
     shape, t, s, c = model.shape, layout.tp, layout.pp, layout.chunks
     h, v = shape.d_model, shape.vocab_size
