@@ -29,7 +29,7 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import ExpertCounts, shares
 from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import chunk_params, exact, flat_buffers
-from paratrain.plan.rank_powersgd import local_matrices, factor_bytes, powersgd_bytes
+from paratrain.plan.rank_powersgd import factor_bytes, local_matrices, powersgd_bytes
 
 CODECS = ("int8", "sign")
 ERROR_BYTES = 4  # float32
