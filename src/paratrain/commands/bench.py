@@ -167,6 +167,13 @@ def _diloco(args: argparse.Namespace) -> tuple[Any, int]:
     return run_diloco_bench(args.pairs, args.steps, args.sync_every), 0
 
 
+def _slow_links(args: argparse.Namespace) -> tuple[Any, int]:
+    from paratrain.bench.diloco.loss import run_slow_links_bench
+
+    sizes = (args.groups, args.steps, args.short, args.long, args.compress_rank)
+    return run_slow_links_bench(*sizes), 0
+
+
 def _names(flag: str) -> list[str]:
     return [n.strip() for n in flag.split(",") if n.strip()]
 
@@ -186,4 +193,5 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[Any, int]]] = {
     "muon": _muon,
     "lora": _lora,
     "diloco": _diloco,
+    "slow-links": _slow_links,
 }

@@ -127,6 +127,14 @@ def _optimizer_benches(benches: Subparsers) -> None:
     diloco.set_defaults(min_pairs=2)
     diloco.add_argument("--steps", type=count, default=40, help="steps of each run")
     diloco.add_argument("--sync-every", type=count, default=10, help="DiLoCo's H")
+    slow = benches.add_parser(
+        "slow-links", help="validation loss and bytes across groups: DP, compression, DiLoCo"
+    )
+    slow.add_argument("--groups", type=count, default=2, help="replica groups (one rank each)")
+    slow.add_argument("--steps", type=count, default=300, help="steps of each run")
+    slow.add_argument("--short", type=count, default=20, help="DiLoCo's shorter H")
+    slow.add_argument("--long", type=count, default=100, help="DiLoCo's longer H")
+    slow.add_argument("--compress-rank", type=count, default=4, help="PowerSGD's rank")
     muon = benches.add_parser("muon", help="our Muon against torch.optim.Muon; Muon vs AdamW")
     _pairs(muon, 4)
     muon.add_argument("--steps", type=count, default=300, help="steps of the training runs")

@@ -2,15 +2,20 @@
 between replica groups slows (docs/diloco.md).
 
 At 2 ranks, 2 replica groups of one rank, ZeRO-1, on `paratrain train`'s default model and
-data, three ways of training, each through train/loop.py's whole loop: synchronous HSDP
-(every step all-reduces the gradient across the groups), DiLoCo (an outer step every
---sync-every steps) and DiLoCo with int8 outer gradients. Only the group that crosses
-between the replica groups, dp_replicate, is slowed (CommOptions: a latency per message
-step and a bandwidth); for each link the runs alternate, --pairs times, and the bench
-reports each way's mean seconds per step (the outer steps' cost spread over the run) and
-median with its quartiles (over the runs' own per-step times, the first step left out),
-the bytes each rank sent across per step on average, and the final losses, which differ
-by design (they are different algorithms: recorded, not compared).
+data, five ways of training, each through train/loop.py's whole loop: synchronous HSDP
+(every step all-reduces the gradient across the groups), the same with that all-reduce in
+int8 with error feedback (--compress int8, docs/compression.md), data parallelism with
+PowerSGD at rank 4 (one group of 2 ranks without ZeRO: PowerSGD needs whole matrices),
+DiLoCo (an outer step every --sync-every steps) and DiLoCo with int8 outer gradients.
+Every group that spans the two ranks is slowed (dp, and dp_replicate where there are
+groups; CommOptions: a latency per message step and a bandwidth): the gradients' or outer
+steps' traffic and the loss's and norm's scalars alike. For each link the runs alternate,
+--pairs times, and the bench reports each way's mean seconds per step (the outer steps'
+cost spread over the run) and median with its quartiles (over the runs' own per-step
+times, the first step left out), the bytes each rank sent per step on average in the group
+its gradients or outer steps cross (dp_replicate; dp for PowerSGD, with the first step's
+broadcast and the scalars), and the final losses, which differ by design (different
+algorithms: recorded, not compared).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ log = logging.getLogger(__name__)
 WORLD = 2
 WAYS = {  # name: the parallel settings on top of HSDP's 2 groups of one rank
     "dp (HSDP)": {},
+    "dp int8": {"compress": "int8"},
+    "dp powersgd": {"compress": "powersgd", "compress_rank": 4, "replicas": 1, "zero": 0},
     "diloco": {"dp_mode": "diloco"},
     "diloco int8": {"dp_mode": "diloco", "outer_dtype": "int8"},
 }
@@ -44,13 +51,17 @@ def _train_one(rank: int, world: int, cfg: RunConfig, data: TokenData, link: tup
 
     torch.set_num_threads(1)
     ledger = Ledger()
-    mesh = Mesh.build(dp=WORLD, replicas=WORLD, ledger=ledger, options=CommOptions())
-    across = mesh.group("dp_replicate")
-    across.options = replace(across.options, link_latency_s=link[0], link_bandwidth_Bps=link[1])
+    replicas = cfg.parallel.replicas
+    mesh = Mesh.build(dp=WORLD, replicas=replicas, ledger=ledger, options=CommOptions())
+    names = ["dp", "dp_replicate"] if replicas > 1 else ["dp"]  # groups across the link
+    for name in names:
+        group = mesh.group(name)
+        group.options = replace(group.options, link_latency_s=link[0], link_bandwidth_Bps=link[1])
     result = train(cfg, mesh, data)
     mesh.close()
     steps = [m.step_s for m in result.metrics[1:]]
-    sent = ledger.bytes_sent(group="dp_replicate") / max(1, len(result.metrics))
+    gradients = names[-1]  # the group the gradients or outer steps cross in
+    sent = ledger.bytes_sent(group=gradients) / max(1, len(result.metrics))
     return {"step_s": steps, "sent": sent, "loss": result.metrics[-1].loss}
 
 
