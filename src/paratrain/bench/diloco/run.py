@@ -35,7 +35,7 @@ from paratrain.validate import resolve_and_check
 
 log = logging.getLogger(__name__)
 WORLD = 2
-WAYS = {  # name: the parallel settings on top of HSDP's 2 groups of one rank
+WAYS: dict[str, dict[str, object]] = {  # name: settings on top of HSDP's 2 groups of 1
     "dp (HSDP)": {},
     "dp int8": {"compress": "int8"},
     "dp powersgd": {"compress": "powersgd", "compress_rank": 4, "replicas": 1, "zero": 0},
