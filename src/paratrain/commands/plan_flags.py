@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from paratrain.config.choices import COMPRESS_METHODS
 from paratrain.plan.cluster import CLUSTER_DESCRIPTIONS, DEFAULT_CLUSTER
 from paratrain.plan.layout import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATE
 from paratrain.plan.model import MODEL_PRESETS
@@ -32,6 +33,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     training = p.add_argument_group("training")
     _training_arguments(training)
     _lora_argument(training)
+    _compress_arguments(training)
     _cluster_arguments(p.add_argument_group("cluster (overrides the preset)"))
     _layout_arguments(p.add_argument_group("layout (evaluate one instead of searching)"))
     _output_arguments(p.add_argument_group("output"))
@@ -66,6 +68,17 @@ def _lora_argument(w: argparse._ArgumentGroup) -> None:
         "adapters on every block's attention and MLP matrices (plan/lora.py); 0: every "
         "parameter trains (default 0)",
     )
+
+
+def _compress_arguments(w: argparse._ArgumentGroup) -> None:
+    w.add_argument(
+        "--compress",
+        default="none",
+        choices=COMPRESS_METHODS,
+        help="error-feedback compression of the data-parallel gradients (docs/compression.md):"
+        " their bytes and error buffers in every layout (default none)",
+    )
+    w.add_argument("--compress-rank", type=int, default=1, help="PowerSGD's rank (default 1)")
 
 
 def _training_arguments(w: argparse._ArgumentGroup) -> None:

@@ -66,7 +66,22 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
     model = _model(args, model_name)
     _moe_flags_need_experts(args, model)
     workload = replace(_workload(args), lora=_lora(args.lora_rank, model))
+    _compression(workload, model)
     return model, _cluster(args, cluster_name), workload
+
+
+def _compression(workload: Workload, model: ModelSpec) -> None:
+    """--compress: what the estimates price (plan/compress_cost.py)."""
+    method, rank = workload.compress, workload.compress_rank
+    if rank < 1:
+        raise ValueError(f"--compress-rank {rank}: must be at least 1")
+    if method != "none" and workload.lora is not None:
+        raise ValueError(f"--compress {method} with --lora-rank: not priced; use one of them")
+    if method == "powersgd" and (not model.has_shape or model.num_experts):
+        raise ValueError(
+            "--compress powersgd is priced from the matrices' shapes: a dense model given by "
+            "its shape (a preset, or --layers --hidden --heads --vocab --seq-len)"
+        )
 
 
 def _lora(rank: int, model: ModelSpec) -> LoraSpec | None:
@@ -155,6 +170,8 @@ def _workload(args: argparse.Namespace) -> Workload:
         pp_scatter_gather=args.pp_scatter_gather,
         attention=args.attention,
         moe_imbalance=args.moe_imbalance,
+        compress=args.compress,
+        compress_rank=args.compress_rank,
     )
 
 

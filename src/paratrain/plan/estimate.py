@@ -11,6 +11,11 @@ from typing import Any
 from paratrain.plan import activations, comm, context, memory, moe, pipeline, stage_time
 from paratrain.plan import time as ptime
 from paratrain.plan.cluster import GB, ClusterSpec
+from paratrain.plan.compress_cost import (
+    compress_problems,
+    compressed_traffic,
+    gpu_compress_bytes,
+)
 from paratrain.plan.expert_traffic import ep_traffic
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora import lora_model_state
@@ -188,6 +193,8 @@ def model_state(
         return lora_model_state(model, workload.lora, workload, layout)
     experts = moe.all_expert_params(model)
     state = memory.model_state_bytes(model.params - experts, workload, layout, microbatches)
+    errors = gpu_compress_bytes(model, workload, layout)  # --compress's, as gradients
+    state = replace(state, grads=state.grads + errors)
     if not experts:
         return state
     expert_layout = replace(layout, dp=layout.data_ranks // layout.ep, cp=1, ep=1)
@@ -212,11 +219,12 @@ def estimate(
     est.peak_flops = cluster.mfu_peak_flops
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
-    est.problems = shape_problems(model, cluster, layout)
+    est.problems = shape_problems(model, cluster, layout) + compress_problems(workload, layout)
     est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout, state)
     try:
         k = microbatches_for(workload, layout)
         est.comm = comm.traffic(model, workload, layout, cluster, k)
+        est.comm = compressed_traffic(est.comm, model, workload, layout, k)
     except ValueError as e:
         est.problems.append(str(e))
         return est
