@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from paratrain.config.choices import COMPRESS_METHODS
+from paratrain.config.choices import COMPRESS_METHODS, OUTER_DTYPES
 from paratrain.plan.cluster import CLUSTER_DESCRIPTIONS, DEFAULT_CLUSTER
 from paratrain.plan.layout import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, ZERO2_ACCUMULATE
 from paratrain.plan.model import MODEL_PRESETS
@@ -79,6 +79,20 @@ def _compress_arguments(w: argparse._ArgumentGroup) -> None:
         " their bytes and error buffers in every layout (default none)",
     )
     w.add_argument("--compress-rank", type=int, default=1, help="PowerSGD's rank (default 1)")
+    w.add_argument(
+        "--dp-mode",
+        default="sync",
+        choices=("sync", "diloco"),
+        help="diloco: the --replicas groups train apart, an outer step every --sync-every "
+        "steps (docs/diloco.md; default sync)",
+    )
+    w.add_argument("--sync-every", type=int, default=100, help="DiLoCo's H (default 100)")
+    w.add_argument(
+        "--outer-dtype",
+        default="float32",
+        choices=OUTER_DTYPES,
+        help="DiLoCo's pseudo-gradient on the wire (default float32)",
+    )
 
 
 def _training_arguments(w: argparse._ArgumentGroup) -> None:

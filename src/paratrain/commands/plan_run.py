@@ -67,7 +67,26 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, W
     _moe_flags_need_experts(args, model)
     workload = replace(_workload(args), lora=_lora(args.lora_rank, model))
     _compression(workload, model)
+    _diloco(args, workload, model)
     return model, _cluster(args, cluster_name), workload
+
+
+def _diloco(args: argparse.Namespace, workload: Workload, model: ModelSpec) -> None:
+    """--dp-mode diloco: what the estimates price (plan/diloco_cost.py)."""
+    if args.dp_mode != "diloco":
+        for flag, given, default in [("--sync-every", args.sync_every, 100),
+                                     ("--outer-dtype", args.outer_dtype, "float32")]:  # fmt: skip
+            if given != default:
+                raise ValueError(f"{flag} {given} has no effect here: it needs --dp-mode diloco")
+        return
+    if args.sync_every < 1:
+        raise ValueError(f"--sync-every {args.sync_every}: must be at least 1")
+    if args.replicas in (None, 1):
+        raise ValueError("--dp-mode diloco trains replica groups apart: give --replicas 2 or more")
+    if workload.compress != "none" or model.num_experts or workload.lora is not None:
+        raise ValueError(
+            "--dp-mode diloco is priced for a dense model without --compress or --lora-rank"
+        )
 
 
 def _compression(workload: Workload, model: ModelSpec) -> None:
@@ -172,6 +191,8 @@ def _workload(args: argparse.Namespace) -> Workload:
         moe_imbalance=args.moe_imbalance,
         compress=args.compress,
         compress_rank=args.compress_rank,
+        sync_every=args.sync_every if args.dp_mode == "diloco" else 0,
+        outer_dtype=args.outer_dtype,
     )
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from paratrain.plan import moe
+from paratrain.plan import comm, moe
+from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
 from paratrain.plan.comm import ACROSS_REPLICAS, CommEntry
 from paratrain.plan.layout import Layout, Workload
@@ -30,10 +31,11 @@ REDUCTIONS = ("gradients", "gradients, every micro-batch", "gradients, once per 
 
 
 def compressed_traffic(
-    entries: list[CommEntry], model: ModelSpec, workload: Workload, layout: Layout, k_mb: int
+    model: ModelSpec, workload: Workload, layout: Layout, cluster: ClusterSpec, k_mb: int
 ) -> list[CommEntry]:
-    """`entries` (plan/comm.py `traffic`) with the reductions --compress sends in its way;
-    `k_mb`: micro-batches per step."""
+    """plan/comm.py `traffic`, with the reductions --compress sends in its way; `k_mb`:
+    micro-batches per step."""
+    entries = comm.traffic(model, workload, layout, cluster, k_mb)
     if workload.compress == "none" or layout.data_ranks == 1:
         return entries
     return [_compressed(e, model, workload, layout, k_mb) for e in entries]

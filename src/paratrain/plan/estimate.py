@@ -16,10 +16,12 @@ from paratrain.plan.compress_cost import (
     compressed_traffic,
     gpu_compress_bytes,
 )
+from paratrain.plan.diloco_cost import diloco_problems, diloco_state, diloco_traffic
 from paratrain.plan.expert_traffic import ep_traffic
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora import lora_model_state
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_diloco import group_layout
 
 
 @dataclass
@@ -192,6 +194,10 @@ def model_state(
     if workload.lora is not None:  # a dense model (LoRA refuses experts)
         return lora_model_state(model, workload.lora, workload, layout)
     experts = moe.all_expert_params(model)
+    if workload.sync_every and layout.replicas > 1:  # DiLoCo: a group's run, the outer copies
+        state = memory.model_state_bytes(model.params, workload, group_layout(layout))
+        return memory.ModelState(*map(sum, zip(astuple(state), astuple(diloco_state(
+            model, workload, layout)), strict=True)))  # fmt: skip
     state = memory.model_state_bytes(model.params - experts, workload, layout, microbatches)
     errors = gpu_compress_bytes(model, workload, layout)  # --compress's, as gradients
     state = replace(state, grads=state.grads + errors)
@@ -220,11 +226,12 @@ def estimate(
     if layout.zero == 2:
         est.zero2_accumulate = workload.zero2_accumulate
     est.problems = shape_problems(model, cluster, layout) + compress_problems(workload, layout)
+    est.problems += diloco_problems(workload, layout)
     est.redundant_bytes = memory.redundant_bytes(model.params, workload, layout, state)
     try:
         k = microbatches_for(workload, layout)
-        est.comm = comm.traffic(model, workload, layout, cluster, k)
-        est.comm = compressed_traffic(est.comm, model, workload, layout, k)
+        traffic = diloco_traffic if workload.sync_every else compressed_traffic
+        est.comm = traffic(model, workload, layout, cluster, k)
     except ValueError as e:
         est.problems.append(str(e))
         return est

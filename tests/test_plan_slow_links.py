@@ -1,6 +1,7 @@
-"""`paratrain plan --compress`: the cluster estimates price the gradients' bytes and the
-error buffers as the per-rank counts do (which tests/test_compression_training.py holds
-to the runtime), and pass over the layouts that `paratrain train` refuses."""
+"""`paratrain plan --compress` and `--dp-mode diloco`: the cluster estimates price the
+gradients' bytes and error buffers, and DiLoCo's groups and outer steps, as the per-rank
+counts do (which tests/test_compression_training.py and test_diloco.py hold to the
+runtime), and pass over the layouts that `paratrain train` refuses."""
 
 from __future__ import annotations
 
@@ -74,3 +75,39 @@ def test_a_search_passes_over_the_layouts_train_refuses():
 )
 def test_what_the_estimates_cannot_price_is_refused_in_one_line(flags, capsys):
     assert "--compress" in refused(capsys, "plan", *flags)
+
+
+@pytest.mark.parametrize(("zero", "dtype"), [(1, "float32"), (0, "int8")])
+def test_diloco_is_priced_as_a_group_run_with_the_outer_step_spread_over_h(zero, dtype):
+    """dp 4 in 2 groups, H 4: the estimate's step is the group run's (dp 2, its reductions
+    over dp_shard) plus a quarter of the outer step, whose bytes are rank 0's exact count
+    (plan/rank_diloco.py, held to the runtime in tests/test_diloco.py); under ZeRO-1 the
+    parameters' all-gather again, a quarter of it; the state gains the global copy and the
+    momentum of the GPU's pieces, 4 bytes each, as master and optimizer state."""
+    from paratrain.plan.rank_diloco import group_layout, outer_bytes, outer_elements
+
+    model, workload, layout, cluster = _inputs(4, "none", zero)
+    diloco = replace(workload, sync_every=4, outer_dtype=dtype)
+    hsdp = replace(layout, replicas=2)
+    est = estimate(model, cluster, diloco, hsdp)
+    group = estimate(model, replace(cluster, gpus=2), workload, group_layout(hsdp))
+    assert not est.problems and not group.problems
+    pieces = outer_elements(model, workload, group_layout(hsdp), Coords())
+    [outer] = [e for e in est.comm if e.axis == "dp_replicate"]
+    assert outer.bytes == outer_bytes(pieces, dtype, 2, 0) // 4
+    inner = {e.what: e.bytes for e in est.comm if e.axis == "dp_shard"}
+    assert {w: b for w, b in inner.items() if "again" not in w} == {
+        e.what: e.bytes for e in group.comm if e.axis == "dp"
+    }
+    if zero:
+        gather = inner["updated parameters"]
+        assert inner["updated parameters, again after the outer step"] == gather // 4
+    state, plain = est.model_state, group.model_state
+    assert state.optimizer - plain.optimizer == state.master - plain.master == 4 * pieces
+
+
+def test_diloco_without_groups_is_a_problem_and_its_flags_alone_are_refused(capsys):
+    model, workload, layout, cluster = _inputs(4, "none", 1)
+    assert estimate(model, cluster, replace(workload, sync_every=4), layout).problems
+    assert "--dp-mode diloco" in refused(capsys, "plan", "--preset", "7b", "--sync-every", "5")
+    assert "--replicas" in refused(capsys, "plan", "--preset", "7b", "--dp-mode", "diloco")
