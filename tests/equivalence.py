@@ -282,6 +282,24 @@ def record_of(result, tp_group) -> RunRecord:
     return RunRecord([m.loss for m in result.metrics], [m.grad_norm for m in result.metrics], state)
 
 
+def run_and_record(rank: int, world: int, cfg: RunConfig, run_dir: str, resume_step: int):
+    """cfg's run saving into `run_dir` (from its checkpoint of `resume_step`, if given):
+    this rank's losses, norms and whole parameters (run_distributed's function)."""
+    from paratrain import checkpoint as ck
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+
+    p = cfg.parallel
+    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, replicas=p.replicas)
+    resume = None
+    if resume_step:
+        resume = ck.Checkpoint(ck.checkpoint_path(Path(run_dir), resume_step), resume_step)
+    result = train(cfg, mesh, tiny_data(), run_dir=Path(run_dir), resume=resume)
+    record = record_of(result, mesh.group("tp"))
+    mesh.close()
+    return record
+
+
 def assert_layout_equivalent(
     records: list[RunRecord],
     cfg: RunConfig,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from paratrain.config import RunConfig
 from paratrain.models.presets import preset
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
-from tests.equivalence import check_layouts, record_of, tiny_config, tiny_data
+from tests.equivalence import check_layouts, run_and_record, tiny_config, tiny_data
 
 
 def compress_config(
@@ -103,22 +102,6 @@ def test_zero_gets_its_slice_of_the_compressed_data_parallel_mean(method):
     assert torch.equal(results[0]["dp"], results[1]["dp"])
 
 
-def _run_and_record(rank: int, world: int, cfg: RunConfig, run_dir: str, resume_step: int):
-    from paratrain import checkpoint as ck
-    from paratrain.mesh import Mesh
-    from paratrain.train.loop import train
-
-    p = cfg.parallel
-    mesh = Mesh.build(dp=p.dp, replicas=p.replicas)
-    resume = None
-    if resume_step:
-        resume = ck.Checkpoint(ck.checkpoint_path(Path(run_dir), resume_step), resume_step)
-    result = train(cfg, mesh, tiny_data(), run_dir=Path(run_dir), resume=resume)
-    record = record_of(result, mesh.group("tp"))
-    mesh.close()
-    return record
-
-
 @pytest.mark.parametrize(
     ("world", "method", "zero", "replicas"),
     [(2, "int8", 2, 1), (2, "powersgd", 0, 1), (4, "sign", 1, 2)],
@@ -134,10 +117,10 @@ def test_a_checkpoint_resumes_bitwise_with_the_error_buffers(
     cfg = compress_config(world, method, zero, replicas=replicas, compress_rank=2)
     cfg.train.steps, cfg.train.checkpoint_every = 6, 3
     saved = tmp_path / "saved"
-    full = run_distributed(_run_and_record, world, cfg, str(saved), 0)
+    full = run_distributed(run_and_record, world, cfg, str(saved), 0)
     again = tmp_path / "again"
     shutil.copytree(saved, again)
-    resumed = run_distributed(_run_and_record, world, cfg, str(again), 3)
+    resumed = run_distributed(run_and_record, world, cfg, str(again), 3)
     for whole, part in zip(full, resumed, strict=True):
         assert part.losses == whole.losses[3:] and part.grad_norms == whole.grad_norms[3:]
         assert all(torch.equal(part.state[k], v) for k, v in whole.state.items())

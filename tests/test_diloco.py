@@ -28,8 +28,8 @@ from tests.equivalence import (
     RunRecord,
     Tolerance,
     assert_equivalent,
-    record_of,
     reference_lr,
+    run_and_record,
     tiny_config,
     tiny_data,
     train_layouts,
@@ -314,26 +314,6 @@ def test_outer_steps_and_checkpoints_fall_where_the_groups_hold_one_model():
     assert counting.steps == 6
 
 
-def _run_and_record(rank: int, world: int, cfg: RunConfig, run_dir: str, resume_step: int):
-    """cfg's run saving into `run_dir` (from its checkpoint of `resume_step`, if given):
-    this rank's losses, norms and whole parameters."""
-    from pathlib import Path
-
-    from paratrain import checkpoint as ck
-    from paratrain.mesh import Mesh
-    from paratrain.train.loop import train
-
-    p = cfg.parallel
-    mesh = Mesh.build(dp=p.dp, pp=p.pp, tp=p.tp, replicas=p.replicas)
-    resume = None
-    if resume_step:
-        resume = ck.Checkpoint(ck.checkpoint_path(Path(run_dir), resume_step), resume_step)
-    result = train(cfg, mesh, tiny_data(), run_dir=Path(run_dir), resume=resume)
-    record = record_of(result, mesh.group("tp"))
-    mesh.close()
-    return record
-
-
 def test_a_checkpoint_resumes_bitwise_and_on_another_inner_layout(tmp_path):
     """dp 4 as 2 ZeRO-1 groups of 2, H 2, 6 steps, --checkpoint-every 3: checkpoints after
     the outer steps of steps 4 (the first at or after 3) and 6. Resumed from step 4 on the
@@ -348,11 +328,11 @@ def test_a_checkpoint_resumes_bitwise_and_on_another_inner_layout(tmp_path):
     cfg = diloco_config(4, 2, 0.7, 0.9, True, dp=4, zero=1)
     cfg.train.steps, cfg.train.checkpoint_every = 6, 3
     saved = tmp_path / "saved"
-    full = run_distributed(_run_and_record, 4, cfg, str(saved), 0)
+    full = run_distributed(run_and_record, 4, cfg, str(saved), 0)
     assert [c.step for c in ck.complete_checkpoints(saved)] == [4, 6]
     again = tmp_path / "again"
     shutil.copytree(saved, again)
-    resumed_run = run_distributed(_run_and_record, 4, cfg, str(again), 4)
+    resumed_run = run_distributed(run_and_record, 4, cfg, str(again), 4)
     for whole, resumed in zip(full, resumed_run, strict=True):
         assert resumed.losses == whole.losses[4:] and resumed.grad_norms == whole.grad_norms[4:]
         assert all(torch.equal(resumed.state[k], v) for k, v in whole.state.items())
@@ -360,7 +340,7 @@ def test_a_checkpoint_resumes_bitwise_and_on_another_inner_layout(tmp_path):
     other.train.steps, other.train.checkpoint_every = 6, 3
     moved = tmp_path / "moved"
     shutil.copytree(saved, moved)
-    records = run_distributed(_run_and_record, 4, other, str(moved), 4)
+    records = run_distributed(run_and_record, 4, other, str(moved), 4)
     references, initial = diloco_reference(cfg, tiny_data())
     state = {k: v for r in records for k, v in r.state.items()}
     for rank, record in enumerate(records):
@@ -477,7 +457,7 @@ def test_quantized_outer_gradients_leave_every_group_on_the_same_model(tmp_path)
     runs = {}
     for dtype in ("float32", "fp4"):
         cfg = diloco_config(2, 2, 0.7, 0.9, True, dp=2, outer_dtype=dtype)
-        runs[dtype] = run_distributed(_run_and_record, 2, cfg, str(tmp_path / dtype), 0)
+        runs[dtype] = run_distributed(run_and_record, 2, cfg, str(tmp_path / dtype), 0)
     group0, group1 = runs["fp4"]
     assert all(torch.equal(group0.state[k], group1.state[k]) for k in group0.state)
     plain = runs["float32"][0]
