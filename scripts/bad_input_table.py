@@ -185,6 +185,10 @@ CASES = [
     ),  # fmt: skip
     Case("gradient compression with FSDP", ["--nproc", "2", "--compress", "int8", "--zero", "3"]),
     Case(
+        "gradient compression under fp16's loss scaling",
+        ["--nproc", "2", "--compress", "sign", "--dtype", "float16"],
+    ),
+    Case(
         "PowerSGD across HSDP's groups (flat shards, not matrices)",
         [
             "--nproc",

@@ -20,6 +20,11 @@ def compression_rules(cfg: RunConfig) -> None:
             f"--compress powersgd with --replicas {p.replicas}: across the groups HSDP "
             "reduces flat shards, not whole matrices; use --compress int8 or sign"
         )
+    if cfg.train.dtype == "float16":  # the errors would hold gradients at a stale scale
+        raise ValueError(
+            f"--compress {p.compress} with --dtype float16: the loss scale's changes and the "
+            "steps it skips would corrupt the error buffers; use --dtype bfloat16 or float32"
+        )
     if p.fault_tolerance:  # its reduction across the groups is the quorum's own
         raise ValueError(
             f"--compress {p.compress} with --fault-tolerance is not supported yet; "
