@@ -20,7 +20,15 @@ LOW = "test_mode_pairs.py::test_low_precision_layouts_track_float32"
 CP = "test_context_parallel_training.py::test_context_parallel_layouts_match_single_process"
 KILLED = "test_reliability_cli.py::test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened"  # noqa: E501
 DILOCO = "test_diloco.py::test_diloco_equals_the_algorithm_in_one_process"
+RESUMED = "test_compression_training.py::test_a_checkpoint_resumes_bitwise_with_the_error_buffers"
 COVERAGE: dict[str, list[set[str]]] = {
+    "test_compression_training.py::test_where_compression_changes_nothing_the_run_equals_one_process": [  # noqa: E501
+        {"compress"},
+        {"compress", "zero2"},
+    ],
+    f"{RESUMED}[zero2-int8]": [{"compress", "zero2"}],
+    f"{RESUMED}[dp-powersgd]": [{"compress"}],
+    f"{RESUMED}[hsdp-sign]": [{"compress", "zero1"}],
     f"{DILOCO}[dp 2, groups of 1, Nesterov]": [{"diloco"}],
     f"{DILOCO}[dp 4, ZeRO-1 groups of 2, averaging]": [{"diloco", "zero1"}],
     f"{DILOCO}[dp 2 x pp 2, ZeRO-1, momentum]": [{"diloco", "zero1", "1f1b"}],
@@ -213,5 +221,9 @@ fp16+compile ring+compile tree+compile llama+compile resume+compile restarts+com
 ep+restarts
 diloco+bf16 diloco+fp16 diloco+compile diloco+interleaved diloco+zb-h1 diloco+llama
 diloco+rc-full diloco+rc-sel diloco+restarts diloco+sp diloco+tree diloco+cp-a2a
+compress+1f1b compress+bf16 compress+compile compress+cp compress+cp-a2a compress+ep
+compress+gpipe compress+interleaved compress+llama compress+rc-full compress+rc-sel
+compress+restarts compress+resume compress+ring compress+sp compress+tp compress+tree
+compress+zb-h1
 """.split()
 }

@@ -69,6 +69,13 @@ MODES = [
         "`--dp-mode diloco --replicas 2`: DiLoCo, 2 replica groups of one rank, dp 2",
         dp=2,
     ),
+    Mode(
+        "compress",
+        "compress",
+        ("--compress", "int8"),
+        "`--compress int8`: error-feedback gradient compression (int8, sign or powersgd), dp 2",
+        dp=2,
+    ),
     Mode("zero1", "zero", ("--zero", "1"), "`--zero 1`, dp 2", dp=2),
     Mode("zero2", "zero", ("--zero", "2"), "`--zero 2`, dp 2", dp=2),
     Mode("zero3", "zero", ("--zero", "3"), "`--zero 3` (FSDP), dp 2", dp=2),
@@ -126,7 +133,7 @@ BY_KEY = {m.key: m for m in MODES}
 # parallelism is tensor parallel): the pair is the larger one alone.
 IMPLIED = {
     ("dp", "async"), ("dp", "diloco"), ("dp", "zero1"), ("dp", "zero2"), ("dp", "zero3"),
-    ("tp", "sp"), ("dp", "ep"),
+    ("tp", "sp"), ("dp", "ep"), ("dp", "compress"),
 }  # fmt: skip
 TRIPLES = [
     ("dp", "tp", "gpipe"),

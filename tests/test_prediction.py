@@ -168,6 +168,8 @@ ARCH_CASES = [
     ("llama", True, 1, 2, 1, {"schedule": "1f1b"}),
     ("gpt", True, 2, 1, 1, {"zero": 3}),
     ("gpt", True, 1, 2, 1, {"schedule": "1f1b"}),
+    # the tied table under ZeRO on both ends: summed whole over the ends, then over dp
+    ("llama", True, 2, 2, 1, {"zero": 1, "schedule": "1f1b"}),
 ]
 
 

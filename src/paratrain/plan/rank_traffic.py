@@ -71,6 +71,7 @@ from paratrain.plan.rank_memory import (
     tied_root,
 )
 from paratrain.plan.rank_muon import muon_terms
+from paratrain.plan.tied_traffic import tied_ends_terms
 
 __all__ = ["AXES", "Coords", "RankTraffic", "bytes_by_axis", "rank_traffic", "runtime_scalars"]
 REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
@@ -279,6 +280,7 @@ def rank_traffic(
         for e in comm.pp_traffic(model, workload, layout, ONE_NODE, microbatches, at.stage):
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))
     out += cp_terms(model, workload, layout, microbatches, at.stage)
+    out += tied_ends_terms(model, workload, layout, at)
     if workload.muon_ns_bytes:
         out += muon_terms(model, workload, layout, at, dense_moe(experts, layout.ep))
     if experts is not None:
