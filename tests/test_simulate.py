@@ -39,6 +39,8 @@ LAYOUT_FIELDS = (
     "dp_mode",
     "outer_dtype",
     "fragments",
+    "compress",
+    "compress_rank",
 )
 
 
@@ -83,6 +85,14 @@ AT_SCALE = {
     # DiLoCo: each group's own traffic over dp_shard, the outer step's int8 mean across
     "diloco zero1 dp 64 in 4 groups, int8": dict(
         world=64, zero=1, replicas=4, dp_mode="diloco", outer_dtype="int8"
+    ),
+    # --compress: PowerSGD's factors and products over ZeRO-2's K reduce-scatters; sign
+    # across HSDP's groups in bfloat16
+    "powersgd zero2 pp 2 dp 32": dict(
+        world=64, zero=2, pp=2, k=4, compress="powersgd", compress_rank=2
+    ),  # fmt: skip
+    "sign hsdp zero2 dp 64 in 4 groups bf16": dict(
+        world=64, zero=2, replicas=4, compress="sign", dtype="bfloat16"
     ),
 }
 

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 from paratrain.plan import comm
 from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
-from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import ExpertCounts, shares
 from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import chunk_params, exact, flat_buffers
-from paratrain.plan.rank_powersgd import factor_bytes, local_matrices, powersgd_bytes
+from paratrain.plan.rank_powersgd import (
+    factor_bytes,
+    local_matrices,
+    powersgd_bytes,
+    powersgd_flops,
+)
 
 CODECS = ("int8", "sign")
 ERROR_BYTES = 4  # float32
@@ -139,3 +144,12 @@ def powersgd_terms(
     kept = [t for t in terms if not t.what.startswith("gradients")]
     axis = group_name("dp_cp" if layout.zero == 0 else "dp_shard", layout)
     return [RankTraffic(axis, "all_reduce", "gradients (PowerSGD)", sent), *kept]
+
+
+def compress_flops(model: ModelSpec, workload: Workload, layout: Layout, at: Coords) -> int:
+    """PowerSGD's products on the rank per step, where the counts price it (else 0)."""
+    if not powersgd_predicted(model, workload) or layout.data_ranks == 1:
+        return 0
+    shard = layout.zero == 2 and workload.zero2_accumulate == "shard"
+    reductions = microbatches_for(workload, layout) if shard else 1
+    return powersgd_flops(model, layout, workload.compress_rank, at.stage, reductions)

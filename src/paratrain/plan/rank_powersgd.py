@@ -68,3 +68,11 @@ def powersgd_bytes(numel: int, matrices: list[Matrix], rank: int, k: int, at: in
 def factor_bytes(matrices: list[Matrix], rank: int) -> int:
     """Each approximated matrix's Q, the next step's warm start."""
     return FACTOR_BYTES * rank * sum(b for _, b in compressed(matrices, rank))
+
+
+def powersgd_flops(model: ModelSpec, layout: Layout, rank: int, stage: int, reductions: int) -> int:
+    """The products a rank on `stage` runs per step for PowerSGD, as FlopCounterMode counts
+    them: per approximated matrix (n, m) M Q, M^T P and P Q^T, 2 n m r each, at each of
+    the step's `reductions` (the QR has no count of its own)."""
+    mats = [m for chunk in local_matrices(model, layout, stage) for m in compressed(chunk, rank)]
+    return reductions * sum(6 * a * b * rank for a, b in mats)

@@ -4,7 +4,8 @@ two side by side.
 State bytes and bytes per group come from the same per-rank formulas `paratrain train`
 compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
 (per pipeline stage and cp coordinate; None where not predicted) and, under Muon, the
-Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.py).
+Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.py), and
+under --compress powersgd its factors' products (plan/rank_compress.py).
 Not yet predicted, so `None` here and "-" in the table: calls per group (the planner
 counts bytes, not calls).
 """
@@ -17,6 +18,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_compress import compress_flops
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
 from paratrain.plan.rank_traffic import AXES, Coords
@@ -49,7 +51,13 @@ def _flops(
     c = shape.coords(rank)
     flops = rank_step_flops(model, workload, layout, c["pp"], c["cp"])
     at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
-    return None if flops is None else flops + muon_flops(model, workload, layout, at)
+    if flops is None:
+        return None
+    return (
+        flops
+        + muon_flops(model, workload, layout, at)
+        + compress_flops(model, workload, layout, at)
+    )
 
 
 def rows(measured: dict[str, Any], predicted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
