@@ -155,9 +155,19 @@ CASES = [
     ),
     Case("DiLoCo without replica groups", ["--nproc", "2", "--dp-mode", "diloco"]),
     Case(
-        "DiLoCo with fault tolerance (not yet)",
-        ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--fault-tolerance"],
-    ),
+        "DiLoCo with fault tolerance and int8 outer gradients (not yet)",
+        [
+            "--nproc",
+            "2",
+            "--dp-mode",
+            "diloco",
+            "--replicas",
+            "2",
+            "--fault-tolerance",
+            "--outer-dtype",
+            "int8",
+        ],
+    ),  # fmt: skip
     Case(
         "Streaming DiLoCo saving mid-run (its groups never hold one model there)",
         ["--nproc", "2", "--dp-mode", "diloco", "--replicas", "2", "--fragments", "2"],

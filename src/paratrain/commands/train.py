@@ -114,8 +114,11 @@ def _check_inputs(cfg: RunConfig, env: dict[str, Any] | None, launched_worker: b
     torchrun, where no launcher of ours checked it)."""
     if cfg.train.resume and env is None:  # before any worker starts: is there one, is it whole
         from paratrain.checkpoint import find_resumable
+        from paratrain.fault_tolerance.loop import group_config
 
-        if find_resumable(Path(cfg.train.resume), cfg) is None:
+        # under fault tolerance each group saves and loads as a run of its own
+        saver = group_config(cfg) if cfg.parallel.fault_tolerance else cfg
+        if find_resumable(Path(cfg.train.resume), saver) is None:
             raise ValueError(
                 f"--resume {cfg.train.resume!r}: no complete checkpoint in its checkpoints/"
             )

@@ -38,7 +38,13 @@ def state_tensors(engine: Engine, optimizer: Any) -> list[torch.Tensor]:
         tensors += list(counters)
     for module in engine.modules:
         tensors += [b for _, b in module.named_buffers() if b.is_floating_point()]
-    return tensors
+    return tensors + global_tensors(optimizer)
+
+
+def global_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """DiLoCo's global parameters and outer momentum (none in another mode)."""
+    outer = getattr(optimizer, "outer", None)
+    return [] if outer is None else [*outer.global_, *outer.velocity]
 
 
 def scaler_tensor(engine: Engine) -> torch.Tensor:
@@ -58,8 +64,14 @@ def state_digest(engine: Engine, optimizer: Any, group: CommGroup) -> str:
     """SHA-256 of the whole training state of a replica group (every rank's
     `state_tensors` and loss scalers, bit for bit, in rank order): equal digests, equal
     states."""
+    return digest([*state_tensors(engine, optimizer), scaler_tensor(engine)], group)
+
+
+def digest(tensors: list[torch.Tensor], group: CommGroup) -> str:
+    """SHA-256 of every rank's `tensors` of `group`, bit for bit, in rank order (group
+    rank 0 gets it; the others "")."""
     mine = hashlib.sha256()
-    for t in [*state_tensors(engine, optimizer), scaler_tensor(engine)]:
+    for t in tensors:
         mine.update(t.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     digest = torch.frombuffer(bytearray(mine.digest()), dtype=torch.uint8)
     everyone = comm.gather(digest, group)  # group rank 0 gets them; the others None

@@ -8,13 +8,13 @@ the step again draws what it drew); a group behind the others heals first. Each
 participant trains the slice of the sample stream its round assigns (quorum.assign_slots):
 under --ft-data drop its own slice of the step's global batch, which is dropped when the
 group is out of the round; under replay the next slice not yet trained. quorum.jsonl
-names them."""
+names them. Under --dp-mode diloco the rounds carry DiLoCo's outer steps instead of the
+gradients' mean (outer_rounds.py, reduction.py), and checkpoints and stops wait for one."""
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -29,16 +29,23 @@ from paratrain.config import RunConfig
 from paratrain.data.document_rows import training_rows
 from paratrain.data.supervised import run_row_layout
 from paratrain.data.tokens import BatchSampler, TokenData, on_device
-from paratrain.fault_tolerance.across_groups import heal, mean_across, state_digest
+from paratrain.fault_tolerance.across_groups import (
+    digest,
+    global_tensors,
+    heal,
+    state_digest,
+    state_tensors,
+)
 from paratrain.fault_tolerance.coordinator import END
+from paratrain.fault_tolerance.outer_rounds import OuterRound, outer_round
 from paratrain.fault_tolerance.participant import Participant
 from paratrain.fault_tolerance.quorum import (
     Fault,
     Quorum,
-    computes_the_same,
     parse_faults,
 )
 from paratrain.fault_tolerance.record import ft_data_of
+from paratrain.fault_tolerance.reduction import Reduction
 from paratrain.fault_tolerance.rounds import Mispredicted, RoundAborted, Rounds
 from paratrain.mesh import Mesh
 from paratrain.train.engine import Engine
@@ -55,53 +62,11 @@ HANG_TIMEOUTS = 2
 KILLED_EXIT = 43  # an injected kill's exit status: not a signal, so the agent relaunches
 
 
-class InjectedFault(RuntimeError):
-    """--inject-fault allreduce-error: this group's reduction reports a failure."""
-
-
 def group_config(cfg: RunConfig) -> RunConfig:
     """What one replica group is on its own: dp / R ranks, no replica groups."""
     p = cfg.parallel
     inner = replace(p, dp=p.dp // p.replicas, replicas=1, nproc=p.nproc // p.replicas)
     return replace(cfg, parallel=inner)
-
-
-class Reduction:
-    """The step's `across`: the mean over the participants, then the vote. Computed ahead
-    (`guessed`), it first learns the round decided meanwhile and checks it is the one."""
-
-    def __init__(
-        self,
-        participant: Participant,
-        quorum: Quorum,
-        guessed: bool,
-        fail: bool,
-        hold_s: float = 0.0,
-    ) -> None:
-        self.participant, self.quorum, self.guessed = participant, quorum, guessed
-        self.fail, self.hold_s = fail, hold_s  # --inject-fault allreduce-error, hang
-
-    def __call__(self, engine: Engine, loss: float, tokens: int) -> tuple[float, int]:
-        if self.guessed:
-            decided = self.participant.decision()
-            if not computes_the_same(decided, self.quorum, self.participant.group):
-                raise Mispredicted(decided)
-            self.quorum = decided  # its generation and participants, which may differ
-        ok = True
-        if self.hold_s:
-            log.warning("injected hang at step %d: holding the reduction for %.0f s",
-                        self.quorum.step + 1, self.hold_s)  # fmt: skip
-            time.sleep(self.hold_s)
-        try:
-            loss, tokens = mean_across(engine, self.participant.across(self.quorum), loss, tokens)
-            if self.fail:
-                raise InjectedFault(f"injected allreduce-error at step {self.quorum.step + 1}")
-        except RuntimeError as e:  # a peer died (gloo's error, or our timeout), or injected
-            log.warning("round %d: the reduction failed: %s", self.quorum.round, e)
-            ok = False
-        if not self.participant.vote(self.quorum, ok):
-            raise RoundAborted(self.quorum)
-        return loss, tokens
 
 
 def train_in_rounds(
@@ -125,13 +90,14 @@ def train_in_rounds(
     me, faults = participant.group, Injected(cfg, participant)
     timer, metrics = StepTimer(mesh.ledger), list[StepMetrics]()
     rounds = Rounds(participant, p.replicas, ft_data_of(p.replay_quorum, p.ft_data))
+    outer = outer_round(cfg, optimizer)  # DiLoCo's, else None
     save = partial(_save, run_dir, engine, optimizer, mesh, inner, data, t.keep_checkpoints)
     step, stopped_at, saver = first, None, None  # saver: of the last round committed here
     while step < t.steps:
         timer.start(step)  # the step's time includes its round: the protocol's cost shows
         quorum = rounds.next(step)
         if quorum.step == END:  # before the last step: keep what was trained
-            stopped_at = step if saver == me and save(step) else None
+            stopped_at = step if saver == me and _one_model(step, outer) and save(step) else None
             break
         joined = _join(engine, optimizer, participant, quorum, step)
         if joined is None:  # left out of the round, or copying the state failed
@@ -141,8 +107,10 @@ def train_in_rounds(
         micro_batches = _micro_batches(sampler, quorum, me, mesh, cfg)
         timer.data_done()
         reduce = faults.reduction(quorum, rounds.is_guess(quorum), step)  # a kill exits here
+        reduce.for_diloco(outer, partial(state_tensors, engine, optimizer), step + 1)
         try:
             out = train_step(engine, optimizer, micro_batches, lr(step), t.grad_clip, reduce)
+            reduce.after_update(engine)
         except (Mispredicted, RoundAborted) as e:
             torch.set_rng_state(rng)  # computed again, the step draws what it drew
             rounds.redo(e)
@@ -153,17 +121,51 @@ def train_in_rounds(
             on_step(metrics[-1], me == saver)
         step += 1
         rounds.ended(quorum, committed=True)
-        stopped_at = step if stop is not None and step < t.steps and stop() else None
-        if (stopped_at is not None or checkpoint_due(step, t)) and me == saver:
+        stopped_at = step if _stop_now(step, t.steps, stop, outer) else None
+        if (stopped_at is not None or _checkpoint_due(step, t, outer)) and me == saver:
             save(step)
         if stopped_at is not None:
             break
-    digest = state_digest(engine, optimizer, mesh.control)  # before `finish` changes the layout
+    return _finished(inner, engine, optimizer, data, metrics, first, stopped_at, mesh)
+
+
+def _finished(
+    inner: RunConfig,
+    engine: Engine,
+    optimizer: Any,
+    data: TokenData,
+    metrics: list[StepMetrics],
+    first: int,
+    stopped_at: int | None,
+    mesh: Mesh,
+) -> TrainResult:
+    """train/loop.py's end, with the group's state digests (taken before `finish` changes
+    the layout): the whole state's, and under DiLoCo the global state's."""
+    state = state_digest(engine, optimizer, mesh.control)
+    global_state = digest(global_tensors(optimizer), mesh.control)
     result = finish_training(
         inner, engine, optimizer, data, metrics, first, stopped_at, mesh.device
     )
-    result.extra["state_digest"] = digest
+    result.extra["state_digest"] = state
+    if optimizer.outer is not None:
+        result.extra["global_digest"] = global_state
     return result
+
+
+def _checkpoint_due(done: int, t: Any, outer: OuterRound | None) -> bool:
+    return outer.checkpoint_due(done, t.checkpoint_every) if outer else checkpoint_due(done, t)
+
+
+def _one_model(done: int, outer: OuterRound | None) -> bool:
+    """Whether the groups hold one model after `done` steps: always, but under DiLoCo only
+    after an outer step."""
+    return outer is None or outer.due(done)
+
+
+def _stop_now(done: int, steps: int, stop: Callable[[], bool] | None, outer: Any) -> bool:
+    """A stop asked for (collective over the group): after this step, or under DiLoCo after
+    the block's outer step, so that its checkpoint holds one model."""
+    return stop is not None and done < steps and _one_model(done, outer) and stop()
 
 
 def _save(

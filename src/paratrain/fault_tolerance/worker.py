@@ -103,6 +103,8 @@ class GroupRecord:
             summary["restarts"] = restarts
             summary["last_step"] = result.metrics[-1].step
             summary["state_digest"] = result.extra["state_digest"]
+            if "global_digest" in result.extra:  # DiLoCo's global parameters and momentum
+                summary["global_digest"] = result.extra["global_digest"]
             rd.write_summary(self.dir, summary)
 
     def close(self) -> None:

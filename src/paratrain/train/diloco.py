@@ -150,8 +150,12 @@ class OuterSteps:
         return [i for f in fragments for i in self.fragments[f]]
 
     def checkpoint_due(self, done: int) -> bool:
-        """The last step, and the first whole outer step at or after each
-        --checkpoint-every multiple: a checkpoint holds one model only after one."""
-        every = self.checkpoint_every
-        crossed = every > 0 and done // every > (done - self.every) // every
-        return done == self.steps or (self.due(done) and crossed)
+        return checkpoint_after(done, self.due(done), self.checkpoint_every, self.every, self.steps)
+
+
+def checkpoint_after(done: int, synced: bool, every: int, h: int, steps: int) -> bool:
+    """After `done` of `steps` steps, `synced` (the groups hold one model): the last step,
+    and the first whole outer step at or after each --checkpoint-every multiple `every`
+    (H = `h` steps apart): a checkpoint holds one model only after one."""
+    crossed = every > 0 and done // every > (done - h) // every
+    return done == steps or (synced and crossed)

@@ -15,10 +15,19 @@ def diloco_rules(cfg: RunConfig) -> None:
             "--dp-mode diloco trains replica groups apart: give --replicas 2 or more "
             "(dividing the data-parallel ranks)"
         )
-    if p.fault_tolerance:  # a group lost mid inner loop, healed from a peer: not yet
-        raise ValueError(
-            "--dp-mode diloco with --fault-tolerance is not supported yet; use no --fault-tolerance"
-        )
+    if p.fault_tolerance:  # plain DiLoCo only (fault_tolerance/outer_rounds.py)
+        plain = [
+            (p.fragments > 1, f"--fragments {p.fragments}", "--fragments 1"),
+            (p.sync_delay > 0, f"--sync-delay {p.sync_delay}", "--sync-delay 0"),
+            (p.merge_alpha > 0, f"--merge-alpha {p.merge_alpha}", "--merge-alpha 0"),
+            (p.outer_dtype != "float32", f"--outer-dtype {p.outer_dtype}", "float32"),
+        ]
+        for refused, given, instead in plain:
+            if refused:
+                raise ValueError(
+                    f"--dp-mode diloco --fault-tolerance with {given} is not supported yet; "
+                    f"use {instead}"
+                )
     if p.fragments > cfg.model.n_layer:
         raise ValueError(
             f"--fragments {p.fragments} is more than the model's {cfg.model.n_layer} blocks; "
