@@ -35,17 +35,19 @@ def state_digests(out: Path) -> dict[str, str]:
 @pytest.mark.e2e
 def test_a_group_killed_mid_inner_loop_is_left_out_of_the_outer_step_and_heals(tmp_path):
     """3 groups of one rank, H 4: group 1 is killed at step 6. That round aborts; the outer
-    round of step 8 commits over groups 0 and 2 only. When group 1 is back it copies a
+    round of step 8 first fails (group 2's injected error: every group puts back the
+    state it kept before its inner update) and then commits over groups 0 and 2 only. When group 1 is back it copies a
     peer's state (a heal in the record), and at the end every group's global parameters
     and momentum are bitwise the same (a heal without the outer state fails this: its
     global copy would be the one it started from). The fault-free replay of the record
     ends with every group's whole state bitwise the faulty run's."""
     layout = [*THREE_GROUPS, *DILOCO, *FT, "--min-replicas", "1"]
     out = tmp_path / "faults"
-    run(out, *layout, "--max-restarts", "1", "--inject-fault", "kill:1:6", steps=STEPS)
+    faults = ["--inject-fault", "kill:1:6", "--inject-fault", "allreduce-error:2:8"]
+    run(out, *layout, "--max-restarts", "1", *faults, steps=STEPS)
     record = rounds(out)
     failed = [r for r in record if not r["committed"]]
-    assert failed and failed[0]["step"] == 5
+    assert [r["step"] for r in failed[:2]] == [5, 7]  # the kill, then the outer round's error
     outer = next(r for r in record if r["committed"] and r["step"] == 7)  # done = 8
     assert outer["participants"] == [0, 2]
     healed = {pair[0] for r in record for pair in r["heal"]}
