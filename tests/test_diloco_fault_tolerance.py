@@ -36,11 +36,12 @@ def state_digests(out: Path) -> dict[str, str]:
 def test_a_group_killed_mid_inner_loop_is_left_out_of_the_outer_step_and_heals(tmp_path):
     """3 groups of one rank, H 4: group 1 is killed at step 6. That round aborts; the outer
     round of step 8 first fails (group 2's injected error: every group puts back the
-    state it kept before its inner update) and then commits over groups 0 and 2 only. When group 1 is back it copies a
-    peer's state (a heal in the record), and at the end every group's global parameters
-    and momentum are bitwise the same (a heal without the outer state fails this: its
-    global copy would be the one it started from). The fault-free replay of the record
-    ends with every group's whole state bitwise the faulty run's."""
+    state it kept before its inner update) and then commits over groups 0 and 2 only.
+    When group 1 is back it copies a peer's state (a heal in the record), and at the end
+    every group's global parameters and momentum are bitwise the same (a heal without
+    the outer state fails this: its global copy would be the one it started from). The
+    fault-free replay of the record ends with every group's whole state bitwise the
+    faulty run's."""
     layout = [*THREE_GROUPS, *DILOCO, *FT, "--min-replicas", "1"]
     out = tmp_path / "faults"
     faults = ["--inject-fault", "kill:1:6", "--inject-fault", "allreduce-error:2:8"]
