@@ -200,9 +200,17 @@ CASES = {  # name: (world, H, outer lr, momentum, nesterov, layout)
         dict(dp=2, fragments=2, sync_delay=1, merge_alpha=0.5),
     ),
     "tau 1, alpha 0, dp 4 ZeRO-1": (4, 2, 0.7, 0.9, True, dict(dp=4, zero=1, sync_delay=1)),
+    # more fragments than H: p 2 over H 1, both at offset 0, every step
+    "streaming, 2 fragments over H 1, dp 2": (2, 1, 0.7, 0.9, True, dict(dp=2, fragments=2)),
     # tau 3 beyond H / p = 2: one fragment's step still in flight when the other's starts
-    "streaming, 2 fragments, tau 3, dp 2": (2, 4, 0.7, 0.9, True, dict(dp=2, fragments=2,
-                                                                       sync_delay=3)),  # fmt: skip
+    "streaming, 2 fragments, tau 3, dp 2": (
+        2,
+        4,
+        0.7,
+        0.9,
+        True,
+        dict(dp=2, fragments=2, sync_delay=3),
+    ),  # fmt: skip
     "alpha 0.5, dp 2 x tp 2": (4, 2, 0.7, 0.9, True, dict(dp=2, tp=2, merge_alpha=0.5)),
     "dp 4, ZeRO-1 groups of 2, averaging": (4, 3, 1.0, 0.0, False, dict(dp=4, zero=1)),
     "dp 2 x pp 2, ZeRO-1, momentum": (4, 2, 0.5, 0.5, False, dict(dp=2, pp=2, zero=1)),
