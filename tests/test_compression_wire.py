@@ -5,32 +5,9 @@ the end of the run cancel out."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from paratrain.comm.group import CommOptions
-from paratrain.measure import tcp_bytes as wire
-from paratrain.mesh import Mesh
 from tests.distributed import run_distributed
-from tests.equivalence import tiny_data
 from tests.test_prediction import config
-from tests.test_wire import PREAMBLES_MAX
-
-
-def _per_step(rank: int, world: int, cfg) -> tuple[float, float]:
-    """(bytes delivered on the wire, bytes in the ledger) per step, this rank."""
-    from paratrain.train.loop import train
-
-    mesh = Mesh.build(dp=world, options=CommOptions(order=cfg.parallel.comm_order))
-    acked, ledger = [], []
-    for steps in (1, 3):
-        run = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
-        mesh.ledger.reset()
-        with wire.WireMeter() as meter:  # a FileStore: no store socket to leave out
-            train(run, mesh, tiny_data())
-        acked.append(meter.acked)
-        ledger.append(mesh.ledger.bytes_sent())
-    mesh.close()
-    return (acked[1] - acked[0]) / 2, (ledger[1] - ledger[0]) / 2
+from tests.test_wire import PREAMBLES_MAX, per_step_on_the_wire
 
 
 def test_int8_with_error_feedback_sends_a_quarter_of_the_bytes_on_the_wire():
@@ -42,7 +19,7 @@ def test_int8_with_error_feedback_sends_a_quarter_of_the_bytes_on_the_wire():
     for method in ("none", "int8"):
         cfg = config(dp=2)
         cfg.parallel.compress, cfg.train.val_batches = method, 0
-        sent[method] = run_distributed(_per_step, 2, cfg, order="gloo")
+        sent[method] = run_distributed(per_step_on_the_wire, 2, cfg, order="gloo")
     for (plain, _), (ours, ledger) in zip(sent["none"], sent["int8"], strict=True):
         print(f"per step on the wire: float32 {plain:,.0f}, int8 {ours:,.0f} bytes; "
               f"int8's ledger {ledger:,.0f}")  # fmt: skip

@@ -121,3 +121,27 @@ def test_gloo_models():
     assert gloo_model("broadcast", "native", 100, 4) == [200, 100, 0, 0]
     assert gloo_model("reduce_scatter", "native", 400, 4) == [600] * 4  # 2 (k-1)/k S
     assert gloo_model("reduce", "native", 400, 4) is None
+
+
+def per_step_on_the_wire(rank: int, world: int, cfg, op: str | None = None) -> tuple:
+    """(bytes delivered on the wire, the ledger's bytes of `op`, every op's by default)
+    per training step, this rank: the difference between a run of 3 steps and one of 1,
+    so that set-up and the end of the run cancel out (run_distributed's function)."""
+    import dataclasses
+
+    from paratrain.comm.group import CommOptions
+    from paratrain.mesh import Mesh
+    from paratrain.train.loop import train
+    from tests.equivalence import tiny_data
+
+    mesh = Mesh.build(dp=world, options=CommOptions(order=cfg.parallel.comm_order))
+    acked, ledger = [], []
+    for steps in (1, 3):
+        run = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+        mesh.ledger.reset()
+        with wire.WireMeter() as meter:  # a FileStore: no store socket to leave out
+            train(run, mesh, tiny_data())
+        acked.append(meter.acked)
+        ledger.append(mesh.ledger.bytes_sent(op=op) if op else mesh.ledger.bytes_sent())
+    mesh.close()
+    return (acked[1] - acked[0]) / 2, (ledger[1] - ledger[0]) / 2

@@ -76,7 +76,7 @@ def run_diloco_bench(
     """`links`: (latency in seconds per message step, bandwidth in bytes/s; 0: no limit);
     `base`: the model and batch (default: `paratrain train`'s); `data`: the tokens
     (default: the embedded default data)."""
-    links = links or [(0.0, 0.0), (1e-3, 1e9), (2e-3, 1e8), (5e-3, 2e7)]
+    links = links or [(0.0, 0.0), (1e-3, 1e9), (2e-3, 1.25e8), (5e-3, 2e7)]  # 1.25e8: 1 Gbit/s
     data = data or load_tokens("")
     base = copy.deepcopy(base or RunConfig())
     p, t = base.parallel, base.train
