@@ -35,26 +35,30 @@ def state_digests(out: Path) -> dict[str, str]:
 @pytest.mark.e2e
 def test_a_group_killed_mid_inner_loop_is_left_out_of_the_outer_step_and_heals(tmp_path):
     """3 groups of one rank, H 4: group 1 is killed at step 6. That round aborts; the outer
-    round of step 8 first fails (group 2's injected error: every group puts back the
-    state it kept before its inner update) and then commits over groups 0 and 2 only.
-    When group 1 is back it copies a peer's state (a heal in the record), and at the end
-    every group's global parameters and momentum are bitwise the same (a heal without
-    the outer state fails this: its global copy would be the one it started from). The
-    fault-free replay of the record ends with every group's whole state bitwise the
-    faulty run's."""
+    round of step 8 commits over groups 0 and 2 only (group 1 cannot be back two steps
+    after its kill: its relaunch takes seconds). The outer round of step 12 fails once
+    (group 2's injected error: every group puts back the state it kept before its inner
+    update) and is computed again. When group 1 is back it copies a peer's state (a heal
+    in the record), and at the end every group's global parameters and momentum are
+    bitwise the same (a heal without the outer state fails this: its global copy would
+    be the one it started from). The fault-free replay of the record ends with every
+    group's whole state bitwise the faulty run's."""
     layout = [*THREE_GROUPS, *DILOCO, *FT, "--min-replicas", "1"]
     out = tmp_path / "faults"
-    faults = ["--inject-fault", "kill:1:6", "--inject-fault", "allreduce-error:2:8"]
+    faults = ["--inject-fault", "kill:1:6", "--inject-fault", "allreduce-error:2:12"]
     run(out, *layout, "--max-restarts", "1", *faults, steps=STEPS)
     record = rounds(out)
-    failed = [r for r in record if not r["committed"]]
-    assert [r["step"] for r in failed[:2]] == [5, 7]  # the kill, then the outer round's error
+    failed = [r["step"] for r in record if not r["committed"]]
+    assert failed[0] == 5 and 11 in failed  # the kill; the outer round of step 12's error
     outer = next(r for r in record if r["committed"] and r["step"] == 7)  # done = 8
     assert outer["participants"] == [0, 2]
     healed = {pair[0] for r in record for pair in r["heal"]}
     final = global_digests(out)
     assert len(set(final.values())) == 1
-    assert (1 in final) == (1 in healed)  # back in time: healed, and in the same state
+    # Back at the last step only by a heal (it starts from nothing), and then in the same
+    # state. (Under load it may come back too late, or be left out again and be behind
+    # when the others end: the existing fault-tolerance tests say the same.)
+    assert 1 not in final or 1 in healed
 
     replay = tmp_path / "replay"
     run(replay, *layout, "--replay-quorum", str(out / "quorum.jsonl"), steps=STEPS)

@@ -44,13 +44,13 @@ def test_an_sgd_checkpoint_resumes_bitwise(tmp_path, zero):
     parameters bitwise the uninterrupted run's."""
     import torch
 
-    from tests.test_diloco import _run_and_record
+    from tests.equivalence import run_and_record
 
     cfg = _sgd_config(zero)
     cfg.train.checkpoint_every = 2
-    full = run_distributed(_run_and_record, 2, cfg, str(tmp_path / "saved"), 0)
+    full = run_distributed(run_and_record, 2, cfg, str(tmp_path / "saved"), 0)
     shutil.copytree(tmp_path / "saved", tmp_path / "again")
-    resumed = run_distributed(_run_and_record, 2, cfg, str(tmp_path / "again"), 2)
+    resumed = run_distributed(run_and_record, 2, cfg, str(tmp_path / "again"), 2)
     for whole, part in zip(full, resumed, strict=True):
         assert part.losses == whole.losses[2:]
         assert all(torch.equal(part.state[k], v) for k, v in whole.state.items())
