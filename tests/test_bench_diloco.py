@@ -33,7 +33,19 @@ def test_diloco_sends_an_hth_of_data_parallelism_across_and_int8_a_quarter_of_th
     assert all(row[way]["median_s"] > 0 for way in row if isinstance(row[way], dict))
 
 
-@pytest.mark.parametrize("flag", [["--steps", "0"], ["--sync-every", "0"], ["--pairs", "1"]])
+def test_one_link_given_by_its_flags_replaces_the_sweep():
+    from paratrain.bench.diloco.run import one_link
+
+    assert one_link(None, None) is None  # the sweep
+    assert one_link(2e-3, 1.25e8) == [(2e-3, 1.25e8)]  # 1 Gbit/s
+    assert one_link(None, 1.25e8) == [(0.0, 1.25e8)]  # no latency
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--steps", "0"], ["--sync-every", "0"], ["--pairs", "1"], ["--link-latency", "-1"],
+     ["--link-bandwidth", "-5"]],
+)  # fmt: skip
 def test_bad_flags_are_refused_in_one_line(flag, capsys):
     assert flag[0] in refused(capsys, "bench", "diloco", *flag)
 

@@ -134,7 +134,8 @@ def per_step_on_the_wire(rank: int, world: int, cfg, op: str | None = None) -> t
     from paratrain.train.loop import train
     from tests.equivalence import tiny_data
 
-    mesh = Mesh.build(dp=world, options=CommOptions(order=cfg.parallel.comm_order))
+    options = CommOptions(order=cfg.parallel.comm_order)
+    mesh = Mesh.build(dp=world, replicas=cfg.parallel.replicas, options=options)
     acked, ledger = [], []
     for steps in (1, 3):
         run = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))

@@ -162,9 +162,10 @@ def _lora(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def _diloco(args: argparse.Namespace) -> tuple[Any, int]:
-    from paratrain.bench.diloco.run import run_diloco_bench
+    from paratrain.bench.diloco.run import one_link, run_diloco_bench
 
-    return run_diloco_bench(args.pairs, args.steps, args.sync_every), 0
+    links = one_link(args.link_latency, args.link_bandwidth)
+    return run_diloco_bench(args.pairs, args.steps, args.sync_every, links), 0
 
 
 def _slow_links(args: argparse.Namespace) -> tuple[Any, int]:

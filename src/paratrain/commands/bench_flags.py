@@ -127,6 +127,17 @@ def _optimizer_benches(benches: Subparsers) -> None:
     diloco.set_defaults(min_pairs=2)
     diloco.add_argument("--steps", type=count, default=40, help="steps of each run")
     diloco.add_argument("--sync-every", type=count, default=10, help="DiLoCo's H")
+    diloco.add_argument(
+        "--link-latency",
+        type=float,
+        help="one link only: seconds per message step between the ranks (default: a sweep)",
+    )
+    diloco.add_argument(
+        "--link-bandwidth",
+        type=float,
+        help="one link only: bytes per second between the ranks, 0 for no limit (1.25e8 is "
+        "1 Gbit/s; default: a sweep)",
+    )
     slow = benches.add_parser(
         "slow-links", help="validation loss and bytes across groups: DP, compression, DiLoCo"
     )

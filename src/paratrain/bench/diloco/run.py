@@ -65,6 +65,17 @@ def _train_one(rank: int, world: int, cfg: RunConfig, data: TokenData, link: tup
     return {"step_s": steps, "sent": sent, "loss": result.metrics[-1].loss}
 
 
+def one_link(latency: float | None, bandwidth: float | None) -> list[tuple[float, float]] | None:
+    """--link-latency / --link-bandwidth: that one link (an unset one: no limit), or None
+    for the sweep."""
+    if latency is None and bandwidth is None:
+        return None
+    for flag, value in (("--link-latency", latency), ("--link-bandwidth", bandwidth)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{flag} {value}: must be 0 or more")
+    return [(latency or 0.0, bandwidth or 0.0)]
+
+
 def run_diloco_bench(
     pairs: int = 3,
     steps: int = 40,
