@@ -72,5 +72,6 @@ def test_streaming_or_quantized_diloco_under_fault_tolerance_is_refused(capsys):
     from tests.test_cli_main import refused
 
     base = ["train", "--nproc", "2", "--replicas", "2", "--dp-mode", "diloco", "--fault-tolerance"]
-    for flag in (["--fragments", "2"], ["--outer-dtype", "int8"], ["--sync-delay", "1"]):
+    for flag in (["--fragments", "2"], ["--outer-dtype", "int8"], ["--sync-delay", "1"],
+                 ["--inject-fault", "hang:1:3"]):  # fmt: skip
         assert "not supported yet" in refused(capsys, *base, "--checkpoint-every", "0", *flag)

@@ -21,6 +21,8 @@ def diloco_rules(cfg: RunConfig) -> None:
             (p.sync_delay > 0, f"--sync-delay {p.sync_delay}", "--sync-delay 0"),
             (p.merge_alpha > 0, f"--merge-alpha {p.merge_alpha}", "--merge-alpha 0"),
             (p.outer_dtype != "float32", f"--outer-dtype {p.outer_dtype}", "float32"),
+            # an inner round has no collective across the groups for a hang to hold
+            ("hang:" in p.inject_fault, "--inject-fault hang", "kill or allreduce-error"),
         ]
         for refused, given, instead in plain:
             if refused:
