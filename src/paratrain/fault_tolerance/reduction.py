@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from paratrain import comm
 from paratrain.fault_tolerance.across_groups import mean_across
 from paratrain.fault_tolerance.outer_rounds import OuterRound
 from paratrain.fault_tolerance.participant import Participant
@@ -55,7 +58,7 @@ class Reduction:
         if self.outer is not None:  # DiLoCo: each group steps on its own gradient
             if self.outer.due(self.done):  # the vote waits for the outer mean
                 self.outer.keep(self.state())
-            elif not self.participant.vote(self.quorum, not self.fail):
+            elif not self.participant.vote(self.quorum, self._peers_alive()):
                 raise RoundAborted(self.quorum)
             return loss, tokens
         ok = True
@@ -73,6 +76,19 @@ class Reduction:
         if not self.participant.vote(self.quorum, ok):
             raise RoundAborted(self.quorum)
         return loss, tokens
+
+    def _peers_alive(self) -> bool:
+        """An inner DiLoCo round's one collective across the groups, a flag: a peer that
+        died fails it at once, as HSDP's mean does, so that the round is voted down now
+        instead of waiting out the dead group's heartbeat (while its relaunch, beating
+        again, would find this round still open). False too for an injected failure."""
+        flag = torch.ones(1, dtype=torch.float64, device="cpu")  # the cross-group group is gloo
+        try:
+            comm.all_reduce(flag, self.participant.across(self.quorum))
+        except RuntimeError as e:  # a peer died (gloo's error, or our timeout)
+            log.warning("round %d: a peer is gone: %s", self.quorum.round, e)
+            return False
+        return not self.fail
 
     def after_update(self, engine: Engine) -> None:
         """DiLoCo's outer round, after its inner update (outer_rounds.py); else nothing."""
