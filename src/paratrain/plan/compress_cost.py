@@ -19,14 +19,18 @@ from dataclasses import replace
 
 from paratrain.plan import comm, moe
 from paratrain.plan.cluster import ClusterSpec
-from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
 from paratrain.plan.comm import ACROSS_REPLICAS, CommEntry
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import local_params
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.rank_powersgd import factor_bytes, local_matrices, powersgd_bytes
+from paratrain.plan.rank_compress import (
+    codec_state_bytes,
+    gradient_all_reduce_bytes,
+    gradient_reduce_scatter_bytes,
+    powersgd_state_bytes,
+)
+from paratrain.plan.rank_powersgd import local_matrices, powersgd_bytes
 
-ERROR_BYTES = 4  # float32
 REDUCTIONS = ("gradients", "gradients, every micro-batch", "gradients, once per step")
 
 
@@ -50,7 +54,7 @@ def _compressed(
     method = workload.compress
     if layout.replicas > 1 and layout.zero and what == ACROSS_REPLICAS and method != "powersgd":
         shard, r = math.ceil(n / (k // layout.replicas)), layout.replicas
-        nbytes = codec_all_reduce_bytes(shard, method, r, 0)
+        nbytes = gradient_all_reduce_bytes(shard, workload, r, 0)
     elif layout.replicas == 1 and what in REDUCTIONS:
         times = k_mb if what.endswith("micro-batch") else 1
         nbytes = times * _reduction_bytes(n, k, model, workload, layout)
@@ -73,38 +77,29 @@ def _elements(model: ModelSpec, layout: Layout, expert: bool) -> tuple[int, int]
 
 
 def _reduction_bytes(n: int, k: int, model: ModelSpec, workload: Workload, layout: Layout) -> int:
-    """One compressed reduction of a GPU's buffer of n elements over k GPUs."""
-    padded = n if layout.zero == 0 else math.ceil(n / k) * k
+    """One compressed reduction of a GPU's buffer of n elements over k GPUs, as rank 0 of
+    the per-rank counts sends it (rank_compress.py)."""
     if workload.compress == "powersgd":
+        padded = n if layout.zero == 0 else math.ceil(n / k) * k
         matrices = [m for chunk in local_matrices(model, layout, 0) for m in chunk]
         return powersgd_bytes(padded, matrices, workload.compress_rank, k, 0)
     if layout.zero == 0:
-        return codec_all_reduce_bytes(n, workload.compress, k, 0)
-    return codec_reduce_scatter_bytes([padded // k] * k, workload.compress, 0)
+        return gradient_all_reduce_bytes(n, workload, k, 0)
+    return gradient_reduce_scatter_bytes(n, workload, k, 0)
 
 
 def gpu_compress_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> int:
-    """One GPU's error buffers (and PowerSGD's factors), dense and expert sets alike."""
+    """One GPU's error buffers (and PowerSGD's factors), dense and expert sets alike, as
+    rank 0's of the per-rank counts (rank_compress.py)."""
     if workload.compress == "none" or layout.data_ranks == 1:
         return 0
-    total = 0
-    for expert in (False, True):
-        n, k = _elements(model, layout, expert)
-        if n == 0 or k == 1:
-            continue
-        if layout.replicas > 1 and layout.zero:
-            shard = math.ceil(n / (k // layout.replicas))
-            total += ERROR_BYTES * (shard + math.ceil(shard / layout.replicas))
-        elif layout.zero:
-            total += ERROR_BYTES * math.ceil(n / k) * k
-        else:
-            total += ERROR_BYTES * (n + math.ceil(n / k))
-    if workload.compress == "powersgd":  # no codec's second rounding; the Q factors
+    if workload.compress == "powersgd":  # a dense model (paratrain plan refuses experts)
         n, k = _elements(model, layout, False)
-        total -= ERROR_BYTES * math.ceil(n / k) if layout.zero == 0 else 0
-        matrices = [m for chunk in local_matrices(model, layout, 0) for m in chunk]
-        total += factor_bytes(matrices, workload.compress_rank)
-    return total
+        size = n if layout.zero == 0 else math.ceil(n / k) * k
+        matrices = local_matrices(model, layout, 0)
+        return powersgd_state_bytes([size], matrices, workload.compress_rank)
+    sets = [_elements(model, layout, expert) for expert in (False, True)]
+    return sum(codec_state_bytes([n], layout.zero, k, 0, layout.replicas) for n, k in sets if n)
 
 
 def compress_problems(workload: Workload, layout: Layout) -> list[str]:

@@ -30,7 +30,7 @@ from paratrain.plan.rank_diloco import GROUP_AXES, OUTER_BYTES, group_layout, ou
 GATHER = "updated parameters"
 
 
-def outer_pieces(model: ModelSpec, workload: Workload, layout: Layout) -> int:
+def outer_pieces(model: ModelSpec, layout: Layout) -> int:
     """Elements of a GPU's pieces: its ZeRO shard in its group, or its parameters whole."""
     n = local_params(model.params, layout.tp, layout.pp)
     inner = group_layout(layout)
@@ -46,7 +46,7 @@ def diloco_traffic(
         replace(e, axis=GROUP_AXES.get(e.axis, e.axis))
         for e in comm.traffic(model, workload, inner, cluster, k_mb)
     ]
-    pieces, r = outer_pieces(model, workload, layout), layout.replicas
+    pieces, r = outer_pieces(model, layout), layout.replicas
     link = comm.axis_link("dp_replicate", layout, cluster)
     sent = outer_bytes(pieces, workload.outer_dtype, r, 0)
     what = f"DiLoCo's pseudo-gradient, every {h} steps, per step"
@@ -67,7 +67,7 @@ def diloco_traffic(
 def diloco_state(model: ModelSpec, workload: Workload, layout: Layout) -> ModelState:
     """The outer step's float32 copies of a GPU's pieces: the global parameters (as
     master) and the outer momentum (as optimizer state)."""
-    nbytes = OUTER_BYTES * outer_pieces(model, workload, layout)
+    nbytes = OUTER_BYTES * outer_pieces(model, layout)
     return ModelState(params=0, grads=0, optimizer=nbytes, master=nbytes)
 
 

@@ -26,6 +26,7 @@ from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scat
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon import Matrix
 from paratrain.plan.rank_experts import ExpertCounts, shares
 from paratrain.plan.rank_groups import Coords, RankTraffic, data_rank, group_name
 from paratrain.plan.rank_memory import chunk_params, exact, flat_buffers
@@ -75,13 +76,12 @@ def compress_state_bytes(
     if powersgd_predicted(model, workload) and experts is None and k > 1:
         sizes = _bucket_sizes(model, layout, at.stage)
         matrices = local_matrices(model, layout, at.stage)
-        factors = sum(factor_bytes(m, workload.compress_rank) for m in matrices)
-        return ERROR_BYTES * sum(sizes) + factors
+        return powersgd_state_bytes(sizes, matrices, workload.compress_rank)
     if codec(workload) is None:
         return 0
     if experts is not None:
         return sum(
-            _codec_state(share.flat, layout.zero, share.size, share.rank, layout.replicas)
+            codec_state_bytes(share.flat, layout.zero, share.size, share.rank, layout.replicas)
             for share in shares(model, experts, layout, at)
         )
     if workload.lora is not None:
@@ -91,10 +91,16 @@ def compress_state_bytes(
     else:
         chunks = chunk_params(model, layout, at.stage)
     rank = data_rank(layout, at)
-    return sum(_codec_state([n], layout.zero, k, rank, layout.replicas) for n in chunks)
+    return sum(codec_state_bytes([n], layout.zero, k, rank, layout.replicas) for n in chunks)
 
 
-def _codec_state(flat: list[int], zero: int, k: int, rank: int, replicas: int) -> int:
+def powersgd_state_bytes(sizes: list[int], matrices: list[list[Matrix]], rank: int) -> int:
+    """Wrappers' errors for reduced buffers of `sizes` and the Q of each approximated
+    matrix among `matrices` (per buffer)."""
+    return ERROR_BYTES * sum(sizes) + sum(factor_bytes(m, rank) for m in matrices)
+
+
+def codec_state_bytes(flat: list[int], zero: int, k: int, rank: int, replicas: int) -> int:
     """A wrapper's errors over k ranks (rank `rank` of them) for buffers of `flat` elements:
     whole with the owned chunk's (all-reduced), ZeRO-1/2's padded buffer (reduce-scattered),
     or under HSDP the shard with its owned chunk across the groups."""

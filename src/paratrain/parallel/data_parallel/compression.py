@@ -18,8 +18,9 @@ mean worker error and the owners' server errors) equal the sum of the true mean
 gradients: the invariant tests/test_compression.py checks.
 
 The first `start` steps reduce exactly (the errors stay zero; PowerSGD's Q keeps its
-seeded start). The state (errors, server errors, PowerSGD's Q factors, the step count)
-is this rank's own and is checkpointed under the rank's keys (checkpoint/state.py).
+seeded start). The state (errors, server errors, PowerSGD's Q factors) is this rank's own
+and is checkpointed under the rank's keys (checkpoint/training_state.py); the step count
+comes back from the checkpoint's step (checkpoint/load.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from paratrain import comm
 from paratrain.comm.codecs import CODECS
 from paratrain.comm.low_precision import encode_chunks, gather_encoded, sum_encoded
 from paratrain.comm.traffic import chunk_sizes
+from paratrain.config.choices import COMPRESS_METHODS
 from paratrain.parallel.data_parallel.powersgd import (
     Matrix,
     exact_ranges,
@@ -40,15 +42,18 @@ from paratrain.parallel.data_parallel.powersgd import (
     powersgd_mean,
 )
 
-METHODS = ("powersgd", "int8", "sign")
-
 
 @dataclass(frozen=True)
 class CompressSettings:
-    method: str  # one of METHODS
+    method: str  # powersgd, or a codec of comm/codecs.py: int8, sign
     rank: int = 1  # PowerSGD's rank
     start: int = 0  # steps reduced exactly before compression starts
     seed: int = 0  # PowerSGD's first Q
+
+    def __post_init__(self) -> None:
+        valid = [m for m in COMPRESS_METHODS if m != "none"]
+        if self.method not in valid:
+            raise ValueError(f"compression {self.method!r}; valid: {', '.join(valid)}")
 
 
 def compress_settings(method: str, rank: int, start: int, seed: int) -> CompressSettings | None:
@@ -92,8 +97,8 @@ class GradCompressor:
     ) -> None:
         self.settings, self.steps = settings, 0
         self.buffers = {b.key: b for b in buffers}
-        zeros = torch.zeros
-        self.errors = {b.key: zeros(b.numel, device=device) for b in buffers}
+        f32 = torch.float32  # whatever the gradients' dtype: they are reduced in float32
+        self.errors = {b.key: torch.zeros(b.numel, dtype=f32, device=device) for b in buffers}
         self.server: dict[str, torch.Tensor] = {}
         self.factors: dict[str, list[torch.Tensor]] = {}
         for i, b in enumerate(buffers):
@@ -101,7 +106,7 @@ class GradCompressor:
                 qs = first_factors(b.matrices, settings.rank, settings.seed + i, device)
                 self.factors[b.key] = qs
             elif b.owned:
-                self.server[b.key] = zeros(b.owned, device=device)
+                self.server[b.key] = torch.zeros(b.owned, dtype=f32, device=device)
 
     @property
     def active(self) -> bool:
