@@ -67,6 +67,9 @@ class LoraSpec:
     targets: tuple[int, ...]
 
 
+ONE_BUCKET = 2**62  # Workload.bucket_bytes of --bucket-mb 0: larger than any gradient
+
+
 @dataclass(frozen=True)
 class Workload:
     """How the model is trained, independent of the layout."""
@@ -80,6 +83,7 @@ class Workload:
     activation_bytes_override: float | None = None  # per GPU, replaces the count
     overlap: float = 0.0  # fraction of data-parallel traffic hidden behind backward
     bucket_bytes: int = 25 * 2**20  # gradient bucket (PyTorch DDP's 25 MiB default)
+    # ONE_BUCKET: --bucket-mb 0, the whole gradient in one bucket
     train_tokens: float = 300e9  # for the total training time (GPT-3 trained on 300B)
     # ZeRO-2 with K > 1 micro-batches: "shard" reduce-scatters after every micro-batch into
     # the shard (the runtime's default, DeepSpeed's ZeRO-2: model state 2N + 14N/k with

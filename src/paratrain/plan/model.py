@@ -119,23 +119,43 @@ class ModelSpec:
 
     def parts(self, tp: int) -> ModelParts:
         """Parameters per block and at each end, split over tp or replicated (see
-        `ModelParts`), as the model's tensor-parallel plan (models/plans.py) splits them."""
+        `ModelParts`), as the model's tensor-parallel plan (models/plans.py) splits them:
+        `tensors`' sums."""
+        t = self.tensors(tp)
+        block, first, last = (ModelParts.Part(sum(n for n, split in place if split),
+                                              sum(n for n, split in place if not split))
+                              for place in (t.block, t.first, t.last))  # fmt: skip
+        return ModelParts(block, first, last, self.tie_embeddings)
+
+    def tensors(self, tp: int) -> ModelTensors:
+        """Each parameter tensor on one tp rank, in the model's registration order (the
+        order the data-parallel wrappers bucket them in): (elements, split over tp)."""
         shape = self.shape
         h, v, t = shape.d_model, shape.vocab_size, tp
+        table = (v * h // t, True)  # the vocabulary-split token table, or the head
         if self.arch == "gpt":
-            # q k v with biases, proj, fc with bias, proj: split; LayerNorms 4h and the
-            # row-parallel biases 2h: replicated.
-            block = ModelParts.Part((12 * h * h + 7 * h) // t, 6 * h)
-            first = ModelParts.Part(v * h // t, shape.max_seq_len * h)
-            last = ModelParts.Part(v * h // t, 2 * h)
+            # ln1, q k v with biases, proj (its bias whole), ln2, fc with bias, proj
+            # (its bias whole): the column-parallel layers' biases split with them.
+            w, b, norm = (h * h // t, True), (h // t, True), [(h, False), (h, False)]
+            fc = (4 * h * h // t, True)
+            block = [*norm, w, b, w, b, w, b, w, (h, False), *norm, fc, (4 * h // t, True),
+                     fc, (h, False)]  # fmt: skip
+            first, last = [table, (shape.max_seq_len * h, False)], [*norm, table]
         else:  # llama: no biases; RMSNorms h each, replicated
-            d_kv = kv_heads(shape) * (h // shape.n_head)
-            block = ModelParts.Part(
-                (2 * h * h + 2 * h * d_kv + 3 * h * ffn_width(shape)) // t, 2 * h
-            )
-            first = ModelParts.Part(v * h // t, 0)
-            last = ModelParts.Part(v * h // t, h)
-        return ModelParts(block, first, last, self.tie_embeddings)
+            d_kv, f = kv_heads(shape) * (h // shape.n_head), ffn_width(shape)
+            q, kv, ffn = (h * h // t, True), (h * d_kv // t, True), (h * f // t, True)
+            block = [(h, False), q, kv, kv, q, (h, False), ffn, ffn, ffn]
+            first, last = [table], [(h, False), table]
+        return ModelTensors(tuple(block), tuple(first), tuple(last))
+
+
+@dataclass(frozen=True)
+class ModelTensors:
+    """`ModelSpec.tensors`: per block and at each end, (elements on one tp rank, split)."""
+
+    block: tuple[tuple[int, bool], ...]
+    first: tuple[tuple[int, bool], ...]
+    last: tuple[tuple[int, bool], ...]
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,8 @@ of the strategy, and too small to matter for a big model (they are left out of
 
 Gradients are reduced over dp_cp (dp x cp ranks: the cp ranks hold the same parameters)
 in fp32 whatever the compute dtype (REDUCE_BYTES), one flat buffer at a time under ZeRO
-(rank_memory.flat_buffers). ZeRO-2 follows `Workload.zero2_accumulate`: one
-reduce-scatter per step ("full") or one per micro-batch ("shard"). Context parallelism's
-own traffic over cp is rank_context.py's; a mixture of experts (its two parameter shares,
-routing, the ep all-to-alls) rank_experts.py's.
+(rank_memory.flat_buffers), without ZeRO a bucket at a time (grad_buckets.py). ZeRO-2
+follows `Workload.zero2_accumulate`. cp's own traffic: rank_context.py; experts' rank_experts.py.
 
 Two tensor-parallel terms depend on how this runtime works, so they are counted here:
 - full recomputation (PyTorch's non-reentrant checkpoint) stops recomputing a block once
@@ -42,6 +40,7 @@ from dataclasses import replace
 from paratrain.plan import comm
 from paratrain.plan import rank_compress as compressed
 from paratrain.plan.cluster import ClusterSpec
+from paratrain.plan.grad_buckets import gradient_buckets
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
 from paratrain.plan.model import ModelSpec
@@ -66,6 +65,7 @@ from paratrain.plan.rank_groups import (
 )
 from paratrain.plan.rank_memory import (
     chunk_params,
+    exact,
     flat_buffers,
     replicated_params,
     tied_root,
@@ -150,13 +150,16 @@ def _dp_gradients(
         return []
     if layout.zero:
         return _zero_traffic(model, workload, layout, microbatches, at)
-    # One all-reduce per chunk (each chunk is wrapped on its own), exact for one bucket per
-    # chunk and for buckets whose element counts k divides.
-    lora = workload.lora is not None  # LoRA: the adapters' gradients only
-    chunks = [sum(c) for c in lora_chunks(model, layout, at.stage, workload)] if lora else None
-    chunks = chunk_params(model, layout, at.stage) if chunks is None else chunks
+    # One all-reduce per bucket (a ring rounds each call on its own); LoRA's adapters, or
+    # a model given by its count: one per chunk (exact for one bucket per chunk).
+    if workload.lora is not None:
+        calls = [sum(c) for c in lora_chunks(model, layout, at.stage, workload)]
+    elif exact(model):
+        calls = gradient_buckets(model, workload, layout, at)
+    else:
+        calls = chunk_params(model, layout, at.stage)
     rank = data_rank(layout, at)
-    sent = sum(compressed.gradient_all_reduce_bytes(n, workload, k, rank) for n in chunks)
+    sent = sum(compressed.gradient_all_reduce_bytes(n, workload, k, rank) for n in calls)
     return [RankTraffic(group_name("dp_cp", layout), "all_reduce", "gradients", sent)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from paratrain.config import RunConfig
 from paratrain.config.resolution import muon_ns_dtype
 from paratrain.models.plans import PLANS, lora_patterns
-from paratrain.plan.layout import PRECISIONS, SCHEDULES, Layout, LoraSpec, Workload
+from paratrain.plan.layout import ONE_BUCKET, PRECISIONS, SCHEDULES, Layout, LoraSpec, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_experts import run_model
 
@@ -33,7 +33,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         global_batch=t.global_batch,
         precision=PRECISIONS["fp32" if t.dtype == "float32" else "mixed"],
         recompute=t.recompute,
-        bucket_bytes=int(p.bucket_mb * 2**20) or 2**62,
+        bucket_bytes=int(p.bucket_mb * 2**20) or ONE_BUCKET,
         zero2_accumulate=p.zero2_accumulate,
         # Muon over whole matrices or ZeRO's shards (plan/muon.py, plan/muon_shards.py)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if muon else 0,

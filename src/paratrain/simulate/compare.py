@@ -5,9 +5,9 @@ State bytes and bytes per group come from the same per-rank formulas `paratrain 
 compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_flops.py
 (per pipeline stage and cp coordinate; None where not predicted) and, under Muon, the
 Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.py), and
-under --compress powersgd its factors' products (plan/rank_compress.py).
-Not yet predicted, so `None` here and "-" in the table: calls per group (the planner
-counts bytes, not calls).
+under --compress powersgd its factors' products (plan/rank_compress.py); calls per group
+from plan/rank_calls.py. Where a quantity is not predicted: `None` here and "-" in the
+table.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             "rank": r,
             **{k: every.model_state[r][k] for k in STATE_KINDS},
             "bytes": dict(every.bytes_per_step[r]),
-            "calls": dict.fromkeys(AXES),
+            "calls": dict(every.calls_per_step[r]),
             "flops": _flops(model, workload, layout, shape, r),
         }
         for r in ranks

@@ -55,6 +55,7 @@ from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_calls import rank_calls
 from paratrain.plan.rank_compress import POWERSGD_NOTE, compress_state_bytes, powersgd_predicted
 from paratrain.plan.rank_diloco import (
     group_coords,
@@ -84,6 +85,8 @@ class Prediction:
     # per global rank: the part of its bytes that depends on the router's choices (the ep
     # token all-to-all), predicted for a balanced router; the rest is exact
     routed: list[int] = field(default_factory=list)
+    # per global rank: calls per group (None where not predicted: plan/rank_calls.py)
+    calls_per_step: list[dict[str, int | None]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,7 +107,7 @@ def predict(cfg: RunConfig) -> Prediction:
         replicas=layout.replicas,
     )  # fmt: skip
     k = cfg.train.microbatches
-    states, sent, acts, routed = [], [], [], []
+    states, sent, acts, routed, calls = [], [], [], [], []
     for rank in range(shape.world_size):
         c = shape.coords(rank)
         at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
@@ -114,6 +117,13 @@ def predict(cfg: RunConfig) -> Prediction:
         )
         sent.append(bytes_by_axis(terms))
         routed.append(sum(t.bytes for t in terms if t.routed))
+        counted = experts is None and cfg.parallel.dp_mode != "diloco"
+        counted = counted and cfg.train.dtype != "float16"  # the scaler's overflow votes
+        calls.append(
+            rank_calls(model, workload, layout, k, at, *_tp_options(cfg))
+            if counted
+            else dict.fromkeys(AXES)
+        )
         acts.append(activations.stage_activation_bytes(model, workload, layout, k, at.stage))
     modelled = layout.pp == 1 or cfg.parallel.schedule in SCHEDULES
     bubble: float | None = pipeline.bubble_fraction(layout.pp, k, layout.chunks, layout.schedule)
@@ -126,7 +136,11 @@ def predict(cfg: RunConfig) -> Prediction:
         notes.append("diloco: bytes of an outer step (the last); inner ones send no dp_replicate")
         if cfg.parallel.sync_delay:  # their all-reduces were counted where they started
             notes.append("--sync-delay: the last step's dp_replicate leaves out steps in flight")
-    return Prediction(states, sent, acts, bubble, notes, routed)
+    return Prediction(states, sent, acts, bubble, notes, routed, calls)
+
+
+def _tp_options(cfg: RunConfig) -> tuple[bool, float]:
+    return cfg.parallel.sequence_parallel, cfg.model.dropout
 
 
 def _state_and_terms(
@@ -147,9 +161,8 @@ def _state_and_terms(
         else expert_model_state(model, experts, workload, inner, here)
     )
     terms = rank_traffic(
-        model, workload, inner, cfg.train.microbatches, here, cfg.parallel.sequence_parallel,
-        cfg.model.dropout, experts,
-    )  # fmt: skip
+        model, workload, inner, cfg.train.microbatches, here, *_tp_options(cfg), experts
+    )
     if not diloco:  # --compress's error buffers, as gradients (plan/rank_compress.py)
         grads = state.grads + compress_state_bytes(model, workload, layout, at, experts)
         return dataclasses.replace(state, grads=grads), terms
