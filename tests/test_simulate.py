@@ -1,12 +1,13 @@
 """`paratrain simulate` (simulate/): a rank built and trained as `train` builds it, on fake
 tensors over torch's fake process group.
 
-Exactness: at world sizes no other test reaches, each simulated rank's model-state bytes
-and bytes per group per step equal the planner's per-rank prediction exactly (both count
-tensor sizes and ring formulas: no rounding anywhere). Faithfulness: at world 4 on gloo,
-a simulated rank measures exactly what the same rank of a real run measures, with the
-same measuring code (`measure_training`): state bytes, the ledger's bytes and calls per
-group, and FlopCounterMode's FLOPs, which depend on shapes only, never on values.
+Exactness: at world sizes no other test reaches, each simulated rank's model-state bytes,
+bytes and calls per group per step, FLOPs and the tensor bytes of its checkpoint's DCP
+save plan equal the planner's per-rank prediction exactly (both count tensor sizes, ring
+formulas and calls: no rounding anywhere). Faithfulness: at world 4 on gloo, a simulated
+rank measures exactly what the same rank of a real run measures, with the same measuring
+code (`measure_training`): state bytes, the ledger's bytes and calls per group,
+FlopCounterMode's FLOPs and the save plan, which depend on shapes only, never on values.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ AT_SCALE = {
         world=64, tp=2, pp=2, recompute="selective", k=4, bucket_mb=1 / 128
     ),
 }
-# Calls per group are not predicted under Muon, DiLoCo or --compress (plan/rank_calls.py)
-CALLS_UNPREDICTED = ("muon", "diloco", "powersgd", "sign")
+# Calls per group and a checkpoint's bytes are not predicted under Muon, DiLoCo or
+# --compress (plan/rank_calls.py, plan/rank_checkpoint.py)
+UNPREDICTED = ("muon", "diloco", "powersgd", "sign")
 
 
 @pytest.mark.parametrize("name", list(AT_SCALE))
@@ -119,8 +121,9 @@ def test_simulated_ranks_equal_the_planner_at_scale(name):
         group = "dp_shard" if cfg.parallel.dp_mode == "diloco" else group
         assert measured["bytes"][group] > 0
         assert disagreements(measured, predicted[measured["rank"]]) == []
-        calls = predicted[measured["rank"]]["calls"].values()
-        assert (None in calls) == any(word in name for word in CALLS_UNPREDICTED)
+        mine, unpredicted = predicted[measured["rank"]], any(w in name for w in UNPREDICTED)
+        assert (None in mine["calls"].values()) == unpredicted
+        assert (mine["checkpoint"] is None) == unpredicted
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])

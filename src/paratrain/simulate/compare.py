@@ -6,8 +6,8 @@ compares with its ledger (train/prediction.py `predict`), FLOPs from plan/rank_f
 (per pipeline stage and cp coordinate; None where not predicted) and, under Muon, the
 Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.py), and
 under --compress powersgd its factors' products (plan/rank_compress.py); calls per group
-from plan/rank_calls.py. Where a quantity is not predicted: `None` here and "-" in the
-table.
+from plan/rank_calls.py; a checkpoint's bytes from plan/rank_checkpoint.py. Where a
+quantity is not predicted: `None` here and "-" in the table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
@@ -39,9 +40,20 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             "bytes": dict(every.bytes_per_step[r]),
             "calls": dict(every.calls_per_step[r]),
             "flops": _flops(model, workload, layout, shape, r),
+            "checkpoint": _checkpoint(cfg, model, workload, layout, shape.coords(r)),
         }
         for r in ranks
     }
+
+
+def _checkpoint(
+    cfg: RunConfig, model: ModelSpec, workload: Workload, layout: Layout, c: dict[str, int]
+) -> int | None:
+    """The tensor bytes of the rank's part of a checkpoint (plan/rank_checkpoint.py)."""
+    if cfg.parallel.dp_mode == "diloco" or cfg.model.num_experts:
+        return None
+    at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
+    return checkpoint_bytes(model, workload, layout, at)
 
 
 def _flops(
@@ -69,6 +81,7 @@ def rows(measured: dict[str, Any], predicted: dict[str, Any]) -> list[tuple[str,
             if m or p:
                 out.append((f"{kind} {a}", m, p))
     out.append(("flops", measured["flops"], predicted["flops"]))
+    out.append(("checkpoint", measured["checkpoint"], predicted["checkpoint"]))
     return out
 
 

@@ -4,7 +4,8 @@ a fake world, and what it measured per step, under the keys the prediction uses.
 The measurement is taken as `paratrain train` takes it (train/prediction.py): the model
 state is the loop's record at the last step's end; bytes and calls per group are the
 ledger's between the last two step ends (the first step also carries set-up), and the
-FLOPs are `FlopCounterMode`'s between the same two marks.
+FLOPs are `FlopCounterMode`'s between the same two marks. After the last step, one
+checkpoint's save planning (save_plan.py): the tensor bytes of this rank's DCP plan.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from paratrain.data.tokens import TokenData
 from paratrain.mesh import Mesh
 from paratrain.plan.rank_traffic import AXES
 from paratrain.simulate.fake import SimulatedTensors, join_fake_world
+from paratrain.simulate.save_plan import local_save_plan, planned_tensor_bytes
 from paratrain.train.loop import train
 from paratrain.train.prediction import STATE_KINDS
 
@@ -113,4 +115,5 @@ def measure_training(cfg: RunConfig, mesh: Mesh, data: TokenData) -> dict[str, A
         marks = StepMarks(mesh, flops)
         result = train(cfg, mesh, data, marks.mark, on_start=marks.mark)
     state = result.extra["model_state_bytes"]
-    return {**{k: int(state[k]) for k in STATE_KINDS}, **marks.last_step()}
+    saved = planned_tensor_bytes(local_save_plan(result.engine, result.optimizer, mesh))
+    return {**{k: int(state[k]) for k in STATE_KINDS}, **marks.last_step(), "checkpoint": saved}
