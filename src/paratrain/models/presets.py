@@ -5,8 +5,9 @@ Pure data and arithmetic (no torch): each preset is the [model] fields it sets, 
 has them (tests/test_models.py builds every preset on the meta device and compares).
 
 Published shapes: GPT-2 small (Radford et al. 2019; Hugging Face `gpt2`: 124,439,808
-parameters, head tied to the token embedding); Llama 3.2 1B and Llama 3 8B and 70B (Meta's
-model cards and Hugging Face configs: 1,235,814,400, 8,030,261,248 and 70,553,706,496).
+parameters, head tied to the token embedding); Llama 3.2 1B and Llama 3 8B, 70B and 405B
+(Meta's model cards and Hugging Face configs: 1,235,814,400, 8,030,261,248,
+70,553,706,496 and 405,853,388,800; 405B's context is Llama 3.1's).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "llama3-70b": {"arch": "llama", "vocab_size": 128256, "n_layer": 80, "n_head": 64,
                    "n_kv_head": 8, "d_model": 8192, "ffn_hidden": 28672, "max_seq_len": 8192,
                    "rope_theta": 500000.0},
+    # Llama 3 405B (Llama 3.1's context: pre-trained at 8192, then extended to 131,072)
+    "llama3-405b": {"arch": "llama", "vocab_size": 128256, "n_layer": 126, "n_head": 128,
+                    "n_kv_head": 8, "d_model": 16384, "ffn_hidden": 53248,
+                    "max_seq_len": 131072, "rope_theta": 500000.0},
 }  # fmt: skip
 
 CUSTOM = "custom"  # no preset: every [model] field as given (an imported model's)
@@ -46,6 +51,7 @@ PUBLISHED_PARAMS = {  # the counts of the published checkpoints, for the tests
     "llama3-1b": 1_235_814_400,
     "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
 }
 
 
