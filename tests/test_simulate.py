@@ -21,7 +21,8 @@ from paratrain.config import RunConfig
 from paratrain.mesh import MeshShape
 from paratrain.simulate.compare import disagreements, rank_predictions
 from paratrain.simulate.rank import build_mesh, measure_training
-from paratrain.simulate.ranks import role_ranks, simulate_ranks
+from paratrain.simulate.ranks import simulate_ranks
+from paratrain.simulate.roles import mesh_roles, roles
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
@@ -233,7 +234,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_process(argv, says, capsys,
 def test_roles_are_each_stage_at_the_first_and_last_dp_and_tp_coordinates():
     shape = MeshShape(dp=4, pp=2, tp=4)
     # (pp, dp, tp) -> rank = (pp * 4 + dp) * 4 + tp
-    assert role_ranks(shape) == [0, 3, 12, 15, 16, 19, 28, 31]
+    assert mesh_roles(shape) == [0, 3, 12, 15, 16, 19, 28, 31]
 
 
 def test_roles_under_cp_take_the_last_rank_of_dp_cp_where_the_shards_end():
@@ -241,10 +242,27 @@ def test_roles_under_cp_take_the_last_rank_of_dp_cp_where_the_shards_end():
     last, not cp 0 (the shard index is dp * cp + the cp coordinate)."""
     shape = MeshShape(dp=2, pp=1, tp=2, cp=4, ep=8)
     # (dp, cp, tp) -> rank = (dp * 4 + cp) * 2 + tp; dp_cp index dp * 4 + cp
-    assert role_ranks(shape) == [0, 1, 14, 15]
-    for rank in role_ranks(shape):
+    assert mesh_roles(shape) == [0, 1, 14, 15]
+    for rank in mesh_roles(shape):
         c = shape.coords(rank)
         assert c["dp"] * shape.cp + c["cp"] in (0, shape.dp * shape.cp - 1)
+
+
+def test_roles_add_the_middle_ranks_that_hold_a_partial_or_no_zero_shard():
+    """ZeRO-3 over 200 ranks: a block's 12,704 elements in shards of 64 end in rank 198's
+    partial shard, the embeddings' 9,216 in shards of 47 and the head's 8,256 in shards
+    of 42 in rank 196's, and the ranks after each hold padding only. Each of 196, 197 and
+    198 is a kind of its own, and measures what the planner says."""
+    cfg = layout(world=200, zero=3)
+    chosen = roles(cfg)
+    middle = [r for r in chosen if 0 < r < 199]
+    assert middle and chosen == sorted({0, 199, *middle})
+    predicted = rank_predictions(cfg, [0, *middle, 199])
+    part = {r: (p["params"], p["checkpoint"]) for r, p in predicted.items()}
+    assert middle == [196, 197, 198]
+    assert all(part[r] not in (part[0], part[199]) for r in middle)
+    for measured, _ in simulate_ranks(cfg, middle):
+        assert disagreements(measured, predicted[measured["rank"]]) == []
 
 
 def test_json_gives_measured_and_predicted_under_the_same_keys(capsys):

@@ -80,9 +80,9 @@ def checked_config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     cfg = checked_config(args)
     from paratrain.simulate.compare import comparison_lines, disagreements, rank_predictions
-    from paratrain.simulate.ranks import mesh_shape, parse_ranks, simulate_ranks
+    from paratrain.simulate.ranks import parse_ranks, simulate_ranks
 
-    ranks = parse_ranks(args.ranks, mesh_shape(cfg))  # before any process starts
+    ranks = parse_ranks(args.ranks, cfg)  # before any process starts
     predicted = rank_predictions(cfg, ranks)
     differ = False
     for measured, host in simulate_ranks(cfg, ranks):

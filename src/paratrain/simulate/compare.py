@@ -24,7 +24,7 @@ from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
 from paratrain.plan.rank_traffic import AXES, Coords
 from paratrain.plan.run_inputs import planner_inputs
-from paratrain.simulate.ranks import mesh_shape
+from paratrain.simulate.roles import mesh_shape
 from paratrain.train.prediction import STATE_KINDS, Prediction, predict
 
 
