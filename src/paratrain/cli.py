@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Any, NoReturn
 
 from paratrain import __version__
@@ -40,6 +41,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}{hint(message)} (see --help)\n")
 
 
+class WholeNames(argparse.HelpFormatter):
+    """Help lines wrapped between words only: a preset's name (`seeds-80gb-nvlink300-ib50-1e14`)
+    is never cut at one of its hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="paratrain",
@@ -55,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = command(name)
         parser_ = sub.add_parser(
-            name, prog=f"paratrain {name}", help=module.HELP, description=module.HELP
-        )
+            name, prog=f"paratrain {name}", help=module.HELP, description=module.HELP,
+            formatter_class=WholeNames,
+        )  # fmt: skip
         module.add_arguments(parser_)
     return parser
 

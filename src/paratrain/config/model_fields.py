@@ -18,7 +18,8 @@ class ModelConfig:
     )
     arch: str = param("gpt", "Architecture.", choices=ARCHS)
     vocab_size: int = param(256, "Vocabulary size; 256 for byte-level text.", at_least=1)
-    n_layer: int = param(4, "Number of transformer blocks.", at_least=1)
+    # at most: deeper than any model trained, and the planner lists every block's tensors
+    n_layer: int = param(4, "Number of transformer blocks.", at_least=1, at_most=100_000)
     n_head: int = param(4, "Attention heads per block; must divide d_model.", at_least=1)
     n_kv_head: int = param(
         0,
