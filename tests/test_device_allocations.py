@@ -47,7 +47,7 @@ HOST_SIDE = {
         "the CPU random stream's state; CUDA streams are seeded on their device",
     ("train/preemption.py", "Preemption.__call__", "tensor"):
         "the SIGTERM flag, agreed over the gloo control group",
-    ("train/prediction.py", "PredictionTracker.compare", "tensor"):
+    ("train/prediction_tracker.py", "PredictionTracker.compare", "tensor"):
         "byte counts for the report, gathered over the gloo control group",
     ("train/cuda_memory.py", "cuda_memory", "tensor"):
         "the allocator's byte counts for the summary, gathered over the gloo control group",

@@ -23,12 +23,8 @@ from paratrain.mesh import Mesh
 from paratrain.models.presets import preset
 from paratrain.plan.rank_memory import padding_bytes
 from paratrain.train.loop import train
-from paratrain.train.prediction import (
-    PredictionTracker,
-    describe_prediction,
-    planner_inputs,
-    predict,
-)
+from paratrain.train.prediction import describe_prediction, planner_inputs, predict
+from paratrain.train.prediction_tracker import PredictionTracker
 from paratrain.validate import resolve_and_check
 from tests.distributed import run_distributed
 from tests.equivalence import tiny_config, tiny_data
@@ -60,6 +56,17 @@ def train_tracked(cfg: RunConfig, data, ledger: Ledger | None = None) -> tuple:
     return result, tracker.compare(result.extra["model_state_bytes"]), mesh
 
 
+def calls_agree(predicted: dict, measured: dict) -> int:
+    """Calls per group equal on every rank wherever the planner counts them (None: not
+    counted, plan/rank_calls.py); how many (rank, group) pairs it counted."""
+    counted = 0
+    for p, m in zip(predicted["calls_per_step"], measured["calls_per_step"], strict=True):
+        mine = {a: c for a, c in p.items() if c is not None}
+        assert mine == {a: m[a] for a in mine}
+        counted += len(mine)
+    return counted
+
+
 def train_and_compare(rank: int, world: int, cfg: RunConfig, data) -> dict:
     _, compared, mesh = train_tracked(cfg, data)
     mesh.close()
@@ -76,6 +83,7 @@ def test_summary_predicted_and_measured_bytes_agree_dp2():
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
         (dp_bytes, *_) = {r["dp"] for r in measured["bytes_sent_per_step"]}
         assert dp_bytes > 0  # gradients really moved
+        assert calls_agree(predicted, measured) == 2 * 10  # every group of both ranks
     assert per_rank[0] == per_rank[1]  # every rank reports every rank
 
 
@@ -98,6 +106,7 @@ def test_zero_model_state_and_bytes_agree_with_padding_dp3(zero, dtype):
         predicted, measured = compared["predicted"], compared["measured"]
         assert predicted["model_state_bytes"] == measured["model_state_bytes"]
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+        assert calls_agree(predicted, measured) == 3 * 10
     state = per_rank[0]["measured"]["model_state_bytes"][0]
     shard = -(-42_880 // 3)
     assert state["optimizer"] == 2 * 4 * shard  # fp32 m and v of one shard (padding: params)
@@ -119,6 +128,7 @@ def test_zero2_default_accumulates_into_the_shard_predicted_exactly_dp3():
         predicted, measured = compared["predicted"], compared["measured"]
         assert predicted["model_state_bytes"] == measured["model_state_bytes"]
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+        assert calls_agree(predicted, measured) == 3 * 10
         assert measured["model_state_bytes"] == full.model_state
         for shard, whole in zip(measured["bytes_sent_per_step"], full.bytes_per_step, strict=True):
             assert shard["dp"] - whole["dp"] == 114_352
@@ -184,6 +194,7 @@ def test_llama_and_tied_models_are_predicted_exactly(arch, tie, dp, pp, tp, opti
         predicted, measured = compared["predicted"], compared["measured"]
         assert predicted["model_state_bytes"] == measured["model_state_bytes"]
         assert predicted["bytes_sent_per_step"] == measured["bytes_sent_per_step"]
+        assert calls_agree(predicted, measured) == world * 10
 
 
 def cp_and_moe_configs() -> list[RunConfig]:
@@ -257,6 +268,8 @@ def test_cp_and_experts_predicted_per_rank_and_group():
             predicted, measured = compared["predicted"], compared["measured"]
             assert predicted["model_state_bytes"] == measured["model_state_bytes"]
             p_sent, m_sent = predicted["bytes_sent_per_step"], measured["bytes_sent_per_step"]
+            counted = calls_agree(predicted, measured)
+            assert counted == (4 * 10 if cfg.parallel.cp > 1 else 0)  # experts: not counted
             if cfg.parallel.cp > 1:
                 assert p_sent == m_sent
                 assert m_sent[rank]["cp"] > 0 and m_sent[rank]["dp_cp"] > 0

@@ -7,10 +7,11 @@ At the end every rank reports what it held and sent, and the summary carries bot
     "predicted": {"model_state_bytes": [per rank {params, grads, optimizer, master,
                   total}], "bytes_sent_per_step": [per rank {dp, dp_cp, cp, tp, pp, ep,
                   expert_dp}], "routed_bytes_per_step": [per rank],
+                  "calls_per_step": [per rank, by group; None where not predicted],
                   "activation_bytes": [per rank], "bubble_fraction": float or None}
     "measured":  {"model_state_bytes": [...], "bytes_sent_per_step": [...],
-                  "bytes_sent_total": [per rank, by group, from the start to the last
-                  step's end, set-up included], "step": n}
+                  "calls_per_step": [...], "bytes_sent_total": [per rank, by group,
+                  from the start to the last step's end, set-up included], "step": n}
 
 The groups are the comm ledger's names (plan/rank_groups.py): with cp 1 the gradient
 group dp_cp is "dp", with ep 1 the experts' expert_dp is the gradient group.
@@ -20,7 +21,9 @@ between two optimizer steps (the first step also carries set-up: the replicas' i
 parameter broadcast). The measured model state is the runtime's own record at the last
 step's end (`TrainResult.extra["model_state_bytes"]`, train/engine.py): tensor sizes for
 DataParallel, the flat buffers and shards for ZeRO and FSDP, their padding under params.
-Predictions per rank come from plan/rank_memory.py and plan/rank_traffic.py, exact for our
+The measurement is train/prediction_tracker.py's.
+Predictions per rank come from plan/rank_memory.py and plan/rank_traffic.py (calls from
+plan/rank_calls.py), exact for our
 GPT (ZeRO shards of ceil(n / k) per flat buffer, and that padding), and include the
 runtime's bookkeeping scalars; ZeRO-2 follows `parallel.zero2_accumulate` (one gradient
 reduce-scatter per step with "full", one per micro-batch with "shard"), and "full"'s
@@ -46,11 +49,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from paratrain import comm
 from paratrain.config import RunConfig
-from paratrain.mesh import Mesh, MeshShape
+from paratrain.mesh import MeshShape
 from paratrain.plan import activations, pipeline
 from paratrain.plan.layout import SCHEDULES, Layout, Workload
 from paratrain.plan.memory import ModelState
@@ -93,6 +93,7 @@ class Prediction:
             "model_state_bytes": self.model_state,
             "bytes_sent_per_step": self.bytes_per_step,
             "routed_bytes_per_step": self.routed,
+            "calls_per_step": self.calls_per_step,
             "activation_bytes": [None if a is None else round(a) for a in self.activation_bytes],
             "bubble_fraction": self.bubble,
         }
@@ -205,96 +206,3 @@ def describe_prediction(pred: Prediction, rank: int = 0) -> list[str]:
         + "".join(f"; {n}" for n in pred.notes)
     )
     return [first, second]
-
-
-class PredictionTracker:
-    """Installed around `train`: the prediction at the start, the measurement at the end.
-
-    `step_done` (called from the loop's on_step) marks each step's end with the ledger's
-    bytes by group, so evaluation traffic after the last step is not counted. The model
-    state is the record `train` makes at the last step's end, which the worker hands to
-    `compare` (`TrainResult.extra["model_state_bytes"]`, from train/engine.py).
-    """
-
-    def __init__(self, cfg: RunConfig, mesh: Mesh) -> None:
-        self.mesh = mesh
-        # train/loop.py's runs (sync, DiLoCo); not yet the parameter server's
-        self.measuring = cfg.parallel.dp_mode != "async"
-        self.prediction = predict(cfg) if self.measuring else None
-        self.marks: list[dict[str, int]] = []
-        self.last_step = 0  # none yet in this start
-        if self.measuring:
-            self.marks.append(self._ledger())
-        if self.prediction is not None and mesh.global_rank == 0:
-            for line in describe_prediction(self.prediction):
-                log.info(line)
-
-    def _ledger(self) -> dict[str, int]:
-        return {axis: self.mesh.ledger.bytes_sent(group=axis) for axis in AXES}
-
-    def step_done(self, step: int) -> None:
-        """`step`: the global step just done (a resumed run's count on from its checkpoint)."""
-        if self.measuring:
-            self.marks.append(self._ledger())
-            self.last_step = step
-
-    def close(self) -> None:
-        """Nothing to release; kept so the worker's try/finally reads the same as before."""
-
-    def measure(self, state: dict[str, int] | None) -> list[int]:
-        """This rank's model-state bytes (STATE_KINDS), last step's bytes (AXES) and bytes
-        from this start to the last step's end, set-up included (AXES)."""
-        state = state or {}
-        before, after = self.marks[-2:] if len(self.marks) > 1 else (self.marks[0],) * 2
-        return (
-            [state.get(kind, 0) for kind in STATE_KINDS]
-            + [after[a] - before[a] for a in AXES]
-            + [after[a] - self.marks[0][a] for a in AXES]
-        )
-
-    def compare(self, state: dict[str, int] | None) -> dict[str, Any]:
-        """Collective over the world group: {"predicted", "measured"} ("measured" alone when
-        not predicted), or {} for the parameter server's runs.
-
-        Every rank must call it (it all-gathers the ranks' measurements). `state`: this
-        rank's model-state record at the last step's end (TrainResult.extra).
-        """
-        if not self.measuring:
-            return {}
-        mine = torch.tensor(self.measure(state), dtype=torch.float64, device="cpu")  # host-side
-        world = self.mesh.control
-        every = comm.all_gather_flat(mine, world, sizes=[mine.numel()] * world.size)
-        rows = every.view(world.size, -1).tolist()
-        n = len(STATE_KINDS)
-        states = []
-        for r in rows:
-            state = dict(zip(STATE_KINDS, map(int, r[:n]), strict=True))
-            states.append({**state, "total": sum(state.values())})
-        a = len(AXES)
-        measured = {
-            "model_state_bytes": states,
-            "bytes_sent_per_step": [
-                dict(zip(AXES, map(int, r[n : n + a]), strict=True)) for r in rows
-            ],
-            "bytes_sent_total": [dict(zip(AXES, map(int, r[n + a :]), strict=True)) for r in rows],
-            "step": self.last_step,
-        }
-        if self.prediction is None:
-            return {"measured": measured}
-        if self.mesh.global_rank == 0:
-            log.info(summary_line(self.prediction, measured))
-        return {"predicted": self.prediction.as_dict(), "measured": measured}
-
-
-def summary_line(pred: Prediction, measured: dict[str, Any]) -> str:
-    """Predicted beside measured for rank 0, in one log line."""
-    p_state, m_state = pred.model_state[0], measured["model_state_bytes"][0]
-    p_sent, m_sent = pred.bytes_per_step[0], measured["bytes_sent_per_step"][0]
-    sent = ", ".join(f"{a} {p_sent[a]:,} / {m_sent[a]:,}" for a in AXES if p_sent[a] or m_sent[a])
-    items = ", ".join(f"{k} {p_state[k]:,} / {m_state[k]:,}" for k in STATE_KINDS)
-    return (
-        f"predicted / measured (rank 0): model state {p_state['total']:,} / "
-        f"{m_state['total']:,} bytes ({items})"
-        # No step ran here (a resumed run that was already complete): no traffic to compare.
-        + (f"; bytes sent in step {measured['step']}: {sent}" if sent and measured["step"] else "")
-    )

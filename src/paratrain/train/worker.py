@@ -26,7 +26,7 @@ from paratrain.train.loop import train
 from paratrain.train.metrics import TrainResult
 from paratrain.train.optim import warmup_note
 from paratrain.train.pipeline_trace import record_trace
-from paratrain.train.prediction import PredictionTracker
+from paratrain.train.prediction_tracker import PredictionTracker
 from paratrain.train.preemption import Preemption, StoppedAtOnce
 from paratrain.train.progress import Progress
 from paratrain.train.provenance import end_start, write_provenance
