@@ -1,8 +1,9 @@
 """The planner's gradient buckets (plan/grad_buckets.py) against the runtime's own
 bucketing of the same model's parameters: the tensors in registration order, DataParallel's
 buckets (last parameter first, the first bucket capped at 1 MiB) and ZeRO's flat buckets
-(first parameter first, the padding in the last). The simulation checks the same at
-tp > 1 and at scale through the calls and bytes it compares (tests/test_simulate.py)."""
+(the buffer laid out last parameter first, as zero.py does; the padding in the last).
+The simulation checks the same at tp > 1 and at scale through the calls and bytes it
+compares (tests/test_simulate.py)."""
 
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ def test_data_parallel_buckets_are_the_runtimes(arch, tied, cap):
 @pytest.mark.parametrize(("precision", "k"), [("fp32", 3), ("mixed", 7), ("mixed", 1)])
 def test_flat_buckets_are_the_runtimes(arch, tied, cap, precision, k):
     model, spec = model_and_spec(arch, tied)
-    layout = FlatLayout(list(model.named_parameters()), k)
+    layout = FlatLayout(list(model.named_parameters())[::-1], k)  # as zero.py lays them
     (tensors,) = chunk_tensors(spec, Layout(), 0)
     elem = PRECISIONS[precision].grad_bytes
-    cap = elem * (tensors[0] + tensors[1]) if cap == "edge" else cap
+    cap = elem * (tensors[-1] + tensors[-2]) if cap == "edge" else cap  # laid out last first
     workload = Workload(precision=PRECISIONS[precision], bucket_bytes=cap)
     runtime = runtime_flat_buckets(layout, 0 if cap == ONE_BUCKET else cap, elem)
     planned = flat_bucket_sizes(tensors, workload, layout.padded)

@@ -103,6 +103,8 @@ AT_SCALE = {
     "dp buckets of 8 KiB, tp 2": dict(world=64, tp=2, bucket_mb=1 / 128),
     "zero2 buckets of 8 KiB bf16": dict(world=64, zero=2, dtype="bfloat16", bucket_mb=1 / 128),
     "tp 2 sp, full recomputation": dict(world=64, tp=2, sequence_parallel=True, recompute="full"),
+    # each bucket of ZeRO's buffer (laid out last parameter first) encoded part by part
+    "sign zero1 buckets of 8 KiB": dict(world=64, zero=1, compress="sign", bucket_mb=1 / 128),
     "tp 2, pp 2, selective recomputation": dict(
         world=64, tp=2, pp=2, recompute="selective", k=4, bucket_mb=1 / 128
     ),

@@ -85,7 +85,7 @@ def _reduction_bytes(n: int, k: int, model: ModelSpec, workload: Workload, layou
         return powersgd_bytes(padded, matrices, workload.compress_rank, k, 0)
     if layout.zero == 0:
         return gradient_all_reduce_bytes(n, workload, k, 0)
-    return gradient_reduce_scatter_bytes(n, workload, k, 0)
+    return gradient_reduce_scatter_bytes([n], workload, k, 0)  # one bucket: a GPU's buffer whole
 
 
 def gpu_compress_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> int:

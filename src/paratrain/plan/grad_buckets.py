@@ -9,9 +9,10 @@ registration order (`ModelSpec.tensors`):
   (PyTorch DDP's first bucket); a parameter that would take a bucket over its cap starts
   the next one;
 - ZeroDataParallel (ZeRO 0 in mixed precision, ZeRO-1, ZeRO-2; flat_buffer.py
-  `flat_buckets`) cuts its flat buffer first to last, a bucket ending before the
-  parameter that would take it over the bucket size, in the gradients' dtype; the last
-  bucket also covers the buffer's padding (none at stage 0).
+  `flat_buckets`) lays the parameters out last first and cuts its flat buffer from its
+  start, a bucket ending before the parameter that would take it over the bucket size,
+  in the gradients' dtype; the last bucket also covers the buffer's padding (none at
+  stage 0).
 A bucket size of 0 (`ONE_BUCKET`) never cuts.
 """
 
@@ -58,12 +59,14 @@ def ddp_bucket_sizes(numels: list[int], workload: Workload) -> list[int]:
 
 
 def flat_bucket_sizes(numels: list[int], workload: Workload, padded: int = 0) -> list[int]:
-    """ZeroDataParallel's buckets of a flat buffer holding tensors of `numels` elements
-    in order, then padding to `padded` elements: elements each, first bucket first."""
+    """ZeroDataParallel's buckets of a flat buffer of one chunk's tensors (`numels` in
+    registration order; the buffer lays them out last first, zero.py, so that its buckets
+    complete in backward's order), then padding to `padded` elements: elements each, in
+    the buffer's order."""
     cap, elem = workload.bucket_bytes, workload.precision.grad_bytes
     buckets: list[int] = []
     start = end = 0
-    for n in numels:
+    for n in reversed(numels):
         if end > start and elem * (end + n - start) > cap:
             buckets.append(end - start)
             start = end

@@ -21,7 +21,7 @@ are counted here, next to the runtime they describe:
   broadcast one call each;
 - context parallelism: the ring's hops, each a send and a receive; all-to-all attention
   one call for q, k, v and one for the output per pass;
-- the runtime's scalars (rank_traffic.runtime_scalars), one all-reduce each, and the tied
+- the runtime's scalars (runtime_scalars.py), one all-reduce each, and the tied
   table's sum over a ZeRO group (tied_traffic.py).
 
 Not predicted (None): experts, LoRA, Muon, --compress, DiLoCo and Megatron's pipeline
@@ -142,7 +142,7 @@ def _cp_calls(
 def _scalar_calls(
     model: ModelSpec, workload: Workload, layout: Layout, at: Coords
 ) -> list[tuple[str, int]]:
-    """rank_traffic.runtime_scalars' all-reduces on dp_cp and dp_shard (tp's and pp's are
+    """runtime_scalars.py' all-reduces on dp_cp and dp_shard (tp's and pp's are
     counted with their groups), and the tied table's sum over the ZeRO group."""
     out = [(group_name("dp_cp", layout), 1)] if layout.data_ranks > 1 else []
     if layout.zero and layout.shard_ranks > 1:  # the shards' squared norms

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from paratrain.plan import comm
 from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
+from paratrain.plan.grad_buckets import flat_bucket_sizes
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.model import ModelSpec
@@ -55,12 +56,24 @@ def gradient_all_reduce_bytes(numel: int, workload: Workload, k: int, rank: int)
     return codec_all_reduce_bytes(numel, name, k, rank)
 
 
-def gradient_reduce_scatter_bytes(numel: int, workload: Workload, k: int, rank: int) -> int:
-    """ZeRO-1/2's compressed reduce-scatter of a buffer of `numel` (padded to k ceil(n/k))
-    elements: each rank's equal shard to its owner."""
+def gradient_reduce_scatter_bytes(
+    tensors: list[int], workload: Workload, k: int, position: int
+) -> int:
+    """ZeRO-1/2's compressed reduce-scatters of a flat buffer holding `tensors` (elements
+    each, in order; padded to k ceil(n / k)): per bucket (grad_buckets.py) each rank's part
+    of it to its owner, every part encoded on its own, so each bucket rounds its parts'
+    codes and scale blocks. `position`: the rank's place among the k."""
     name = codec(workload)
     assert name is not None
-    return codec_reduce_scatter_bytes([-(-numel // k)] * k, name, rank)
+    n = sum(tensors)
+    shard = -(-n // k)
+    sent, start = 0, 0
+    for size in flat_bucket_sizes(tensors, workload, shard * k):
+        end = start + size
+        parts = [max(0, min(end, (r + 1) * shard) - max(start, r * shard)) for r in range(k)]
+        sent += codec_reduce_scatter_bytes(parts, name, position)
+        start = end
+    return sent
 
 
 def compress_state_bytes(

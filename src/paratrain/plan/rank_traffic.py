@@ -2,17 +2,7 @@
 
 Traffic per rank per step, by group, is the planner's formulas (comm.py) for that rank's
 stage (its parameters counted exactly by rank_memory.py), plus the runtime's bookkeeping
-scalars, kept apart and labelled because they are a property of this runtime rather than
-of the strategy, and too small to matter for a big model (they are left out of
-`estimate`, so the seeds' figures reproduce to the byte):
-- dp_cp (the gradient group; "dp" with cp 1: rank_groups.py): the (loss, tokens) pair,
-  two float64, all-reduced for token weighting; under ZeRO also the gradient norm's two
-  squared sums (split, replicated) of the shards;
-- tp: the gradient norm's squared sum of the split parameters, one float64 (train/clip.py);
-- pp: the squared norm summed over stages, one float64; the loss broadcast from the last
-  stage, one float32, along the chain last -> 0 -> 1 -> ... (comm/traffic.py); with a
-  mixture of experts instead the loss summed over the stages (each holds its blocks'
-  balancing terms) and the routing log's two all-reduces (train/experts.py).
+scalars (runtime_scalars.py), kept apart and labelled.
 
 Gradients are reduced over dp_cp (dp x cp ranks: the cp ranks hold the same parameters)
 in fp32 whatever the compute dtype (REDUCE_BYTES), one flat buffer at a time under ZeRO
@@ -40,7 +30,7 @@ from dataclasses import replace
 from paratrain.plan import comm
 from paratrain.plan import rank_compress as compressed
 from paratrain.plan.cluster import ClusterSpec
-from paratrain.plan.grad_buckets import gradient_buckets
+from paratrain.plan.grad_buckets import chunk_tensors, gradient_buckets
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
 from paratrain.plan.model import ModelSpec
@@ -71,9 +61,10 @@ from paratrain.plan.rank_memory import (
     tied_root,
 )
 from paratrain.plan.rank_muon import muon_terms
+from paratrain.plan.runtime_scalars import runtime_scalars
 from paratrain.plan.tied_traffic import tied_ends_terms
 
-__all__ = ["AXES", "Coords", "RankTraffic", "bytes_by_axis", "rank_traffic", "runtime_scalars"]
+__all__ = ["AXES", "Coords", "RankTraffic", "bytes_by_axis", "rank_traffic"]
 REDUCE_BYTES = 4  # the runtime reduces gradients over dp in fp32, whatever the compute dtype
 # A stand-in cluster: links only label entries; per-rank bytes do not depend on them.
 ONE_NODE = ClusterSpec("one node", 1 << 20, 1 << 20, 1e18, 1, 1, 0, 0, 1, 1)
@@ -97,7 +88,10 @@ def _zero_traffic(
     base = flat_buffers(model, layout, stage)
     chunks = lora_chunks(model, layout, stage, workload) if lora else base
     root = 0 if lora else tied_root(model, layout, stage)
-    out = _buffers_traffic(chunks, root, workload, layout, microbatches)
+    tensors = None if lora else chunk_tensors(model, layout, stage)  # ZeRO-1/2's codec's buckets
+    out = _buffers_traffic(
+        chunks, root, workload, layout, microbatches, tensors, shard_rank(layout, at)
+    )
     if lora:  # and ZeRO-3's gathers of the frozen base
         out += frozen_gathers(model, workload, layout, microbatches, stage)
     return out + _across_replicas(chunks, workload, layout, at)
@@ -118,13 +112,21 @@ def _across_replicas(
 
 
 def _buffers_traffic(
-    chunks: list[list[int]], root: int, workload: Workload, layout: Layout, microbatches: int
+    chunks: list[list[int]],
+    root: int,
+    workload: Workload,
+    layout: Layout,
+    microbatches: int,
+    tensors: list[list[int]] | None = None,
+    position: int = 0,
 ) -> list[RankTraffic]:
-    """`_zero_traffic` of flat buffers of these sizes, per chunk (a root unit first)."""
+    """`_zero_traffic` of flat buffers of these sizes, per chunk (a root unit first);
+    ZeRO-1/2's codec per bucket of each chunk's `tensors` (one bucket if not given) at the
+    rank's `position` in its shard group."""
     runtime = replace(workload, precision=replace(workload.precision, grad_bytes=REDUCE_BYTES))
     layout_k = Layout(dp=layout.shard_ranks, zero=layout.zero)
     sent: dict[tuple[str, str], int] = {}
-    for chunk in chunks:
+    for c, chunk in enumerate(chunks):
         for i, n in enumerate(chunk):
             buffer = ModelSpec("flat buffer", n_params=n)
             for e in comm.dp_traffic(buffer, runtime, layout_k, ONE_NODE, microbatches):
@@ -134,8 +136,9 @@ def _buffers_traffic(
                 if e.op == "reduce_scatter" and compressed.codec(workload) and layout.replicas == 1:
                     times = microbatches if workload.zero2_accumulate == "shard" else 1
                     times = times if layout.zero == 2 else 1
+                    parts = tensors[c] if tensors else [n]  # ZeRO-1/2: one buffer a chunk
                     nbytes = times * compressed.gradient_reduce_scatter_bytes(
-                        n, workload, layout_k.dp, 0
+                        parts, workload, layout_k.dp, position
                     )
                 sent[(e.op, e.what)] = sent.get((e.op, e.what), 0) + nbytes
     dp = group_name("dp_shard", layout)
@@ -187,38 +190,6 @@ def _share_gradients(
             what = t.what if share.kind == "dp_cp" else "expert " + t.what
             axis = t.axis if t.axis == "dp_replicate" else name
             out.append(replace(t, axis=axis, what=what))
-    return out
-
-
-def runtime_scalars(layout: Layout, at: Coords, experts: bool = False) -> list[RankTraffic]:
-    """The runtime's per-step bookkeeping traffic (see the module docstring)."""
-    out, k, dp = [], layout.data_ranks, group_name("dp_cp", layout)
-    if k > 1:
-        sent = comm.ring_all_reduce_rank_bytes(2, 8, k, data_rank(layout, at))
-        out.append(RankTraffic(dp, "all_reduce", "(loss, tokens), float64", sent, True))
-    k = layout.shard_ranks
-    if layout.zero and k > 1:  # the ranks of a replica group (dp_cp without HSDP) hold
-        # disjoint gradient shards: their squares add up (train/clip.py)
-        sent = comm.ring_all_reduce_rank_bytes(2, 8, k, shard_rank(layout, at))
-        what = "gradient-norm squares of the shards, float64"
-        out.append(RankTraffic(group_name("dp_shard", layout), "all_reduce", what, sent, True))
-    if layout.tp > 1:
-        sent = comm.ring_all_reduce_rank_bytes(1, 8, layout.tp, at.tp_rank)
-        out.append(RankTraffic("tp", "all_reduce", "gradient-norm squares, float64", sent, True))
-    s = layout.pp
-    if s > 1:
-        sent = comm.ring_all_reduce_rank_bytes(1, 8, s, at.stage)
-        out.append(RankTraffic("pp", "all_reduce", "gradient-norm sum, float64", sent, True))
-        if experts:  # every stage holds terms of the loss; the routing log spans stages
-            for n, elem, what in [(1, 4, "loss summed over stages, float32"),
-                                  (3, 8, "routing log sums, float64"),
-                                  (2, 8, "routing log extremes, float64")]:  # fmt: skip
-                sent = comm.ring_all_reduce_rank_bytes(n, elem, s, at.stage)
-                out.append(RankTraffic("pp", "all_reduce", what, sent, True))
-            return out
-        position = (at.stage - (s - 1)) % s  # chain from the last stage; the end sends nothing
-        sent = 4 if position != s - 1 else 0
-        out.append(RankTraffic("pp", "broadcast", "loss from the last stage, float32", sent, True))
     return out
 
 

@@ -9,7 +9,8 @@ from typing import Any
 from paratrain.bench.harness.pairs import check_losses, ratio_summary
 from paratrain.config import RunConfig
 from paratrain.plan.layout import Layout
-from paratrain.plan.rank_traffic import Coords, runtime_scalars
+from paratrain.plan.rank_traffic import Coords
+from paratrain.plan.runtime_scalars import runtime_scalars
 
 log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # per step, ours vs the peer: reordered float32 sums (bench/harness/pairs.py)

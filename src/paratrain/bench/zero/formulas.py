@@ -5,7 +5,7 @@
 - Bytes sent per step: the ZeRO paper's (section 7), 2(k-1)S/k for stages 0-2 and
   3(k-1)S/k for stage 3, S = 4N (sharded stages pad S to k ceil(N/k) elements, as the
   planner does, plan/comm.py); and, labelled apart, the runtime's bookkeeping scalars
-  that our one step adds (plan/rank_traffic.py: runtime_scalars): the (loss, tokens) pair and,
+  that our one step adds (plan/runtime_scalars.py): the (loss, tokens) pair and,
   under ZeRO, the gradient norm's two squared sums, each a float64 all-reduce over dp.
 - HSDP (R replica groups of s = k / R ranks): ZeRO-3's forms with s for k, and the
   all-reduce of the gradient shard over the R groups, 2(R-1)/R of 4 ceil(N/s) bytes.
@@ -18,7 +18,8 @@ import math
 from paratrain.plan.comm import all_reduce_bytes
 from paratrain.plan.layout import PRECISIONS, Layout, Workload
 from paratrain.plan.memory import model_state_bytes
-from paratrain.plan.rank_traffic import Coords, runtime_scalars
+from paratrain.plan.rank_traffic import Coords
+from paratrain.plan.runtime_scalars import runtime_scalars
 
 
 def formula_state(
