@@ -109,6 +109,8 @@ class Workload:
     # --compress (plan/rank_compress.py): the gradients' codec, or "none" or "powersgd"
     compress: str = "none"
     compress_rank: int = 1  # PowerSGD's
+    # the step predicted comes before --compress-start: reduced exactly, the state kept
+    compress_idle: bool = False
     # --dp-mode diloco (plan/diloco_cost.py): H, steps between outer steps (0: synchronous)
     sync_every: int = 0
     outer_dtype: str = "float32"  # its pseudo-gradient on the wire

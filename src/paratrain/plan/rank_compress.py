@@ -44,8 +44,10 @@ POWERSGD_NOTE = "--compress powersgd: not predicted with experts or LoRA (counte
 
 
 def codec(workload: Workload) -> str | None:
-    """The codec --compress sends gradients in, None when it sends none."""
-    return workload.compress if workload.compress in CODECS else None
+    """The codec --compress sends the step's gradients in, None when it sends none (also
+    before --compress-start: `Workload.compress_idle`)."""
+    idle = workload.compress_idle
+    return workload.compress if workload.compress in CODECS and not idle else None
 
 
 def gradient_all_reduce_bytes(numel: int, workload: Workload, k: int, rank: int) -> int:
@@ -90,7 +92,7 @@ def compress_state_bytes(
         sizes = _bucket_sizes(model, layout, at.stage)
         matrices = local_matrices(model, layout, at.stage)
         return powersgd_state_bytes(sizes, matrices, workload.compress_rank)
-    if codec(workload) is None:
+    if workload.compress not in CODECS:  # kept from the first step, compressing or not
         return 0
     if experts is not None:
         return sum(
@@ -152,7 +154,7 @@ def powersgd_terms(
     """`terms` with the gradients' reductions over the data-parallel group replaced by
     PowerSGD's all-reduces, where the counts price it."""
     k = layout.data_ranks
-    if not powersgd_predicted(model, workload) or k == 1:
+    if not powersgd_predicted(model, workload) or k == 1 or workload.compress_idle:
         return terms
     rank, r = data_rank(layout, at), workload.compress_rank
     matrices = local_matrices(model, layout, at.stage)
@@ -168,6 +170,8 @@ def powersgd_terms(
 def compress_flops(model: ModelSpec, workload: Workload, layout: Layout, at: Coords) -> int:
     """PowerSGD's products on the rank per step, where the counts price it (else 0)."""
     if not powersgd_predicted(model, workload) or layout.data_ranks == 1:
+        return 0
+    if workload.compress_idle:
         return 0
     shard = layout.zero == 2 and workload.zero2_accumulate == "shard"
     reductions = microbatches_for(workload, layout) if shard else 1

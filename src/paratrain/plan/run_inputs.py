@@ -42,6 +42,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         lora=lora_spec(cfg),
         compress=p.compress,
         compress_rank=p.compress_rank,
+        compress_idle=t.steps <= p.compress_start,  # the last step (index steps - 1) exact
     )
     notes = []
     if t.lora_rank:
