@@ -55,6 +55,7 @@ MODES = {  # the table's key -> (section of RunConfig, its fields)
     "zb-h1": ("parallel", {"pp": 2, "schedule": "zb-h1"}),
     "ring": ("parallel", {"comm_algo": "ring"}),
     "tree": ("parallel", {"comm_algo": "tree"}),
+    "buckets": ("parallel", {"bucket_mb": 0.01}),  # 10 KB: many gradient buckets
     "rc-full": ("train", {"recompute": "full"}),
     "rc-sel": ("train", {"recompute": "selective"}),
     "llama": ("model", {**LLAMA, "ffn_hidden": 48}),
@@ -79,7 +80,7 @@ LAYOUTS = {  # world size -> float32 layouts
         "zero1 zb-h1 rc-full tree",
         "zero2 gpipe rc-sel",
         "zero2 interleaved ring",
-        "zero2 zb-h1",
+        "zero2 zb-h1 buckets",  # ZB-H1's weight pass: one ZeRO-2 flush per micro-batch
         "tp zb-h1 rc-sel ring",
         "zero3 sp rc-full llama ring",
         "zero3 tp rc-sel tree",

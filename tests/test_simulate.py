@@ -106,6 +106,11 @@ AT_SCALE = {
     "tp 2 sp, full recomputation": dict(world=64, tp=2, sequence_parallel=True, recompute="full"),
     # each bucket of ZeRO's buffer (laid out last parameter first) encoded part by part
     "sign zero1 buckets of 8 KiB": dict(world=64, zero=1, compress="sign", bucket_mb=1 / 128),
+    # ZB-H1's weight pass is a call per weight group: ZeRO-2 flushed after each one
+    # reduce-scattered every bucket each time on all but the first stage (10x the bytes)
+    "zb-h1 zero2 pp 2, buckets of 8 KiB": dict(
+        world=64, pp=2, zero=2, schedule="zb-h1", k=4, bucket_mb=1 / 128
+    ),
     # before --compress-start: the step reduces exactly, the errors are kept all the same
     "int8 zero2 before its start": dict(world=64, zero=2, compress="int8", compress_start=5),
     "tp 2, pp 2, selective recomputation": dict(

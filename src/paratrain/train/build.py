@@ -22,6 +22,7 @@ the module twice, each holding one share of its parameters over its own group.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import cast
 
@@ -45,7 +46,7 @@ from paratrain.parallel.data_parallel.fsdp import FullyShardedDataParallel
 from paratrain.parallel.data_parallel.fsdp_units import expand_units
 from paratrain.parallel.data_parallel.hybrid import HybridGroups
 from paratrain.parallel.data_parallel.param_share import EVERY_PARAMETER, ParamShare
-from paratrain.parallel.data_parallel.replica import Replica
+from paratrain.parallel.data_parallel.replica import Replica, one_backward
 from paratrain.parallel.data_parallel.zero import ZeroDataParallel
 from paratrain.parallel.lora import apply_lora, cast_frozen
 from paratrain.parallel.mixed_precision import MixedPrecision
@@ -226,8 +227,14 @@ def _pipeline_engine(
     tied = find_tied_weights(model, cuts)
     chunks = split_into_stages(model, pp.rank, pp.size, chunks=p.chunks, plan=cuts)
     schedule = build_schedule(p.schedule, pp.size, cfg.train.microbatches, p.chunks)
-    # Activations travel between stages in the compute dtype (bf16 on GPUs by default).
-    dtype = MixedPrecision.of(compute_dtype(cfg)).param_dtype
+    dtype = MixedPrecision.of(compute_dtype(cfg)).param_dtype  # of messages between stages
+    # Replicas sum over dp_cp, split experts over expert_dp; the engine divides every
+    # gradient by the global batch's target tokens, as the flat engine does.
+    (dense, dp_cp), *experts = shares
+    hybrid = hybrid_groups(mesh, dense, groups)
+    replicas = [data_parallel(c, dp_cp, cfg, plan, "sum", dense, hybrid) for c in chunks]
+    more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s, groups))
+            for s, g in experts for c in chunks if s.named(c)]  # fmt: skip
     # The saved-tensor meter costs about a tenth of a forward; only --trace reads it.
     runtime = PipelineRuntime(
         chunks,
@@ -239,15 +246,8 @@ def _pipeline_engine(
         split=split,
         keywords=split.keywords,
         stage_loss=aux_loss if cfg.model.num_experts else None,  # MoE balancing losses
+        one_backward=functools.partial(one_backward, [*replicas, *more]),
     )
-    # The engine weights each micro-batch's mean loss by its target tokens: replicas sum
-    # (over dp_cp), split experts over expert_dp, and the engine divides every gradient by
-    # the global batch's tokens, as the flat engine does.
-    (dense, dp_cp), *experts = shares
-    hybrid = hybrid_groups(mesh, dense, groups)
-    replicas = [data_parallel(c, dp_cp, cfg, plan, "sum", dense, hybrid) for c in chunks]
-    more = [data_parallel(c, g, cfg, plan, "sum", s, hybrid_groups(mesh, s, groups))
-            for s, g in experts for c in chunks if s.named(c)]  # fmt: skip
     ends = mesh.pipeline_ends_group() if tied else None  # collective: every rank decides alike
     dp, held_out = mesh.group("dp"), mesh.group("dp_cp")
     return PipelineEngine(

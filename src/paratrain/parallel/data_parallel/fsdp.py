@@ -216,6 +216,12 @@ class FullyShardedDataParallel(ShardedReplica):
         """Accepted for the common interface; ZeRO-3 reduces after every backward anyway."""
         yield
 
+    @contextlib.contextmanager
+    def one_backward(self) -> Iterator[None]:
+        """Accepted for the common interface: ZeRO-3 runs in no pipeline (validate refuses
+        it), so no weight pass is split into calls."""
+        yield
+
     def finish_gradient_sync(self) -> None:
         """Everything was reduced within the shard group at the end of each backward; free
         what is left, and under HSDP all-reduce the shards across the replicas."""

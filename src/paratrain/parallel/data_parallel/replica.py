@@ -16,7 +16,8 @@ group and the rest over dp (train/experts.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -130,6 +131,12 @@ class Replica(Protocol):
         """Accumulate this backward's gradients without reducing them yet."""
         ...
 
+    def one_backward(self) -> AbstractContextManager[None]:
+        """Several autograd calls are one micro-batch's backward (a zero-bubble schedule's
+        weight pass: one call per weight group): what the wrapper does at the end of a
+        backward waits for the last of them."""
+        ...
+
     def finish_gradient_sync(self) -> None:
         """After the last backward: reduce what is left and wait for every reduction."""
         ...
@@ -187,3 +194,12 @@ class Replica(Protocol):
     def materialize(self) -> None:
         """After training: leave the module whole and usable on its own (collective)."""
         ...
+
+
+@contextlib.contextmanager
+def one_backward(wrappers: Sequence[Replica]) -> Iterator[None]:
+    """Every wrapper's `one_backward`, entered together (a pipeline stage's replicas)."""
+    with contextlib.ExitStack() as stack:
+        for w in wrappers:
+            stack.enter_context(w.one_backward())
+        yield

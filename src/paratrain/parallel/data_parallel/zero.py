@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from paratrain import comm
-from paratrain.comm import compat
 from paratrain.comm.compat import same_memory
 from paratrain.config import ZERO2_ACCUMULATE
 from paratrain.parallel.data_parallel.adamw import ShardedAdamW
@@ -164,7 +163,7 @@ class ZeroDataParallel(SyncSwitch, ShardedReplica):
             # A parameter unused in this backward would leave its bucket incomplete:
             # flush everything at the end of each backward so micro-batches stay apart.
             self._flush_queued = True
-            compat.queue_backward_callback(self._flush)
+            self.at_backward_end(self._flush)
         bucket.ready.add(i)
         self._launch_ready()
 

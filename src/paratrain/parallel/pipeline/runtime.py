@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -89,6 +90,7 @@ class PipelineRuntime:
         split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = split_rows,
         stage_loss: StageLoss | None = None,
         keywords: Callable[[torch.Tensor], dict[str, torch.Tensor]] = model_keywords,
+        one_backward: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         if group.size != schedule.num_stages:
             raise ValueError(
@@ -101,9 +103,7 @@ class PipelineRuntime:
         self.chunks, self.schedule, self.group = chunks, schedule, group
         self.stage, self.hidden_size, self.dtype = group.rank, hidden_size, dtype
         self.device = next(chunks[0].parameters()).device  # where activations arrive
-        # The saved-tensor meter costs a Python call per saved tensor (a tenth of a
-        # forward here); without it the traces' activation bytes stay 0.
-        self.meter = meter
+        self.meter = meter  # a Python call per saved tensor; without it traces show no bytes
         # A micro-batch -> (inputs, targets) of this rank's tokens: all of them, or under
         # context parallelism its chunks, so that stages pass sequence-sharded activations.
         self.split = split
@@ -113,6 +113,7 @@ class PipelineRuntime:
         # Terms of the loss a chunk short of the last computes (same on every stage: it
         # decides the step's last collective). The last chunk's forward includes its own.
         self.stage_loss = stage_loss
+        self.one_backward = one_backward  # around a zero-bubble weight pass (sync_switch.py)
         self.last_trace: StepTrace | None = None  # the last step or evaluation
         self.last_train_trace: StepTrace | None = None  # the last run_step
         self._calls: dict[Schedule, dict[int, list[Batch]]] = {}  # per action index
@@ -261,7 +262,8 @@ class PipelineRuntime:
     def _backward_weight(self, a: Action, st: StepState, sch: Schedule) -> None:
         """The deferred dL/dW from BI's kept gradients, accumulated into .grad."""
         del st.saved[(a.microbatch, a.chunk)], st.storages[(a.microbatch, a.chunk)]
-        st.weight_grad.pop((a.microbatch, a.chunk)).run()
+        with self.one_backward():  # its calls, one backward to the wrappers
+            st.weight_grad.pop((a.microbatch, a.chunk)).run()
 
     def _send(self, a: Action, st: StepState, sch: Schedule) -> None:
         """Nothing to do: the message leaves in the group call after it (_issue)."""
