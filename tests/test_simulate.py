@@ -166,13 +166,16 @@ def test_pipeline_stages_execute_the_flops_the_planner_gives_each(arch):
 
 @pytest.mark.parametrize(
     "method, cp, extra",
-    [("ring", 4, {}), ("ring", 2, dict(tp=2, pp=2)), ("alltoall", 2, dict(pp=2))],
-)
+    [("ring", 4, {}), ("ring", 2, dict(tp=2, pp=2)), ("alltoall", 2, dict(pp=2)),
+     ("ring", 2, dict(recompute="selective")), ("alltoall", 2, dict(recompute="selective"))],
+)  # fmt: skip
 def test_context_parallel_attention_executes_the_flops_the_planner_gives(method, cp, extra):
     """The ring's (chunk x chunk) blocks and all-to-all's whole-sequence attention, under
-    full recomputation, beside tp and pp: each cp rank's FLOPs, to the FLOP."""
+    full recomputation, beside tp and pp; and under selective recomputation, which keeps
+    no output of cp's attention, so that its forward runs again too: each cp rank's
+    FLOPs, to the FLOP."""
     world = cp * extra.get("tp", 1) * extra.get("pp", 1)
-    cfg = layout(world=world, cp=cp, cp_method=method, recompute="full", **extra)
+    cfg = layout(world=world, cp=cp, cp_method=method, **{"recompute": "full", **extra})
     ranks = [0, world - 1]  # the first and last cp coordinate (and stage)
     predicted = rank_predictions(cfg, ranks)
     for measured, _ in simulate_ranks(cfg, ranks):

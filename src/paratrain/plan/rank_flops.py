@@ -26,8 +26,10 @@ Under context parallelism attention is not SDPA's. The ring computes (chunk x ch
 blocks of matmuls with a logsumexp, 2 products forward and 5 backward per block
 (context_cost.ring_flops: load-balanced causal chunks). All-to-all attention runs
 attend_block, 2 products forward and 4 backward over the whole sequence for its heads,
-so no q k^T again. Full recomputation runs either forward once more. Everything else
-splits over the cp ranks by tokens.
+so no q k^T again. Full recomputation runs either forward once more, and so does
+selective: cp's attention is no output it keeps (context.ring_passes; found by
+`paratrain simulate --cp 2 --recompute selective`). Everything else splits over the cp
+ranks by tokens.
 
 Predicted for a model given by its shape, without experts (the router decides the
 work). Otherwise None.
@@ -36,6 +38,7 @@ work). Otherwise None.
 from __future__ import annotations
 
 from paratrain.models.presets import ffn_width
+from paratrain.plan.context import ring_passes
 from paratrain.plan.context_cost import ring_flops
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
@@ -74,15 +77,16 @@ def attention_flops(
     """One layer's attention on a rank in a step: `tokens` its tokens, its share of the
     heads (module docstring)."""
     shape = model.shape
-    sdpa = sdpa_flops_per_token(model, workload.recompute)
     if layout.cp == 1:
-        return sdpa * tokens / layout.tp
+        return sdpa_flops_per_token(model, workload.recompute) * tokens / layout.tp
+    # cp's attention is no output selective recomputation keeps: it runs again under both
+    forwards, _ = ring_passes(workload.recompute)
     if layout.cp_method == "alltoall":  # attend_block: no q k^T again in backward
+        sdpa = sdpa_flops_per_token(model, "full" if forwards == 2 else "none")
         return (sdpa - 2 * shape.seq_len * shape.d_model) * tokens / layout.tp
     b, heads, d = workload.micro_batch, shape.n_head // layout.tp, shape.d_model // shape.n_head
     fwd, bwd = (ring_flops(b, heads, shape.seq_len, d, layout.cp, cp_rank, True, True, bw)
                 for bw in (False, True))  # fmt: skip
-    forwards = 2 if workload.recompute == "full" else 1
     micro_batches = tokens / (b * shape.seq_len / layout.cp)
     return micro_batches * (forwards * fwd + bwd)
 
