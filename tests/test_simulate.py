@@ -56,12 +56,14 @@ def layout(
     recompute: str = "none",
     arch: str = "gpt",
     optimizer: str = "adamw",
+    lora_rank: int = 0,
     **parallel: object,
 ) -> RunConfig:
     cfg = tiny_config(steps=steps, micro_batch=1)
     cfg.model.n_layer = 8
     cfg.model.arch = arch
     cfg.train.dtype, cfg.train.recompute, cfg.train.optimizer = dtype, recompute, optimizer
+    cfg.train.lora_rank = lora_rank
     p = cfg.parallel
     p.nproc = world
     for key, value in parallel.items():
@@ -111,6 +113,10 @@ AT_SCALE = {
     "zb-h1 zero2 pp 2, buckets of 8 KiB": dict(
         world=64, pp=2, zero=2, schedule="zb-h1", k=4, bucket_mb=1 / 128
     ),
+    # the gradients summed over tp where partial, as far as each rank's ZeRO shards hold
+    # them: sequence parallelism's replicated parameters, LoRA's whole adapters
+    "tp 2 sp zero1 dp 32": dict(world=64, tp=2, sequence_parallel=True, zero=1),
+    "lora tp 2 zero2 dp 32, llama": dict(world=64, tp=2, zero=2, lora_rank=4, arch="llama"),
     # before --compress-start: the step reduces exactly, the errors are kept all the same
     "int8 zero2 before its start": dict(world=64, zero=2, compress="int8", compress_start=5),
     "tp 2, pp 2, selective recomputation": dict(
@@ -119,7 +125,7 @@ AT_SCALE = {
 }
 # Calls per group and a checkpoint's bytes are not predicted under Muon, DiLoCo or
 # --compress (plan/rank_calls.py, plan/rank_checkpoint.py)
-UNPREDICTED = ("muon", "diloco", "powersgd", "sign", "int8")
+UNPREDICTED = ("muon", "diloco", "powersgd", "sign", "int8", "lora")
 
 
 @pytest.mark.parametrize("name", list(AT_SCALE))

@@ -287,3 +287,5 @@ def register_fake_backend() -> None:
 # The op behind every host-side read of a tensor's value (.item(), float(t), bool(t));
 # private (underscored) in every supported release. simulate/ answers it under fake tensors.
 HOST_READ_OP = torch.ops.aten._local_scalar_dense.default
+# torch.equal: a host-side read of two tensors' values too (a Python bool).
+EQUAL_OP = torch.ops.aten.equal.default

@@ -35,6 +35,18 @@ from torch import nn
 from paratrain.module_names import matching
 
 
+def _undrawn_linear(
+    in_features: int, out_features: int, device: torch.device, dtype: torch.dtype
+) -> nn.Linear:
+    """A Linear without bias whose weight is allocated, not drawn: no draw from the
+    process's random stream (the run's is left alone; an initialisation on the meta
+    device draws nothing). Built there and given its weight, not moved (`skip_init`
+    moves it, which fake tensors refuse: simulate/)."""
+    layer = nn.Linear(in_features, out_features, bias=False, device="meta")
+    layer.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+    return layer
+
+
 class LoraLinear(nn.Linear):
     """base(x) + scaling * lora_B(lora_A(x)), base frozen; built around an nn.Linear."""
 
@@ -46,10 +58,8 @@ class LoraLinear(nn.Linear):
         device, dtype = base.weight.device, base.weight.dtype
         a = torch.empty(rank, base.in_features, device="cpu")  # the same on every device
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
-        # skip_init: no draw from the process's random stream (the run's is left alone)
-        kw = {"bias": False, "device": device, "dtype": dtype}
-        self.lora_A = nn.utils.skip_init(nn.Linear, base.in_features, rank, **kw)
-        self.lora_B = nn.utils.skip_init(nn.Linear, rank, base.out_features, **kw)
+        self.lora_A = _undrawn_linear(base.in_features, rank, device, dtype)
+        self.lora_B = _undrawn_linear(rank, base.out_features, device, dtype)
         with torch.no_grad():
             if device.type != "meta":
                 self.lora_A.weight.copy_(a)
@@ -173,11 +183,10 @@ def split_lora(lora: LoraLinear, layer: nn.Module, style: str, rank: int, size: 
     whole, split, dim = (a, b, 0) if style == "colwise" else (b, a, 1)
     n = split.weight.shape[dim] // size
     part = split.weight.detach().narrow(dim, rank * n, n).clone()  # (out/tp, r) or (r, in/tp)
-    sliced = nn.utils.skip_init(nn.Linear, part.shape[1], part.shape[0], bias=False,
-                                device=part.device, dtype=part.dtype)  # fmt: skip
-    sliced.weight = nn.Parameter(part)
-    sliced.tp_shard_dims = {"weight": dim}  # read by tp's state (state.py)
-    whole.sequence_parallel_params = ("weight",)  # its gradient partial: summed over tp
+    sliced = nn.Linear(part.shape[1], part.shape[0], bias=False, device="meta")  # no draw
+    sliced.weight = nn.Parameter(part)  # given, not moved (fake tensors refuse: simulate/)
+    sliced.tp_shard_dims = {"weight": dim}  # type: ignore[assignment]  # read by tp's state
+    whole.sequence_parallel_params = ("weight",)  # type: ignore[assignment]  # summed over tp
     layer.lora_A, layer.lora_B = (whole, sliced) if style == "colwise" else (sliced, whole)
     layer.lora_scaling = lora.scaling  # type: ignore[assignment]  # read by with_lora
 

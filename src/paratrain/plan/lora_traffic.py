@@ -7,17 +7,26 @@ The frozen base moves only under ZeRO-3, which shards it: each unit's frozen buf
 all-gathered for forward and again for backward, in the compute dtype, except the
 embedding's and a tied root's, whose backward needs no weight of theirs (the token ids
 need no gradient): `frozen_gathers`.
+
+Over tp (`lora_tp_terms`, found by `paratrain simulate --lora-rank 4 --tp 2`): the first
+block's input gradient is never computed (nothing below it trains), so its
+column-parallel all-reduce is not sent, once per micro-batch on the first virtual stage
+(under sequence parallelism its reduce-scatter, and the all-gather that the embedding's
+reduce-scatter has for backward). The adapters left whole on every tp rank have partial
+gradients, summed over tp (held_pieces.py).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from paratrain.plan import comm
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora import adapter_buffers
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
-from paratrain.plan.rank_groups import RankTraffic, group_name
+from paratrain.plan.rank_groups import Coords, RankTraffic, group_name
 from paratrain.plan.rank_memory import flat_buffers, tied_root
 
 
@@ -55,3 +64,24 @@ def frozen_gathers(
         RankTraffic(dp, "all_gather", "frozen parameters for forward", forward),
         RankTraffic(dp, "all_gather", "frozen parameters for backward", backward),
     ]
+
+
+def lora_tp_terms(
+    terms: list[RankTraffic],
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    microbatches: int,
+    at: Coords,
+) -> list[RankTraffic]:
+    """rank_traffic's tp `terms` (the activations' first) for a LoRA run: the first
+    block's input gradient not sent (module docstring)."""
+    if (
+        layout.tp == 1
+        or not terms
+        or 0 not in stage_virtual_stages(at.stage, layout.pp, layout.chunks)
+    ):
+        return terms
+    size = comm.activation_message_bytes(model, workload, layout.cp)
+    skipped = microbatches * comm.all_reduce_bytes(size, layout.tp)  # with sp: its two halves
+    return [replace(terms[0], bytes=terms[0].bytes - skipped), *terms[1:]]

@@ -81,6 +81,8 @@ def _gradient_calls(
         return [(group_name("dp_cp", layout), len(gradient_buckets(model, workload, layout, at)))]
     chunks = chunk_tensors(model, layout, at.stage)
     out = [("dp_replicate", len(chunks))] if layout.replicas > 1 else []
+    if layout.shard_ranks == 1:  # HSDP with one rank a group: nothing to shard over
+        return out
     if layout.zero == 3:
         units = sum(len(chunk) for chunk in flat_buffers(model, layout, at.stage))
         gathers = 2 * units - (1 if tied_root(model, layout, at.stage) else 0)

@@ -32,7 +32,8 @@ selective: cp's attention is no output it keeps (context.ring_passes; found by
 ranks by tokens.
 
 Predicted for a model given by its shape, without experts (the router decides the
-work). Otherwise None.
+work) and without LoRA (its frozen weights skip their gradients' products, its adapters
+add theirs: not counted yet). Otherwise None.
 """
 
 from __future__ import annotations
@@ -51,34 +52,47 @@ from paratrain.plan.time import (
 )
 
 
-def sdpa_flops_per_token(model: ModelSpec, recompute: str) -> int:
+def sdpa_flops_per_token(model: ModelSpec, recompute: str, fused: bool = True) -> int:
     """One layer's attention through SDPA per token: 4 s h forward, 10 s h backward (the
-    fused kernel's five products), 4 s h more under full recomputation."""
-    passes = 18 if recompute == "full" else 14
-    return passes * model.shape.seq_len * model.shape.d_model
+    fused kernel's five products), 4 s h more under full recomputation. Unfused (SDPA's
+    math path, which its CPU kernels take under dropout): four products backward, 8 s h,
+    and its batched products are no output selective recomputation keeps, so the
+    forward runs again under either recomputation."""
+    if fused:
+        return (18 if recompute == "full" else 14) * model.shape.seq_len * model.shape.d_model
+    return (12 if recompute == "none" else 16) * model.shape.seq_len * model.shape.d_model
 
 
-def layer_flops_per_token(model: ModelSpec, recompute: str) -> float:
+def layer_flops_per_token(
+    model: ModelSpec, recompute: str, dropout: float = 0.0, fused: bool = True
+) -> float:
     """One layer's executed FLOPs per token (a model with a shape, no experts): the
-    whole model's less the head's, per layer."""
+    whole model's less the head's, per layer. With dropout after the MLP, full
+    recomputation has to run its down projection again (the dropout's input): no early
+    stop."""
     shape = model.shape
-    fused = 2 * shape.seq_len * shape.d_model  # the backward's q k^T again
+    again = 2 * shape.seq_len * shape.d_model if fused else 0  # the backward's q k^T again
     if counted_by_shape(model):
         full = recompute == "full"
         layer = gpt_layer_flops_per_token(model, "full" if full else "none")
-        return layer - (2 * shape.d_model * ffn_width(shape) if full else 0) + fused
+        return layer - (2 * shape.d_model * ffn_width(shape) if full and not dropout else 0) + again
     whole = llama_flops_per_token(model, recompute) - head_flops_per_token(model)
-    return whole / shape.n_layer + fused
+    return whole / shape.n_layer + again
 
 
 def attention_flops(
-    model: ModelSpec, workload: Workload, layout: Layout, cp_rank: int, tokens: float
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    cp_rank: int,
+    tokens: float,
+    fused: bool = True,
 ) -> float:
     """One layer's attention on a rank in a step: `tokens` its tokens, its share of the
     heads (module docstring)."""
     shape = model.shape
     if layout.cp == 1:
-        return sdpa_flops_per_token(model, workload.recompute) * tokens / layout.tp
+        return sdpa_flops_per_token(model, workload.recompute, fused) * tokens / layout.tp
     # cp's attention is no output selective recomputation keeps: it runs again under both
     forwards, _ = ring_passes(workload.recompute)
     if layout.cp_method == "alltoall":  # attend_block: no q k^T again in backward
@@ -92,7 +106,13 @@ def attention_flops(
 
 
 def stage_flops(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int, cp_rank: int
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    stage: int,
+    cp_rank: int,
+    dropout: float = 0.0,
+    device: str = "cuda",
 ) -> float:
     """What a rank of pipeline `stage` (cp coordinate `cp_rank`) executes in a step: its
     layers, and the head on the stage that holds the last virtual stage."""
@@ -100,19 +120,30 @@ def stage_flops(
     layers = virtual_stage_layers(model.shape.n_layer, s, c)
     mine = stage_virtual_stages(stage, s, c)
     tokens = workload.global_batch * model.shape.seq_len / layout.data_ranks  # type: ignore[operator]
-    dense = layer_flops_per_token(model, workload.recompute)
-    dense -= sdpa_flops_per_token(model, workload.recompute)
-    layer = dense * tokens / layout.tp + attention_flops(model, workload, layout, cp_rank, tokens)
+    fused = not (dropout and device == "cpu")  # SDPA's CPU kernels have no dropout
+    rc = workload.recompute
+    counted = "full" if rc == "full" else "none"  # the attention layer_flops counts
+    dense = layer_flops_per_token(model, rc, dropout, fused)
+    dense -= sdpa_flops_per_token(model, counted, fused)
+    attention = attention_flops(model, workload, layout, cp_rank, tokens, fused)
+    layer = dense * tokens / layout.tp + attention
     head = head_flops_per_token(model) * tokens / layout.tp if s * c - 1 in mine else 0
     return sum(layers[vs] for vs in mine) * layer + head
 
 
 def rank_step_flops(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int = 0, cp_rank: int = 0
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    stage: int = 0,
+    cp_rank: int = 0,
+    dropout: float = 0.0,
+    device: str = "cuda",
 ) -> int | None:
     """The matmul FLOPs in one step (forward, backward) of a rank on `stage` at cp
-    coordinate `cp_rank`, or None where not predicted (module docstring)."""
+    coordinate `cp_rank`, or None where not predicted (module docstring). `dropout` and
+    `device`: the model's dropout and where it runs (SDPA's kernels there)."""
     shaped = counted_by_shape(model) or (model.arch == "llama" and model.has_shape)
-    if not shaped or model.num_experts or workload.global_batch is None:
+    if not shaped or model.num_experts or workload.global_batch is None or workload.lora:
         return None
-    return round(stage_flops(model, workload, layout, stage, cp_rank))
+    return round(stage_flops(model, workload, layout, stage, cp_rank, dropout, device))

@@ -31,8 +31,9 @@ from paratrain.plan import comm
 from paratrain.plan import rank_compress as compressed
 from paratrain.plan.cluster import ClusterSpec
 from paratrain.plan.grad_buckets import chunk_tensors, gradient_buckets
+from paratrain.plan.held_pieces import held_unsplit
 from paratrain.plan.layout import Layout, Workload
-from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks
+from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks, lora_tp_terms
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 from paratrain.plan.rank_context import cp_terms
@@ -57,7 +58,6 @@ from paratrain.plan.rank_memory import (
     chunk_params,
     exact,
     flat_buffers,
-    replicated_params,
     tied_root,
 )
 from paratrain.plan.rank_muon import muon_terms
@@ -217,10 +217,10 @@ def _tp_terms(
         halves = 4 if dropout else (3 if sequence_parallel else 2)
         sent = microbatches * layers * halves * comm.reduce_scatter_bytes(size, t)
         out.append(RankTraffic("tp", "all_reduce", "recomputed forward", sent))
-    if sequence_parallel:
-        n = replicated_params(model, layout, at.stage)
+    if sequence_parallel or workload.lora is not None:  # partial gradients: held_pieces.py
+        n = held_unsplit(model, workload, layout, at.stage, shard_rank(layout, at))
         sent = comm.ring_all_reduce_rank_bytes(n, workload.precision.grad_bytes, t, at.tp_rank)
-        what = "sequence-parallel gradient sum of replicated parameters"
+        what = "gradient sum of the parameters whole on every tp rank (sequence parallel, LoRA)"
         out.append(RankTraffic("tp", "all_reduce", what, sent))
     return out
 
@@ -250,6 +250,8 @@ def rank_traffic(
         if experts is not None and tp:  # the first term is the activations' all-reduces
             sent = tp_activation_bytes(model, workload, layout, microbatches, at.stage)
             tp[0] = replace(tp[0], bytes=sent)
+        if workload.lora is not None:
+            tp = lora_tp_terms(tp, model, workload, layout, microbatches, at)
         out += tp
         for e in comm.pp_traffic(model, workload, layout, ONE_NODE, microbatches, at.stage):
             out.append(RankTraffic("pp", e.op, e.what, e.bytes))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paratrain.config import RunConfig
+from paratrain.config import RunConfig, device_type
 from paratrain.mesh import MeshShape
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
@@ -39,7 +39,7 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             **{k: every.model_state[r][k] for k in STATE_KINDS},
             "bytes": dict(every.bytes_per_step[r]),
             "calls": dict(every.calls_per_step[r]),
-            "flops": _flops(model, workload, layout, shape, r),
+            "flops": _flops(cfg, model, workload, layout, shape, r),
             "checkpoint": _checkpoint(cfg, model, workload, layout, shape.coords(r)),
         }
         for r in ranks
@@ -57,11 +57,17 @@ def _checkpoint(
 
 
 def _flops(
-    model: ModelSpec, workload: Workload, layout: Layout, shape: MeshShape, rank: int
+    cfg: RunConfig,
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    shape: MeshShape,
+    rank: int,
 ) -> int | None:
     """The rank's step FLOPs: the model's, and Muon's orthogonalizations it owns."""
     c = shape.coords(rank)
-    flops = rank_step_flops(model, workload, layout, c["pp"], c["cp"])
+    device = device_type(cfg)
+    flops = rank_step_flops(model, workload, layout, c["pp"], c["cp"], cfg.model.dropout, device)
     at = Coords(stage=c["pp"], dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
     if flops is None:
         return None

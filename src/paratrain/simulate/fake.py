@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paratrain.comm.compat import HOST_READ_OP, FakeTensorMode, register_fake_backend
+from paratrain.comm.compat import EQUAL_OP, HOST_READ_OP, FakeTensorMode, register_fake_backend
 
 
 def join_fake_world(rank: int, world: int) -> None:
@@ -39,4 +39,6 @@ class SimulatedTensors(FakeTensorMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is HOST_READ_OP:
             return scalar_stand_in(args[0].dtype)
+        if func is EQUAL_OP:  # two tensors' values compared on the host
+            return scalar_stand_in(torch.bool)
         return super().__torch_dispatch__(func, types, args, kwargs)
