@@ -156,6 +156,21 @@ def test_recomputation_flops_equal_the_planner(arch, recompute):
     assert (measured["flops"] > plain["flops"]) == (recompute == "full")
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_dropout_on_the_cpu_executes_the_flops_the_planner_gives(recompute):
+    """With dropout SDPA's CPU kernels give way to its math path (four backward products,
+    none kept by selective recomputation), and full recomputation runs the down
+    projection again (the dropout's input): to the FLOP, and fewer than without dropout
+    unless the recomputation adds them back."""
+    cfg = layout(world=8, tp=2, recompute=recompute)
+    cfg.model.dropout = 0.1
+    predicted = rank_predictions(cfg, [0])[0]
+    ((measured, _),) = simulate_ranks(cfg, [0])
+    assert measured["flops"] == predicted["flops"] and disagreements(measured, predicted) == []
+    plain, _ = simulate_ranks(layout(world=8, tp=2, recompute=recompute), [0])[0]
+    assert (measured["flops"] < plain["flops"]) == (recompute == "none")
+
+
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_pipeline_stages_execute_the_flops_the_planner_gives_each(arch):
     """8 layers over 3 stages (3, 3, 2), the head on the last, recomputed in full: every
