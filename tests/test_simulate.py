@@ -117,6 +117,14 @@ AT_SCALE = {
     # them: sequence parallelism's replicated parameters, LoRA's whole adapters
     "tp 2 sp zero1 dp 32": dict(world=64, tp=2, sequence_parallel=True, zero=1),
     "lora tp 2 zero2 dp 32, llama": dict(world=64, tp=2, zero=2, lora_rank=4, arch="llama"),
+    # ZB-H1 recomputes twice on every stage but the first (its input and weight passes):
+    # FLOPs, tp's repeated collectives and cp's exchanges
+    "zb-h1 tp 2 pp 2, full recomputation": dict(
+        world=64, tp=2, pp=2, schedule="zb-h1", recompute="full", k=4
+    ),
+    "zb-h1 cp 2 pp 2, full recomputation": dict(
+        world=64, cp=2, pp=2, schedule="zb-h1", recompute="full", k=4
+    ),
     # before --compress-start: the step reduces exactly, the errors are kept all the same
     "int8 zero2 before its start": dict(world=64, zero=2, compress="int8", compress_start=5),
     "tp 2, pp 2, selective recomputation": dict(

@@ -113,3 +113,20 @@ def stage_layers(n_layer: int, stage: int, stages: int, chunks: int = 1) -> int:
     """Layers pipeline stage `stage` holds over its chunks (all of them with one stage)."""
     pieces = virtual_stage_layers(n_layer, stages, chunks)
     return sum(pieces[vs] for vs in stage_virtual_stages(stage, stages, chunks))
+
+
+def recompute_passes(schedule: str, vs: int) -> int:
+    """How often a chunk's recomputation runs per micro-batch: once; under ZB-H1 twice on
+    every virtual stage but the first, whose input needs a gradient: its input pass and
+    its weight pass each recompute (parallel/pipeline/split_backward.py), since the two
+    use saved tensors in common (a LayerNorm's), which one graph-exec group cannot share.
+    Found by `paratrain simulate --pp 2 --schedule zb-h1 --recompute full`."""
+    return 2 if schedule == "zb-h1" and vs > 0 else 1
+
+
+def recomputed_layers(n_layer: int, stage: int, stages: int, chunks: int, schedule: str) -> int:
+    """The layers `stage` recomputes per micro-batch, each as often as it runs
+    (`recompute_passes`)."""
+    pieces = virtual_stage_layers(n_layer, stages, chunks)
+    vss = stage_virtual_stages(stage, stages, chunks)
+    return sum(pieces[vs] * recompute_passes(schedule, vs) for vs in vss)

@@ -34,7 +34,7 @@ from paratrain.plan import context
 from paratrain.plan.grad_buckets import chunk_tensors, flat_bucket_sizes, gradient_buckets
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_layers, stage_virtual_stages
+from paratrain.plan.pipeline import recomputed_layers, stage_layers, stage_virtual_stages
 from paratrain.plan.rank_groups import AXES, Coords, group_name
 from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
 from paratrain.plan.tied_traffic import tied_ends_terms
@@ -108,11 +108,12 @@ def _tp_calls(
     s, c = layout.pp, layout.chunks
     mine = stage_virtual_stages(stage, s, c)
     layers = stage_layers(model.shape.n_layer, stage, s, c)
-    halves = 8  # 4 all-reduces a block; recomputation's repeats as rank_traffic.py counts
+    again = 0  # recomputation's repeats as rank_traffic.py counts them, per time it runs
     if workload.recompute != "none":
-        halves += 4 if dropout else (3 if sequence_parallel else 2)
+        again = 4 if dropout else (3 if sequence_parallel else 2)
+    recomputed = recomputed_layers(model.shape.n_layer, stage, s, c, layout.schedule)
     ends = (0 in mine) + (s * c - 1 in mine)
-    per_micro_batch = layers * halves + 2 * ends
+    per_micro_batch = layers * 8 + recomputed * again + 2 * ends  # 4 all-reduces a block
     per_micro_batch = per_micro_batch if sequence_parallel else per_micro_batch // 2
     loss = 2 if s * c - 1 in mine else 0  # the vocabulary-parallel loss's two statistics
     wrappers = len(mine) if sequence_parallel else 0  # their replicated gradients' sums
@@ -134,11 +135,13 @@ def _cp_calls(
     c = layout.cp
     if c == 1:
         return []
-    blocks = microbatches * stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
+    n, s, v = model.shape.n_layer, layout.pp, layout.chunks
+    blocks = microbatches * stage_layers(n, stage, s, v)
     fwd, bwd = context.ring_passes(workload.recompute)
+    again = microbatches * recomputed_layers(n, stage, s, v, layout.schedule) * (fwd - 1)
     if layout.cp_method == "ring":  # each hop a send and a receive
-        return [("cp", 2 * blocks * (c - 1) * (fwd + 2 * bwd))]
-    return [("cp", 2 * blocks * (fwd + bwd))]
+        return [("cp", 2 * (c - 1) * (blocks * (1 + 2 * bwd) + again))]
+    return [("cp", 2 * (blocks * (1 + bwd) + again))]
 
 
 def _scalar_calls(

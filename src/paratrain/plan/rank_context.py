@@ -18,7 +18,7 @@ from __future__ import annotations
 from paratrain.plan import context
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_layers
+from paratrain.plan.pipeline import recomputed_layers, stage_layers
 from paratrain.plan.rank_groups import RankTraffic
 
 
@@ -29,13 +29,16 @@ def cp_terms(
     c = layout.cp
     if c == 1:
         return []
-    calls = microbatches * stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
+    n, s, v = model.shape.n_layer, layout.pp, layout.chunks
+    calls = microbatches * stage_layers(n, stage, s, v)
     fwd, bwd = context.ring_passes(workload.recompute)
+    # the recomputed forwards: per recomputing layer, as often as it recomputes (pipeline.py)
+    again = microbatches * recomputed_layers(n, stage, s, v, layout.schedule) * (fwd - 1)
     if layout.cp_method == "ring":
-        messages = calls * (c - 1) * (fwd + 2 * bwd)
+        messages = (c - 1) * (calls * (1 + 2 * bwd) + again)
         sent = messages * context.ring_hop_bytes(model, workload, layout)
         return [
             RankTraffic("cp", "send", "keys and values, and their gradients (ring)", round(sent))
         ]
-    sent = calls * (fwd + bwd) * context.ulysses_pass_bytes(model, workload, layout)
+    sent = (calls * (1 + bwd) + again) * context.ulysses_pass_bytes(model, workload, layout)
     return [RankTraffic("cp", "all_to_all", "q, k, v and outputs (all-to-all)", round(sent))]

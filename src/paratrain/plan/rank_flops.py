@@ -38,12 +38,14 @@ add theirs: not counted yet). Otherwise None.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paratrain.models.presets import ffn_width
 from paratrain.plan.context import ring_passes
 from paratrain.plan.context_cost import ring_flops
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
+from paratrain.plan.pipeline import recomputed_layers, stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.time import (
     counted_by_shape,
     gpt_layer_flops_per_token,
@@ -121,14 +123,20 @@ def stage_flops(
     mine = stage_virtual_stages(stage, s, c)
     tokens = workload.global_batch * model.shape.seq_len / layout.data_ranks  # type: ignore[operator]
     fused = not (dropout and device == "cpu")  # SDPA's CPU kernels have no dropout
-    rc = workload.recompute
-    counted = "full" if rc == "full" else "none"  # the attention layer_flops counts
-    dense = layer_flops_per_token(model, rc, dropout, fused)
-    dense -= sdpa_flops_per_token(model, counted, fused)
-    attention = attention_flops(model, workload, layout, cp_rank, tokens, fused)
-    layer = dense * tokens / layout.tp + attention
+
+    def layer(w: Workload) -> float:
+        counted = "full" if w.recompute == "full" else "none"  # the attention layer_flops has
+        dense = layer_flops_per_token(model, w.recompute, dropout, fused)
+        dense -= sdpa_flops_per_token(model, counted, fused)
+        return dense * tokens / layout.tp + attention_flops(
+            model, w, layout, cp_rank, tokens, fused
+        )
+
+    plain = layer(replace(workload, recompute="none"))
+    again = layer(workload) - plain  # what recomputation adds, per time it runs
+    recomputed = recomputed_layers(model.shape.n_layer, stage, s, c, layout.schedule)
     head = head_flops_per_token(model) * tokens / layout.tp if s * c - 1 in mine else 0
-    return sum(layers[vs] for vs in mine) * layer + head
+    return sum(layers[vs] for vs in mine) * plain + recomputed * again + head
 
 
 def rank_step_flops(

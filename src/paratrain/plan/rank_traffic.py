@@ -35,7 +35,7 @@ from paratrain.plan.held_pieces import held_unsplit
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.lora_traffic import frozen_gathers, lora_chunks, lora_tp_terms
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_layers
+from paratrain.plan.pipeline import recomputed_layers
 from paratrain.plan.rank_context import cp_terms
 from paratrain.plan.rank_experts import (
     ExpertCounts,
@@ -211,7 +211,8 @@ def _tp_terms(
         return out
     t, size = layout.tp, comm.activation_message_bytes(model, workload, layout.cp)
     if workload.recompute != "none":  # full and selective repeat the same collectives
-        layers = stage_layers(model.shape.n_layer, at.stage, layout.pp, layout.chunks)
+        n, pp, v = model.shape.n_layer, layout.pp, layout.chunks
+        layers = recomputed_layers(n, at.stage, pp, v, layout.schedule)  # ZB-H1's: twice
         # Half all-reduces (an all-gather or a reduce-scatter) repeated per block: module
         # docstring; with sequence parallelism the all-gathers before q, k, v and the MLP too.
         halves = 4 if dropout else (3 if sequence_parallel else 2)
