@@ -31,8 +31,9 @@ class TiedWeights:
 
 
 def find_tied_weights(model: nn.Module, plan: PipelinePlan) -> TiedWeights:
-    """Parameters that a module of `plan.first` and a module of `plan.last` share, found by
-    identity in the full model, before the split."""
+    """Trained parameters that a module of `plan.first` and a module of `plan.last` share,
+    found by identity in the full model, before the split. A frozen one (LoRA's base
+    table) has no gradient to sum: its two copies stay equal as they are."""
 
     def named(modules: tuple[str, ...]) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -40,7 +41,8 @@ def find_tied_weights(model: nn.Module, plan: PipelinePlan) -> TiedWeights:
             module = getattr(model, m, None)
             if module is not None:
                 for n, p in module.named_parameters(prefix=m):
-                    out.setdefault(id(p), n)
+                    if p.requires_grad:
+                        out.setdefault(id(p), n)
         return out
 
     first, last = named(plan.first), named(plan.last)
