@@ -30,11 +30,11 @@ scatter/gather, whose calls follow other rules.
 
 from __future__ import annotations
 
-from paratrain.plan import context
 from paratrain.plan.grad_buckets import chunk_tensors, flat_bucket_sizes, gradient_buckets
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import recomputed_layers, stage_layers, stage_virtual_stages
+from paratrain.plan.rank_context import cp_exchanges
 from paratrain.plan.rank_groups import AXES, Coords, group_name
 from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
 from paratrain.plan.tied_traffic import tied_ends_terms
@@ -132,16 +132,10 @@ def _pp_calls(layout: Layout, microbatches: int, stage: int) -> list[tuple[str, 
 def _cp_calls(
     model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int
 ) -> list[tuple[str, int]]:
-    c = layout.cp
-    if c == 1:
+    """Two calls an exchange: a hop's send and receive, or a pass's two all-to-alls."""
+    if layout.cp == 1:
         return []
-    n, s, v = model.shape.n_layer, layout.pp, layout.chunks
-    blocks = microbatches * stage_layers(n, stage, s, v)
-    fwd, bwd = context.ring_passes(workload.recompute)
-    again = microbatches * recomputed_layers(n, stage, s, v, layout.schedule) * (fwd - 1)
-    if layout.cp_method == "ring":  # each hop a send and a receive
-        return [("cp", 2 * (c - 1) * (blocks * (1 + 2 * bwd) + again))]
-    return [("cp", 2 * (blocks * (1 + bwd) + again))]
+    return [("cp", 2 * cp_exchanges(model, workload, layout, microbatches, stage))]
 
 
 def _scalar_calls(

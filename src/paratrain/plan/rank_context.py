@@ -22,23 +22,32 @@ from paratrain.plan.pipeline import recomputed_layers, stage_layers
 from paratrain.plan.rank_groups import RankTraffic
 
 
+def cp_exchanges(
+    model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int
+) -> int:
+    """What a rank on `stage` exchanges over cp per step: the ring's hops (each a send
+    and a receive) or all-to-all's passes (each two all-to-alls, q k v and the output);
+    recomputed forwards counted as often as they run (pipeline.recomputed_layers)."""
+    n, s, v = model.shape.n_layer, layout.pp, layout.chunks
+    blocks = microbatches * stage_layers(n, stage, s, v)
+    fwd, bwd = context.ring_passes(workload.recompute)
+    again = microbatches * recomputed_layers(n, stage, s, v, layout.schedule) * (fwd - 1)
+    if layout.cp_method == "ring":
+        return (layout.cp - 1) * (blocks * (1 + 2 * bwd) + again)
+    return blocks * (1 + bwd) + again
+
+
 def cp_terms(
     model: ModelSpec, workload: Workload, layout: Layout, microbatches: int, stage: int
 ) -> list[RankTraffic]:
     """The cp group's traffic of a rank on pipeline `stage` (none with cp 1)."""
-    c = layout.cp
-    if c == 1:
+    if layout.cp == 1:
         return []
-    n, s, v = model.shape.n_layer, layout.pp, layout.chunks
-    calls = microbatches * stage_layers(n, stage, s, v)
-    fwd, bwd = context.ring_passes(workload.recompute)
-    # the recomputed forwards: per recomputing layer, as often as it recomputes (pipeline.py)
-    again = microbatches * recomputed_layers(n, stage, s, v, layout.schedule) * (fwd - 1)
+    exchanges = cp_exchanges(model, workload, layout, microbatches, stage)
     if layout.cp_method == "ring":
-        messages = (c - 1) * (calls * (1 + 2 * bwd) + again)
-        sent = messages * context.ring_hop_bytes(model, workload, layout)
+        sent = exchanges * context.ring_hop_bytes(model, workload, layout)
         return [
             RankTraffic("cp", "send", "keys and values, and their gradients (ring)", round(sent))
         ]
-    sent = (calls * (1 + bwd) + again) * context.ulysses_pass_bytes(model, workload, layout)
+    sent = exchanges * context.ulysses_pass_bytes(model, workload, layout)
     return [RankTraffic("cp", "all_to_all", "q, k, v and outputs (all-to-all)", round(sent))]
