@@ -103,15 +103,15 @@ AT_SCALE = {
     # calls: buckets cut at parameters (DataParallel's from the last, its first at 1 MiB;
     # ZeRO's flat ones from the first), tp's halves under sequence parallelism and
     # recomputation, the pipeline's sends and receives
-    "dp buckets of 8 KiB, tp 2": dict(world=64, tp=2, bucket_mb=1 / 128),
-    "zero2 buckets of 8 KiB bf16": dict(world=64, zero=2, dtype="bfloat16", bucket_mb=1 / 128),
+    "dp buckets of 8 KiB, tp 2": dict(world=64, tp=2, bucket_mb=1 / 128),  # dp 32: roundings
+    "zero2 buckets of 8 KiB bf16": dict(world=16, zero=2, dtype="bfloat16", bucket_mb=1 / 128),
     "tp 2 sp, full recomputation": dict(world=64, tp=2, sequence_parallel=True, recompute="full"),
     # each bucket of ZeRO's buffer (laid out last parameter first) encoded part by part
-    "sign zero1 buckets of 8 KiB": dict(world=64, zero=1, compress="sign", bucket_mb=1 / 128),
+    "sign zero1 buckets of 8 KiB": dict(world=16, zero=1, compress="sign", bucket_mb=1 / 128),
     # ZB-H1's weight pass is a call per weight group: ZeRO-2 flushed after each one
     # reduce-scattered every bucket each time on all but the first stage (10x the bytes)
     "zb-h1 zero2 pp 2, buckets of 8 KiB": dict(
-        world=64, pp=2, zero=2, schedule="zb-h1", k=4, bucket_mb=1 / 128
+        world=16, pp=2, zero=2, schedule="zb-h1", k=4, bucket_mb=1 / 128
     ),
     # the gradients summed over tp where partial, as far as each rank's ZeRO shards hold
     # them: sequence parallelism's replicated parameters, LoRA's whole adapters
@@ -128,7 +128,7 @@ AT_SCALE = {
     # before --compress-start: the step reduces exactly, the errors are kept all the same
     "int8 zero2 before its start": dict(world=64, zero=2, compress="int8", compress_start=5),
     "tp 2, pp 2, selective recomputation": dict(
-        world=64, tp=2, pp=2, recompute="selective", k=4, bucket_mb=1 / 128
+        world=16, tp=2, pp=2, recompute="selective", k=4, bucket_mb=1 / 128
     ),
 }
 # Calls per group and a checkpoint's bytes are not predicted under Muon, DiLoCo or
@@ -168,15 +168,16 @@ def test_recomputation_flops_equal_the_planner(arch, recompute):
 def test_dropout_on_the_cpu_executes_the_flops_the_planner_gives(recompute):
     """With dropout SDPA's CPU kernels give way to its math path (four backward products,
     none kept by selective recomputation), and full recomputation runs the down
-    projection again (the dropout's input): to the FLOP, and fewer than without dropout
-    unless the recomputation adds them back."""
+    projection again (the dropout's input): to the FLOP; without recomputation fewer
+    than without dropout."""
     cfg = layout(world=8, tp=2, recompute=recompute)
     cfg.model.dropout = 0.1
     predicted = rank_predictions(cfg, [0])[0]
     ((measured, _),) = simulate_ranks(cfg, [0])
     assert measured["flops"] == predicted["flops"] and disagreements(measured, predicted) == []
-    plain, _ = simulate_ranks(layout(world=8, tp=2, recompute=recompute), [0])[0]
-    assert (measured["flops"] < plain["flops"]) == (recompute == "none")
+    if recompute == "none":  # the math path's four products against the fused five
+        plain, _ = simulate_ranks(layout(world=8, tp=2), [0])[0]
+        assert measured["flops"] < plain["flops"]
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
