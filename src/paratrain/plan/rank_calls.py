@@ -36,15 +36,13 @@ from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import recomputed_layers, stage_layers, stage_virtual_stages
 from paratrain.plan.rank_context import cp_exchanges
 from paratrain.plan.rank_groups import AXES, Coords, group_name
-from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
+from paratrain.plan.rank_memory import flat_buffers, plain_training, tied_root
 from paratrain.plan.tied_traffic import tied_ends_terms
 
 
 def predicted(model: ModelSpec, workload: Workload) -> bool:
     """Whether `rank_calls` counts this run (module docstring)."""
-    plain = not (workload.lora or workload.muon_ns_bytes or workload.sync_every)
-    plain = plain and workload.compress == "none" and not workload.pp_scatter_gather
-    return plain and exact(model) and not model.num_experts
+    return plain_training(model, workload) and not workload.pp_scatter_gather
 
 
 def rank_calls(

@@ -21,7 +21,7 @@ import math
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_groups import Coords, shard_rank
-from paratrain.plan.rank_memory import exact, flat_buffers
+from paratrain.plan.rank_memory import flat_buffers, plain_training
 
 
 def held_elements(n: int, k: int, position: int) -> int:
@@ -34,8 +34,7 @@ def checkpoint_bytes(
     model: ModelSpec, workload: Workload, layout: Layout, at: Coords
 ) -> int | None:
     """The tensor bytes of this rank's part of a checkpoint (module docstring)."""
-    plain = not (workload.lora or workload.muon_ns_bytes or workload.sync_every)
-    if not (plain and workload.compress == "none" and exact(model) and not model.num_experts):
+    if not plain_training(model, workload):
         return None
     buffers = [n for chunk in flat_buffers(model, layout, at.stage) for n in chunk]
     k = layout.shard_ranks if layout.zero else 1

@@ -43,6 +43,14 @@ def exact(model: ModelSpec) -> bool:
     return model.n_params is None and model.has_shape
 
 
+def plain_training(model: ModelSpec, workload: Workload) -> bool:
+    """A dense model counted from its shape, every parameter trained by AdamW or SGD, its
+    gradients reduced exactly and synchronously: no LoRA, Muon, --compress or DiLoCo
+    (the runs whose calls and checkpoint part rank_calls.py and rank_checkpoint.py count)."""
+    other = workload.lora or workload.muon_ns_bytes or workload.sync_every
+    return not other and workload.compress == "none" and exact(model) and not model.num_experts
+
+
 def chunk_params(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Parameters of each chunk on `stage` (any tp rank), in chunk order.
 
