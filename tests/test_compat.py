@@ -8,6 +8,8 @@ else in the package, and `compat.missing()` names what the installed torch lacks
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,22 @@ def test_no_file_but_compat_uses_a_private_torch_name():
 
 def test_every_compat_name_resolves_on_this_torch():
     assert compat.missing() == []
+
+
+def test_a_seam_called_eagerly_leaves_dynamo_unimported():
+    """`compat.graph_break` defers torch._dynamo (0.8 s of CPU per process: the launcher's
+    start-up, every simulated rank's) to --compile: importing every module that declares a
+    seam and calling one eagerly imports none of it. (torch's own optimizers import it at
+    construction; a launcher and its checks build none.) Under torch.compile the seams
+    break the graph: test_compile.py counts those breaks."""
+    code = (
+        "import sys, torch\n"
+        "from paratrain.comm.compat import graph_break\n"
+        "import paratrain.comm.regions, paratrain.parallel.tensor_parallel.rng\n"
+        "import paratrain.commands.train, paratrain.train.fits\n"
+        "twice = graph_break(lambda x: 2 * x)\n"
+        "assert twice(torch.ones(1)).item() == 2.0\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -20,7 +20,7 @@ the block stays the same module: parameter names and the state dict are unchange
 `_orig_mod.`).
 
 Tensor-parallel seams break the graph, by design. `comm/regions.py`'s f, g, gathers and
-scatters, and the dropout RNG tracker's hooks, are `torch.compiler.disable`d: every
+scatters, and the dropout RNG tracker's hooks, are disabled (`compat.graph_break`): every
 collective goes through `paratrain.comm`, whose ledger reads clocks, takes locks and keeps
 async work handles; traced, dynamo guards on the clock readings and recompiles at every
 call until it gives up (measured: 55 graphs for a 2-block model). So each seam runs eagerly
@@ -50,7 +50,6 @@ from torch import nn
 from paratrain.comm import compat
 
 INDUCTOR_OPTIONS = {"fallback_random": True}
-SEAM = "torch.compiler.disable"  # in dynamo's reason for a break at one of our seams
 
 
 def cpp_compilers() -> tuple[str, ...]:
@@ -148,8 +147,10 @@ class CompiledBlocks:
     def report(self) -> CompileReport:
         breaks, fallbacks = _dynamo_counts()
         breaks.subtract(self._breaks_at_start)
-        seam = sum(n for r, n in breaks.items() if SEAM in r)
-        other = {r.splitlines()[0]: n for r, n in breaks.items() if n > 0 and SEAM not in r}
+        seam = sum(n for r, n in breaks.items() if compat.SEAM_BREAK in r)
+        other = {
+            r.splitlines()[0]: n for r, n in breaks.items() if n > 0 and compat.SEAM_BREAK not in r
+        }
         return CompileReport(
             graphs={b.name: b.graphs for _, b in self.blocks},
             seam_breaks=seam,
