@@ -1,9 +1,9 @@
 """Run a function in k processes (gloo on CPU, or NCCL with one GPU per rank): the spawner
 that the benches (`bench/`: every `paratrain bench X` that starts ranks), the multi-process
 tests (tests/distributed.py, tests/test_checkpoint.py) and scripts/gpu_check.py (through
-tests/distributed.py) share. It
-imports nothing from paratrain (the forkserver preloads paratrain by name, in PRELOAD), so
-any package may use it.
+tests/distributed.py) share. At
+import it imports nothing from paratrain (the forkserver preloads paratrain by name, in
+PRELOAD), so any package may use it.
 
 - Ranks are forked from a forkserver that has torch and paratrain imported already, so a
   4-rank test costs about a second of start-up instead of 4 s of `import torch` per rank.
@@ -38,8 +38,10 @@ EXIT_WAIT_S = 30.0  # the longest a finished rank waits for the others before it
 def forkserver_context() -> Any:
     """One forkserver per process, started on first use with torch already imported: a
     process forked from it starts in milliseconds (`paratrain simulate` runs each rank so)."""
+    from paratrain.comm.compat import OPTIMIZER_IMPORTS  # here: spawn.py imports no paratrain
+
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload([*PRELOAD, *OPTIMIZER_IMPORTS])
     return context
 
 

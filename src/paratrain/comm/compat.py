@@ -51,6 +51,11 @@ def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
     return call
 
 
+# torch's optimizers import torch._dynamo at construction (Optimizer.add_param_group is
+# `torch._disable_dynamo`d, which imports it at its first call): 0.6-0.8 s of CPU that a
+# forkserver preloads once for the ranks it forks (spawn.py), instead of each rank.
+OPTIMIZER_IMPORTS = ("torch._dynamo",)
+
 # What dynamo's reason for a break at a `graph_break` function names (2.11-2.14: "the
 # function `f` in file `.../torch/_compile.py` should not be traced"): the file of
 # `torch._disable_dynamo`'s wrapper. Each seam breaks twice: the caller's graph at
