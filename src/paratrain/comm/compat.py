@@ -33,13 +33,9 @@ R = TypeVar("R")
 
 
 def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
-    """Under torch.compile, fn runs eagerly, between graphs; outside it, fn itself.
-
-    Not `torch.compiler.disable(fn)` at import: that imports torch._dynamo, 0.8 s of CPU
-    in every process (a third of a worker's start-up on 2 cores) that only --compile
-    needs. `torch._disable_dynamo` (private, in every supported release) imports it at its
-    first call, and dynamo skips its wrapper's frame (a graph break); the branch keeps
-    eager calls from making that first call."""
+    """Under torch.compile, fn runs eagerly between graphs; outside it, fn itself.
+    `torch._disable_dynamo` imports torch._dynamo (0.8 s of CPU) at its first call, not at
+    import as `torch.compiler.disable` does, and eager calls never make that call."""
     disabled: Callable[P, R] = torch._disable_dynamo(fn)
 
     @functools.wraps(fn)
@@ -51,15 +47,10 @@ def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
     return call
 
 
-# torch's optimizers import torch._dynamo at construction (Optimizer.add_param_group is
-# `torch._disable_dynamo`d, which imports it at its first call): 0.6-0.8 s of CPU that a
-# forkserver preloads once for the ranks it forks (spawn.py), instead of each rank.
+# torch's optimizers import torch._dynamo at construction: a forkserver preloads it for
+# the ranks it forks (spawn.py). A break at a seam names `torch._disable_dynamo`'s file
+# (2.11-2.14); each seam breaks twice: the caller's graph, then `call`'s own frame.
 OPTIMIZER_IMPORTS = ("torch._dynamo",)
-
-# What dynamo's reason for a break at a `graph_break` function names (2.11-2.14: "the
-# function `f` in file `.../torch/_compile.py` should not be traced"): the file of
-# `torch._disable_dynamo`'s wrapper. Each seam breaks twice: the caller's graph at
-# `call`, then `call`'s own frame at the disabled function.
 SEAM_BREAK = f"{os.sep}torch{os.sep}_compile.py"
 
 
@@ -84,9 +75,6 @@ def default_store() -> dist.Store:
 # from op to that op's entries in call order, a list that recomputation pops from (2.11,
 # 2.12) or a dict of call index -> entry that it marks consumed (2.13 on). Each kept output
 # is a tree of wrappers whose `val` is the detached tensor (the same storage).
-
-
-# The cache: op -> that op's entries (a list, or a dict from call index); torch's own types.
 SacStorage = dict[Any, list[Any] | dict[int, Any]]
 
 
@@ -197,7 +185,6 @@ _CHECKS: dict[str, Any] = {
     "queue_backward_callback": lambda: torch.autograd.Variable._execution_engine.queue_callback,
     "DropoutBase": _dropout_base_is_dropouts,
     "graph_exec_group": graph_exec_group,
-    "graph_break": lambda: torch._disable_dynamo,
     "dynamo_config": lambda: (
         dynamo_config().recompile_limit,
         dynamo_config().accumulated_recompile_limit,
@@ -216,9 +203,8 @@ _CHECKS: dict[str, Any] = {
 
 
 def missing() -> list[str]:
-    """Every name of this module the installed torch cannot give, as "name: error"; empty
-    when all resolve. tests/test_compat.py and scripts/gpu-check.sh ask before anything
-    runs. (The selective checkpoint cache's layout is checked by use: test_recompute.py.)"""
+    """Every name here the installed torch cannot give, as "name: error" (test_compat.py,
+    gpu-check.sh); the selective checkpoint cache's layout is checked by test_recompute."""
     problems = []
     for name, check in _CHECKS.items():
         try:
@@ -236,8 +222,8 @@ def storage_id(t: torch.Tensor) -> int:
 
 
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a and b start at the same byte of the same storage (`a.data_ptr() ==
-    b.data_ptr()` for real tensors, and also true to fake ones)."""
+    """Whether a and b start at the same byte of the same storage (as `data_ptr()`s equal,
+    also for fake tensors)."""
     start = a.storage_offset() * a.element_size()
     return storage_id(a) == storage_id(b) and start == b.storage_offset() * b.element_size()
 
@@ -281,12 +267,10 @@ class _WholeProgram:
 
 
 def total_flop_counter() -> Any:
-    """A FlopCounterMode (attention_flop_formulas' mapping) that counts the total only.
-    Its ModuleTracker, which only splits the count by module, hooks every module's
-    gradients through multi-grad hooks, which torch cannot run under `autograd.grad`
-    ("A leaf node was passed to _will_engine_execute_node ..."): ZB-H1's split backward
-    runs there. Its `mod_tracker` is therefore replaced (2.11-2.14: a public attribute the
-    counter reads `parents` from)."""
+    """A FlopCounterMode (attention_flop_formulas' mapping) counting the total only. Its
+    ModuleTracker hooks module gradients with multi-grad hooks, which fail under
+    `autograd.grad` (ZB-H1's split backward runs there), so `mod_tracker` is replaced
+    (2.11-2.14: a public attribute the counter reads `parents` from)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
@@ -305,14 +289,12 @@ def _total_flops_counted() -> None:
 
 
 def register_fake_backend() -> None:
-    """Make torch's "fake" process-group backend known (simulate/): torch registers it when
-    its testing module is imported (2.11-2.14), and Python imports a module once, so
-    calling this again changes nothing."""
+    """Make torch's "fake" process-group backend known (simulate/): importing its testing
+    module registers it (2.11-2.14); a second call imports nothing."""
     importlib.import_module("torch.testing._internal.distributed.fake_pg")
 
 
-# The op behind every host-side read of a tensor's value (.item(), float(t), bool(t));
-# private (underscored) in every supported release. simulate/ answers it under fake tensors.
+# The ops behind host-side reads of tensors' values (.item(), float(t), bool(t); and
+# torch.equal's bool), private in every supported release: simulate/ answers them.
 HOST_READ_OP = torch.ops.aten._local_scalar_dense.default
-# torch.equal: a host-side read of two tensors' values too (a Python bool).
 EQUAL_OP = torch.ops.aten.equal.default
