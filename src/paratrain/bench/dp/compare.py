@@ -3,10 +3,10 @@ pair, on this rank's share of the same global batches.
 
 Ours is the engine `paratrain train --dp k` builds (`build_engine`: `DataParallel` with
 the configuration's bucket size) and the one `train_step`. The peer is
-`DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb=<ours>)`, its
-documented fast configuration, stepped by `torch_step`. Both start from the same full
-GPT, clip at the same global gradient norm and run AdamW(foreach=True) at a constant
-learning rate.
+`DistributedDataParallel(gradient_as_bucket_view=True)` with our bucket layout
+(`ddp_buckets`), its documented fast configuration, stepped by `torch_step`. Both start
+from the same full GPT, clip at the same global gradient norm and run AdamW(foreach=True)
+at a constant learning rate.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 sync against async data parallelism under a straggler.
 
 Against DDP (compare.py): our engine and `train_step` against
-`DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb=<ours>)`, its
+`DistributedDataParallel(gradient_as_bucket_view=True)` with our buckets, its
 documented fast configuration, on a copy of the same model with the same initial weights,
 the same batches, the global gradient norm on both sides (not clipped: sides.norm_only),
 AdamW(foreach=True), one thread per rank and the same timer. Each pair runs one step of
@@ -23,6 +23,7 @@ import torch
 from paratrain.bench.dp.compare import compare_with_ddp
 from paratrain.bench.dp.overlap import run_overlap
 from paratrain.bench.dp.sync_vs_async import run_straggler
+from paratrain.bench.harness.ddp_pairs import ddp_buckets
 from paratrain.bench.harness.pairs import check_mean_losses, ratio_summary
 from paratrain.bench.harness.sides import norm_only
 from paratrain.config import RunConfig
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 LOSS_RTOL = 1e-4  # per step, ours vs the peers' mean: reordered float32 sums (harness/pairs.py)
 WORLD = 2  # on 2 cores only 2-rank timings mean anything
 PEER = (
-    "DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb={}), "
+    "DistributedDataParallel(gradient_as_bucket_view=True, {}), "
     "clip_grad_norm_(foreach=True) at {}, AdamW(foreach=True)"
 )
 
@@ -60,7 +61,8 @@ def compare_ddp(
     cfg = norm_only(cfg or RunConfig())
     t, p = cfg.train, cfg.parallel
     p.dp, p.bucket_mb = WORLD, bucket_mb
-    peer = PEER.format(bucket_mb, t.grad_clip) + (", blocks compiled" if t.compile else "")
+    buckets = ", ".join(f"{k}={v}" for k, v in ddp_buckets(bucket_mb).items())
+    peer = PEER.format(buckets, t.grad_clip) + (", blocks compiled" if t.compile else "")
     log.info("peer: torch %s; gloo, %d ranks, 1 thread each", peer, WORLD)
     tokens = load_tokens("").train if tokens is None else tokens
     sampler = BatchSampler(tokens, t.seq_len, t.global_batch, t.seed)

@@ -3,8 +3,8 @@ what `bench dp` (AdamW) and `bench muon` (torch.optim.Muon) run in every rank.
 
 Ours is the engine `paratrain train` builds for the configuration and `train_step`. The
 peer is `DistributedDataParallel(gradient_as_bucket_view=True)`, its documented fast
-configuration (with ours' bucket size where given), on a copy of the same model, stepped
-by `torch_step` with the optimizer the bench gives it.
+configuration, with ours' buckets where a size is given (`ddp_buckets`), on a copy of the
+same model, stepped by `torch_step` with the optimizer the bench gives it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from paratrain.bench.harness.pairs import time_pairs
 from paratrain.bench.harness.sides import OurSide, rank_share, torch_step
 from paratrain.config import RunConfig
 from paratrain.mesh import Mesh
+from paratrain.parallel.data_parallel.buckets import FIRST_BUCKET_BYTES
 from paratrain.train.build import build_engine, build_model, compile_units
 
+ONE_BUCKET_MB = 2**40  # a cap no model reaches: one bucket
 PeerOptimizer = Callable[[nn.Module, RunConfig], Any]
 
 
@@ -42,8 +44,7 @@ def ddp_pairs(
     ours = OurSide(build_engine(cfg, mesh=Mesh.build(dp=world)), cfg)
     module = build_model(cfg)
     compile_units(module, cfg)  # --compile: the peer's blocks as ours, before DDP
-    buckets: dict[str, Any] = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
-    ddp = DistributedDataParallel(module, gradient_as_bucket_view=True, **buckets)
+    ddp = DistributedDataParallel(module, gradient_as_bucket_view=True, **ddp_buckets(bucket_mb))
     opt = peer_optimizer(module, cfg)
     peer = functools.partial(torch_step, ddp, opt, lr=t.lr, grad_clip=t.grad_clip)
     warm = (ours(batches[0]), peer(batches[0]))
@@ -53,3 +54,18 @@ def ddp_pairs(
     diff = max((mine[n] - p).abs().max().item() for n, p in module.named_parameters())
     return {"losses": [warm] + [(r.ours_loss, r.peer_loss) for r in rows], "rows": rows,
             "max_param_diff": diff}  # fmt: skip
+
+
+def ddp_buckets(bucket_mb: float | None) -> dict[str, Any]:
+    """DDP's bucket arguments for the caps ours uses (data_parallel/buckets.py): a first
+    bucket of at most 1 MiB, then `bucket_mb` each; 0, one bucket. (DDP closes a bucket at
+    the parameter that crosses its cap, ours before it: the default GPT's first bucket is
+    1,054,720 bytes there, 925,696 here.) Not `bucket_cap_mb`: given, it drops DDP's own
+    1 MiB first bucket (torch 2.11-2.14), and at our default 25 MiB the bench's DDP held
+    the default GPT in one bucket where ours has two. None: DDP's defaults."""
+    if bucket_mb is None:
+        return {}
+    if bucket_mb <= 0:
+        return {"bucket_cap_mb": ONE_BUCKET_MB}
+    first = min(bucket_mb, FIRST_BUCKET_BYTES / 2**20)
+    return {"bucket_cap_mb_list": [first, bucket_mb]}
