@@ -46,17 +46,20 @@ def global_grad_norm(
         # Positions, not a boolean mask: the same elements in the same order (the same
         # sums), and a result size known without reading the mask, as fake tensors need.
         split = [name in tp_split for name in part.names]
+        groups = [g for g in (part.sharded_over, part.split_over) if g is not None and g.size > 1]
+        target = next((t for gs, t in sums if _same(gs, groups)), None)
+        if target is None:
+            target = torch.zeros(2, dtype=torch.float64, device=device)
+            sums.append((groups, target))
+        if all(split) or not any(split):  # one side: the same sum, without picking entries
+            target[0 if split and split[0] else 1] += part.squares.sum()
+            continue
         on, off = (
             torch.tensor(
                 [i for i, s in enumerate(split) if s == side], dtype=torch.long, device=device
             )
             for side in (True, False)
         )
-        groups = [g for g in (part.sharded_over, part.split_over) if g is not None and g.size > 1]
-        target = next((t for gs, t in sums if _same(gs, groups)), None)
-        if target is None:
-            target = torch.zeros(2, dtype=torch.float64, device=device)
-            sums.append((groups, target))
         target[0] += part.squares[on].sum()
         target[1] += part.squares[off].sum()
     for groups, target in sums:  # the same list on every rank: the same calls

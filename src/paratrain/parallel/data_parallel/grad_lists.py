@@ -18,13 +18,16 @@ def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Te
     skipped as an overflow), then squared in float64."""
     if not tensors:
         return torch.zeros(0, dtype=torch.float64, device=device)
-    norms: dict[int, torch.Tensor] = {}  # index -> its norm
-    for dtype in {t.dtype for t in tensors}:  # one fused call per dtype
+    dtypes = {t.dtype for t in tensors}
+    squares = torch.empty(len(tensors), dtype=torch.float64, device=device)
+    for dtype in dtypes:  # one fused call per dtype; one widening per dtype, not per tensor
         where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
         wide = torch.float32 if dtype == torch.float16 else None
-        found = compat.foreach_norm([tensors[i] for i in where], wide)
-        norms.update(zip(where, found, strict=True))
-    return torch.stack([norms[i].double() for i in range(len(tensors))]).pow(2)
+        found = torch.stack(compat.foreach_norm([tensors[i] for i in where], wide)).double()
+        if len(dtypes) == 1:
+            return found.pow(2)
+        squares[torch.tensor(where, device=device)] = found
+    return squares.pow(2)
 
 
 def scale_(tensors: list[torch.Tensor], factor: float) -> None:
