@@ -26,7 +26,9 @@ demo: setup
 # on a fresh clone on an AMD EPYC with AVX-512 (2026-12-04, nothing else running) and
 # 20-27 min on the machine of the day before, 31 min in CI, where some 4-rank tests ran
 # 40 times slower than here. Hence hang guards of 600 s and more (pyproject.toml), and
-# the longest files first (tests/conftest.py).
+# the longest files first (tests/conftest.py). A fourth worker does not pay: on 2026-12-05
+# the suite kept both cores 97% busy (/proc/stat) with three, and took 13 min 34 s with
+# four against 13 min 04 s with three.
 test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10 -n 3 --dist loadfile
 
