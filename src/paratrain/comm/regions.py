@@ -173,7 +173,7 @@ class _ReduceScatterSequence(torch.autograd.Function):
 
 
 # ---- public functions -------------------------------------------------------------------
-# Each is `torch.compiler.disable`d (compat.graph_break): under --compile a seam is a
+# Each is disabled for dynamo (compat.graph_break): under --compile a seam is a
 # deliberate graph break and its collective runs eagerly through the ledger
 # (parallel/compile.py says why).
 
