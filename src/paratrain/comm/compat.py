@@ -49,7 +49,7 @@ def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
 
 # torch's optimizers import torch._dynamo at construction: a forkserver preloads it for
 # the ranks it forks (spawn.py). A break at a seam names `torch._disable_dynamo`'s file
-# (2.11-2.14); each seam breaks twice: the caller's graph, then `call`'s own frame.
+# (2.11-2.14); dynamo also compiles `call`'s frame, which breaks once more (docs/compile.md).
 OPTIMIZER_IMPORTS = ("torch._dynamo",)
 SEAM_BREAK = f"{os.sep}torch{os.sep}_compile.py"
 

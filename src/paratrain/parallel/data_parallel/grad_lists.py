@@ -19,14 +19,14 @@ def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Te
     if not tensors:
         return torch.zeros(0, dtype=torch.float64, device=device)
     dtypes = {t.dtype for t in tensors}
-    squares = torch.empty(len(tensors), dtype=torch.float64, device=device)
+    squares = torch.empty(len(tensors), dtype=torch.float64, device=tensors[0].device)
     for dtype in dtypes:  # one fused call per dtype; one widening per dtype, not per tensor
         where = [i for i, t in enumerate(tensors) if t.dtype == dtype]
         wide = torch.float32 if dtype == torch.float16 else None
         found = torch.stack(compat.foreach_norm([tensors[i] for i in where], wide)).double()
         if len(dtypes) == 1:
             return found.pow(2)
-        squares[torch.tensor(where, device=device)] = found
+        squares[torch.tensor(where, device=squares.device)] = found
     return squares.pow(2)
 
 
