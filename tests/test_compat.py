@@ -68,19 +68,16 @@ def test_every_compat_name_resolves_on_this_torch():
     assert compat.missing() == []
 
 
-def test_a_seam_called_eagerly_leaves_dynamo_unimported():
-    """`compat.graph_break` defers torch._dynamo (0.8 s of CPU per process: the launcher's
-    start-up, every simulated rank's) to --compile: importing every module that declares a
-    seam and calling one eagerly imports none of it. (torch's own optimizers import it at
-    construction; a launcher and its checks build none.) Under torch.compile the seams
-    break the graph: test_compile.py counts those breaks."""
+def test_importing_the_seams_leaves_dynamo_unimported():
+    """`compat.graph_break` defers torch._dynamo (0.8 s of CPU per process) to a seam's
+    first call: the launcher and its checks import every module that declares a seam and
+    import none of dynamo. (A training process imports it anyway when it builds torch's
+    optimizer.) Under torch.compile the seams break the graph: test_compile.py counts
+    those breaks."""
     code = (
         "import sys, torch\n"
-        "from paratrain.comm.compat import graph_break\n"
         "import paratrain.comm.regions, paratrain.parallel.tensor_parallel.rng\n"
         "import paratrain.commands.train, paratrain.train.fits\n"
-        "twice = graph_break(lambda x: 2 * x)\n"
-        "assert twice(torch.ones(1)).item() == 2.0\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,7 +9,6 @@ changes this file only.
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import os
 from collections.abc import Callable
@@ -33,23 +32,16 @@ R = TypeVar("R")
 
 
 def graph_break(fn: Callable[P, R]) -> Callable[P, R]:
-    """Under torch.compile, fn runs eagerly between graphs; outside it, fn itself.
-    `torch._disable_dynamo` imports torch._dynamo (0.8 s of CPU) at its first call, not at
-    import as `torch.compiler.disable` does, and eager calls never make that call."""
+    """Under torch.compile, fn runs eagerly, between graphs. `torch._disable_dynamo`, not
+    `torch.compiler.disable`: the latter imports torch._dynamo (0.8 s of CPU) at
+    decoration, in every process that imports a seam; the former at fn's first call."""
     disabled: Callable[P, R] = torch._disable_dynamo(fn)
-
-    @functools.wraps(fn)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        if torch.compiler.is_compiling():  # a constant while dynamo traces
-            return disabled(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    return call
+    return disabled
 
 
 # torch's optimizers import torch._dynamo at construction: a forkserver preloads it for
 # the ranks it forks (spawn.py). A break at a seam names `torch._disable_dynamo`'s file
-# (2.11-2.14); dynamo also compiles `call`'s frame, which breaks once more (docs/compile.md).
+# (2.11-2.14): what parallel/compile.py counts as a seam's break.
 OPTIMIZER_IMPORTS = ("torch._dynamo",)
 SEAM_BREAK = f"{os.sep}torch{os.sep}_compile.py"
 
