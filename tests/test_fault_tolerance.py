@@ -423,8 +423,9 @@ def test_a_stop_signal_saves_a_checkpoint_and_the_resumed_run_ends_bitwise_equal
     assert len(digests(out, steps)) == 1
 
 
-def _group_workers(group: int) -> list[int]:
-    """The process ids of replica group `group`'s workers (not its agent), from /proc."""
+def _group_workers(group: int, run_dir: Path) -> list[int]:
+    """The process ids of replica group `group`'s workers (not its agent) of the run in
+    `run_dir`, from /proc: the suite runs other tests' groups beside this one."""
     pids = []
     for d in Path("/proc").iterdir():
         try:
@@ -433,7 +434,8 @@ def _group_workers(group: int) -> list[int]:
         except OSError:
             continue
         worker = b"--launched-worker" in cmd and b"group_agent" not in cmd
-        if worker and f"{GROUP_VAR}={group}".encode() in env:
+        ours = str(run_dir).encode() in cmd  # its config lies in the run directory
+        if worker and ours and f"{GROUP_VAR}={group}".encode() in env:
             pids.append(int(d.name))
     return pids
 
@@ -453,7 +455,7 @@ def test_a_stop_that_reaches_another_group_first_is_saved_by_the_rounds_saver(tm
     while not (out / "quorum.jsonl").is_file() or sum(r["committed"] for r in rounds(out)) < 3:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
-    workers = _group_workers(1)
+    workers = _group_workers(1, out)
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGTERM)
