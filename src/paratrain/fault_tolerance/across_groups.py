@@ -15,15 +15,17 @@ from paratrain.train.engine import Engine
 
 
 def mean_across(engine: Engine, across: CommGroup, loss: float, tokens: int) -> tuple[float, int]:
-    """Each group's gradient is its own tokens' mean; weighted by the group's tokens and
-    summed over the participants it is the mean over all their tokens. Returns the mean
-    loss and the tokens of the participants."""
+    """Each group's gradient is the sum over its own tokens; summed over the participants
+    and divided by all their tokens it is the mean over them. Returns the mean loss and
+    the tokens of the participants."""
     # On the host: `across` is gloo, made from the coordinator's store (participant.py)
     totals = torch.tensor([loss * tokens, float(tokens)], dtype=torch.float64, device="cpu")
     comm.all_reduce(totals, across)
     total_tokens = float(totals[1])
+    # The gradients hold sums over the group's tokens: summed over the participants they
+    # owe 1 / their tokens, paid with the clip's factor (the rounding of a run without it)
+    engine.owed *= tokens / max(total_tokens, 1.0)
     for r in engine.replicas:
-        r.scale_grads_(tokens / max(total_tokens, 1.0))
         r.all_reduce_grads_([n for n, _ in r.module.named_parameters()], across)
     return float(totals[0]) / max(total_tokens, 1.0), int(total_tokens)
 

@@ -235,6 +235,7 @@ def _work(
         rows = sampler.global_batch_at(step)[part * per_update : (part + 1) * per_update]
         micro_batches = on_device(list(rows.split(t.micro_batch)), mesh.device)
         loss, tokens = engine.forward_backward(micro_batches)
+        engine.settle_grads()  # the server clips the mean gradient it is pushed
         straggle(cfg, mesh.global_rank, mesh.shape.world_size, time.perf_counter() - start)
         return loss, float(tokens)
 

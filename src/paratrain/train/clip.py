@@ -78,12 +78,18 @@ def _same(a: list[comm.CommGroup], b: list[comm.CommGroup]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def clip_to(replicas: Sequence[ScalesGradients], norm: float, max_norm: float) -> None:
-    """Scale every replica's gradient so the global norm is at most max_norm (0: no
-    clipping), by torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6)."""
+def clip_coefficient(norm: float, max_norm: float) -> float:
+    """The factor that brings the global norm to at most max_norm (0: no clipping), by
+    torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6), never above 1."""
     if max_norm <= 0:
-        return
+        return 1.0
     coef = max_norm / (norm + 1e-6)
-    if coef < 1.0:  # False for a NaN norm: the step is skipped instead
+    return coef if coef < 1.0 else 1.0  # 1.0 for a NaN norm: the step is skipped instead
+
+
+def clip_to(replicas: Sequence[ScalesGradients], norm: float, max_norm: float) -> None:
+    """Scale every replica's gradient so the global norm is at most max_norm."""
+    coef = clip_coefficient(norm, max_norm)
+    if coef != 1.0:
         for r in replicas:
             r.scale_grads_(coef)

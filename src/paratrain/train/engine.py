@@ -2,10 +2,13 @@
 
 An engine holds this rank's part of the model (all of it, or its pipeline stage's chunks),
 each piece wrapped for data parallelism (a `Replica`: plain, ZeRO 1-2, FSDP, with or
-without mixed precision). After `forward_backward` the gradients are those of the global
-batch's mean token loss, reduced over dp (whole or sharded), and the return value is that
-mean loss. The engine asks its replicas only what the `Replica` protocol offers, so
-`grad_norm`, the optimizer, the memory report and checkpoints work the same for all.
+without mixed precision). After `forward_backward` the gradients are the global batch's
+sums over tokens, reduced over dp (whole or sharded), and the return value is its mean
+token loss. The engine owes them 1 / tokens (`owed`), which `grad_norm` counts and
+`settle_grads` pays, times the clip's factor, in one pass over the gradients, as a plain
+loop makes one (the clip's; docs/benchmarks.md, the overhead bench on an Intel Xeon). The
+engine asks its replicas only what the `Replica` protocol offers, so `grad_norm`, the
+optimizer, the memory report and checkpoints work the same for all.
 
 Tensor parallelism is applied to the model before an engine sees it; the engines only
 finish what sequence parallelism leaves partial (LayerNorm gradients summed over tp).
@@ -65,10 +68,20 @@ class Engine:
             self._partial.append([n for n, p in r.module.named_parameters() if id(p) in partial])
         # Once, not a traversal of every module twice per step; none for a dense model.
         self.moe_layers = [layer for m in self.modules for layer in moe_layers(m)]
+        self.owed = 1.0  # the factor the gradients still owe their mean: 1 / tokens
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, int]:
-        """This step's gradients, reduced and scaled to the mean; (mean loss, tokens)."""
+        """This step's gradients, reduced, as sums over tokens (`owed` set to 1 / tokens);
+        returns (mean loss, tokens)."""
         raise NotImplementedError
+
+    def settle_grads(self, factor: float = 1.0) -> None:
+        """Scale the gradients by what they owe times `factor` (the clip's coefficient,
+        fault tolerance's weight of this group), in one pass."""
+        total, self.owed = self.owed * factor, 1.0
+        if total != 1.0:
+            for r in self.replicas:
+                r.scale_grads_(total)
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
         """Mean loss over the scored tokens of the held-out batches."""
@@ -104,8 +117,10 @@ class Engine:
         return OptimizerSet(optimizers)
 
     def grad_norm(self) -> float:
-        """The global L2 norm of the reduced gradient, the same on every rank."""
-        return global_grad_norm(self._grad_squares(), self._tp_split, self.tp, self.pp)
+        """The global L2 norm of the reduced gradient's mean (what it owes applied), the
+        same on every rank."""
+        norm = global_grad_norm(self._grad_squares(), self._tp_split, self.tp, self.pp)
+        return norm * self.owed
 
     def _grad_squares(self) -> list[GradSquares]:
         return [r.grad_squares() for r in self.replicas]
@@ -168,8 +183,7 @@ class FlatEngine(Engine):
         loss, tokens = accumulate_gradients(self.replica, micro_batches, self.split, others)
         self._complete_partial_grads()
         scale = self.replica.scaler.scale if self.replica.scaler is not None else 1.0
-        for r in self.replicas:
-            r.scale_grads_(1.0 / (max(tokens, 1) * scale))  # sums -> the mean
+        self.owed = 1.0 / (max(tokens, 1) * scale)  # sums -> the mean, when settled
         return loss, tokens
 
     def evaluate(self, batches: list[torch.Tensor]) -> float:
@@ -224,8 +238,7 @@ class PipelineEngine(Engine):
         stats = torch.tensor([loss_sum, sum(counts)], dtype=torch.float64, device=self.device)
         comm.all_reduce(stats, self.tokens_group, op="sum")
         tokens = int(stats[1])
-        for r in self.replicas:  # sums -> the mean (the split experts' too: grads.py)
-            r.scale_grads_(1.0 / max(tokens, 1))
+        self.owed = 1.0 / max(tokens, 1)  # sums -> the mean (the split experts' too: grads.py)
         return float(stats[0]) / max(tokens, 1), tokens
 
     def _sum_tied_grads(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from paratrain.train.clip import clip_to
+from paratrain.train.clip import clip_coefficient
 from paratrain.train.engine import Engine
 from paratrain.train.experts import balance_biases, routing_log
 
@@ -54,8 +54,7 @@ def train_step(
         loss, tokens = across(engine, loss, tokens)
     grad_norm = engine.grad_norm()
     finite = math.isfinite(grad_norm)
-    if finite:
-        clip_to(engine.replicas, grad_norm, grad_clip)
+    engine.settle_grads(clip_coefficient(grad_norm, grad_clip) if finite else 1.0)
     if finite or engine.loss_scaled:
         optimizer.step()  # fp16: finds the overflow on every rank, halves the scale, skips
     balance_biases(engine.moe_layers)  # MoE bias balancing after the step (restarts counting)

@@ -51,7 +51,7 @@ def whole_grads(named: Named) -> tuple[list[str], list[torch.Tensor]]:
     for name, p in named:
         if p.grad is not None:
             names.append(name)
-            grads.append(p.grad.detach())
+            grads.append(p.grad)  # holds no autograd history: nothing to detach
     return names, grads
 
 

@@ -149,11 +149,12 @@ class DataParallel(SyncSwitch, nn.Module):
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         bucket, i = self._bucket_of[id(p)]
-        if p.grad is not None and not same_memory(p.grad, bucket.views[i]):
+        view = bucket.views[i]  # autograd adds into it in place: the same object, mostly
+        if p.grad is not view and p.grad is not None and not same_memory(p.grad, view):
             # .grad was replaced (zero_grad(set_to_none=True) before this backward): this
             # is the first gradient of the step, so it overwrites the stale view.
-            bucket.views[i].copy_(p.grad)
-            p.grad = bucket.views[i]
+            view.copy_(p.grad)
+            p.grad = view
         self._touched.add(id(p))
         if not self._sync:
             return
