@@ -41,3 +41,32 @@ def test_transformers_peer_with_compile_is_refused(capsys):
     assert main(["bench", "overhead", *TINY, "--peer", "transformers", "--compile"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--peer transformers with --compile" in err[0], err
+
+
+def test_profile_counts_the_ops_of_each_loop(capsys, monkeypatch):
+    """--profile N profiles N more steps of each loop, op by op, per step: a second pass
+    over the gradients shows as 69 more multiplies a step (the default GPT's gradients)."""
+    from paratrain.train.engine import Engine
+
+    def muls() -> float:
+        argv = ["bench", "overhead", "--steps", "1", "--rounds", "1", "--profile", "2", "--json"]
+        assert main(argv) == 0
+        rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["profile"]
+        return next(r["ours_calls"] for r in rows if r["op"] == "aten::mul")
+
+    one_pass = muls()
+    settle = Engine.settle_grads
+
+    def two_passes(self, factor=1.0):  # the step before it folded 1 / tokens into the clip
+        settle(self, 1.0)
+        for r in self.replicas:
+            r.scale_grads_(factor * 1.000001)
+
+    monkeypatch.setattr(Engine, "settle_grads", two_passes)
+    assert muls() - one_pass == 69
+
+
+def test_a_negative_profile_is_refused(capsys):
+    assert main(["bench", "overhead", *TINY, "--profile", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--profile -1" in err[0], err

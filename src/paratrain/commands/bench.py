@@ -69,7 +69,10 @@ def _overhead(args: argparse.Namespace) -> tuple[Any, int]:
     if args.peer == "transformers" and args.compile:  # its blocks are not ours to compile
         raise ValueError("--peer transformers with --compile: valid with --peer plain only")
     cfg = _config(args)
-    return run_overhead_bench(steps=args.steps, rounds=args.rounds, cfg=cfg, peer=args.peer), 0
+    if args.profile < 0:
+        raise ValueError(f"--profile {args.profile}: a count of steps, 0 (none) or more")
+    run = run_overhead_bench(args.steps, args.rounds, cfg, args.peer, profile_steps=args.profile)
+    return run, 0
 
 
 def _comm(args: argparse.Namespace) -> tuple[Any, int]:

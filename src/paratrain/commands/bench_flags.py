@@ -41,6 +41,13 @@ def _step_benches(benches: Subparsers) -> None:
         default="plain",
         help="the plain loop's model: ours, or transformers' GPT2LMHeadModel with our weights",
     )
+    overhead.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then profile N more steps of each loop and list the ops that differ most",
+    )
     _compile(overhead)
     _comm_flags(benches.add_parser("comm", help="native, ring, tree collectives"))
     dp = benches.add_parser("dp", help="DataParallel against torch DDP; overlap; sync vs async")

@@ -21,6 +21,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from paratrain.bench.harness.pairs import check_losses
 from paratrain.bench.harness.sides import torch_step
 from paratrain.bench.model.peer import transformers_twin
 from paratrain.bench.model.run import STEP_LOSS_RTOL
+from paratrain.bench.overhead.profile import log_differences, op_differences
 from paratrain.config import RunConfig
 from paratrain.data.tokens import BatchSampler, load_tokens
 from paratrain.mesh import Mesh
@@ -90,12 +92,19 @@ def _loops(cfg: RunConfig, total: int, peer: str) -> tuple[Step, Step, str]:
 
 
 def run_overhead_bench(
-    steps: int = 20, rounds: int = 7, cfg: RunConfig | None = None, peer: str = "plain"
-) -> dict[str, float | str]:
+    steps: int = 20,
+    rounds: int = 7,
+    cfg: RunConfig | None = None,
+    peer: str = "plain",
+    profile_steps: int = 0,
+) -> dict[str, Any]:
+    """profile_steps: after the timing, profile that many more steps of each loop and list
+    the ops that differ (profile.py)."""
     cfg = cfg or RunConfig()
     t = cfg.train
     t.microbatches = t.global_batch // t.micro_batch  # one process: K = G / b
-    ours, plain, what = _loops(cfg, total=steps * rounds + 1, peer=peer)
+    timed = steps * rounds + 1
+    ours, plain, what = _loops(cfg, total=timed + profile_steps, peer=peer)
     log.info(
         "model: GPT %d layers, d_model %d, seq_len %d, %d micro-batches of %d; %d thread(s)",
         cfg.model.n_layer, cfg.model.d_model, t.seq_len, t.microbatches, t.micro_batch,
@@ -120,7 +129,12 @@ def run_overhead_bench(
         "median step: ours %.4f s, plain %.4f s, ratio %.3f (%d steps each, %d rounds)",
         ours_s, plain_s, ours_s / plain_s, len(times["ours"]), rounds,
     )  # fmt: skip
+    profiled = []
+    if profile_steps:  # after the timing: the profiler's own cost is not timed
+        profiled = op_differences(ours, plain, range(timed, timed + profile_steps))
+        log_differences(profiled, profile_steps)
     return {
+        "profile": profiled,  # every op; the log lists the first ROWS
         "ours_step_s": ours_s,
         "plain_step_s": plain_s,
         "ratio": ours_s / plain_s,
