@@ -57,3 +57,13 @@ def _root_logger_as_it_was():
     handlers, level = list(root.handlers), root.level
     yield
     root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """Every `paratrain train` a test started (tests/runs.py) ends with the test, with all
+    it started, whether the test passed or not."""
+    from tests.runs import stop_leftovers
+
+    yield
+    stop_leftovers()

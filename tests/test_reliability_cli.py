@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from paratrain import checkpoint as ck
 from paratrain.cli import main
-from tests.distributed import under_nccl_order
+from tests.runs import finish, start
 
 STEPS = 12
 RUN = [
@@ -37,22 +36,6 @@ FAST = ["--straggler", "1:1"]  # a resumed run keeps its flags; it need not wait
 
 # Launches, waits and their reference runs: more than the default 300 s under load.
 pytestmark = pytest.mark.timeout(900)
-
-
-def start(*args: str, cwd: Path) -> subprocess.Popen:
-    """`paratrain train ARGS` started in cwd; a multi-process run under NCCL's order."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "paratrain", *under_nccl_order(["train", *args], cwd)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
 
 
 def rows(run_dir: Path) -> list[dict]:
