@@ -45,14 +45,15 @@ def test_transformers_peer_with_compile_is_refused(capsys):
 
 def test_profile_counts_the_ops_of_each_loop(capsys, monkeypatch):
     """--profile N profiles N more steps of each loop, op by op, per step: a second pass
-    over the gradients shows as 69 more multiplies a step (the default GPT's gradients)."""
+    over the gradients shows as 69 more multiplies a step (the default GPT's gradients;
+    `aten::mul_` per tensor, and `aten::mul` under it where the factor is a number)."""
     from paratrain.train.engine import Engine
 
-    def muls() -> float:
+    def muls() -> dict[str, float]:
         argv = ["bench", "overhead", "--steps", "1", "--rounds", "1", "--profile", "2", "--json"]
         assert main(argv) == 0
         rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["profile"]
-        return next(r["ours_calls"] for r in rows if r["op"] == "aten::mul")
+        return {r["op"]: r["ours_calls"] for r in rows if r["op"].startswith("aten::mul")}
 
     one_pass = muls()
     settle = Engine.settle_grads
@@ -63,7 +64,8 @@ def test_profile_counts_the_ops_of_each_loop(capsys, monkeypatch):
             r.scale_grads_(factor * 1.000001)
 
     monkeypatch.setattr(Engine, "settle_grads", two_passes)
-    assert muls() - one_pass == 69
+    more = {op: n - one_pass.get(op, 0.0) for op, n in muls().items()}
+    assert max(more.values()) == 69, more
 
 
 def test_a_negative_profile_is_refused(capsys):
