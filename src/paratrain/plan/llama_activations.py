@@ -16,8 +16,9 @@ parallelism, else 1:
   silu(g): g; silu(g) * u: both factors; down: the
         product p; so g, u, silu(g), p                  4f / t
 
-and per sequence the rotary cos and sin of q and of k, 4 s d, whole on every rank. So
-bytes = s b [e (2h/r + 2h + (4h + 4f)/t) + 4 (2/r + a/t)] + 4 e s d.
+and per sequence the rotary cos and sin, 2 s d, one pair for q and k (models/llama.py
+computes them once per layer), whole on every rank. So
+bytes = s b [e (2h/r + 2h + (4h + 4f)/t) + 4 (2/r + a/t)] + 2 e s d.
 No s^2 term: SDPA saves no score matrix (its kernel recomputes the scores in backward),
 so Korthikanti's selective recomputation would have nothing to drop; no dropout. GQA
 does not shrink k and v: attention repeats them to all heads before SDPA, which keeps
@@ -73,5 +74,5 @@ def llama_layer_activation_bytes(
         return s * b * (e * kept + 4 * a / t)
     per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model.shape)) / t)
     per_token += 4 * (2 / r + a / t)  # fp32 statistics
-    rotary = e * 4 * s * (h // a)
+    rotary = e * 2 * s * (h // a)  # cos and sin, shared by q and k
     return s * b * per_token + rotary
