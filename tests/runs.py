@@ -6,6 +6,7 @@ next)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,13 +38,11 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]
 
 
 def stop_leftovers() -> None:
-    """Kill the process group of every run started here (a finished run's group may still
-    hold a straggler), then forget them."""
+    """Kill the process group of every run started here that is still running, then
+    forget them. (Not a finished run's: its pid, the group's id, may be reused by then.)"""
     for proc in STARTED:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is gone
         if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended since
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     STARTED.clear()
