@@ -28,7 +28,9 @@ demo: setup
 # 40 times slower than here. Hence hang guards of 600 s and more (pyproject.toml), and
 # the longest files first (tests/conftest.py). A fourth worker does not pay: on 2026-12-05
 # the suite kept both cores 97% busy (/proc/stat) with three, and took 13 min 34 s with
-# four against 13 min 04 s with three.
+# four against 13 min 04 s with three. On an Intel Xeon (AVX-512, 2 cores; 2026-12-06) the
+# same suite took 15 min 44 s, and 16 min 43 s to 17 min 05 s with 7 tests more that day:
+# over the 15-minute aim there (docs: the note of that day names the launcher's imports).
 test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10 -n 3 --dist loadfile
 
