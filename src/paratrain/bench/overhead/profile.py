@@ -1,7 +1,7 @@
 """`paratrain bench overhead --profile N`: where our step and the plain loop differ, op by
 op. torch.profiler records N steps of each loop; the ops whose calls or self CPU time
 differ most are listed per step, so a difference in the timed ratio can be traced to the
-ops that make it (an extra pass over the gradients shows as N x 69 more multiplies for
+ops that make it (an extra pass over the gradients shows as 69 more multiplies a step for
 the default GPT)."""
 
 from __future__ import annotations
