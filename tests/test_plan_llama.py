@@ -3,11 +3,12 @@
 Activations: what autograd saves for backward, summed over unique storages with the
 parameters left out (measure/activations.py's meter; the tp cases use the same pack hook,
 as tests/test_tensor_parallel_model.py does for the GPT), float32 on CPU, against
-activations.llama_layer_activation_bytes at element size 4. Tolerance 0: every byte is
-explained once one CPU-only term is added. The formula counts torch's fused rms_norm
-(`_fused_rms_norm`, which CUDA runs and which saves input and rms); on CPU rms_norm is the
-composite x * rsqrt(mean(x^2) + eps) * w (ATen layer_norm.cpp, rms_norm_composite), whose
-last multiplication also saves the normalised input: one fp32 (b, s/r, h) per norm.
+activations.llama_layer_activation_bytes with device="cpu", at element size 4, and 2 for
+bfloat16. Tolerance 0: every byte is explained. The formula counts torch's fused rms_norm
+(`_fused_rms_norm`, which CUDA runs and which saves input and rms); on the CPU rms_norm is
+the composite x * rsqrt(mean(x^2) + eps) * w in fp32 (ATen layer_norm.cpp,
+rms_norm_composite), which keeps the fp32 input and the fp32 normalised input, (8 - e) h
+bytes per token more than the fused kernel (the planner's `cpu_norm_extra`).
 
 FLOPs: torch's FlopCounterMode over the model's forward and backward, attention run by
 SDPA's math backend so that its products are matmuls the counter sees (the fused CPU
@@ -60,23 +61,23 @@ def spec(cfg: LlamaConfig, seq_len: int) -> ModelSpec:
     return ModelSpec("test", seq_len=seq_len, arch="llama", **{f: getattr(cfg, f) for f in fields})
 
 
-def cpu_rms_norm_extra(cfg: LlamaConfig, seq_len: int, batch: int, split: int = 1) -> int:
-    """The CPU composite rms_norm's normalised input, fp32, for the block's two norms."""
-    return 2 * batch * seq_len // split * cfg.d_model * FP32
-
-
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_llama_block_saves_what_the_formula_counts(name):
+def test_llama_block_saves_what_the_formula_counts(name, dtype):
     cfg, s, b = CONFIGS[name], 64, 2
     torch.manual_seed(0)
-    block = LlamaBlock(cfg)
-    x = torch.randn(b, s, cfg.d_model, requires_grad=True)  # as the embedding's output
+    block = LlamaBlock(cfg).to(dtype)
+    x = torch.randn(b, s, cfg.d_model, dtype=dtype, requires_grad=True)  # the embedding's
     with ActivationMeter(block) as meter:
         block(x)
+    e = dtype.itemsize
     formula = activations.llama_layer_activation_bytes(
-        spec(cfg, s), b, 1, "none", element_bytes=FP32
+        spec(cfg, s), b, 1, "none", element_bytes=e, device="cpu"
     )
-    assert meter.total == formula + cpu_rms_norm_extra(cfg, s, b)
+    assert meter.total == formula
+    # The CPU's norms keep (8 - e) h per token more than CUDA's fused kernel, two a block.
+    fused = activations.llama_layer_activation_bytes(spec(cfg, s), b, 1, "none", element_bytes=e)
+    assert formula - fused == 2 * (8 - e) * b * s * cfg.d_model
 
 
 def _saved_bytes_per_block(rank, k, cfg, sp):
@@ -109,9 +110,10 @@ def test_llama_block_under_tensor_parallelism_splits_what_the_formula_splits(sp)
     and rms, but not their outputs, which the column-parallel layers keep gathered."""
     k, s, b = 2, 64, 2
     measured = run_distributed(_saved_bytes_per_block, k, TINY, sp)
-    formula = activations.llama_layer_activation_bytes(spec(TINY, s), b, k, "none", sp, FP32)
-    extra = cpu_rms_norm_extra(TINY, s, b, k if sp else 1)
-    assert measured == [formula + extra] * k
+    formula = activations.llama_layer_activation_bytes(
+        spec(TINY, s), b, k, "none", sp, FP32, device="cpu"
+    )
+    assert measured == [formula] * k
 
 
 def test_llama_formula_recompute_modes_and_precision():

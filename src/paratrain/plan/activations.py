@@ -18,12 +18,11 @@ method for its own layers (`llama_layer_activation_bytes`).
 
 from __future__ import annotations
 
-import math
-
 from paratrain.plan import moe
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.llama_activations import llama_layer_activation_bytes
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.pipeline import stage_layers
 
 
 def layer_activation_bytes(
@@ -120,20 +119,24 @@ def head_activation_bytes(model: ModelSpec, micro_batch: int, element_bytes: int
 
 
 def block_activation_bytes(
-    model: ModelSpec, workload: Workload, tp: int, attention: str = "scores"
+    model: ModelSpec,
+    workload: Workload,
+    tp: int,
+    attention: str = "scores",
+    device: str = "cuda",
 ) -> float:
     """One layer's activation bytes in the workload's precision (element size).
 
     `attention` picks the GPT's count without recomputation: "scores", Korthikanti's (the
     seeds' figures, and `paratrain plan`'s default), or "fused", our runtime's
     (`fused_gpt_layer_activation_bytes`), which `plan --validate` checks. The Llama is
-    counted as it runs either way."""
+    counted as it runs either way, on `device`'s kernels (its CPU norms keep more)."""
     p, b, recompute = workload.precision, workload.micro_batch, workload.recompute
     if model.num_experts:  # the busiest rank's experts: k f wide, times the imbalance
         model = moe.dense_equivalent(model, workload.moe_imbalance)
     if model.arch == "llama":
         return llama_layer_activation_bytes(
-            model, b, tp, recompute, element_bytes=p.activation_bytes
+            model, b, tp, recompute, element_bytes=p.activation_bytes, device=device
         )
     h, a = model.shape.d_model, model.shape.n_head
     e = p.activation_bytes
@@ -186,15 +189,18 @@ def stage_activation_bytes(
     microbatches: int,
     stage: int,
     attention: str = "scores",
+    device: str = "cuda",
 ) -> float | None:
-    """Peak activation bytes of pipeline stage `stage` (any stage with pp = 1).
+    """Peak activation bytes of pipeline stage `stage` (any stage with pp = 1), on
+    `device`'s kernels.
 
     Context parallelism divides all of it by cp: every term counts tokens, and a cp rank
     holds s / cp of them (the s x s scores of "scores" become s/cp x s). What does not
     shrink is outside this count: the model states, and the ring's key/value chunk in
     flight (plan/context.py `ring_buffer_bytes`, added by estimate.py).
 
-    In-flight micro-batches x the stage's layers x one layer's count, plus the fp32
+    In-flight micro-batches x the stage's layers (as the runtime splits them: 126 layers
+    over 16 stages give some 8 and some 7) x one layer's count, plus the fp32
     logits on the stage that holds the head: once per micro-batch in flight there (K for
     GPipe, whose last stage also runs every forward first; min(K, S) for ZB-H1, whose last
     stage keeps graphs until their deferred W; 1 otherwise). `attention` as in
@@ -206,9 +212,9 @@ def stage_activation_bytes(
     if not model.has_shape:
         return None
     s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    per_layer = block_activation_bytes(model, workload, t, attention)
-    stage_layers = math.ceil(model.shape.n_layer / layout.pp)
-    held = in_flight_microbatches(layout, microbatches, stage) * stage_layers * per_layer
+    per_layer = block_activation_bytes(model, workload, t, attention, device)
+    layers = stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
+    held = in_flight_microbatches(layout, microbatches, stage) * layers * per_layer
     if stage == layout.pp - 1:
         logits = 4 * s * b * model.shape.vocab_size / t
         if attention == "fused" and model.arch != "llama":

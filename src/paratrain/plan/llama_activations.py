@@ -27,10 +27,12 @@ parallelism splits heads and f (models/plans.py); the norms' outputs stay whole 
 under sequence parallelism, because our column-parallel layers keep the all-gathered
 input where Megatron keeps the local part and gathers it again in backward. Full
 recomputation keeps each block's input, e h / r per token. The norms are torch's fused
-kernel (`_fused_rms_norm`, CUDA); on CPU rms_norm is composite and also keeps the
-normalised input, 2h / r in fp32.
-tests/test_plan_llama.py measures the block at tp 1 and 2, with and without sequence
-parallelism, and finds exactly this plus that CPU term.
+kernel (`_fused_rms_norm`, CUDA). On the CPU rms_norm is composite (ATen's
+rms_norm_composite: x in fp32, times rsqrt(mean(x^2) + eps), times w, then back to x's
+dtype), and autograd keeps the fp32 input (x itself when x is fp32) and the fp32
+normalised input where the fused kernel keeps x: (8 - e) h / r more per token and norm
+(`device="cpu"`). tests/test_plan_llama.py measures the block at tp 1 and 2, with and
+without sequence parallelism, in fp32 and bf16, and finds exactly this.
 
 Selective recomputation (parallel/recompute.py: keep matmul and fused-attention
 outputs) keeps, per token, d_kv = n_kv_head d:
@@ -60,9 +62,11 @@ def llama_layer_activation_bytes(
     recompute: str,
     sequence_parallel: bool = False,
     element_bytes: int = 2,
+    device: str = "cuda",
 ) -> float:
     """Activation bytes one Llama block (models/llama.py) keeps for one micro-batch,
-    in elements of `element_bytes` (the module docstring derives each term)."""
+    in elements of `element_bytes` on `device`'s kernels (the module docstring derives
+    each term)."""
     s, b, t, e = model.shape.seq_len, micro_batch, tp, element_bytes
     h, a = model.shape.d_model, model.shape.n_head
     r = t if sequence_parallel else 1
@@ -74,5 +78,13 @@ def llama_layer_activation_bytes(
         return s * b * (e * kept + 4 * a / t)
     per_token = e * (2 * h / r + 2 * h + (4 * h + 4 * ffn_width(model.shape)) / t)
     per_token += 4 * (2 / r + a / t)  # fp32 statistics
+    per_token += 2 * cpu_norm_extra(h, r, e, device)
     rotary = e * 2 * s * (h // a)  # cos and sin, shared by q and k
     return s * b * per_token + rotary
+
+
+def cpu_norm_extra(h: int, r: int, element_bytes: int, device: str) -> float:
+    """Bytes per token one rms_norm keeps on `device` beyond the fused kernel's input:
+    the CPU's composite keeps the fp32 input and the fp32 normalised input (8 h) where
+    the fused kernel keeps the input (e h); r splits the tokens (sequence parallelism)."""
+    return (8 - element_bytes) * h / r if device == "cpu" else 0.0
