@@ -25,6 +25,7 @@ from paratrain.data.tokens import TokenData
 from paratrain.mesh import Mesh
 from paratrain.plan.rank_traffic import AXES
 from paratrain.simulate.fake import SimulatedTensors, join_fake_world
+from paratrain.simulate.memory import LiveStorages
 from paratrain.simulate.save_plan import local_save_plan, planned_tensor_bytes
 from paratrain.train.loop import train
 from paratrain.train.prediction import STATE_KINDS
@@ -47,11 +48,12 @@ def fake_tokens(cfg: RunConfig) -> TokenData:
 class StepMarks:
     """The ledger's bytes and calls per group and the FLOPs so far, at each step's end."""
 
-    def __init__(self, mesh: Mesh, flops: FlopCounterMode) -> None:
-        self.mesh, self.flops = mesh, flops
+    def __init__(self, mesh: Mesh, flops: FlopCounterMode, memory: LiveStorages) -> None:
+        self.mesh, self.flops, self.memory = mesh, flops, memory
         self.marks: list[dict[str, Any]] = []
 
     def mark(self, *_: Any) -> None:
+        self.memory.mark()
         totals = self.mesh.ledger.totals()
         self.marks.append(
             {
@@ -67,6 +69,7 @@ class StepMarks:
             "bytes": {a: after["bytes"][a] - before["bytes"][a] for a in AXES},
             "calls": {a: after["calls"][a] - before["calls"][a] for a in AXES},
             "flops": after["flops"] - before["flops"],
+            "memory": self.memory.steps[-1],
         }
 
 
@@ -111,8 +114,8 @@ def measure_training(cfg: RunConfig, mesh: Mesh, data: TokenData) -> dict[str, A
     """Train on `mesh` as `paratrain train` does; the model state at the last step's end,
     the ledger's bytes and calls per group and the FLOPs of the last step. The same on a
     real mesh: the faithfulness tests measure real runs with it."""
-    with compat.total_flop_counter() as flops:
-        marks = StepMarks(mesh, flops)
+    with compat.total_flop_counter() as flops, LiveStorages((data.train, data.val)) as memory:
+        marks = StepMarks(mesh, flops, memory)
         result = train(cfg, mesh, data, marks.mark, on_start=marks.mark)
     state = result.extra["model_state_bytes"]
     saved = planned_tensor_bytes(local_save_plan(result.engine, result.optimizer, mesh))
