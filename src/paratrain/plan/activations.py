@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from paratrain.plan import moe
 from paratrain.plan.layout import Layout, Workload
-from paratrain.plan.llama_activations import llama_layer_activation_bytes
+from paratrain.plan.llama_activations import cpu_norm_extra, llama_layer_activation_bytes
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 
@@ -108,14 +108,40 @@ def fused_gpt_layer_activation_bytes(
     return s * b * (e * (2 * h / r + 2 * h + 12 * h / t) + 4 * (4 / r + a / t))
 
 
-def head_activation_bytes(model: ModelSpec, micro_batch: int, element_bytes: int) -> float:
-    """What the last stage's final LayerNorm and head keep besides the fp32 logits, per
-    micro-batch, for the fused variant: the norm's input, mean and rstd, and the head's
+def head_activation_bytes(
+    model: ModelSpec, micro_batch: int, element_bytes: int, device: str = "cuda"
+) -> float:
+    """What the last stage's final norm and head keep besides the fp32 logits, per
+    micro-batch, for the fused variant: the norm's input and statistics, and the head's
     input (the norm's output; whole under tensor parallelism, whose head splits the
-    vocabulary), s b (2 e h + 8). The token ids and targets (int64, 8 bytes
-    a token) are left out: under 0.1% of a block."""
-    s, h = model.shape.seq_len, model.shape.d_model
-    return s * micro_batch * (2 * element_bytes * h + 8)
+    vocabulary). GPT's LayerNorm: s b (2 e h + 8), mean and rstd. Llama's rms_norm: s b
+    (2 e h + 4), its rms, and on the CPU the composite's fp32 copies (cpu_norm_extra).
+    The token ids and targets (int64, 8 bytes a token) are left out: under 0.1% of a
+    block."""
+    s, h, e = model.shape.seq_len, model.shape.d_model, element_bytes
+    if model.arch == "llama":
+        return s * micro_batch * (2 * e * h + 4 + cpu_norm_extra(h, 1, e, device))
+    return s * micro_batch * (2 * e * h + 8)
+
+
+def loss_transient_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
+    """What the loss holds at its peak, for one micro-batch, beyond the 4 s b V / t of
+    fp32 logits the stage count charges (stage_activation_bytes); the planner's peak
+    memory adds it on the last stage (simulate compares it). In elements of e:
+
+    tp = 1, nn.CrossEntropyLoss: its log-softmax, in the logits' dtype, is made while
+    the logits are alive: 2 e s b V in all, so (2 e - 4) s b V beyond the charge.
+    tp > 1, VocabParallelCrossEntropy (parallel/tensor_parallel/loss.py): the logits
+    (e), their fp32 copy (none when they are fp32) and the shifted exponentials that
+    become the saved softmax (4), per token and vocabulary entry of the rank:
+    (e + 4 [e != 4]) s b V / t beyond the charge. Its backward holds as much: the
+    softmax, its fp32 clone and the gradient in e.
+    tests/test_simulate.py measures both, in fp32 and bf16."""
+    s, v, b = model.shape.seq_len, model.shape.vocab_size, workload.micro_batch
+    e = workload.precision.activation_bytes
+    if tp == 1:
+        return (2 * e - 4) * s * b * v
+    return (e + (4 if e != 4 else 0)) * s * b * v / tp
 
 
 def block_activation_bytes(
@@ -217,8 +243,9 @@ def stage_activation_bytes(
     held = in_flight_microbatches(layout, microbatches, stage) * layers * per_layer
     if stage == layout.pp - 1:
         logits = 4 * s * b * model.shape.vocab_size / t
-        if attention == "fused" and model.arch != "llama":
-            logits += head_activation_bytes(model, b, workload.precision.activation_bytes)
+        if attention == "fused":
+            e = workload.precision.activation_bytes
+            logits += head_activation_bytes(model, b, e, device)
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         held += logits * last_held.get(layout.schedule, 1)
     return held / layout.cp

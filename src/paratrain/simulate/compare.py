@@ -9,9 +9,10 @@ under --compress powersgd its factors' products (plan/rank_compress.py); calls p
 from plan/rank_calls.py; a checkpoint's bytes from plan/rank_checkpoint.py. Where a
 quantity is not predicted: `None` here and "-" in the table. Peak memory: the model
 state and the stage's activations on the run's device (`_memory`), held within 5% of
-the measured peak (simulate/memory.py), not exactly: the peak also holds temporaries
-(gathered parameters, the logits' gradient) that the planner does not count yet, so a
-peak beyond 5% is flagged in the table, not (yet) counted as a disagreement.
+the measured peak (simulate/memory.py), not exactly: the peak also holds temporaries,
+of which the planner counts the loss's (plan/activations.py loss_transient_bytes) but
+not yet ZeRO's gathered units and buffers or the optimizer update's, so a peak beyond
+5% is flagged in the table, not (yet) counted as a disagreement.
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
 
 
 def _state_at_peak(cfg: RunConfig, state: dict[str, int]) -> int:
-    """The model state alive at the measured step's peak: the optimizer's state is made by
-    the first step's update, after that step's backward (its peak), so a one-step run's
-    peak has none."""
-    return state["total"] - (state["optimizer"] if cfg.train.steps == 1 else 0)
+    """The model state alive at the measured step's peak, at the loss or in backward: the
+    optimizer's state is made by the first step's update, after that step's backward, so
+    a one-step run's peak has none; and plain DataParallel (fp32, ZeRO 0) over a group of
+    one keeps no gradient buckets and drops its gradients before each forward
+    (data_parallel/wrapper.py `zero_grad`), so none are alive at the loss."""
+    alive = state["total"] - (state["optimizer"] if cfg.train.steps == 1 else 0)
+    p = cfg.parallel
+    alone = p.zero == 0 and cfg.train.dtype == "float32" and p.dp * p.cp == 1
+    return alive - (state["grads"] if alone else 0)
 
 
 def _memory(
@@ -82,7 +88,10 @@ def _memory(
     )
     if acts is None:
         return dict.fromkeys(MEMORY_KEYS)
-    return {**dict.fromkeys(MEMORY_KEYS), "peak": round(state + acts), "activations": round(acts)}
+    peak = state + acts
+    if stage == layout.pp - 1:  # the loss, whose tokens cp splits
+        peak += activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
+    return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
 
 def _checkpoint(
@@ -137,9 +146,9 @@ def disagreements(measured: dict[str, Any], predicted: dict[str, Any]) -> list[s
 
 def peak_off(measured: dict[str, Any], predicted: dict[str, Any]) -> bool:
     """The planner's peak memory off the measured one by more than PEAK_TOLERANCE of it.
-    Not yet a disagreement (the exit status): the planner leaves out the temporaries
-    (the loss's gradients, ZeRO-3's gathered units, the optimizer's), which at small
-    shapes are most of the peak (docs/planner.md)."""
+    Not yet a disagreement (the exit status): the planner counts the loss's temporaries
+    but not yet ZeRO's gathered units and buffers or the optimizer update's, which at
+    small shapes make the peak (docs/planner.md)."""
     m, p = measured["memory"]["peak"], predicted["memory"]["peak"]
     return p is not None and abs(m - p) > PEAK_TOLERANCE * p
 
