@@ -37,6 +37,8 @@ recomputed (`Recomputing`, entered by the checkpoint's recompute context).
 from __future__ import annotations
 
 import contextlib
+import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -144,15 +146,30 @@ class Recomputing:
         return self.inner.__exit__(*exc)
 
 
-def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
+def _unbound_forward(block: nn.Module) -> Callable[..., Any]:
+    """block's forward as a function of (block, *args): its class's, or an instance's own
+    (a compiled forward: parallel/compile.py), which is called without the block."""
     forward = block.forward
+    if inspect.ismethod(forward) and forward.__self__ is block:
+        return forward.__func__
+    return lambda _block, *args, **kwargs: forward(*args, **kwargs)
+
+
+def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
+    # The block holds `run` (its forward); `run` holds the block only weakly. A strong
+    # reference would be a cycle that only the cyclic collector frees: a pipeline split
+    # dropped the other stages' blocks, and with recomputation their parameters stayed
+    # alive (found by simulate's memory meter: llama3-70b over pp 8 kept the whole
+    # tp-split model in fp32 on every rank, 35 GB).
+    owner, forward = weakref.ref(block), _unbound_forward(block)
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        me = owner()  # alive: its caller holds it
         # Non-reentrant checkpointing: works with inputs that need no grad and restores the
         # RNG state, so dropout masks in the recomputation equal the first pass's.
         if mode == "full":
-            marked = lambda: (contextlib.nullcontext(), Recomputing(block))  # noqa: E731
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=marked, **kwargs)
+            marked = lambda: (contextlib.nullcontext(), Recomputing(me))  # noqa: E731
+            return checkpoint(forward, me, *args, use_reentrant=False, context_fn=marked, **kwargs)
         caches: list[Any] = []  # the checkpoint's cache, read once its forward has run
 
         def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> CheckpointPolicy:
@@ -165,9 +182,9 @@ def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
         def contexts() -> tuple[Any, Any]:
             caching, cached = create_selective_checkpoint_contexts(policy)
             caches.append(cached.storage)
-            return caching, Recomputing(block, _Replayable(cached))
+            return caching, Recomputing(me, _Replayable(cached))
 
-        y = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        y = checkpoint(forward, me, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         kept = compat.sac_kept_tensors(caches[0]) if caches else []
         return _Show.apply(y, *kept) if kept else y
 
