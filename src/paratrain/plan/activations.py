@@ -100,7 +100,7 @@ def fused_gpt_layer_activation_bytes(
     dropout mask. At s = 128, h = 128, 4 heads, fp32: 16.06 (b, T, C) tensors a block,
     where his count, made fp32, says 27.0. The layer inputs of the column-parallel
     Linears stay whole under sequence parallelism (our layers keep the gathered input).
-    tests/test_activation_variant.py measures the block, and `plan --validate` whole
+    tests/test_validate_measured.py measures the block, and `plan --validate` whole
     stages at tp 1 and 2.
     """
     s, b, h, a, t, e = seq_len, micro_batch, d_model, n_head, tp, element_bytes
