@@ -245,11 +245,11 @@ FAMILIES = {
 }
 
 
-# Peak memory differs under ZeRO-1 (and DiLoCo over it): in the real run a buffer the size
-# of the flat gradient appears, already allocated, at a split in the gradient's
-# reduce-scatter (gloo allocates on its own threads, where no dispatch mode sees it), and
-# the fake backend allocates none; the two peaks then fall in different places. Not yet
-# matched: the rest of the measurement still must be equal.
+# Peak memory differs under ZeRO-1 (and DiLoCo over it), not yet explained: an op trace
+# of the last step agrees op for op until the real run splits a storage of the flat
+# buffer's size that no op the meter saw had made (the native all-gather's padded path,
+# comm/padded.py), where the simulated run takes the equal-size path; the two peaks then
+# fall in different places. The rest of the measurement still must be equal.
 MEMORY_NOT_MATCHED = {"zero1", "diloco"}
 
 
