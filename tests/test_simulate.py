@@ -248,7 +248,7 @@ FAMILIES = {
 # Peak memory differs under ZeRO-1 (and DiLoCo over it), not yet explained: an op trace
 # of the last step agrees op for op until the real run splits a storage of the flat
 # buffer's size that no op the meter saw had made, where the simulated run splits
-# nothing; the two peaks then fall in different places. The rest of the measurement still must be equal.
+# nothing; the two peaks then fall in different places. The rest must still be equal.
 MEMORY_NOT_MATCHED = {"zero1", "diloco"}
 
 
