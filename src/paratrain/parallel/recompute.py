@@ -164,7 +164,8 @@ def _recomputed(block: nn.Module, mode: str) -> Callable[..., Any]:
     owner, forward = weakref.ref(block), _unbound_forward(block)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        me = owner()  # alive: its caller holds it
+        me = owner()
+        assert me is not None  # its caller holds it
         # Non-reentrant checkpointing: works with inputs that need no grad and restores the
         # RNG state, so dropout masks in the recomputation equal the first pass's.
         if mode == "full":
