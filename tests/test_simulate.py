@@ -347,7 +347,7 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
     split over the vocabulary), both element sizes. Leaving out the loss's transient
     (plan/activations.py loss_transient_bytes) fails three of the four (the fourth's is
     0: 2 e - 4 at tp 1 in bf16); counting the gradients plain DataParallel drops over a
-    group of one (simulate/compare.py _state_at_peak) fails both fp32 cases (tried)."""
+    group of one (plan/rank_peak.py state_at_peak) fails both fp32 cases (tried)."""
     argv = ["--device", "cpu", "--world", str(tp), "--tp", str(tp), "--model", model]
     argv += ["--vocab-size", "16384", "--seq-len", "256", "--max-seq-len", "256", "--steps", "2"]
     argv += ["--global-batch", "4", "--micro-batch", "4", "--dtype", dtype, "--json"]

@@ -8,7 +8,7 @@ Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.p
 under --compress powersgd its factors' products (plan/rank_compress.py); calls per group
 from plan/rank_calls.py; a checkpoint's bytes from plan/rank_checkpoint.py. Where a
 quantity is not predicted: `None` here and "-" in the table. Peak memory: the model
-state and the stage's activations on the run's device (`_memory`), held within 5% of
+state and the stage's activations on the run's device (plan/rank_peak.py), held within 5% of
 the measured peak (simulate/memory.py), not exactly: the peak also holds temporaries,
 of which the planner counts the loss's (plan/activations.py loss_transient_bytes) but
 not yet ZeRO's gathered units and buffers or the optimizer update's, so a peak beyond
@@ -21,13 +21,13 @@ from typing import Any
 
 from paratrain.config import RunConfig, device_type
 from paratrain.mesh import MeshShape
-from paratrain.plan import activations
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
+from paratrain.plan.rank_peak import rank_peak_bytes, state_at_peak
 from paratrain.plan.rank_traffic import AXES, Coords
 from paratrain.plan.run_inputs import planner_inputs
 from paratrain.simulate.memory import CATEGORIES
@@ -52,45 +52,29 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             "flops": _flops(cfg, model, workload, layout, shape, r),
             "checkpoint": _checkpoint(cfg, model, workload, layout, shape.coords(r)),
             "memory": _memory(
-                cfg,
-                model,
-                workload,
-                layout,
-                shape.coords(r)["pp"],
-                _state_at_peak(cfg, every.model_state[r]),
+                cfg, model, workload, layout, shape.coords(r)["pp"], every.model_state[r]
             ),
         }  # fmt: skip
         for r in ranks
     }
 
 
-def _state_at_peak(cfg: RunConfig, state: dict[str, int]) -> int:
-    """The model state alive at the measured step's peak, at the loss or in backward: the
-    optimizer's state is made by the first step's update, after that step's backward, so
-    a one-step run's peak has none; and plain DataParallel (fp32, ZeRO 0) over a group of
-    one keeps no gradient buckets and drops its gradients before each forward
-    (data_parallel/wrapper.py `zero_grad`), so none are alive at the loss."""
-    alive = state["total"] - (state["optimizer"] if cfg.train.steps == 1 else 0)
-    p = cfg.parallel
-    alone = p.zero == 0 and cfg.train.dtype == "float32" and p.dp * p.cp == 1
-    return alive - (state["grads"] if alone else 0)
-
-
 def _memory(
-    cfg: RunConfig, model: ModelSpec, workload: Workload, layout: Layout, stage: int, state: int
+    cfg: RunConfig,
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    stage: int,
+    state: dict[str, int],
 ) -> dict[str, int | None]:
-    """The planner's peak: the model state and the stage's activations, counted as our
-    runtime saves them on the run's device's kernels (plan/activations.py, "fused");
-    the measurement's other categories are not predicted."""
-    k = cfg.train.microbatches
-    acts = activations.stage_activation_bytes(
-        model, workload, layout, k, stage, "fused", device_type(cfg)
-    )
-    if acts is None:
+    """The planner's peak (plan/rank_peak.py) and the activations in it; the
+    measurement's other categories are not predicted."""
+    alive = state_at_peak(workload, layout, state, first_step=cfg.train.steps == 1)
+    k, device = cfg.train.microbatches, device_type(cfg)
+    counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
+    if counted is None:
         return dict.fromkeys(MEMORY_KEYS)
-    peak = state + acts
-    if stage == layout.pp - 1:  # the loss, whose tokens cp splits
-        peak += activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
+    peak, acts = counted
     return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
 

@@ -147,7 +147,9 @@ class LiveStorages(TorchDispatchMode):
                 self._see_all(item)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        self.saved.add(self._see(t))
+        serial = self._see(t)
+        if serial >= 0:  # not an ignored storage
+            self.saved.add(serial)
         return t
 
     def __enter__(self) -> LiveStorages:
