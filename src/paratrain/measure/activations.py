@@ -36,7 +36,10 @@ class ActivationMeter:
             self.storages[ptr] = nbytes
             self.total += nbytes
             self.by_region[self._stack[-1] if self._stack else "other"] += nbytes
-        return t
+        # Detached: a saved output returned with its grad_fn would hold that grad_fn, which
+        # holds it, a cycle through C++ that no collector frees once a graph is retained
+        # (ZB-H1's input pass): each step's graphs stayed. Autograd reattaches it.
+        return t.detach()
 
     def _enter_region(self, name: str) -> Any:
         def hook(_module: nn.Module, _args: Any) -> None:

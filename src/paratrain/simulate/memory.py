@@ -83,6 +83,8 @@ class LiveStorages(TorchDispatchMode):
             self.peak, self.rising = self.total, True
 
     def _shrink(self, nbytes: int) -> None:
+        """Called before the storage shrinks or goes, so that a snapshot at the peak
+        still holds all of it."""
         if nbytes > 0 and self.rising:  # the peak is behind us: keep what made it
             self._snapshot()
         self.total -= nbytes
@@ -92,20 +94,22 @@ class LiveStorages(TorchDispatchMode):
         return lambda _ref: self._gone(key)
 
     def _gone(self, key: int) -> None:
-        record = self.live.pop(key, None)
+        record = self.live.get(key)
         if record is not None:
-            self.saved.discard(record.serial)
             self._shrink(record.nbytes)
+            del self.live[key]
+            self.saved.discard(record.serial)
 
     def _resized(self, storage: Any, nbytes: int) -> None:
         record = self.live.get(id(storage))
         if record is None:
             return
-        change, record.nbytes = nbytes - record.nbytes, nbytes
+        change = nbytes - record.nbytes
+        if change < 0:
+            self._shrink(-change)
+        record.nbytes = nbytes
         if change >= 0:
             self._grow(change)
-        else:
-            self._shrink(-change)
 
     def _snapshot(self) -> None:
         self.at_peak = {r.serial: r.nbytes for r in self.live.values()}
@@ -150,7 +154,10 @@ class LiveStorages(TorchDispatchMode):
         serial = self._see(t)
         if serial >= 0:  # not an ignored storage
             self.saved.add(serial)
-        return t
+        # Detached: a saved output returned with its grad_fn would hold that grad_fn, which
+        # holds it, a cycle through C++ that no collector frees once a graph is retained
+        # (ZB-H1's input pass): each step's graphs stayed. Autograd reattaches it.
+        return t.detach()
 
     def __enter__(self) -> LiveStorages:
         original = torch.UntypedStorage.resize_
