@@ -245,11 +245,12 @@ FAMILIES = {
 }
 
 
-# Peak memory differs under ZeRO-1 (and DiLoCo over it), not yet explained: an op trace
-# of the last step agrees op for op until the real run splits a storage of the flat
-# buffer's size that no op the meter saw had made, where the simulated run splits
-# nothing; the two peaks then fall in different places. The rest must still be equal.
-MEMORY_NOT_MATCHED = {"zero1", "diloco"}
+# Peak memory is not deterministic under ZeRO-1 and ZeRO-2 (and DiLoCo over ZeRO-1): a
+# bucket's buffers go when a poll finds its reduce-scatter complete (zero.py
+# `_launch_ready`), which the fake process group always finds at once and gloo finds when
+# its thread got there, so a real run's peak holds more buckets in flight some times than
+# others. The rest must still be equal.
+MEMORY_NOT_MATCHED = {"zero1", "zero2 bf16", "diloco"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -345,9 +346,9 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
     """A 16,384-token vocabulary over 1,024 tokens: the loss's logits are most of the peak,
     as at full size (docs/planner.md: llama3-8b tp 8 +0.2%), both loss paths (whole, and
     split over the vocabulary), both element sizes. Leaving out the loss's transient
-    (plan/activations.py loss_transient_bytes) fails three of the four (the fourth's is
-    0: 2 e - 4 at tp 1 in bf16); counting the gradients plain DataParallel drops over a
-    group of one (plan/rank_peak.py state_at_peak) fails both fp32 cases (tried)."""
+    (plan/activations.py loss_transient_bytes) fails all four; counting the gradients
+    plain DataParallel drops over a group of one (plan/rank_peak.py state_at_peak) fails
+    both fp32 cases (tried)."""
     argv = ["--device", "cpu", "--world", str(tp), "--tp", str(tp), "--model", model]
     argv += ["--vocab-size", "16384", "--seq-len", "256", "--max-seq-len", "256", "--steps", "2"]
     argv += ["--global-batch", "4", "--micro-batch", "4", "--dtype", dtype, "--json"]
@@ -360,3 +361,24 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
         measured,
         predicted,
     )
+
+
+def _peak(argv: list[str], capsys) -> int:
+    assert cli.main(["simulate", *argv, "--json"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    return json.loads(line)["measured"]["memory"]["peak"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_1f1b_stages_peak_does_not_grow_with_the_micro_batches(rank, capsys):
+    """1F1B holds S - s graphs whatever K is, and so does memory now: a send is let go
+    once a later receive from its peer shows it complete (pipeline/step_state.py
+    `StepState.receive`). Held to the step's end, the first stage kept every forward's output
+    and the last every input gradient, one message (b, s, h) per micro-batch: K = 16
+    against 4 then added 12 messages, 1.5 MB here (tried)."""
+    argv = ["--device", "cpu", "--world", "2", "--pp", "2", "--model", "llama-tiny"]
+    argv += ["--seq-len", "256", "--max-seq-len", "256", "--micro-batch", "1", "--steps", "2"]
+    argv += ["--ranks", str(rank)]
+    few, many = (_peak([*argv, "--global-batch", str(k)], capsys) for k in (4, 16))
+    message = 256 * 128 * 4  # (b, s, h) in fp32: llama-tiny's width is 128
+    assert 0 <= many - few < message, (few, many)

@@ -129,8 +129,9 @@ def loss_transient_bytes(model: ModelSpec, workload: Workload, tp: int) -> float
     fp32 logits the stage count charges (stage_activation_bytes); the planner's peak
     memory adds it on the last stage (simulate compares it). In elements of e:
 
-    tp = 1, nn.CrossEntropyLoss: its log-softmax, in the logits' dtype, is made while
-    the logits are alive: 2 e s b V in all, so (2 e - 4) s b V beyond the charge.
+    tp = 1, nn.CrossEntropyLoss, in the logits' dtype: its log-softmax saves its output
+    (e, where the charge is 4), and its backward holds beside it the loss's gradient (e)
+    and then the logits' (e): 3 e s b V in all, (3 e - 4) s b V beyond the charge.
     tp > 1, VocabParallelCrossEntropy (parallel/tensor_parallel/loss.py): the logits
     (e), their fp32 copy (none when they are fp32) and the shifted exponentials that
     become the saved softmax (4), per token and vocabulary entry of the rank:
@@ -140,7 +141,7 @@ def loss_transient_bytes(model: ModelSpec, workload: Workload, tp: int) -> float
     s, v, b = model.shape.seq_len, model.shape.vocab_size, workload.micro_batch
     e = workload.precision.activation_bytes
     if tp == 1:
-        return (2 * e - 4) * s * b * v
+        return (3 * e - 4) * s * b * v
     return (e + (4 if e != 4 else 0)) * s * b * v / tp
 
 

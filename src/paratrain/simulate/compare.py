@@ -69,8 +69,8 @@ def _memory(
 ) -> dict[str, int | None]:
     """The planner's peak (plan/rank_peak.py) and the activations in it; the
     measurement's other categories are not predicted."""
-    alive = state_at_peak(workload, layout, state, first_step=cfg.train.steps == 1)
     k, device = cfg.train.microbatches, device_type(cfg)
+    alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage)
     counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
     if counted is None:
         return dict.fromkeys(MEMORY_KEYS)

@@ -9,9 +9,10 @@ Messages travel in the group calls that batches.py places (`plan_calls`): two
 neighbouring stages exchange, in one `batch_isend_irecv` each, everything either has
 computed for the other, in its send order, so that the two calls match exactly, as
 NCCL's streams need (a receive posted alone ahead of a send deadlocks there, issue 28).
-A call is issued before the action it is placed at; its receives are waited for at once
-(a message that arrives before its RECV waits in its buffer), its sends at the end of the
-step. SEND and RECV actions move no data themselves. check_schedule proves the calls
+A call is issued before the action it is placed at; its receives are waited for at
+their RECV (a message that arrives earlier waits in its buffer), its sends as soon as a
+receive from the same peer shows them complete (StepState `receive`), the rest
+at the step's end. SEND and RECV actions move no data themselves. check_schedule proves the calls
 complete under NCCL's stream semantics (stream_check.py) as well as under gloo's.
 
 Activation memory is measured, not derived from the schedule: each training forward runs
@@ -181,7 +182,7 @@ class PipelineRuntime:
                 trace.peak_in_flight_bytes = max(trace.peak_in_flight_bytes, held)
         for call in calls.get(len(actions), ()):
             self._issue(call, st)
-        for handle in st.sends:
+        for _, _, handle in st.sends:  # those no later receive has shown complete
             handle.wait()
         trace.end = time.perf_counter()
         self.last_trace = trace
@@ -272,11 +273,11 @@ class PipelineRuntime:
         _, key = message_key(a.kind, a.microbatch, a.chunk, self.stage, sch.num_stages)
         if key not in st.posted:  # plan_calls posts every receive by its RECV
             raise RuntimeError(f"stage {self.stage}: {a} was never posted")
-        st.inbox[key] = st.posted.pop(key).wait()
+        st.inbox[key] = st.receive(key)
 
     def _issue(self, call: Batch, st: StepState) -> None:
         """One group call, in flight: its receives are waited for at their RECV, its sends
-        at the end of the step."""
+        when a later receive from their peer arrives (StepState.receive), or at the step's end."""
         sends = [(st.outbox.pop(key), peer) for peer, key in call.sends]
         buffers = [
             torch.empty(self._shape, dtype=self.dtype, device=self.device) for _ in call.recvs
@@ -286,9 +287,7 @@ class PipelineRuntime:
             sends,
             [(buf, peer) for buf, (peer, _) in zip(buffers, call.recvs, strict=True)],
         )
-        st.sends.extend(sent)
-        for (_, key), handle in zip(call.recvs, received, strict=True):
-            st.posted[key] = handle
+        st.add_call(call, sent, received)
 
     def _calls_of(self, schedule: Schedule) -> dict[int, list[Batch]]:
         """This stage's group calls by the index of the action they go before."""

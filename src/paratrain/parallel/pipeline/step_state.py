@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from paratrain import comm
+from paratrain.parallel.pipeline.batches import Batch
 from paratrain.parallel.pipeline.schedules import MessageKey
 from paratrain.parallel.pipeline.split_backward import WeightGrad
 
@@ -37,9 +38,11 @@ class StepState:
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (x, y)
         self.storages: dict[tuple[int, int], dict[int, int]] = {}  # per saved: ptr -> bytes
         self.weight_grad: dict[tuple[int, int], WeightGrad] = {}  # BW's work, kept by BI
-        # receives in flight, by message key
-        self.posted: dict[MessageKey, comm.Handle[torch.Tensor]] = {}
-        self.sends: list[comm.Handle[torch.Tensor]] = []
+        # receives in flight, by message key: (handle, peer, the call that carries it)
+        self.posted: dict[MessageKey, tuple[comm.Handle[torch.Tensor], int, int]] = {}
+        # sends in flight: (peer, the call that carries it, handle); each holds its tensor
+        self.sends: list[tuple[int, int, comm.Handle[torch.Tensor]]] = []
+        self.calls = 0  # group calls issued so far in this step
         self.loss_sum = torch.zeros((), device=device)
         # Each micro-batch's weight in the objective (its target tokens), or None: 1 / K each
         self.weights: list[float] | None = None
@@ -60,6 +63,39 @@ class StepState:
             return targets.clamp(min=0)
         return targets
         self.params: list[list[nn.Parameter]] = []  # per chunk, those that train (BI's)
+
+    def add_call(
+        self,
+        call: Batch,
+        sent: list[comm.Handle[torch.Tensor]],
+        received: list[comm.Handle[torch.Tensor]],
+    ) -> None:
+        """A group call in flight: its sends by peer and call, its receives by key."""
+        self.calls += 1
+        for (peer, _), handle in zip(call.sends, sent, strict=True):
+            self.sends.append((peer, self.calls, handle))
+        for (peer, key), handle in zip(call.recvs, received, strict=True):
+            self.posted[key] = (handle, peer, self.calls)
+
+    def receive(self, key: MessageKey) -> torch.Tensor:
+        """Wait for a posted receive, then let go of the sends it shows complete."""
+        handle, peer, call = self.posted.pop(key)
+        tensor = handle.wait()
+        self._release_sends(peer, call)
+        return tensor
+
+    def _release_sends(self, peer: int, call: int) -> None:
+        """Wait for the sends to `peer` in this step's calls up to `call`, and let go of
+        what they hold (a forward's output, a backward's input gradient), once a receive
+        from `peer` carried by `call` has arrived. `peer` issued that call to send it, so it
+        has posted the receives of every earlier call with us (the calls of two neighbours
+        match exactly, batches.py): each of those sends completes without waiting for
+        anything more. Held to the step's end instead, they grew with the micro-batches: K
+        outputs on the first stage where 1F1B keeps S in flight."""
+        done = [s for s in self.sends if s[0] == peer and s[1] <= call]
+        for _, _, handle in done:
+            handle.wait()
+        self.sends = [s for s in self.sends if not (s[0] == peer and s[1] <= call)]
 
 
 def held_bytes(st: StepState) -> int:
