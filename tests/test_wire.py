@@ -146,3 +146,42 @@ def per_step_on_the_wire(rank: int, world: int, cfg, op: str | None = None) -> t
         ledger.append(mesh.ledger.bytes_sent(op=op) if op else mesh.ledger.bytes_sent())
     mesh.close()
     return (acked[1] - acked[0]) / 2, (ledger[1] - ledger[0]) / 2
+
+
+def _uneven_reduce_scatter(rank: int, world: int, n: int) -> dict:
+    from paratrain.simulate.memory import LiveStorages
+
+    ledger = Ledger()
+    group = CommGroup.world(ledger)
+    x = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    before = x.clone()
+    comm.barrier(group)
+    ledger.reset()
+    with wire.WireMeter() as meter, LiveStorages() as memory:
+        mine = comm.reduce_scatter(x, group, sizes=[n, 0])  # all of it rank 0's
+        memory.mark()
+    return {
+        "wire": meter.acked,
+        "ledger": ledger.totals()[("world", "reduce_scatter")].bytes_sent,
+        "made": memory.steps[-1]["peak"],
+        "right": torch.equal(mine, torch.arange(n, dtype=torch.float32) * 3)
+        if rank == 0
+        else mine.numel() == 0,  # fmt: skip
+        "untouched": torch.equal(x, before),
+    }
+
+
+def test_an_uneven_reduce_scatter_goes_to_its_owner_not_padded_to_every_rank():
+    """A bucket that lies in one rank's shard (ZeRO-1/2's buckets at large dp): one reduce
+    to its owner. Padded to equal pieces for gloo's reduce-scatter, it was k times the
+    bucket, in memory and on the wire (at dp 64, a 12 GB buffer for a 190 MB bucket:
+    docs/planner.md); here at k = 2 the padded call sent 2 S from the owner and made 5 S
+    of storages on each rank (tried). The ledger says S from rank 1, nothing from the
+    owner, as before: a reduce sends what the ring's formula counts."""
+    k, n = 2, S // 4
+    results = run_distributed(_uneven_reduce_scatter, k, n)
+    for rank, r in enumerate(results):
+        assert r["right"] and r["untouched"], r
+        assert r["ledger"] == (0 if rank == 0 else S), r
+        assert r["wire"] <= S + PREAMBLES_MAX, r
+        assert r["made"] <= 2 * S, r  # our scratch copy of the piece, and gloo's

@@ -1,6 +1,8 @@
-"""gloo's native all-gather and reduce-scatter take equal pieces only: the pieces of
-sharded.py's calls, which may differ between ranks, are padded to the longest here and
-trimmed after. The ledger counts the unpadded bytes (sharded.py).
+"""gloo's and NCCL's native all-gather and reduce-scatter take equal pieces only: the
+pieces of sharded.py's calls, which may differ between ranks, are padded to the longest
+here and trimmed after; a reduce-scatter of pieces that differ by more than one element
+goes to their owners instead, one reduce each (`start_reduce_scatter`). The ledger counts
+the unpadded bytes (sharded.py).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from paratrain.comm import compat, ordering
 from paratrain.comm.group import CommGroup
@@ -38,34 +41,57 @@ def native_all_gather_padded(
         dest.copy_(piece[:n])
 
 
-def pad_chunks(flat: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, int]:
-    """gloo reduce-scatters equal chunks only: pad each rank's chunk to the longest."""
+def uneven(sizes: list[int]) -> bool:
+    """Pieces more than one element apart: a reduce-scatter of them goes to their owners
+    (`start_reduce_scatter`). Pieces cut by ceil(n / k) differ by one at most."""
+    return max(sizes) - min(sizes) > 1
+
+
+def start_reduce_scatter(
+    flat: torch.Tensor, sizes: list[int], op: str, group: CommGroup, record: CallRecord
+) -> tuple[list[Any], torch.Tensor]:
+    """Start reducing `flat`'s pieces of `sizes`, piece r to group rank r; the works, and
+    this rank's piece, its sum once they complete (avg: still to divide). `flat` stays
+    untouched.
+
+    Pieces of (nearly) equal size: the backend's reduce-scatter, each padded to the
+    longest (gloo and NCCL take equal pieces only). Uneven ones, as the buckets of ZeRO-1
+    and 2 are wherever a bucket lies mostly in one rank's shard: one reduce per rank that
+    holds a piece, to that rank, as DeepSpeed's ZeRO-1 and 2 do. Padding such a bucket
+    sent and held dp times its size (at dp 64 a 12 GB fp32 buffer for a 190 MB bucket);
+    the reduces send what a ring would, every piece but the rank's own."""
+    if uneven(sizes):
+        pieces = [piece.clone() for piece in flat.split(sizes)]  # the reduce's scratch
+        works: list[Any] = []
+        for owner, piece in enumerate(pieces):
+            if piece.numel():
+                works += ordering.issue(group, record, _reduce_call(piece, owner, op, group))
+        return works, pieces[group.rank]
     longest = max(sizes)
     if len(set(sizes)) == 1:
-        return flat.contiguous(), longest
-    padded = flat.new_zeros(longest * len(sizes))
-    for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
-        dest[: piece.numel()] = piece
-    return padded, longest
-
-
-def reduce_scatter_call(
-    out: torch.Tensor, padded: torch.Tensor, op: str, group: CommGroup
-) -> Callable[[], Any]:
-    return lambda: compat.reduce_scatter_single(
+        padded = flat.contiguous()
+    else:
+        padded = flat.new_zeros(longest * len(sizes))
+        for dest, piece in zip(padded.split(longest), flat.split(sizes), strict=True):
+            dest[: piece.numel()] = piece
+    out = flat.new_empty(longest)
+    call = lambda: compat.reduce_scatter_single(  # noqa: E731
         out, padded, op=NATIVE_OPS[op], group=group.pg, async_op=True
     )
+    return ordering.issue(group, record, call), out[: sizes[group.rank]]
+
+
+def _reduce_call(piece: torch.Tensor, owner: int, op: str, group: CommGroup) -> Callable[[], Any]:
+    root = group.to_global(owner)
+    return lambda: dist.reduce(piece, root, NATIVE_OPS[op], group=group.pg, async_op=True)
 
 
 def native_reduce_scatter_padded(
     flat: torch.Tensor, sizes: list[int], group: CommGroup, record: CallRecord, op: str
 ) -> torch.Tensor:
-    padded, longest = pad_chunks(flat, sizes)
-    out = flat.new_empty(longest)
-    wait_works(
-        group, record, ordering.issue(group, record, reduce_scatter_call(out, padded, op, group))
-    )
-    mine = out[: sizes[group.rank]].clone()
+    works, mine = start_reduce_scatter(flat, sizes, op, group, record)
+    wait_works(group, record, works)
+    mine = mine.clone() if not uneven(sizes) else mine  # not a view of the padded output
     if op == "avg":
         finish_avg_(mine, group.size)
     return mine

@@ -2,9 +2,11 @@
 
 The pair that ZeRO and FSDP are built from. Each call is recorded, timed, bounded by a
 timeout and counted; `algo` chooses the algorithm per call (algos.py). Shards may differ in
-size between ranks, which gloo does not support: all-gather of first dimensions that differ
-and reduce-scatter of sizes k does not divide are padded to the longest shard (padded.py) and
-trimmed, and the ledger counts the unpadded bytes. A group of one rank records nothing.
+size between ranks, which gloo and NCCL do not support: all-gather of first dimensions that
+differ and reduce-scatter of sizes k does not divide are padded to the longest shard
+(padded.py) and trimmed, a reduce-scatter whose pieces differ by more than one element goes
+to their owners, a reduce each, and the ledger counts the unpadded bytes. A group of one
+rank records nothing.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from paratrain.comm.p2p import add
 from paratrain.comm.padded import (
     native_all_gather_padded,
     native_reduce_scatter_padded,
-    pad_chunks,
-    reduce_scatter_call,
+    start_reduce_scatter,
+    uneven,
 )
 from paratrain.comm.reduction import check_op, finish_avg_
-from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic
+from paratrain.comm.traffic import Traffic, chunk_sizes, native_traffic, owner_reduces
 from paratrain.comm.wait import wait_works
 
 
@@ -218,7 +220,6 @@ def reduce_scatter(
         return flat.clone()
     algo = choose_algo(group, algo, "reduce_scatter")
     record = begin(group, "reduce_scatter", algo, describe(tensor))
-    chunk_bytes = [n * tensor.element_size() for n in sizes]
     if flat.numel() == 0:
         finish(group, record, Traffic(0, 0, 0))
         return flat.clone()
@@ -226,10 +227,7 @@ def reduce_scatter(
         call, then = _ring_reduce_scatter(flat, sizes, group, record, op)
         return run_ours(group, record, call, False, then=then)
     mine = native_reduce_scatter_padded(flat, sizes, group, record, op)
-    traffic = native_traffic(
-        "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
-    )
-    finish(group, record, traffic)
+    finish(group, record, _reduce_scatter_traffic(sizes, tensor.element_size(), group.rank))
     return mine
 
 
@@ -251,21 +249,26 @@ def _reduce_scatter_async(
     if chosen == "ring":
         call, then = _ring_reduce_scatter(flat, sizes, group, record, op)
         return run_ours(group, record, call, True, then=then)
-    padded, longest = pad_chunks(flat, sizes)
-    out = flat.new_empty(longest)
-    works = ordering.issue(group, record, reduce_scatter_call(out, padded, op, group))
-    chunk_bytes = [n * tensor.element_size() for n in sizes]
-    traffic = native_traffic(
-        "reduce_scatter", sum(chunk_bytes), group.size, group.rank, chunk_bytes=chunk_bytes
-    )
+    works, mine = start_reduce_scatter(flat, sizes, op, group, record)
+    traffic = _reduce_scatter_traffic(sizes, tensor.element_size(), group.rank)
 
     def done() -> torch.Tensor:
-        mine = out[: sizes[group.rank]]
         if op == "avg":
             finish_avg_(mine, group.size)
         return mine
 
     return issued(Handle(group, record, works, traffic, then=done), True)
+
+
+def _reduce_scatter_traffic(sizes: list[int], element_size: int, rank: int) -> Traffic:
+    """A native reduce-scatter's traffic: a ring's, or with uneven pieces one reduce per
+    owner (padded.py), which sends and receives the same bytes in fewer messages."""
+    chunk_bytes = [n * element_size for n in sizes]
+    if uneven(sizes):
+        return owner_reduces(chunk_bytes, rank)
+    return native_traffic(
+        "reduce_scatter", sum(chunk_bytes), len(sizes), rank, chunk_bytes=chunk_bytes
+    )
 
 
 def _ring_reduce_scatter(

@@ -87,6 +87,17 @@ def chain_reduce(nbytes: int, size: int, rank: int, root: int) -> Traffic:
     )
 
 
+def owner_reduces(chunk_bytes: list[int], rank: int) -> Traffic:
+    """A reduce of each non-empty chunk to its rank (padded.py's uneven reduce-scatter),
+    each a chain: every chunk but the rank's own sent, every chunk but its predecessor's
+    received, as the ring (ring_reduce_scatter); a message per other owner."""
+    k = len(chunk_bytes)
+    parts = [chain_reduce(n, k, rank, owner) for owner, n in enumerate(chunk_bytes) if n]
+    return Traffic(
+        sum(p.sent for p in parts), sum(p.recv for p in parts), sum(p.messages for p in parts)
+    )
+
+
 def native_traffic(
     op: str,
     nbytes: int,

@@ -64,12 +64,18 @@ def held_outputs(layout: Layout, microbatches: int, stage: int) -> int:
 
 def recompute_transient_bytes(model: ModelSpec, workload: Workload, tp: int, device: str) -> float:
     """What recomputation rebuilds in backward, one block at a time: the block's
-    activations as it runs without recomputation, less what recomputation keeps."""
+    activations as it runs without recomputation, less what recomputation keeps; and
+    beside them the gradient that reached the block's output and the one it is making
+    for its input, two (b, s, h) in the activations' precision (llama3-70b over pp 8
+    with full recomputation: 5.0% under the measured peak without them, 3.6% with)."""
     if workload.recompute == "none":
         return 0.0
     whole = dataclasses.replace(workload, recompute="none")
     rebuilt = activations.block_activation_bytes(model, whole, tp, "fused", device)
-    return rebuilt - activations.block_activation_bytes(model, workload, tp, "fused", device)
+    kept = activations.block_activation_bytes(model, workload, tp, "fused", device)
+    s, h = model.shape.seq_len, model.shape.d_model
+    gradients = 2 * workload.micro_batch * s * h * workload.precision.activation_bytes
+    return rebuilt - kept + gradients
 
 
 def rank_peak_bytes(
