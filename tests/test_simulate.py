@@ -382,3 +382,25 @@ def test_a_1f1b_stages_peak_does_not_grow_with_the_micro_batches(rank, capsys):
     few, many = (_peak([*argv, "--global-batch", str(k)], capsys) for k in (4, 16))
     message = 256 * 128 * 4  # (b, s, h) in fp32: llama-tiny's width is 128
     assert 0 <= many - few < message, (few, many)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_peak_is_the_planners_within_5_percent_where_the_optimizer_update_holds_it(
+    dtype, capsys
+):
+    """Eight tokens a micro-batch: the state outweighs the activations, and the peak is
+    AdamW's update, the whole state and foreach's sqrt(v) beside it, and with master
+    weights their fp32 gradients (plan/rank_peak.py update_peak_bytes; llama3-405b's
+    long-context last stage peaks there, docs/planner.md). Without the update's peak
+    both fail (tried)."""
+    argv = ["--device", "cpu", "--world", "2", "--model", "gpt-tiny", "--seq-len", "8"]
+    argv += ["--max-seq-len", "8", "--global-batch", "2", "--micro-batch", "1"]
+    argv += ["--steps", "2", "--dtype", dtype, "--ranks", "0", "--json"]
+    assert cli.main(["simulate", *argv]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    row = json.loads(line)
+    measured, predicted = row["measured"]["memory"], row["predicted"]["memory"]
+    assert abs(measured["peak"] - predicted["peak"]) <= 0.05 * predicted["peak"], (
+        measured,
+        predicted,
+    )

@@ -3,9 +3,11 @@ runtime saves them on the run's device, and what is held beside them at the peak
 last stage what the loss holds, on every stage the block that recomputation rebuilds in
 backward, and on a pipeline stage the output each graph in flight keeps for its backward
 (plan/activations.py). `paratrain simulate` holds it within 5% of the measured peak
-(docs/planner.md); not counted yet: ZeRO's gathered units and buffers, the optimizer
-update's temporaries, a bf16 Llama chunk's received input on the CPU (its composite norm
-keeps an fp32 copy instead).
+(docs/planner.md). Or the peak is the optimizer's update (update_peak_bytes). Not counted
+yet: ZeRO's gathered units and buffers and what its update holds beyond DataParallel's,
+a backward's own gradients outside recomputation, ZB-H1's input gradients kept for its
+weight pass, a bf16 Llama chunk's received input on the CPU (its composite norm keeps an
+fp32 copy instead).
 """
 
 from __future__ import annotations
@@ -103,3 +105,18 @@ def rank_peak_bytes(
         loss = activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
         transient = max(transient, loss)
     return state + acts + outputs + transient, acts
+
+
+def update_peak_bytes(workload: Workload, state: dict[str, int], device: str) -> float | None:
+    """The peak of AdamW's update: the whole state (params, grads, moments, master), and
+    beside it on the CPU foreach's denominator sqrt(v) (CUDA's fused kernel makes none)
+    and, with master weights, the fp32 copy of the gradients they are updated from, four
+    bytes per updated element each. A rank whose activations are small next to its
+    state peaks here (llama3-405b's long-context last stage, docs/planner.md). Measured
+    for DataParallel; ZeRO's update holds more (its shards' buffers), not counted; None
+    for other optimizers."""
+    if workload.optimizer != "adam" or workload.muon_ns_bytes:
+        return None
+    updated = state["optimizer"] / 8  # AdamW's two fp32 moments per element
+    copies = (device == "cpu") + (state["master"] > 0)
+    return state["total"] + 4 * updated * copies

@@ -27,7 +27,7 @@ from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
-from paratrain.plan.rank_peak import rank_peak_bytes, state_at_peak
+from paratrain.plan.rank_peak import rank_peak_bytes, state_at_peak, update_peak_bytes
 from paratrain.plan.rank_traffic import AXES, Coords
 from paratrain.plan.run_inputs import planner_inputs
 from paratrain.simulate.memory import CATEGORIES
@@ -67,14 +67,16 @@ def _memory(
     stage: int,
     state: dict[str, int],
 ) -> dict[str, int | None]:
-    """The planner's peak (plan/rank_peak.py) and the activations in it; the
-    measurement's other categories are not predicted."""
+    """The planner's peak (plan/rank_peak.py), the larger of the activations' and the
+    optimizer update's, and the activations in it; the measurement's other categories
+    are not predicted."""
     k, device = cfg.train.microbatches, device_type(cfg)
     alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage)
     counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
     if counted is None:
         return dict.fromkeys(MEMORY_KEYS)
     peak, acts = counted
+    peak = max(peak, update_peak_bytes(workload, state, device) or 0)
     return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
 
