@@ -86,12 +86,14 @@ def _reduce_call(piece: torch.Tensor, owner: int, op: str, group: CommGroup) -> 
     return lambda: dist.reduce(piece, root, NATIVE_OPS[op], group=group.pg, async_op=True)
 
 
-def native_reduce_scatter_padded(
+def native_reduce_scatter(
     flat: torch.Tensor, sizes: list[int], group: CommGroup, record: CallRecord, op: str
 ) -> torch.Tensor:
+    """`start_reduce_scatter`, waited for: this rank's piece, a tensor of its own."""
     works, mine = start_reduce_scatter(flat, sizes, op, group, record)
     wait_works(group, record, works)
-    mine = mine.clone() if not uneven(sizes) else mine  # not a view of the padded output
+    if not uneven(sizes):
+        mine = mine.clone()  # not a view that keeps the padded output alive
     if op == "avg":
         finish_avg_(mine, group.size)
     return mine

@@ -24,7 +24,7 @@ from paratrain.comm.ledger import CallRecord
 from paratrain.comm.p2p import add
 from paratrain.comm.padded import (
     native_all_gather_padded,
-    native_reduce_scatter_padded,
+    native_reduce_scatter,
     start_reduce_scatter,
     uneven,
 )
@@ -226,7 +226,7 @@ def reduce_scatter(
     if algo == "ring":
         call, then = _ring_reduce_scatter(flat, sizes, group, record, op)
         return run_ours(group, record, call, False, then=then)
-    mine = native_reduce_scatter_padded(flat, sizes, group, record, op)
+    mine = native_reduce_scatter(flat, sizes, group, record, op)
     finish(group, record, _reduce_scatter_traffic(sizes, tensor.element_size(), group.rank))
     return mine
 

@@ -8,11 +8,12 @@ Newton-Schulz products of the matrices the rank orthogonalizes (plan/rank_muon.p
 under --compress powersgd its factors' products (plan/rank_compress.py); calls per group
 from plan/rank_calls.py; a checkpoint's bytes from plan/rank_checkpoint.py. Where a
 quantity is not predicted: `None` here and "-" in the table. Peak memory: the model
-state and the stage's activations on the run's device (plan/rank_peak.py), held within 5% of
-the measured peak (simulate/memory.py), not exactly: the peak also holds temporaries,
-of which the planner counts the loss's (plan/activations.py loss_transient_bytes) but
-not yet ZeRO's gathered units and buffers or the optimizer update's, so a peak beyond
-5% is flagged in the table, not (yet) counted as a disagreement.
+state, the stage's activations on the run's device and what is held beside them, or the
+optimizer update's (plan/rank_peak.py), held within 5% of the measured peak
+(simulate/memory.py), not exactly: the planner does not count yet ZeRO's gathered units
+and buffers, a backward's own gradients outside recomputation or ZB-H1's kept input
+gradients, so a peak beyond 5% is flagged in the table, not (yet) counted as a
+disagreement.
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ def disagreements(measured: dict[str, Any], predicted: dict[str, Any]) -> list[s
 
 def peak_off(measured: dict[str, Any], predicted: dict[str, Any]) -> bool:
     """The planner's peak memory off the measured one by more than PEAK_TOLERANCE of it.
-    Not yet a disagreement (the exit status): the planner counts the loss's temporaries
-    but not yet ZeRO's gathered units and buffers or the optimizer update's, which at
-    small shapes make the peak (docs/planner.md)."""
+    Not yet a disagreement (the exit status): the planner does not count yet ZeRO's
+    gathered units and buffers and what its update holds, which at small shapes make the
+    peak (docs/planner.md)."""
     m, p = measured["memory"]["peak"], predicted["memory"]["peak"]
     return p is not None and abs(m - p) > PEAK_TOLERANCE * p
 

@@ -11,9 +11,9 @@ computed for the other, in its send order, so that the two calls match exactly, 
 NCCL's streams need (a receive posted alone ahead of a send deadlocks there, issue 28).
 A call is issued before the action it is placed at; its receives are waited for at
 their RECV (a message that arrives earlier waits in its buffer), its sends as soon as a
-receive from the same peer shows them complete (StepState `receive`), the rest
-at the step's end. SEND and RECV actions move no data themselves. check_schedule proves the calls
-complete under NCCL's stream semantics (stream_check.py) as well as under gloo's.
+receive from the same peer shows them complete (StepState `receive`), the rest at the
+step's end. SEND and RECV actions move no data themselves. check_schedule proves the
+calls complete under NCCL's stream semantics (stream_check.py) as well as under gloo's.
 
 Activation memory is measured, not derived from the schedule: each training forward runs
 under the `meter` given (measure/activations.py's `ActivationMeter`, a saved-tensor pack

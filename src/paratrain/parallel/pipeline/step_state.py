@@ -92,10 +92,13 @@ class StepState:
         match exactly, batches.py): each of those sends completes without waiting for
         anything more. Held to the step's end instead, they grew with the micro-batches: K
         outputs on the first stage where 1F1B keeps S in flight."""
-        done = [s for s in self.sends if s[0] == peer and s[1] <= call]
-        for _, _, handle in done:
-            handle.wait()
-        self.sends = [s for s in self.sends if not (s[0] == peer and s[1] <= call)]
+        still = []
+        for send in self.sends:
+            if send[0] == peer and send[1] <= call:
+                send[2].wait()
+            else:
+                still.append(send)
+        self.sends = still
 
 
 def held_bytes(st: StepState) -> int:
