@@ -174,7 +174,7 @@ def _uneven_reduce_scatter(rank: int, world: int, n: int) -> dict:
 def test_an_uneven_reduce_scatter_goes_to_its_owner_not_padded_to_every_rank():
     """A bucket that lies in one rank's shard (ZeRO-1/2's buckets at large dp): one reduce
     to its owner. Padded to equal pieces for gloo's reduce-scatter, it was k times the
-    bucket, in memory and on the wire (at dp 64, a 12 GB buffer for a 190 MB bucket:
+    bucket, in memory and on the wire (64 times at llama3-405b's dp 64:
     docs/planner.md); here at k = 2 the padded call sent 2 S from the owner and made 5 S
     of storages on each rank (tried). The ledger says S from rank 1, nothing from the
     owner, as before: a reduce sends what the ring's formula counts."""

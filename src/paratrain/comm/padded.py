@@ -58,7 +58,7 @@ def start_reduce_scatter(
     longest (gloo and NCCL take equal pieces only). Uneven ones, as the buckets of ZeRO-1
     and 2 are wherever a bucket lies mostly in one rank's shard: one reduce per rank that
     holds a piece, to that rank, as DeepSpeed's ZeRO-1 and 2 do. Padding such a bucket
-    sent and held dp times its size (at dp 64 a 12 GB fp32 buffer for a 190 MB bucket);
+    sent and held dp times its size (llama3-405b's rank 8191 at dp 64: docs/planner.md);
     the reduces send what a ring would, every piece but the rank's own."""
     if uneven(sizes):
         pieces = [piece.clone() for piece in flat.split(sizes)]  # the reduce's scratch
