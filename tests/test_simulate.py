@@ -352,11 +352,50 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
     argv = ["--device", "cpu", "--world", str(tp), "--tp", str(tp), "--model", model]
     argv += ["--vocab-size", "16384", "--seq-len", "256", "--max-seq-len", "256", "--steps", "2"]
     argv += ["--global-batch", "4", "--micro-batch", "4", "--dtype", dtype, "--json"]
-    assert cli.main(["simulate", *argv, "--ranks", "0"]) == 0
+    measured, predicted = _memory([*argv, "--ranks", "0"], capsys)
+    assert measured["activations"] > 0 and measured["temporaries"] > 0
+    assert_peak_within_5_percent(measured, predicted)
+
+
+ZERO_PEAKS = {
+    # the default 25 MB: one bucket, the whole gradient
+    "zero2 gpt-tiny": ["--model", "gpt-tiny", "--zero", "2"],
+    # in bf16 the peak is that bucket's launch: its fp32 copy and the reduction's piece
+    "zero2 gpt-tiny bf16": ["--model", "gpt-tiny", "--zero", "2", "--dtype", "bfloat16"],
+    "zero3 llama-tiny": ["--model", "llama-tiny", "--zero", "3"],
+    # in bf16 the peak is the backward's end: every unit's reduction still in flight
+    "zero3 gpt-tiny bf16": ["--model", "gpt-tiny", "--zero", "3", "--dtype", "bfloat16"],
+    "zero3 llama-tiny bf16, no prefetch": [
+        "--model", "llama-tiny", "--zero", "3", "--dtype", "bfloat16", "--prefetch", "0"
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ZERO_PEAKS)
+def test_the_peak_is_the_planners_within_5_percent_where_zero_holds_it(name, capsys):
+    """ZeRO-2 makes a bucket of whole gradients at its first gradient in backward, beside
+    nearly every activation, and ZeRO-3 holds whole units there, the one computing, the
+    one prefetched and its gradient buffer (plan/rank_peak.py zero2_bucket_bytes,
+    zero3_backward_bytes); in bf16 ZeRO-2 peaks where backward launches its bucket's
+    reduction, the activations gone (zero2_launch_bytes), and ZeRO-3 as backward ends,
+    every unit's reduction still in flight (zero3_backward_end_bytes). Without them the
+    planner is 33%, 22%, 24% and 15% off (each tried). Smaller ZeRO-2 buckets are not
+    counted yet: the fake group, like gloo at these sizes, has not finished a bucket's
+    reduction when the next poll looks, so they gather until the backward's end."""
+    argv = ["--device", "cpu", "--world", "4", "--global-batch", "8", "--micro-batch", "1"]
+    argv += ["--steps", "2", "--ranks", "0", *ZERO_PEAKS[name]]
+    assert_peak_within_5_percent(*_memory(argv, capsys))
+
+
+def _memory(argv: list[str], capsys) -> tuple[dict, dict]:
+    """One simulated rank's measured and predicted memory rows."""
+    assert cli.main(["simulate", *argv, "--json"]) == 0
     (line,) = capsys.readouterr().out.strip().splitlines()
     row = json.loads(line)
-    measured, predicted = row["measured"]["memory"], row["predicted"]["memory"]
-    assert measured["activations"] > 0 and measured["temporaries"] > 0
+    return row["measured"]["memory"], row["predicted"]["memory"]
+
+
+def assert_peak_within_5_percent(measured: dict, predicted: dict) -> None:
     assert abs(measured["peak"] - predicted["peak"]) <= 0.05 * predicted["peak"], (
         measured,
         predicted,
@@ -364,9 +403,7 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
 
 
 def _peak(argv: list[str], capsys) -> int:
-    assert cli.main(["simulate", *argv, "--json"]) == 0
-    (line,) = capsys.readouterr().out.strip().splitlines()
-    return json.loads(line)["measured"]["memory"]["peak"]
+    return _memory(argv, capsys)[0]["peak"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -395,12 +432,5 @@ def test_the_peak_is_the_planners_within_5_percent_where_the_optimizer_update_ho
     both fail (tried)."""
     argv = ["--device", "cpu", "--world", "2", "--model", "gpt-tiny", "--seq-len", "8"]
     argv += ["--max-seq-len", "8", "--global-batch", "2", "--micro-batch", "1"]
-    argv += ["--steps", "2", "--dtype", dtype, "--ranks", "0", "--json"]
-    assert cli.main(["simulate", *argv]) == 0
-    (line,) = capsys.readouterr().out.strip().splitlines()
-    row = json.loads(line)
-    measured, predicted = row["measured"]["memory"], row["predicted"]["memory"]
-    assert abs(measured["peak"] - predicted["peak"]) <= 0.05 * predicted["peak"], (
-        measured,
-        predicted,
-    )
+    argv += ["--steps", "2", "--dtype", dtype, "--ranks", "0"]
+    assert_peak_within_5_percent(*_memory(argv, capsys))

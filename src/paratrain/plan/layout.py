@@ -90,6 +90,9 @@ class Workload:
     # mixed Adam); "full" holds the whole gradient until the last one and reduce-scatters
     # once. See comm.py and memory.py.
     zero2_accumulate: str = "shard"
+    # ZeRO-3: units gathered ahead of the one computing (--prefetch; data_parallel/fsdp.py),
+    # each one more unit of whole parameters at the peak (rank_peak.py)
+    prefetch: int = 1
     # Megatron's scatter/gather (arXiv:2104.04473, section 4.1): each tp rank sends 1/t of
     # a pipeline message across nodes and the receivers all-gather it over NVLink. Our
     # runtime sends the whole b s h tensor (False).

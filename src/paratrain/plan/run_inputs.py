@@ -35,6 +35,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         recompute=t.recompute,
         bucket_bytes=int(p.bucket_mb * 2**20) or ONE_BUCKET,
         zero2_accumulate=p.zero2_accumulate,
+        prefetch=p.prefetch,
         # Muon over whole matrices or ZeRO's shards (plan/muon.py, plan/muon_shards.py)
         muon_ns_bytes=MUON_NS_BYTES[muon_ns_dtype(t.muon_ns_dtype, p.device)] if muon else 0,
         muon_ns_steps=t.muon_ns_steps,
