@@ -362,6 +362,11 @@ ZERO_PEAKS = {
     "zero2 gpt-tiny": ["--model", "gpt-tiny", "--zero", "2"],
     # in bf16 the peak is that bucket's launch: its fp32 copy and the reduction's piece
     "zero2 gpt-tiny bf16": ["--model", "gpt-tiny", "--zero", "2", "--dtype", "bfloat16"],
+    # and ZeRO-1's, where the state outweighs the activations (8 tokens, dp 2)
+    "zero1 gpt-tiny bf16 at 8 tokens": [
+        "--model", "gpt-tiny", "--zero", "1", "--dtype", "bfloat16", "--world", "2",
+        "--global-batch", "2", "--seq-len", "8", "--max-seq-len", "8",
+    ],
     "zero3 llama-tiny": ["--model", "llama-tiny", "--zero", "3"],
     # in bf16 the peak is the backward's end: every unit's reduction still in flight
     "zero3 gpt-tiny bf16": ["--model", "gpt-tiny", "--zero", "3", "--dtype", "bfloat16"],
@@ -377,9 +382,10 @@ def test_the_peak_is_the_planners_within_5_percent_where_zero_holds_it(name, cap
     nearly every activation, and ZeRO-3 holds whole units there, the one computing, the
     one prefetched and its gradient buffer (plan/rank_peak.py zero2_bucket_bytes,
     zero3_backward_bytes); in bf16 ZeRO-2 peaks where backward launches its bucket's
-    reduction, the activations gone (zero2_launch_bytes), and ZeRO-3 as backward ends,
-    every unit's reduction still in flight (zero3_backward_end_bytes). Without them the
-    planner is 33%, 22%, 24% and 15% off (each tried). Smaller ZeRO-2 buckets are not
+    reduction, the activations gone, and so does ZeRO-1 where the activations are small
+    (zero_launch_bytes), and ZeRO-3 as backward ends, every unit's reduction still in
+    flight (zero3_backward_end_bytes). Without them the planner is 33%, 22%, 24%, 14% and
+    15% off (each tried). Smaller ZeRO-2 buckets are not
     counted yet: the fake group, like gloo at these sizes, has not finished a bucket's
     reduction when the next poll looks, so they gather until the backward's end."""
     argv = ["--device", "cpu", "--world", "4", "--global-batch", "8", "--micro-batch", "1"]

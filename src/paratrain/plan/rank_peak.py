@@ -3,8 +3,9 @@ runtime saves them on the run's device, and what is held beside them at the peak
 last stage what the loss holds, on every stage the block that recomputation rebuilds in
 backward, ZeRO-2's bucket and ZeRO-3's whole units there, and on a pipeline stage the
 output each graph in flight keeps for its backward (plan/activations.py). `paratrain
-simulate` holds it within 5% of the measured peak (docs/planner.md). Or the peak is the
-optimizer's update (update_peak_bytes). Not counted yet: what ZeRO's update holds beyond
+simulate` holds it within 5% of the measured peak (docs/planner.md). Or the peak is
+where ZeRO's reductions leave backward, the activations gone, or the optimizer's update
+(update_peak_bytes). Not counted yet: what ZeRO's update holds beyond
 DataParallel's, a backward's own gradients outside recomputation, ZB-H1's input
 gradients kept for its weight pass, a bf16 Llama chunk's received input on the CPU (its
 composite norm keeps an fp32 copy instead).
@@ -109,13 +110,16 @@ def padded(n: int, k: int) -> int:
     return k * -(-n // k)
 
 
-def zero2_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
-    """ZeRO-2's last bucket as backward launches its reduction, the activations gone: the
-    bucket, its fp32 copy where the gradients are narrower (zero.py `_launch`), and the
-    reduction's own buffer (comm/padded.py `start_reduce_scatter`): this rank's fp32
-    piece, or a copy of every piece where they are uneven and go to their owners. gpt-tiny
-    in bf16 over dp 4 peaks there: 24% above the planner without it."""
-    if layout.zero != 2 or workload.zero2_accumulate != "shard":
+def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
+    """ZeRO-1/2's last bucket as backward launches its reduction, the activations gone:
+    under ZeRO-2 the bucket itself (ZeRO-1's is a view of its held gradient buffer), its
+    fp32 copy where the gradients are narrower (zero.py `_launch`), and the reduction's
+    own buffer (comm/padded.py `start_reduce_scatter`): this rank's fp32 piece, or a copy
+    of every piece where they are uneven and go to their owners. In bf16 gpt-tiny over dp
+    4 peaks there under ZeRO-2 (24% above the planner without it), and over dp 2 at 8
+    tokens under ZeRO-1 (14%)."""
+    bucket = layout.zero == 2 and workload.zero2_accumulate == "shard"
+    if not (bucket or layout.zero == 1):
         return 0
     k, grad = layout.shard_ranks, workload.precision.grad_bytes
     most = 0
@@ -126,7 +130,7 @@ def zero2_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, sta
         pieces = [max(0, min(k * shard, (r + 1) * shard) - max(start, r * shard)) for r in range(k)]
         own = n if max(pieces) - min(pieces) > 1 else shard
         copy = n if grad != REDUCE_BYTES else 0
-        most = max(most, n * grad + (copy + own) * REDUCE_BYTES)
+        most = max(most, n * grad * bucket + (copy + own) * REDUCE_BYTES)
     return most
 
 
@@ -203,7 +207,7 @@ def rank_peak_bytes(
     if stage == layout.pp - 1:
         loss = activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
         transient = max(transient, loss)
-    ends = (zero2_launch_bytes(model, workload, layout, stage),
+    ends = (zero_launch_bytes(model, workload, layout, stage),
             zero3_backward_end_bytes(model, workload, layout, stage))  # fmt: skip
     return state + max(acts + outputs + transient, *ends), acts
 
