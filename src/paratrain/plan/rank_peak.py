@@ -143,7 +143,7 @@ def zero3_backward_bytes(model: ModelSpec, workload: Workload, layout: Layout, s
     k ceil(n / k). On the stage holding the head, its unit was reduced first, and its
     reduction's fp32 input and this rank's piece of the result stay beside them: the fake
     group, like gloo at these sizes, has not finished it when the next unit's poll
-    looks (`_launch_ready`). llama-tiny over dp 4: 21.8% under the measured peak without
+    looks (`_launch_ready`). llama-tiny over dp 4: 23.5% under the measured peak without
     any of it."""
     if layout.zero != 3 or not exact(model):
         return 0
@@ -208,8 +208,10 @@ def rank_peak_bytes(
     peak is `state` (state_at_peak); None when the model has no shape. Beside the
     activations in flight: the chunk outputs they keep (held_outputs), and the larger of
     the loss's transient (last stage; it is gone before backward reaches the blocks) and
-    what backward holds beside its activations, the block being recomputed (cp splits
-    its tokens), ZeRO-2's bucket and ZeRO-3's whole units."""
+    what backward holds beside its activations: the MLP's gradients or, with
+    recomputation, the block being rebuilt (cp splits the tokens of either), ZeRO-2's
+    bucket and ZeRO-3's whole units. Or the peak comes later, where ZeRO's reductions
+    leave backward, the activations gone."""
     acts = activations.stage_activation_bytes(
         model, workload, layout, microbatches, stage, "fused", device
     )
