@@ -30,8 +30,9 @@ demo: setup
 # the suite kept both cores 97% busy (/proc/stat) with three, and took 13 min 34 s with
 # four against 13 min 04 s with three. On an Intel Xeon (AVX-512, 2 cores; 2026-12-06) the
 # same suite took 15 min 44 s, and 16 min 43 s to 17 min 05 s with 7 tests more that day;
-# 1,841 to 1,845 tests took 16 min 51 s to 17 min 06 s on 2026-12-07: over the 15-minute
-# aim there. Not built yet: workers forked from a preloaded forkserver (launch.py starts
+# 1,841 to 1,845 tests took 16 min 51 s to 17 min 06 s on 2026-12-07, and 1,852 to 1,856
+# later that day 19 min 34 s to 20 min 08 s, both cores 97% busy throughout (/proc/stat):
+# over the 15-minute aim there, and bound by CPU work alone. Not built yet: workers forked from a preloaded forkserver (launch.py starts
 # each as `python -m paratrain`, about 2 s of imports per worker).
 test: setup
 	$(VENV)/bin/python -m pytest -ra --durations=10 -n 3 --dist loadfile
