@@ -74,6 +74,19 @@ def flat_bucket_sizes(numels: list[int], workload: Workload, padded: int = 0) ->
     return [*buckets, max(end, padded) - start]
 
 
+def sharded_buckets(numels: list[int], workload: Workload, k: int) -> list[list[int]]:
+    """ZeroDataParallel's buckets of one chunk's flat buffer (`numels` in registration
+    order), padded to k ceil(n / k) and sharded k ways: per bucket, in the buffer's order,
+    its elements in each rank's shard (the pieces its reduce-scatter gives each rank)."""
+    shard = -(-sum(numels) // k)
+    out, start = [], 0
+    for size in flat_bucket_sizes(numels, workload, k * shard):
+        end = start + size
+        out.append([max(0, min(end, (r + 1) * shard) - max(start, r * shard)) for r in range(k)])
+        start = end
+    return out
+
+
 def gradient_buckets(model: ModelSpec, workload: Workload, layout: Layout, at: Coords) -> list[int]:
     """Without ZeRO: the elements of each bucket the rank all-reduces per step, over its
     chunks (DataParallel in float32, a stage-0 flat buffer in mixed precision)."""

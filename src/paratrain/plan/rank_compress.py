@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from paratrain.plan import comm
 from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
-from paratrain.plan.grad_buckets import flat_bucket_sizes
+from paratrain.plan.grad_buckets import sharded_buckets
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora_traffic import lora_chunks
 from paratrain.plan.model import ModelSpec
@@ -67,15 +67,8 @@ def gradient_reduce_scatter_bytes(
     codes and scale blocks. `position`: the rank's place among the k."""
     name = codec(workload)
     assert name is not None
-    n = sum(tensors)
-    shard = -(-n // k)
-    sent, start = 0, 0
-    for size in flat_bucket_sizes(tensors, workload, shard * k):
-        end = start + size
-        parts = [max(0, min(end, (r + 1) * shard) - max(start, r * shard)) for r in range(k)]
-        sent += codec_reduce_scatter_bytes(parts, name, position)
-        start = end
-    return sent
+    buckets = sharded_buckets(tensors, workload, k)
+    return sum(codec_reduce_scatter_bytes(parts, name, position) for parts in buckets)
 
 
 def compress_state_bytes(

@@ -1,13 +1,13 @@
 """A rank's peak memory: its model state alive then, its stage's activations as our
 runtime saves them on the run's device, and what is held beside them at the peak: on the
-last stage what the loss holds, on every stage the block that recomputation rebuilds in
-backward, ZeRO-2's bucket and ZeRO-3's whole units there, and on a pipeline stage the
-output each graph in flight keeps for its backward (plan/activations.py). `paratrain
-simulate` holds it within 5% of the measured peak (docs/planner.md). Or the peak is
-where ZeRO's reductions leave backward, the activations gone, or the optimizer's update
-(update_peak_bytes). Not counted yet: what ZeRO's update holds beyond
-DataParallel's, a backward's own gradients outside recomputation, ZB-H1's input
-gradients kept for its weight pass, a bf16 Llama chunk's received input on the CPU (its
+last stage what the loss holds; in backward the MLP's gradients or the block that
+recomputation rebuilds, ZeRO-2's bucket and ZeRO-3's whole units; and on a pipeline
+stage the output each graph in flight keeps for its backward (plan/activations.py).
+`paratrain simulate` holds it within 5% of the measured peak (docs/planner.md). Or the
+peak is where ZeRO's reductions leave backward, the activations gone, or the optimizer's
+update (update_peak_bytes). Not counted yet: ZeRO-2's later buckets, which gather until
+the backward's end, ZB-H1's input gradients kept for its weight pass, sequence
+parallelism's split activations, a bf16 Llama chunk's received input on the CPU (its
 composite norm keeps an fp32 copy instead).
 """
 
@@ -18,11 +18,18 @@ import dataclasses
 from paratrain.models.presets import ffn_width
 from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
-from paratrain.plan.grad_buckets import chunk_tensors, flat_bucket_sizes
+from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
 from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages
 from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
+
+REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py reduce_dtype)
+
+
+def padded(n: int, k: int) -> int:
+    """A flat buffer of n elements sharded k ways holds k ceil(n / k) (flat_buffer.py)."""
+    return k * -(-n // k)
 
 
 def state_at_peak(
@@ -87,28 +94,18 @@ def recompute_transient_bytes(model: ModelSpec, workload: Workload, tp: int, dev
 
 def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
     """ZeRO-2 reducing every micro-batch (accumulate "shard"): a bucket of whole gradients
-    is made at its first gradient in backward and dies once reduce-scattered
-    (data_parallel/zero.py `_on_grad_ready`, `_launch`), so a backward holds one at a
-    time, the first while nearly all activations are still there: the largest first
-    bucket among the stage's chunks, in the gradients' dtype. With one bucket (the
-    default 25 MB over a small model) that is the whole gradient: gpt-tiny over dp 4,
-    +33.2% above the measured peak without it."""
+    is made at its first gradient in backward (data_parallel/zero.py `_on_grad_ready`),
+    the first while nearly all activations are still there: the largest first bucket
+    among the stage's chunks, in the gradients' dtype. With one bucket (the default 25 MB
+    over a small model) that is the whole gradient: gpt-tiny over dp 4, 33.2% under the
+    measured peak without it. Later buckets, whose reductions the fake group (and gloo
+    at these sizes) has not finished when the next poll looks, gather until the
+    backward's end: not counted yet."""
     if layout.zero != 2 or workload.zero2_accumulate != "shard":
         return 0
     k = layout.shard_ranks
-    firsts = [
-        flat_bucket_sizes(c, workload, padded(sum(c), k))[0]
-        for c in chunk_tensors(model, layout, stage)
-    ]
+    firsts = [sum(sharded_buckets(c, workload, k)[0]) for c in chunk_tensors(model, layout, stage)]
     return max(firsts) * workload.precision.grad_bytes
-
-
-REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py reduce_dtype)
-
-
-def padded(n: int, k: int) -> int:
-    """A flat buffer of n elements sharded k ways holds k ceil(n / k) (flat_buffer.py)."""
-    return k * -(-n // k)
 
 
 def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
@@ -125,11 +122,10 @@ def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stag
     k, grad = layout.shard_ranks, workload.precision.grad_bytes
     most = 0
     for tensors in chunk_tensors(model, layout, stage):
-        shard = -(-sum(tensors) // k)
-        n = flat_bucket_sizes(tensors, workload, k * shard)[-1]
-        start = k * shard - n  # the last bucket ends the padded buffer
-        pieces = [max(0, min(k * shard, (r + 1) * shard) - max(start, r * shard)) for r in range(k)]
-        own = n if max(pieces) - min(pieces) > 1 else shard
+        pieces = sharded_buckets(tensors, workload, k)[-1]
+        n = sum(pieces)
+        # pieces more than one element apart go to their owners (comm/padded.py `uneven`)
+        own = n if max(pieces) - min(pieces) > 1 else max(pieces)
         copy = n if grad != REDUCE_BYTES else 0
         most = max(most, n * grad * bucket + (copy + own) * REDUCE_BYTES)
     return most

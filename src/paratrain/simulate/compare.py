@@ -10,10 +10,10 @@ from plan/rank_calls.py; a checkpoint's bytes from plan/rank_checkpoint.py. Wher
 quantity is not predicted: `None` here and "-" in the table. Peak memory: the model
 state, the stage's activations on the run's device and what is held beside them, or the
 optimizer update's (plan/rank_peak.py), held within 5% of the measured peak
-(simulate/memory.py), not exactly: the planner does not count yet ZeRO's gathered units
-and buffers, a backward's own gradients outside recomputation or ZB-H1's kept input
-gradients, so a peak beyond 5% is flagged in the table, not (yet) counted as a
-disagreement.
+(simulate/memory.py), not exactly: the planner does not count yet ZeRO-2's later
+buckets, ZB-H1's kept input gradients or sequence parallelism's split activations
+(docs/planner.md lists each), so a peak beyond 5% is flagged in the table, not (yet)
+counted as a disagreement.
 """
 
 from __future__ import annotations
@@ -133,9 +133,8 @@ def disagreements(measured: dict[str, Any], predicted: dict[str, Any]) -> list[s
 
 def peak_off(measured: dict[str, Any], predicted: dict[str, Any]) -> bool:
     """The planner's peak memory off the measured one by more than PEAK_TOLERANCE of it.
-    Not yet a disagreement (the exit status): the planner does not count yet ZeRO's
-    gathered units and buffers and what its update holds, which at small shapes make the
-    peak (docs/planner.md)."""
+    Not yet a disagreement (the exit status): some temporaries that make the peak at
+    small shapes are not counted yet (docs/planner.md)."""
     m, p = measured["memory"]["peak"], predicted["memory"]["peak"]
     return p is not None and abs(m - p) > PEAK_TOLERANCE * p
 
