@@ -80,7 +80,9 @@ def link_ready_at(group: CommGroup, start: float, steps: int, nbytes: int = 0) -
 
 def hold_until(group: CommGroup, ready: float) -> None:
     if group.options.link_latency_s > 0 or group.options.link_bandwidth_Bps > 0:
-        time.sleep(max(0.0, ready - time.perf_counter()))
+        left = ready - time.perf_counter()
+        if left > 0:  # a sleep of 0 still gives up the CPU: on a loaded machine, for ms
+            time.sleep(left)
 
 
 def _poll(work: Work, timeout_s: float) -> None:

@@ -15,6 +15,17 @@ W_on the seconds the on step's training thread was blocked in waits. The first i
 everything overlap costs (the communication's own CPU time, taken from the compute it
 runs beside); the second only the waiting, and is the steadier one on a loaded machine.
 
+Waiting for a peer that is still computing is not communication: on a loaded machine one
+rank's backward can take tens of milliseconds longer than the other's, and the faster
+rank then waits that long in its last collective (with overlap) or in every one (without).
+So every step starts at a barrier, and the waits are taken per pair from the rank that
+waited least (the one whose peer was ready for it). Beside three busy processes on 2
+cores, ZeRO-2's fraction from the waits (native) was 0.44-0.81 per rank without either;
+with both (and wait.py's `hold_until` no longer yielding the CPU for a call already due)
+0.82-0.88 for every mechanism and algorithm, as on a quiet machine (0.85-0.9). With
+overlap off on both sides it stays within 0.09 of 0, and with the ring's call run before
+the hook returns (blocking, clock from the issue) it measured -0.06.
+
 The link is slowed by `CommOptions.link_latency_s` per message step, so that communication
 is long enough to time and costs waiting, as on a real network, rather than CPU that the
 two ranks' computation already uses.
@@ -99,13 +110,20 @@ MECHANISMS: dict[str, Mechanism] = {
 
 
 def _step(
-    model: Replica, mechanism: Mechanism, x: torch.Tensor, ledger: comm.Ledger, group: str
+    model: Replica,
+    mechanism: Mechanism,
+    x: torch.Tensor,
+    ledger: comm.Ledger,
+    group: str,
+    align: comm.CommGroup,
 ) -> tuple[float, float]:
     """(wall seconds, seconds spent in this group's collectives) of the part of a training
     step that holds its communication: backward and the final wait, and the forward where
     the mechanism communicates there. Timing less keeps the compute's noise out of the
-    difference."""
+    difference. Every rank starts it together (`align`), so that no wait carries over
+    from how late a peer finished the step before."""
     model.zero_grad()
+    comm.barrier(align)
     ledger.reset()
     start = time.perf_counter()
     loss = model(x).square().mean()
@@ -140,7 +158,8 @@ def link_latency(mechanism: Mechanism, w: LinearStack, world: int, x: torch.Tens
     ledger = comm.Ledger()
     group = _groups(ledger, "native", 0.0)[False]
     model = mechanism.wrap(build_stack(w), w, group)
-    compute = min(_step(model, mechanism, x, ledger, group.name)[0] for _ in range(3))
+    align = comm.CommGroup.world(ledger, name="overlap-align")
+    compute = min(_step(model, mechanism, x, ledger, group.name, align)[0] for _ in range(3))
     steps = mechanism.steps_per_layer * (world - 1) * w.layers
     latency = torch.tensor([w.comm_share * compute / steps], dtype=torch.float64)
     return float(comm.all_reduce(latency, group, op="min"))
@@ -155,14 +174,18 @@ def measure(rank: int, world: int, mechanism: str, algo: str, w: LinearStack) ->
     latency = link_latency(how, w, world, x)
     ledger = comm.Ledger()
     groups = _groups(ledger, algo, latency, w.control)
+    align = comm.CommGroup.world(ledger, name="overlap-align")
     models = {on: how.wrap(build_stack(w), w, g) for on, g in groups.items()}
     runs: dict[bool, list[tuple]] = {True: [], False: []}
     for i in range(w.pairs + 1):
         for on in (True, False) if i % 2 else (False, True):  # neither side always first
-            runs[on].append(_step(models[on], how, x, ledger, groups[on].name))
+            runs[on].append(_step(models[on], how, x, ledger, groups[on].name, align))
     on_runs, off_runs = runs[True][1:], runs[False][1:]
     hidden = [(off[0] - on[0]) / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
-    waited = [1 - on[1] / off[1] for on, off in zip(on_runs, off_runs, strict=True)]
+    # Per pair, each side's wait on the rank that waited least (module docstring).
+    waits = torch.tensor([[r[1] for r in on_runs], [r[1] for r in off_runs]], dtype=torch.float64)
+    least_on, least_off = torch.stack(comm.all_gather(waits, align)).amin(dim=0)
+    waited = (1 - least_on / least_off).tolist()
     return {
         "mechanism": mechanism,
         "algo": algo,
