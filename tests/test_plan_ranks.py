@@ -116,14 +116,15 @@ def test_full_recompute_and_sequence_parallel_terms():
     noisy = bytes_by_axis(rank_traffic(OURS, full, lay, 4, Coords(), dropout=0.1))["tp"]
     assert quiet - base == 4 * 8 * size  # K x layers x the attention's all-reduce
     assert noisy - base == 4 * 8 * 2 * size  # with dropout, the MLP's as well
-    sp = bytes_by_axis(rank_traffic(OURS, none, lay, 4, Coords(), sequence_parallel=True))["tp"]
+    split = replace(lay, sequence_parallel=True)
+    sp = bytes_by_axis(rank_traffic(OURS, none, split, 4, Coords()))["tp"]
     assert sp - base == 4 * replicated_params(OURS, lay, 0)  # one fp32 all-reduce at tp = 2
     # Selective repeats what full repeats; with sequence parallelism both also repeat the
     # all-gathers before q, k, v and the MLP: 1.5 all-reduces' bytes per block
     # (tests/test_recompute.py compares every rank's ledger with these counts).
     selective = replace(full, recompute="selective")
     assert bytes_by_axis(rank_traffic(OURS, selective, lay, 4, Coords()))["tp"] == quiet
-    sp_full = rank_traffic(OURS, selective, lay, 4, Coords(), sequence_parallel=True)
+    sp_full = rank_traffic(OURS, selective, split, 4, Coords())
     assert bytes_by_axis(sp_full)["tp"] - sp == 4 * 8 * 3 * size // 2
 
 

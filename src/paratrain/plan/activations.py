@@ -109,19 +109,22 @@ def fused_gpt_layer_activation_bytes(
 
 
 def head_activation_bytes(
-    model: ModelSpec, micro_batch: int, element_bytes: int, device: str = "cuda"
+    model: ModelSpec, micro_batch: int, element_bytes: int, device: str = "cuda", r: int = 1
 ) -> float:
     """What the last stage's final norm and head keep besides the fp32 logits, per
     micro-batch, for the fused variant: the norm's input and statistics, and the head's
     input (the norm's output; whole under tensor parallelism, whose head splits the
-    vocabulary). GPT's LayerNorm: s b (2 e h + 8), mean and rstd. Llama's rms_norm: s b
-    (2 e h + 4), its rms, and on the CPU the composite's fp32 copies (cpu_norm_extra).
-    The token ids and targets (int64, 8 bytes a token) are left out: under 0.1% of a
-    block."""
+    vocabulary, and gathered whole under sequence parallelism, r = t, which splits the
+    norm's tokens). GPT's LayerNorm: s b (e h (1 + 1 / r) + 8 / r), mean and rstd.
+    Llama's rms_norm: s b (e h (1 + 1 / r) + 4 / r), its rms, and on the CPU the
+    composite's fp32 copies (cpu_norm_extra). The token ids and targets (int64, 8 bytes
+    a token) are left out: under 0.1% of a block."""
     s, h, e = model.shape.seq_len, model.shape.d_model, element_bytes
     if model.arch == "llama":
-        return s * micro_batch * (2 * e * h + 4 + cpu_norm_extra(h, 1, e, device))
-    return s * micro_batch * (2 * e * h + 8)
+        stats = 4 / r + cpu_norm_extra(h, r, e, device)
+    else:
+        stats = 8 / r
+    return s * micro_batch * (e * h + e * h / r + stats)
 
 
 def loss_transient_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
@@ -151,8 +154,10 @@ def block_activation_bytes(
     tp: int,
     attention: str = "scores",
     device: str = "cuda",
+    sequence_parallel: bool = False,
 ) -> float:
-    """One layer's activation bytes in the workload's precision (element size).
+    """One layer's activation bytes in the workload's precision (element size), the
+    norms' tokens split over tp under `sequence_parallel`.
 
     `attention` picks the GPT's count without recomputation: "scores", Korthikanti's (the
     seeds' figures, and `paratrain plan`'s default), or "fused", our runtime's
@@ -163,13 +168,13 @@ def block_activation_bytes(
         model = moe.dense_equivalent(model, workload.moe_imbalance)
     if model.arch == "llama":
         return llama_layer_activation_bytes(
-            model, b, tp, recompute, element_bytes=p.activation_bytes, device=device
+            model, b, tp, recompute, sequence_parallel, p.activation_bytes, device
         )
-    h, a = model.shape.d_model, model.shape.n_head
-    e = p.activation_bytes
+    s, h, a = model.shape.seq_len, model.shape.d_model, model.shape.n_head
+    e, sp = p.activation_bytes, sequence_parallel
     if attention == "fused" and recompute == "none":
-        return fused_gpt_layer_activation_bytes(model.shape.seq_len, b, h, a, tp, element_bytes=e)
-    return layer_activation_bytes(model.shape.seq_len, b, h, a, tp, recompute, element_bytes=e)
+        return fused_gpt_layer_activation_bytes(s, b, h, a, tp, sp, element_bytes=e)
+    return layer_activation_bytes(s, b, h, a, tp, recompute, sp, element_bytes=e)
 
 
 def in_flight_chunks(layout: Layout, microbatches: int, stage: int = 0) -> int:
@@ -239,14 +244,15 @@ def stage_activation_bytes(
     if not model.has_shape:
         return None
     s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    per_layer = block_activation_bytes(model, workload, t, attention, device)
+    sp = layout.sequence_parallel
+    per_layer = block_activation_bytes(model, workload, t, attention, device, sp)
     layers = stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
     held = in_flight_microbatches(layout, microbatches, stage) * layers * per_layer
     if stage == layout.pp - 1:
         logits = 4 * s * b * model.shape.vocab_size / t
         if attention == "fused":
             e = workload.precision.activation_bytes
-            logits += head_activation_bytes(model, b, e, device)
+            logits += head_activation_bytes(model, b, e, device, t if sp else 1)
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         held += logits * last_held.get(layout.schedule, 1)
     return held / layout.cp

@@ -180,11 +180,16 @@ class Layout:
     # HSDP: ZeRO shards within each of `replicas` groups of the dp_cp ranks, the shards
     # all-reduced across them (parallel/data_parallel/hybrid.py)
     replicas: int = 1
+    # Megatron's sequence parallelism (arXiv:2205.05198): the norms' and residuals' tokens
+    # split over tp, gathered for the column-parallel layers
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "chunks", "cp", "ep", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"layout {name} = {getattr(self, name)}; must be at least 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs tp 2 or more")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage {self.zero}; valid: 0, 1, 2, 3")
         if self.pp > 1 and self.schedule not in SCHEDULES:

@@ -51,7 +51,6 @@ def rank_calls(
     layout: Layout,
     microbatches: int,
     at: Coords,
-    sequence_parallel: bool = False,
     dropout: float = 0.0,
 ) -> dict[str, int | None]:
     """{group: calls per step} for every group of AXES; None for each where not predicted."""
@@ -60,7 +59,7 @@ def rank_calls(
     calls = dict.fromkeys(AXES, 0)
     for axis, n in [
         *_gradient_calls(model, workload, layout, microbatches, at),
-        *_tp_calls(model, workload, layout, microbatches, at.stage, sequence_parallel, dropout),
+        *_tp_calls(model, workload, layout, microbatches, at.stage, dropout),
         *_pp_calls(layout, microbatches, at.stage),
         *_cp_calls(model, workload, layout, microbatches, at.stage),
         *_scalar_calls(model, workload, layout, at),
@@ -98,11 +97,11 @@ def _tp_calls(
     layout: Layout,
     microbatches: int,
     stage: int,
-    sequence_parallel: bool,
     dropout: float,
 ) -> list[tuple[str, int]]:
     if layout.tp == 1:
         return []
+    sequence_parallel = layout.sequence_parallel
     s, c = layout.pp, layout.chunks
     mine = stage_virtual_stages(stage, s, c)
     layers = stage_layers(model.shape.n_layer, stage, s, c)

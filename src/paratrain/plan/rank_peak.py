@@ -6,9 +6,8 @@ stage the output each graph in flight keeps for its backward (plan/activations.p
 `paratrain simulate` holds it within 5% of the measured peak (docs/planner.md). Or the
 peak is where ZeRO's reductions leave backward, the activations gone, or the optimizer's
 update (update_peak_bytes). Not counted yet: ZeRO-2's later buckets, which gather until
-the backward's end, ZB-H1's input gradients kept for its weight pass, sequence
-parallelism's split activations, a bf16 Llama chunk's received input on the CPU (its
-composite norm keeps an fp32 copy instead).
+the backward's end, ZB-H1's input gradients kept for its weight pass, a bf16 Llama
+chunk's received input on the CPU (its composite norm keeps an fp32 copy instead).
 """
 
 from __future__ import annotations
@@ -76,20 +75,24 @@ def held_outputs(layout: Layout, microbatches: int, stage: int) -> int:
     return 0 if layout.chunks == 1 else graphs - 1
 
 
-def recompute_transient_bytes(model: ModelSpec, workload: Workload, tp: int, device: str) -> float:
+def recompute_transient_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, device: str
+) -> float:
     """What recomputation rebuilds in backward, one block at a time: the block's
     activations as it runs without recomputation, less what recomputation keeps; and
     beside them the gradient that reached the block's output and the one it is making
-    for its input, two (b, s, h) in the activations' precision (llama3-70b over pp 8
-    with full recomputation: 5.0% under the measured peak without them, 3.6% with)."""
+    for its input, two (b, s / r, h) in the activations' precision, r = tp under sequence
+    parallelism (llama3-70b over pp 8 with full recomputation: 5.0% under the measured
+    peak without them, 3.6% with)."""
     if workload.recompute == "none":
         return 0.0
+    t, sp = layout.tp, layout.sequence_parallel
     whole = dataclasses.replace(workload, recompute="none")
-    rebuilt = activations.block_activation_bytes(model, whole, tp, "fused", device)
-    kept = activations.block_activation_bytes(model, workload, tp, "fused", device)
+    rebuilt = activations.block_activation_bytes(model, whole, t, "fused", device, sp)
+    kept = activations.block_activation_bytes(model, workload, t, "fused", device, sp)
     s, h = model.shape.seq_len, model.shape.d_model
-    gradients = 2 * workload.micro_batch * s * h * workload.precision.activation_bytes
-    return rebuilt - kept + gradients
+    tokens = workload.micro_batch * s / (t if sp else 1)
+    return rebuilt - kept + 2 * tokens * h * workload.precision.activation_bytes
 
 
 def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
@@ -217,7 +220,7 @@ def rank_peak_bytes(
     if workload.recompute == "none":
         backward = backward_working_bytes(model, workload, layout.tp)
     else:  # measured against its own term (llama3-70b), which this would count twice
-        backward = recompute_transient_bytes(model, workload, layout.tp, device)
+        backward = recompute_transient_bytes(model, workload, layout, device)
     transient = backward / layout.cp
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)

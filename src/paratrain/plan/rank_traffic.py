@@ -199,9 +199,9 @@ def _tp_terms(
     layout: Layout,
     microbatches: int,
     at: Coords,
-    sequence_parallel: bool,
     dropout: float,
 ) -> list[RankTraffic]:
+    sequence_parallel = layout.sequence_parallel
     plain = replace(workload, recompute="none")
     out = [
         RankTraffic("tp", e.op, e.what, e.bytes)
@@ -232,7 +232,6 @@ def rank_traffic(
     layout: Layout,
     microbatches: int,
     at: Coords,
-    sequence_parallel: bool = False,
     dropout: float = 0.0,
     experts: ExpertCounts | None = None,
 ) -> list[RankTraffic]:
@@ -247,7 +246,7 @@ def rank_traffic(
     else:
         out = _share_gradients(model, experts, workload, layout, microbatches, at)
     if layout.tp > 1 or layout.pp > 1:
-        tp = _tp_terms(model, workload, layout, microbatches, at, sequence_parallel, dropout)
+        tp = _tp_terms(model, workload, layout, microbatches, at, dropout)
         if experts is not None and tp:  # the first term is the activations' all-reduces
             sent = tp_activation_bytes(model, workload, layout, microbatches, at.stage)
             tp[0] = replace(tp[0], bytes=sent)

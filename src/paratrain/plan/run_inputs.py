@@ -56,8 +56,6 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
     if schedule and schedule not in SCHEDULES:  # a runtime schedule the planner lacks
         notes.append(f"{schedule}: traffic and memory as 1f1b, bubble not modelled")
         schedule = "1f1b"
-    if p.sequence_parallel:
-        notes.append("sequence parallel: activations counted without it")
     layout = Layout(
         dp=p.dp,
         tp=p.tp,
@@ -69,6 +67,7 @@ def planner_inputs(cfg: RunConfig) -> tuple[ModelSpec, Workload, Layout, list[st
         cp_method=p.cp_method,
         ep=p.ep,
         replicas=p.replicas,
+        sequence_parallel=p.sequence_parallel,
     )
     return model, workload, layout, notes
 

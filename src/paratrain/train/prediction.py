@@ -121,7 +121,7 @@ def predict(cfg: RunConfig) -> Prediction:
         counted = experts is None and cfg.parallel.dp_mode != "diloco"
         counted = counted and cfg.train.dtype != "float16"  # the scaler's overflow votes
         calls.append(
-            rank_calls(model, workload, layout, k, at, *_tp_options(cfg))
+            rank_calls(model, workload, layout, k, at, cfg.model.dropout)
             if counted
             else dict.fromkeys(AXES)
         )
@@ -138,10 +138,6 @@ def predict(cfg: RunConfig) -> Prediction:
         if cfg.parallel.sync_delay:  # their all-reduces were counted where they started
             notes.append("--sync-delay: the last step's dp_replicate leaves out steps in flight")
     return Prediction(states, sent, acts, bubble, notes, routed, calls)
-
-
-def _tp_options(cfg: RunConfig) -> tuple[bool, float]:
-    return cfg.parallel.sequence_parallel, cfg.model.dropout
 
 
 def _state_and_terms(
@@ -162,7 +158,7 @@ def _state_and_terms(
         else expert_model_state(model, experts, workload, inner, here)
     )
     terms = rank_traffic(
-        model, workload, inner, cfg.train.microbatches, here, *_tp_options(cfg), experts
+        model, workload, inner, cfg.train.microbatches, here, cfg.model.dropout, experts
     )
     if not diloco:  # --compress's error buffers, as gradients (plan/rank_compress.py)
         grads = state.grads + compress_state_bytes(model, workload, layout, at, experts)
