@@ -5,9 +5,10 @@ recomputation rebuilds, ZeRO-2's bucket and ZeRO-3's whole units; and on a pipel
 stage the output each graph in flight keeps for its backward (plan/activations.py).
 `paratrain simulate` holds it within 5% of the measured peak (docs/planner.md). Or the
 peak is where ZeRO's reductions leave backward, the activations gone, or the optimizer's
-update (update_peak_bytes). Not counted yet: ZeRO-2's later buckets, which gather until
-the backward's end, ZB-H1's input gradients kept for its weight pass, a bf16 Llama
-chunk's received input on the CPU (its composite norm keeps an fp32 copy instead).
+update (update_peak_bytes). On a ZB-H1 stage the gradients its weight passes wait for
+(plan/deferred_gradients.py). Not counted yet: ZeRO-2's later buckets, which gather until
+the backward's end, a bf16 Llama chunk's received input on the CPU (its composite norm
+keeps an fp32 copy instead).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 from paratrain.models.presets import ffn_width
 from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
+from paratrain.plan.deferred_gradients import deferred_gradient_bytes
 from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
 from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.model import ModelSpec
@@ -221,7 +223,8 @@ def rank_peak_bytes(
         backward = backward_working_bytes(model, workload, layout.tp)
     else:  # measured against its own term (llama3-70b), which this would count twice
         backward = recompute_transient_bytes(model, workload, layout, device)
-    transient = backward / layout.cp
+    kept = deferred_gradient_bytes(model, workload, layout, microbatches, stage, device)
+    transient = max(backward, kept) / layout.cp  # the MLP's gradients are among those kept
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)
     if stage == layout.pp - 1:

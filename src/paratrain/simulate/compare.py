@@ -11,8 +11,8 @@ quantity is not predicted: `None` here and "-" in the table. Peak memory: the mo
 state, the stage's activations on the run's device and what is held beside them, or the
 optimizer update's (plan/rank_peak.py), held within 5% of the measured peak
 (simulate/memory.py), not exactly: the planner does not count yet ZeRO-2's later
-buckets or ZB-H1's kept input gradients (docs/planner.md lists each), so a peak beyond
-5% is flagged in the table, not (yet) counted as a disagreement.
+buckets (docs/planner.md lists what is left), so a peak beyond 5% is flagged in the
+table, not (yet) counted as a disagreement.
 """
 
 from __future__ import annotations
