@@ -127,6 +127,19 @@ def head_activation_bytes(
     return s * micro_batch * (e * h + e * h / r + stats)
 
 
+def head_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, attention: str, device: str
+) -> float:
+    """What one micro-batch keeps at the head, on the last stage: the fp32 logits,
+    4 s b V / t, and for "fused" the final norm's and the head's inputs too."""
+    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
+    logits = 4 * s * b * model.shape.vocab_size / t
+    if attention == "fused":
+        e, r = workload.precision.activation_bytes, t if layout.sequence_parallel else 1
+        logits += head_activation_bytes(model, b, e, device, r)
+    return logits
+
+
 def loss_transient_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
     """What the loss holds at its peak, for one micro-batch, beyond the 4 s b V / t of
     fp32 logits the stage count charges (stage_activation_bytes); the planner's peak
@@ -243,18 +256,14 @@ def stage_activation_bytes(
         return workload.activation_bytes_override
     if not model.has_shape:
         return None
-    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    sp = layout.sequence_parallel
+    t, sp = layout.tp, layout.sequence_parallel
     per_layer = block_activation_bytes(model, workload, t, attention, device, sp)
     layers = stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
     held = in_flight_microbatches(layout, microbatches, stage) * layers * per_layer
     if stage == layout.pp - 1:
-        logits = 4 * s * b * model.shape.vocab_size / t
-        if attention == "fused":
-            e = workload.precision.activation_bytes
-            logits += head_activation_bytes(model, b, e, device, t if sp else 1)
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
-        held += logits * last_held.get(layout.schedule, 1)
+        heads = last_held.get(layout.schedule, 1)
+        held += heads * head_bytes(model, workload, layout, attention, device)
     return held / layout.cp
 
 

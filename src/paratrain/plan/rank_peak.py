@@ -77,24 +77,47 @@ def held_outputs(layout: Layout, microbatches: int, stage: int) -> int:
     return 0 if layout.chunks == 1 else graphs - 1
 
 
-def recompute_transient_bytes(
-    model: ModelSpec, workload: Workload, layout: Layout, device: str
-) -> float:
+def posted_receives(layout: Layout, microbatches: int, stage: int) -> int:
+    """Receive buffers a stage has posted and not yet read at its first backward: the
+    runtime posts each receive as early as its order of calls allows, so that gloo moves
+    the message during compute (pipeline/batches.py `plan_calls`). Under GPipe a stage
+    before the last has done every forward by then, and has posted all K gradient
+    receives: K - 1 wait beside the one being read (gpt-tiny over pp 2 with full
+    recomputation, stage 0: 15 buffers, +20.8% without them). Other schedules hold one
+    or two, within the 5% they are held to, and are not counted."""
+    if layout.schedule != "gpipe" or stage == layout.pp - 1:
+        return 0
+    return microbatches - 1
+
+
+def rebuilt_block_bytes(model: ModelSpec, workload: Workload, layout: Layout, device: str) -> float:
     """What recomputation rebuilds in backward, one block at a time: the block's
-    activations as it runs without recomputation, less what recomputation keeps; and
-    beside them the gradient that reached the block's output and the one it is making
-    for its input, two (b, s / r, h) in the activations' precision, r = tp under sequence
-    parallelism (llama3-70b over pp 8 with full recomputation: 5.0% under the measured
-    peak without them, 3.6% with)."""
+    activations as it runs without recomputation, less what recomputation keeps (0
+    without recomputation)."""
     if workload.recompute == "none":
         return 0.0
     t, sp = layout.tp, layout.sequence_parallel
     whole = dataclasses.replace(workload, recompute="none")
     rebuilt = activations.block_activation_bytes(model, whole, t, "fused", device, sp)
     kept = activations.block_activation_bytes(model, workload, t, "fused", device, sp)
-    s, h = model.shape.seq_len, model.shape.d_model
-    tokens = workload.micro_batch * s / (t if sp else 1)
-    return rebuilt - kept + 2 * tokens * h * workload.precision.activation_bytes
+    return rebuilt - kept
+
+
+def block_gradient_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
+    """The gradients a block's backward holds beside its activations. Without
+    recomputation the MLP's (backward_working_bytes). With it, the gradient that reached
+    the block's output, (b, s / r, h), r = tp under sequence parallelism, and beside it
+    the larger of the one it makes for its input (the same size) and the MLP's
+    (llama3-70b over pp 8 with full recomputation: 5.0% under the measured peak without
+    the two residual gradients, 3.6% with; llama-tiny over pp 2, stage 0: +7.5% with them
+    but without the MLP's, -1.7% with the larger)."""
+    working = backward_working_bytes(model, workload, layout.tp)
+    if workload.recompute == "none":
+        return working
+    s, h, t = model.shape.seq_len, model.shape.d_model, layout.tp
+    tokens = workload.micro_batch * s / (t if layout.sequence_parallel else 1)
+    residual = tokens * h * workload.precision.activation_bytes
+    return residual + max(residual, working)
 
 
 def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
@@ -187,9 +210,8 @@ def backward_working_bytes(model: ModelSpec, workload: Workload, tp: int) -> flo
     and what the activation's backward makes from it, (b, s, f / t) each in the
     activations' precision: two for GPT's GELU (dH, the pre-activation's), three for
     Llama's SwiGLU (dH, the gate's, the up projection's). llama-tiny over pp 2, 1F1B:
-    stage 0 5.7% under the measured peak without them. Not added to recomputation's term
-    (recompute_transient_bytes): with both, llama-tiny's last stage over pp 2 with full
-    recomputation is 7.5% over the measured peak."""
+    stage 0 5.7% under the measured peak without them. With recomputation, the larger of
+    them and the input's gradient (block_gradient_bytes)."""
     shape = model.shape
     f, made = (4 * shape.d_model, 2) if shape.arch == "gpt" else (ffn_width(shape), 3)
     tokens = workload.micro_batch * shape.seq_len
@@ -218,21 +240,30 @@ def rank_peak_bytes(
     )
     if acts is None:
         return None
-    outputs = held_outputs(layout, microbatches, stage) * message_bytes(model, workload, layout)
-    if workload.recompute == "none":
-        backward = backward_working_bytes(model, workload, layout.tp)
-    else:  # measured against its own term (llama3-70b), which this would count twice
-        backward = recompute_transient_bytes(model, workload, layout, device)
+    messages = held_outputs(layout, microbatches, stage) + posted_receives(
+        layout, microbatches, stage
+    )
+    outputs = messages * message_bytes(model, workload, layout)
+    # The rebuilt block sits beside its backward's gradients or, in ZB-H1's weight pass,
+    # beside the gradients kept for it, which include the MLP's
     kept = deferred_gradient_bytes(model, workload, layout, microbatches, stage, device)
-    transient = max(backward, kept) / layout.cp  # the MLP's gradients are among those kept
+    gradients = max(block_gradient_bytes(model, workload, layout), kept)
+    transient = (rebuilt_block_bytes(model, workload, layout, device) + gradients) / layout.cp
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)
+    at_loss, head = 0.0, 0.0
     if stage == layout.pp - 1:
-        loss = activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
-        transient = max(transient, loss)
+        at_loss = acts + outputs
+        at_loss += activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
+        # The head's backward ran before the blocks' and let go of its micro-batch's
+        # logits, unless ZB-H1 keeps the graph for its W or the interleaved schedule ran a
+        # later micro-batch's last chunk in between (llama3-70b over pp 8: +9.3% if freed)
+        if layout.chunks == 1 and layout.schedule != "zb-h1":
+            head = activations.head_bytes(model, workload, layout, "fused", device) / layout.cp
+    in_blocks = acts - head + outputs + transient
     ends = (zero_launch_bytes(model, workload, layout, stage),
             zero3_backward_end_bytes(model, workload, layout, stage))  # fmt: skip
-    return state + max(acts + outputs + transient, *ends), acts
+    return state + max(in_blocks, at_loss, *ends), acts
 
 
 def update_peak_bytes(workload: Workload, state: dict[str, int], device: str) -> float | None:
