@@ -394,6 +394,8 @@ BACKWARD_PEAKS = {
         "--model", "llama-tiny", "--world", "2", "--pp", "2", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--recompute", "full",
     ],
+    # PowerSGD's reduction after backward: three float32 copies of the largest bucket
+    "zero2 powersgd gpt-tiny": ["--model", "gpt-tiny", "--zero", "2", "--compress", "powersgd"],
     "zb-h1 stage 2 of 4 gpt-tiny": [
         "--model", "gpt-tiny", "--pp", "4", "--schedule", "zb-h1", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--ranks", "2",
@@ -415,7 +417,8 @@ def test_the_peak_is_the_planners_within_5_percent_where_backward_holds_it(name,
     6.8% and 5.7% (the pipelines), 33%, 22%, 24%, 14% and 15% (tried); tp 2 with
     sequence parallelism -6.8% when its activations were counted without it; ZB-H1 +27%
     and +28% without the dYs it keeps (plan/deferred_gradients.py); full recomputation's
-    stage 0 +7.5% without the MLP's gradients beside the rebuilt block. Smaller ZeRO-2
+    stage 0 +7.5% without the MLP's gradients beside the rebuilt block; ZeRO-2 with
+    PowerSGD +17.4% without its reduction's copies (plan/rank_compress.py). Smaller ZeRO-2
     buckets are not counted yet: the fake group, like gloo at these sizes, has not
     finished a bucket's reduction when the next poll looks, so they gather until the
     backward's end."""

@@ -23,6 +23,7 @@ from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
 from paratrain.plan.layout import Layout, Workload, flat_buffered
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages
+from paratrain.plan.rank_compress import compress_reduce_bytes
 from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
 
 REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py reduce_dtype)
@@ -262,7 +263,8 @@ def rank_peak_bytes(
             head = activations.head_bytes(model, workload, layout, "fused", device) / layout.cp
     in_blocks = acts - head + outputs + transient
     ends = (zero_launch_bytes(model, workload, layout, stage),
-            zero3_backward_end_bytes(model, workload, layout, stage))  # fmt: skip
+            zero3_backward_end_bytes(model, workload, layout, stage),
+            compress_reduce_bytes(model, workload, layout, stage))  # fmt: skip
     return state + max(in_blocks, at_loss, *ends), acts
 
 
