@@ -21,6 +21,7 @@ from paratrain.plan.activations import in_flight_chunks
 from paratrain.plan.deferred_gradients import deferred_gradient_bytes
 from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
 from paratrain.plan.layout import Layout, Workload, flat_buffered
+from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages
 from paratrain.plan.rank_compress import compress_reduce_bytes
@@ -268,16 +269,20 @@ def rank_peak_bytes(
     return state + max(in_blocks, at_loss, *ends), acts
 
 
-def update_peak_bytes(workload: Workload, state: dict[str, int], device: str) -> float | None:
+def update_peak_bytes(
+    workload: Workload, state: dict[str, int], device: str, outer: ModelState | None = None
+) -> float | None:
     """The peak of AdamW's update: the whole state (params, grads, moments, master), and
     beside it on the CPU foreach's denominator sqrt(v) (CUDA's fused kernel makes none)
     and, with master weights, the fp32 copy of the gradients they are updated from, four
     bytes per updated element each. A rank whose activations are small next to its
     state peaks here (llama3-405b's long-context last stage, docs/planner.md). Measured
     for DataParallel; ZeRO's update holds more (its shards' buffers), not counted; None
-    for other optimizers."""
+    for other optimizers. `outer`: DiLoCo's outer-step copies within `state` (master and
+    optimizer), which AdamW does not update."""
     if workload.optimizer != "adam" or workload.muon_ns_bytes:
         return None
-    updated = state["optimizer"] / 8  # AdamW's two fp32 moments per element
-    copies = (device == "cpu") + (state["master"] > 0)
+    outer = outer or ModelState(0, 0, 0, 0)
+    updated = (state["optimizer"] - outer.optimizer) / 8  # AdamW's two fp32 moments an element
+    copies = (device == "cpu") + (state["master"] > outer.master)
     return state["total"] + 4 * updated * copies

@@ -25,6 +25,13 @@ from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
+from paratrain.plan.rank_diloco import (
+    group_coords,
+    group_layout,
+    outer_elements,
+    outer_state,
+    outer_step_peak_bytes,
+)
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
 from paratrain.plan.rank_peak import rank_peak_bytes, state_at_peak, update_peak_bytes
@@ -51,9 +58,7 @@ def rank_predictions(cfg: RunConfig, ranks: list[int]) -> dict[int, dict[str, An
             "calls": dict(every.calls_per_step[r]),
             "flops": _flops(cfg, model, workload, layout, shape, r),
             "checkpoint": _checkpoint(cfg, model, workload, layout, shape.coords(r)),
-            "memory": _memory(
-                cfg, model, workload, layout, shape.coords(r)["pp"], every.model_state[r]
-            ),
+            "memory": _memory(cfg, model, workload, layout, shape.coords(r), every.model_state[r]),
         }  # fmt: skip
         for r in ranks
     }
@@ -64,19 +69,25 @@ def _memory(
     model: ModelSpec,
     workload: Workload,
     layout: Layout,
-    stage: int,
+    c: dict[str, int],
     state: dict[str, int],
 ) -> dict[str, int | None]:
-    """The planner's peak (plan/rank_peak.py), the larger of the activations' and the
-    optimizer update's, and the activations in it; the measurement's other categories
-    are not predicted."""
-    k, device = cfg.train.microbatches, device_type(cfg)
+    """The planner's peak (plan/rank_peak.py), the larger of the activations', the
+    optimizer update's and DiLoCo's outer step's, and the activations in it; the
+    measurement's other categories are not predicted."""
+    k, device, stage = cfg.train.microbatches, device_type(cfg), c["pp"]
     alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage)
     counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
     if counted is None:
         return dict.fromkeys(MEMORY_KEYS)
     peak, acts = counted
-    peak = max(peak, update_peak_bytes(workload, state, device) or 0)
+    outer = None
+    if cfg.parallel.dp_mode == "diloco":
+        at = Coords(stage=stage, dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
+        elements = outer_elements(model, workload, group_layout(layout), group_coords(layout, at))
+        outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
+        peak = max(peak, outer_step_peak_bytes(state["total"], outer))
+    peak = max(peak, update_peak_bytes(workload, state, device, outer) or 0)
     return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
 
