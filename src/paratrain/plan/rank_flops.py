@@ -22,13 +22,13 @@ and the last stage the head as well: per stage, its layers' count (virtual stage
 included) and, on the last, the head's, over its tokens (the batch's share of its dp
 rank) and split by tp.
 
-Under context parallelism attention is not SDPA's. The ring computes (chunk x chunk)
-blocks of matmuls with a logsumexp, 2 products forward and 5 backward per block
-(context_cost.ring_flops: load-balanced causal chunks). All-to-all attention runs
-attend_block, 2 products forward and 4 backward over the whole sequence for its heads,
-so no q k^T again. Full recomputation runs either forward once more, and so does
-selective: cp's attention is no output it keeps (context.ring_passes; found by
-`paratrain simulate --cp 2 --recompute selective`). Everything else splits over the cp
+Under context parallelism the ring's attention is not SDPA's: it computes (chunk x
+chunk) blocks of matmuls with a logsumexp, 2 products forward and 5 backward per block
+(context_cost.ring_flops: load-balanced causal chunks); full recomputation runs it
+forward once more, and so does selective, which keeps no output of it
+(context.ring_passes; found by `paratrain simulate --cp 2 --recompute selective`).
+All-to-all attention is SDPA over the whole sequence for a cp-th of the heads, counted
+per token as without cp. Everything else splits over the cp
 ranks by tokens.
 
 Predicted for a model given by its shape, without experts (the router decides the
@@ -93,13 +93,12 @@ def attention_flops(
     """One layer's attention on a rank in a step: `tokens` its tokens, its share of the
     heads (module docstring)."""
     shape = model.shape
-    if layout.cp == 1:
+    # All-to-all attention is SDPA over the whole sequence for a cp-th of the heads: per
+    # token of the rank, as without cp (context_parallel/ulysses.py)
+    if layout.cp == 1 or layout.cp_method == "alltoall":
         return sdpa_flops_per_token(model, workload.recompute, fused) * tokens / layout.tp
-    # cp's attention is no output selective recomputation keeps: it runs again under both
+    # the ring's attention is no output selective recomputation keeps: it runs again
     forwards, _ = ring_passes(workload.recompute)
-    if layout.cp_method == "alltoall":  # attend_block: no q k^T again in backward
-        sdpa = sdpa_flops_per_token(model, "full" if forwards == 2 else "none")
-        return (sdpa - 2 * shape.seq_len * shape.d_model) * tokens / layout.tp
     b, heads, d = workload.micro_batch, shape.n_head // layout.tp, shape.d_model // shape.n_head
     fwd, bwd = (ring_flops(b, heads, shape.seq_len, d, layout.cp, cp_rank, True, True, bw)
                 for bw in (False, True))  # fmt: skip

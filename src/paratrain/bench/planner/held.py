@@ -100,10 +100,9 @@ def activation_rows(case: Case, m: dict[str, Any], model: ModelSpec, w: Workload
         trace += f"; released at B it would be {max(s['peak_graphs'] for s in steps)}"
     predicted_graphs = activations.in_flight_chunks(case.layout, k, stage)
     rows = [Row(case.name, "peak forward graphs held", predicted_graphs, graphs, note=held + trace)]
-    # The variant the runtime runs: fused attention (SDPA keeps no s x s scores), no dropout;
-    # all-to-all cp attends by blocks.attend_block under autograd, which keeps its scores.
-    lay = case.layout
-    variant = "scores" if lay.cp > 1 and lay.cp_method == "alltoall" else "fused"
+    # The variant the runtime runs: fused attention (SDPA keeps no s x s scores), no
+    # dropout; all-to-all cp too since 2026-12-07 (it kept its scores before).
+    variant = "fused"
     predicted = activations.stage_activation_bytes(model, w, case.layout, k, stage, variant)
     scores = activations.stage_activation_bytes(model, w, case.layout, k, stage)
     assert predicted is not None and scores is not None  # the cases' models have a shape
