@@ -1,15 +1,16 @@
 """A rank's peak memory: its model state alive then, its stage's activations as our
 runtime saves them on the run's device, and what is held beside them at the peak: on the
-last stage what the loss holds; in backward the MLP's gradients or the block that
-recomputation rebuilds, ZeRO-2's bucket and ZeRO-3's whole units; and on a pipeline
-stage the output each graph in flight keeps for its backward (plan/activations.py).
-`paratrain simulate` holds it within 5% of the measured peak (docs/planner.md). Or the
-peak is where ZeRO's reductions leave backward, the activations gone, or the optimizer's
-update (update_peak_bytes). On a ZB-H1 stage the gradients its weight passes wait for
-(plan/deferred_gradients.py). Not counted yet: ZeRO-2's later buckets, which gather until
-the backward's end, a bf16 Llama chunk's received input on the CPU (its composite norm
-keeps an fp32 copy instead).
-"""
+last stage what the loss holds; in backward the MLP's gradients, the block that
+recomputation rebuilds, ZB-H1's kept gradients (plan/deferred_gradients.py), ZeRO-2's
+bucket and ZeRO-3's whole units; and on a pipeline stage the output each graph in flight
+keeps for its backward and GPipe's posted receives (plan/activations.py). Or the peak is
+where ZeRO's reductions leave backward, the activations gone, PowerSGD's reduction
+(plan/rank_compress.py), the optimizer's update (update_peak_bytes) or DiLoCo's outer
+step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of the measured peak
+(docs/planner.md). Not counted yet: ZeRO-2's later buckets, which gather until the
+backward's end; the codecs' reductions; ZB-H1 with selective recomputation, whose input
+pass keeps its recomputed tensors until the weight pass; a bf16 Llama chunk's received
+input on the CPU (its composite norm keeps an fp32 copy instead)."""
 
 from __future__ import annotations
 
@@ -231,12 +232,11 @@ def rank_peak_bytes(
 ) -> tuple[float, float] | None:
     """(peak, activations) of a rank of pipeline stage `stage` whose state alive at the
     peak is `state` (state_at_peak); None when the model has no shape. Beside the
-    activations in flight: the chunk outputs they keep (held_outputs), and the larger of
-    the loss's transient (last stage; it is gone before backward reaches the blocks) and
-    what backward holds beside its activations: the MLP's gradients or, with
-    recomputation, the block being rebuilt (cp splits the tokens of either), ZeRO-2's
-    bucket and ZeRO-3's whole units. Or the peak comes later, where ZeRO's reductions
-    leave backward, the activations gone."""
+    activations in flight and the messages they keep (held_outputs, posted_receives):
+    on the last stage at the loss its transient; or in a block's backward, the head's
+    logits let go, its gradients, the block being rebuilt (cp splits the tokens of
+    either), ZeRO-2's bucket and ZeRO-3's whole units. Or the peak comes later, where
+    ZeRO's or PowerSGD's reductions leave backward, the activations gone."""
     acts = activations.stage_activation_bytes(
         model, workload, layout, microbatches, stage, "fused", device
     )
