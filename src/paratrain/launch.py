@@ -62,11 +62,13 @@ def launch_local(
 
 
 def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
+    """Run `python -m paratrain ARGV` in N local workers with torchrun's environment."""
     # torch here, not at the top: a refused command never loads it (cli answers in < 2 s)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    """Run `python -m paratrain ARGV` in N local workers with torchrun's environment."""
+    from paratrain.comm import compat
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -77,7 +79,7 @@ def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        **compat.launch_shutdown_timeout(SHUTDOWN_TIMEOUT_S),
     )
     # The agent's own lines ("Sending process ... SIGTERM", "failed (exitcode: 1) ...")
     # repeat what `failure_line` says.

@@ -206,6 +206,19 @@ def missing() -> list[str]:
     return problems
 
 
+def launch_shutdown_timeout(seconds: int) -> dict[str, Any]:
+    """LaunchConfig's keyword for how long a signalled launcher waits for its workers
+    before it kills them: `shutdown_timeout` since torch 2.13; 2.11 and 2.12 have no such
+    field (passing it raised TypeError, so `paratrain train --nproc N` failed there) and
+    wait 30 s, their agent's fixed default."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"shutdown_timeout": seconds} if "shutdown_timeout" in known else {}
+
+
 def storage_id(t: torch.Tensor) -> int:
     """Which storage a tensor's memory is: the storage object's own address (private
     `_cdata`, in every supported release). Not `data_ptr()`: under fake tensors
