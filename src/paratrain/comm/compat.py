@@ -207,15 +207,10 @@ def missing() -> list[str]:
 
 
 def launch_shutdown_timeout(seconds: int) -> dict[str, Any]:
-    """LaunchConfig's keyword for how long a signalled launcher waits for its workers
-    before it kills them: `shutdown_timeout` since torch 2.13; 2.11 and 2.12 have no such
-    field (passing it raised TypeError, so `paratrain train --nproc N` failed there) and
-    wait 30 s, their agent's fixed default."""
-    import dataclasses
-
+    """LaunchConfig's `shutdown_timeout` where it exists (torch 2.13+; 2.11, 2.12: 30 s)."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    known = LaunchConfig.__dataclass_fields__
     return {"shutdown_timeout": seconds} if "shutdown_timeout" in known else {}
 
 
