@@ -19,9 +19,9 @@ element whatever the precision (measured in bf16: ten fp32 (b, s, h) at the peak
 (h) and the head's, the logits' gradient (V / t). A stage whose input is the token ids
 keeps none: its BI has nothing to compute and BW is a whole backward. Stage s defers up
 to s weight passes (parallel/pipeline/schedules.py `zb_h1`), so as the BI of the next
-micro-batch ends, min(s + 1, K) sets are alive. The MLP's gradients that a plain backward holds
-beside its activations (rank_peak.py backward_working_bytes) are among them (fc's,
-gate's and up's), so the two are not added.
+micro-batch ends, min(s + 1, K) sets are alive. The MLP's gradients that a plain
+backward holds beside its activations (rank_peak.py backward_working_bytes) are among
+them (fc's, gate's and up's): rank_peak takes the larger of the two, not their sum.
 """
 
 from __future__ import annotations
@@ -44,10 +44,8 @@ def consumer_gradient_bytes(model: ModelSpec, workload: Workload, tp: int, devic
     h, f = m.d_model, ffn_width(m)
     d_kv = kv_heads(m) * (h // m.n_head)
     inner = 2 * f if model.arch == "llama" else f
-    e, norm = (
-        workload.precision.activation_bytes,
-        norm_gradient_element_bytes(model, workload, device),
-    )
+    e = workload.precision.activation_bytes
+    norm = norm_gradient_element_bytes(model, workload, device)
     per_token = e * ((h + 2 * d_kv + inner) / tp + 2 * h) + norm * 2 * h
     return workload.micro_batch * m.seq_len * per_token
 
