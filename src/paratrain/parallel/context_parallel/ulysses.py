@@ -13,7 +13,7 @@ scores for backward (its kernels recompute them): causal in the plain layout, wh
 order is sequence order, and a boolean mask of the positions in the load-balanced one.
 Until 2026-12-07 it was written out (scores, logsumexp, softmax times v) under autograd,
 which kept two (b, h/cp, s, s) float32 tensors a layer: llama-tiny over cp 2 measured 35%
-more activations than the ring, whose backward is its own.
+more activations than the planner's count for fused attention (`paratrain simulate`).
 
 q, k and v go in one fused all-to-all rather than three: one message per peer instead of
 three (a third of the latency terms), and the concatenation costs nothing extra, since
