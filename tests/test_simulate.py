@@ -58,10 +58,11 @@ def layout(
     arch: str = "gpt",
     optimizer: str = "adamw",
     lora_rank: int = 0,
+    layers: int = 4,  # each simulated layer costs a rank about 0.17 s here: 4 unless needed
     **parallel: object,
 ) -> RunConfig:
     cfg = tiny_config(steps=steps, micro_batch=1)
-    cfg.model.n_layer = 8
+    cfg.model.n_layer = layers
     cfg.model.arch = arch
     cfg.train.dtype, cfg.train.recompute, cfg.train.optimizer = dtype, recompute, optimizer
     cfg.train.lora_rank = lora_rank
@@ -75,14 +76,14 @@ def layout(
 
 
 # Beyond any world that trains here: ZeRO's shards of a few thousand parameters, vocab and
-# heads split by tp, interleaved stages over 8 layers.
+# heads split by tp, interleaved stages over 8 layers (4 for the rest).
 AT_SCALE = {
     "zero1 dp 128": dict(world=128, zero=1),
     "zero3 tp 2 dp 64": dict(world=128, tp=2, zero=3),
     "zero2 bf16 dp 96": dict(world=96, zero=2, dtype="bfloat16"),
     "tp 2 sp dp 32": dict(world=64, tp=2, sequence_parallel=True),
     "tp 2, pp 4 interleaved, zero 1": dict(
-        world=64, tp=2, pp=4, zero=1, schedule="interleaved", chunks=2, k=4
+        world=64, tp=2, pp=4, zero=1, schedule="interleaved", chunks=2, k=4, layers=8
     ),
     "cp 2 tp 2": dict(world=64, cp=2, tp=2),
     "hsdp zero3 dp 64 in 4 groups": dict(world=64, zero=3, replicas=4),
@@ -185,7 +186,7 @@ def test_dropout_on_the_cpu_executes_the_flops_the_planner_gives(recompute):
 def test_pipeline_stages_execute_the_flops_the_planner_gives_each(arch):
     """8 layers over 3 stages (3, 3, 2), the head on the last, recomputed in full: every
     stage's FLOPs per rank, to the FLOP."""
-    cfg = layout(world=6, pp=3, tp=2, arch=arch, recompute="full")
+    cfg = layout(world=6, pp=3, tp=2, arch=arch, recompute="full", layers=8)
     ranks = [0, 2, 5]  # one rank of each stage
     predicted = rank_predictions(cfg, ranks)
     flops = []
