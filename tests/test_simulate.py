@@ -458,8 +458,8 @@ def test_a_1f1b_stages_peak_does_not_grow_with_the_micro_batches(rank, capsys):
     once a later receive from its peer shows it complete (pipeline/step_state.py
     `StepState.receive`). Held to the step's end, the first stage kept every forward's output
     and the last every input gradient, one message (b, s, h) per micro-batch: K = 16
-    against 4 then added 12 messages, 1.5 MB here (tried); K = 8 adds 4, 0.5 MB, still 4
-    times the bound."""
+    against 4 then added 12 messages, 1.5 MB here (tried); K = 8 adds 4, 532,576 bytes
+    on either stage, still 4 times the bound (tried)."""
     argv = ["--device", "cpu", "--world", "2", "--pp", "2", "--model", "llama-tiny"]
     argv += ["--seq-len", "256", "--max-seq-len", "256", "--micro-batch", "1", "--steps", "2"]
     argv += ["--ranks", str(rank)]
