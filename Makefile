@@ -33,10 +33,11 @@ demo: setup
 # 1,841 to 1,845 tests took 16 min 51 s to 17 min 06 s on 2026-12-07, and 1,852 to 1,856
 # later that day 19 min 34 s to 20 min 08 s, both cores 97% busy throughout (/proc/stat):
 # over the 15-minute aim there, and bound by CPU work alone. 1,870 tests took
-# 16 min 26 s (2,017 busy core-seconds) there on 2026-12-07, and 15 min 57 s and 16 min
-# 33 s (1,945 and 2,018) once test_simulate had 4 layers instead of 8 and 1F1B's K 8
-# instead of 16 (a simulated layer costs a rank about 0.17 s; test_simulate.py alone 312 -> 220
-# busy core-seconds): runs of the same tree differ by as much. Tried and left out:
+# 16 min 26 s (2,017 busy core-seconds) there on 2026-12-07, and 15 min 57 s, 16 min
+# 33 s and 16 min 46 s (1,945, 2,018 and 2,036) once test_simulate had 4 layers
+# instead of 8 and 1F1B's K 8 instead of 16 (a simulated layer costs a rank about
+# 0.17 s; test_simulate.py alone 312 -> 220 busy core-seconds): runs of the same tree
+# differ by as much. Tried and left out:
 # workers forked from a preloaded forkserver (launch.py starts each as `python -m
 # paratrain`, about 2 s of imports): 13 -> 6 core-seconds for a 4-worker launch, but the
 # fault-tolerance tests start one worker per group, where the server costs what the
