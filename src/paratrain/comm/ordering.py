@@ -70,9 +70,26 @@ def issue(group: CommGroup, record: CallRecord, call: Callable[[], Any]) -> list
     collective stream, which issues it and waits for it (NCCL's). `call` returns a work,
     or None when it blocked until done (object collectives)."""
     if not ordered(group):
-        return [call()]
+        work = call()
+        return [None if work is None else KeptWork(work, call)]
     run = lambda: _complete(group, [call()])  # noqa: E731
     return [group.streams.collective.submit(label(record), run, "waiting for the group")]
+
+
+class KeptWork:
+    """A backend's work holding the call that started it, and so the tensors the call was
+    given, until the work is dropped. Gloo's and NCCL's works keep their tensors so;
+    torch's fake backend keeps none, and a simulated rank would free a collective's
+    scratch (comm/padded.py's pieces) while it is in flight (simulate/)."""
+
+    def __init__(self, work: Any, call: Callable[[], Any]) -> None:
+        self.work, self._call = work, call
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # 0: the backend's default
+        return bool(self.work.wait(timeout=timeout))
 
 
 def run_ours(group: CommGroup, record: CallRecord, call: Callable[[], Any]) -> StreamWork:

@@ -140,26 +140,36 @@ def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, sta
 
 
 def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
-    """ZeRO-1/2's last bucket as backward launches its reduction, the activations gone:
-    under ZeRO-2 the bucket itself (ZeRO-1's is a view of its held gradient buffer), its
-    fp32 copy where the gradients are narrower (zero.py `_launch`), and the reduction's
-    own buffer (comm/padded.py `start_reduce_scatter`): this rank's fp32 piece, or a copy
-    of every piece where they are uneven and go to their owners. In bf16 gpt-tiny over dp
-    4 peaks there under ZeRO-2 (24% above the planner without it), and over dp 2 at 8
-    tokens under ZeRO-1 (14%)."""
+    """ZeRO-1/2 as backward launches its last bucket's reduction, the activations gone:
+    every bucket of the chunk still in flight (the fake group, like gloo at these sizes,
+    finishes none before the backward's end waits for them all, zero.py `_flush`), each
+    holding its fp32 send (ZeRO-2's bucket itself, or its copy where the gradients are
+    narrower; ZeRO-1 sends a view of its held buffer unless it must copy) and the
+    reduction's scratch, which the work keeps until it is waited for (comm/padded.py
+    `start_reduce_scatter`, comm/ordering.py `KeptWork`); beside them the last bucket in
+    the gradients' dtype, being copied. bf16 gpt-tiny, dp 4, 0.25 MiB buckets: +63%
+    with the last bucket alone counted."""
     bucket = layout.zero == 2 and workload.zero2_accumulate == "shard"
     if not (bucket or layout.zero == 1):
         return 0
     k, grad = layout.shard_ranks, workload.precision.grad_bytes
-    most = 0
+    narrow, most = grad != REDUCE_BYTES, 0
     for tensors in chunk_tensors(model, layout, stage):
-        pieces = sharded_buckets(tensors, workload, k)[-1]
-        n = sum(pieces)
-        # pieces more than one element apart go to their owners (comm/padded.py `uneven`)
-        own = n if max(pieces) - min(pieces) > 1 else max(pieces)
-        copy = n if grad != REDUCE_BYTES else 0
-        most = max(most, n * grad * bucket + (copy + own) * REDUCE_BYTES)
+        buckets = sharded_buckets(tensors, workload, k)
+        sends = sum(sum(p) * (bucket or narrow) + reduce_scratch(p) for p in buckets)
+        most = max(most, sends * REDUCE_BYTES + sum(buckets[-1]) * grad * (bucket and narrow))
     return most
+
+
+def reduce_scratch(pieces: list[int]) -> int:
+    """The elements a reduce-scatter of `pieces` holds while in flight (comm/padded.py
+    `start_reduce_scatter`): a copy of every piece where they go to their owners; else
+    this rank's result, padded to the longest, and the input padded to k longest pieces
+    unless they are already equal."""
+    if max(pieces) - min(pieces) > 1:
+        return sum(pieces)
+    longest = max(pieces)
+    return longest + (longest * len(pieces) if len(set(pieces)) > 1 else 0)
 
 
 def zero3_backward_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
