@@ -40,6 +40,15 @@ def encode_chunks(flat: torch.Tensor, codec: Codec, sizes: list[int]) -> list[to
     return [codec.encode(chunk) for chunk in flat.split(sizes)]
 
 
+def subtract_decoded(
+    v: torch.Tensor, sent: list[torch.Tensor], codec: Codec, sizes: list[int]
+) -> None:
+    """`v` less what its chunks' encodings `sent` keep of it, in place: what the codec
+    lost, one chunk's decoding alive at a time (error feedback's error)."""
+    for part, piece, n in zip(sent, v.split(sizes), sizes, strict=True):
+        piece.sub_(codec.decode(part, n))
+
+
 def sum_encoded(
     sent: list[torch.Tensor], group: CommGroup, codec: Codec, sizes: list[int]
 ) -> torch.Tensor:
@@ -61,4 +70,7 @@ def gather_encoded(
     and decoded into one float32 vector (one all-gather of bytes)."""
     every = all_gather_flat(mine, group, sizes=[codec.nbytes(n) for n in sizes])
     parts = every.split([codec.nbytes(n) for n in sizes])
-    return torch.cat([codec.decode(part, n) for part, n in zip(parts, sizes, strict=True)])
+    out = torch.empty(sum(sizes), dtype=torch.float32, device=mine.device)
+    for part, piece, n in zip(parts, out.split(sizes), sizes, strict=True):
+        piece.copy_(codec.decode(part, n))  # one chunk's decoding alive at a time
+    return out

@@ -36,3 +36,26 @@ def codec_all_reduce_bytes(elements: int, codec: str, k: int, rank: int) -> int:
     sizes = comm.chunk_elements(elements, k)
     gather = [encoded_bytes(n, codec) for n in sizes]
     return codec_reduce_scatter_bytes(sizes, codec, rank) + sum(gather) - gather[(rank + 1) % k]
+
+
+def decode_bytes(n: int, codec: str) -> int:
+    """Decoding n elements of a scaled codec (int8, sign; comm/codecs.py `decode`) at its
+    largest: the float32 values, the zero-padded blocks, their product with the scales,
+    and the scales' copy."""
+    blocks = -(-n // SCALE_BLOCK)
+    assert ENCODINGS[codec][1], codec
+    return 4 * (n + 2 * blocks * SCALE_BLOCK + blocks)
+
+
+def codec_mean_peak_bytes(sizes: list[int], codec: str, gathered: bool) -> int:
+    """A rank's largest moment reducing a float32 vector cut into chunks of `sizes` in
+    `codec`, beyond the vector and its error, which it already holds (--compress,
+    parallel/data_parallel/compression.py `_codec_mean`): decoding what it received (its
+    float32 sum, the received chunks and what it sent), or for an all-reduce (`gathered`)
+    decoding the gathered means into the float32 result, beside the gathered bytes and
+    its own encoded mean. At the largest chunk: the rank's own may be smaller."""
+    c = max(sizes)
+    encoded = sum(encoded_bytes(n, codec) for n in sizes)
+    if gathered:
+        return 4 * sum(sizes) + encoded + encoded_bytes(c, codec) + decode_bytes(c, codec)
+    return encoded + len(sizes) * encoded_bytes(c, codec) + 4 * c + decode_bytes(c, codec)

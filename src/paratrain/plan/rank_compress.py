@@ -22,7 +22,11 @@ prediction leaves PowerSGD out.
 from __future__ import annotations
 
 from paratrain.plan import comm
-from paratrain.plan.codec_bytes import codec_all_reduce_bytes, codec_reduce_scatter_bytes
+from paratrain.plan.codec_bytes import (
+    codec_all_reduce_bytes,
+    codec_mean_peak_bytes,
+    codec_reduce_scatter_bytes,
+)
 from paratrain.plan.grad_buckets import chunk_tensors, gradient_buckets, sharded_buckets
 from paratrain.plan.layout import Layout, Workload, microbatches_for
 from paratrain.plan.lora_traffic import lora_chunks
@@ -123,28 +127,49 @@ def codec_state_bytes(flat: list[int], zero: int, k: int, rank: int, replicas: i
     return ERROR_BYTES * (shard + comm.chunk_elements(shard, replicas)[rank // s])
 
 
-def compress_reduce_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
-    """PowerSGD's reduction of a bucket at its peak, after backward, at the largest
-    bucket (compression.py `reduce`, powersgd.py `powersgd_mean`): three float32 copies,
-    the gradient plus its error, the approximate mean and the new error (P and Q are
-    smaller). Under ZeroDataParallel (ZeRO-1/2, or mixed precision) the bucket's launch
-    is beside them: ZeRO-2's bucket and, where gradients are narrower, their float32
-    copy (zero.py `_launch`). Without them the planner's peak was under the measured one
-    by 14.2% (gpt-tiny over dp 4), 17.4% (ZeRO-2) and 12.5% (llama-tiny in bf16). The
-    codecs' (int8, sign) reductions hold more and differ between DP and ZeRO: not
-    counted yet (docs/planner.md). 0 without PowerSGD."""
-    if not powersgd_predicted(model, workload) or layout.data_ranks == 1 or layout.zero == 3:
+def compress_reduce_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int, first: bool = False
+) -> int:
+    """A compressed bucket's reduction at its peak, after backward, at the largest bucket
+    (compression.py `reduce`). PowerSGD's (powersgd.py `powersgd_mean`): three float32
+    copies, the gradient plus its error, the approximate mean and the new error (P and Q
+    are smaller). A codec's: its chunks' bytes and one chunk's decoding
+    (codec_bytes.py `codec_mean_peak_bytes`). Under ZeroDataParallel (ZeRO-1/2, or mixed
+    precision) the bucket's launch is beside them: ZeRO-2's bucket and, where gradients
+    are narrower, their float32 copy (zero.py `_launch`). Without them the planner's peak
+    was under the measured one by 14.2% (gpt-tiny over dp 4), 17.4% (ZeRO-2) and 12.5%
+    (llama-tiny in bf16) with PowerSGD; with int8, 3.9% (gpt-tiny over dp 4; 36.9%
+    before the reduction held fewer float32 copies). 0 without compression."""
+    name, k = codec(workload), layout.data_ranks
+    powersgd = powersgd_predicted(model, workload)
+    if not (powersgd or name) or k == 1 or layout.zero == 3 or layout.replicas > 1:
         return 0
     grad = workload.precision.grad_bytes
     if layout.zero == 0 and grad == ERROR_BYTES:  # DataParallel's own buckets
-        largest = max(gradient_buckets(model, workload, layout, Coords(stage=stage)))
+        buckets = [[n] for n in gradient_buckets(model, workload, layout, Coords(stage=stage))]
         launch = 0
     else:
-        k = layout.shard_ranks if layout.zero else 1
         chunks = chunk_tensors(model, layout, stage)
-        largest = max(sum(b) for c in chunks for b in sharded_buckets(c, workload, k))
-        launch = grad * (layout.zero == 2) + ERROR_BYTES * (grad != ERROR_BYTES)
-    return largest * (3 * ERROR_BYTES + launch)
+        buckets = [b for c in chunks for b in sharded_buckets(c, workload, k if layout.zero else 1)]
+        # ZeRO-2's own bucket: already beside the activations (zero2_bucket_bytes)
+        own = layout.zero == 2 and workload.zero2_accumulate == "shard" and not first
+        launch = grad * own + ERROR_BYTES * (grad != ERROR_BYTES)
+    if first:  # see rank_peak.py: beside the activations, if no block's are gone yet
+        block = sum(n for n, _ in model.tensors(layout.tp).block)
+        buckets = buckets[:1] if len(buckets) > 1 and sum(buckets[0]) < block else []
+    if not buckets:
+        return 0
+    if powersgd:
+        return max(sum(b) for b in buckets) * (3 * ERROR_BYTES + launch)
+    assert name is not None
+    return max(sum(b) * launch + _codec_reduce(b, name, k, layout.zero) for b in buckets)
+
+
+def _codec_reduce(pieces: list[int], name: str, k: int, zero: int) -> int:
+    """`codec_mean_peak_bytes` of a bucket: its ZeRO pieces, or an all-reduce's chunks."""
+    if zero:
+        return codec_mean_peak_bytes(pieces, name, gathered=False)
+    return codec_mean_peak_bytes(comm.chunk_elements(sum(pieces), k), name, gathered=True)
 
 
 def powersgd_predicted(model: ModelSpec, workload: Workload) -> bool:

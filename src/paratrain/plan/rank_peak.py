@@ -150,8 +150,9 @@ def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stag
     the gradients' dtype, being copied. bf16 gpt-tiny, dp 4, 0.25 MiB buckets: +63%
     with the last bucket alone counted."""
     bucket = layout.zero == 2 and workload.zero2_accumulate == "shard"
-    if not (bucket or layout.zero == 1):
-        return 0
+    compressed = workload.compress != "none" and not workload.compress_idle
+    if not (bucket or layout.zero == 1) or (compressed and layout.replicas == 1):
+        return 0  # a compressed bucket is reduced at its launch (compress_reduce_bytes)
     k, grad = layout.shard_ranks, workload.precision.grad_bytes
     narrow, most = grad != REDUCE_BYTES, 0
     for tensors in chunk_tensors(model, layout, stage):
@@ -263,6 +264,7 @@ def rank_peak_bytes(
     transient = (rebuilt_block_bytes(model, workload, layout, device) + gradients) / layout.cp
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)
+    transient += compress_reduce_bytes(model, workload, layout, stage, first=True)
     at_loss, head = 0.0, 0.0
     if stage == layout.pp - 1:
         at_loss = acts + outputs

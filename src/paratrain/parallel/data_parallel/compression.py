@@ -31,7 +31,12 @@ import torch
 
 from paratrain import comm
 from paratrain.comm.codecs import CODECS
-from paratrain.comm.low_precision import encode_chunks, gather_encoded, sum_encoded
+from paratrain.comm.low_precision import (
+    encode_chunks,
+    gather_encoded,
+    subtract_decoded,
+    sum_encoded,
+)
 from paratrain.comm.traffic import chunk_sizes
 from paratrain.config.choices import COMPRESS_METHODS
 from paratrain.parallel.data_parallel.powersgd import (
@@ -130,8 +135,8 @@ class GradCompressor:
         """The compressed mean (op "avg") or sum ("sum") of float32 `flat` over `group`:
         whole (sizes None, an all-reduce) or this rank's chunk of `sizes` (a reduce-scatter).
         Collective; updates this rank's error."""
-        v = flat + self.errors[key]
         if self.settings.method == "powersgd":
+            v = flat + self.errors[key]
             mean = self._powersgd(key, v, group)
             self.errors[key].copy_(v - mean)
             buffer = self.buffers[key]
@@ -140,8 +145,8 @@ class GradCompressor:
             if sizes is not None:
                 mean = mean.split(sizes)[group.rank].clone()
         else:
-            mean = self._codec_mean(key, v, group, sizes)
-        return mean * group.size if op == "sum" else mean
+            mean = self._codec_mean(key, flat, group, sizes)
+        return mean.mul_(group.size) if op == "sum" else mean  # `mean` is a fresh tensor
 
     def _powersgd(self, key: str, v: torch.Tensor, group: comm.CommGroup) -> torch.Tensor:
         def average(t: torch.Tensor) -> torch.Tensor:
@@ -151,19 +156,28 @@ class GradCompressor:
         return powersgd_mean(v, self.buffers[key].matrices, self.factors[key], average)
 
     def _codec_mean(
-        self, key: str, v: torch.Tensor, group: comm.CommGroup, sizes: list[int] | None
+        self, key: str, flat: torch.Tensor, group: comm.CommGroup, sizes: list[int] | None
     ) -> torch.Tensor:
+        """The error buffer becomes v = g + e in place, then, chunk by chunk, what the
+        encoding lost of v: no float32 copy of the vector beside the gradient and the
+        error (the reduction's peak: plan/codec_bytes.py `codec_mean_peak_bytes`)."""
         codec, k = CODECS[self.settings.method], group.size
-        chunks = sizes if sizes is not None else chunk_sizes(v.numel(), k)
+        chunks = sizes if sizes is not None else chunk_sizes(flat.numel(), k)
+        v = self.errors[key].add_(flat)
         sent = encode_chunks(v, codec, chunks)
-        kept = torch.cat([codec.decode(s, n) for s, n in zip(sent, chunks, strict=True)])
-        self.errors[key].copy_(v - kept)
-        mine = sum_encoded(sent, group, codec, chunks) / k if k > 1 else kept
+        if k == 1:
+            mine = codec.decode(sent[0], chunks[0])
+            v.sub_(mine)
+        else:
+            subtract_decoded(v, sent, codec, chunks)
+            mine = sum_encoded(sent, group, codec, chunks).div_(k)
+        del sent  # gone to their owners: not held beside the all-gather
         if sizes is not None:
             return mine
-        w = mine + self.server[key]
+        w = self.server[key].add_(mine)  # the owner's mean plus its error, then its new error
+        del mine
         encoded = codec.encode(w)
-        self.server[key].copy_(w - codec.decode(encoded, w.numel()))
+        w.sub_(codec.decode(encoded, w.numel()))
         return gather_encoded(encoded, group, codec, chunks)
 
 
