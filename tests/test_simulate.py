@@ -348,7 +348,7 @@ def test_the_peak_is_the_planners_within_5_percent_where_activations_and_the_los
     as at full size (docs/planner.md: llama3-8b tp 8 +0.2%), both loss paths (whole, and
     split over the vocabulary), both element sizes. Leaving out the loss's transient
     (plan/activations.py loss_transient_bytes) fails all four; counting the gradients
-    plain DataParallel drops over a group of one (plan/rank_peak.py state_at_peak) fails
+    plain DataParallel drops over a group of one (plan/peak_state.py state_at_peak) fails
     both fp32 cases (tried)."""
     argv = ["--device", "cpu", "--world", str(tp), "--tp", str(tp), "--model", model]
     argv += ["--vocab-size", "16384", "--seq-len", "256", "--max-seq-len", "256", "--steps", "2"]
@@ -402,6 +402,12 @@ BACKWARD_PEAKS = {
     "1f1b full recompute stage 0 llama-tiny": [
         "--model", "llama-tiny", "--world", "2", "--pp", "2", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--recompute", "full",
+    ],
+    # GPipe with full recomputation peaks in backward, every gradient made (peak_state.py)
+    "gpipe full recompute stage 0 gpt-tiny": [
+        "--model", "gpt-tiny", "--world", "2", "--pp", "2", "--global-batch", "16",
+        "--seq-len", "256", "--max-seq-len", "256", "--recompute", "full",
+        "--schedule", "gpipe",
     ],
     # PowerSGD's reduction after backward: three float32 copies of the largest bucket
     "zero2 powersgd gpt-tiny": ["--model", "gpt-tiny", "--zero", "2", "--compress", "powersgd"],

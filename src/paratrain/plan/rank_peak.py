@@ -4,13 +4,13 @@ last stage what the loss holds; in backward the MLP's gradients, the block that
 recomputation rebuilds, ZB-H1's kept gradients (plan/deferred_gradients.py), ZeRO-2's
 bucket and ZeRO-3's whole units; and on a pipeline stage the output each graph in flight
 keeps for its backward and GPipe's posted receives (plan/activations.py). Or the peak is
-where ZeRO's reductions leave backward, the activations gone, PowerSGD's reduction
-(plan/rank_compress.py), the optimizer's update (update_peak_bytes) or DiLoCo's outer
-step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of the measured peak
-(docs/planner.md). Not counted yet: ZeRO-2's later buckets, which gather until the
-backward's end; the codecs' reductions; ZB-H1 with selective recomputation, whose input
-pass keeps its recomputed tensors until the weight pass; a bf16 Llama chunk's received
-input on the CPU (its composite norm keeps an fp32 copy instead)."""
+where ZeRO's reductions leave backward, the activations gone, a compressed bucket's
+reduction (plan/rank_compress.py), the optimizer's update (update_peak_bytes) or
+DiLoCo's outer step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of
+the measured peak (docs/planner.md). The state alive then: plan/peak_state.py. Not
+counted yet: ZB-H1 with selective recomputation, whose input pass keeps its recomputed
+tensors until the weight pass; a bf16 Llama chunk's received input on the CPU (its
+composite norm keeps an fp32 copy instead)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
 from paratrain.plan.deferred_gradients import deferred_gradient_bytes
 from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
-from paratrain.plan.layout import Layout, Workload, flat_buffered
+from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages
@@ -34,28 +34,6 @@ REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py r
 def padded(n: int, k: int) -> int:
     """A flat buffer of n elements sharded k ways holds k ceil(n / k) (flat_buffer.py)."""
     return k * -(-n // k)
-
-
-def state_at_peak(
-    workload: Workload,
-    layout: Layout,
-    state: dict[str, int],
-    first_step: bool,
-    microbatches: int,
-    stage: int,
-) -> int:
-    """The model state (a rank's params, grads, optimizer, master and total) alive at the
-    step's peak, at the loss or in backward: the optimizer's state is made by the first
-    step's update, after that step's backward; and DataParallel without flat buffers over
-    a group of one keeps no gradient buckets and drops its gradients before each forward
-    (data_parallel/wrapper.py `zero_grad`), so they are gone where the peak comes before
-    any backward: every forward of the step runs first (one micro-batch, or GPipe)."""
-    alive = state["total"] - (state["optimizer"] if first_step else 0)
-    alone = not flat_buffered(workload, layout) and layout.dp * layout.cp == 1
-    every_forward_first = in_flight_chunks(layout, microbatches, stage) == (
-        microbatches * layout.chunks
-    )
-    return alive - (state["grads"] if alone and every_forward_first else 0)
 
 
 def message_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
@@ -131,7 +109,7 @@ def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, sta
     over a small model) that is the whole gradient: gpt-tiny over dp 4, 33.2% under the
     measured peak without it. Later buckets, whose reductions the fake group (and gloo
     at these sizes) has not finished when the next poll looks, gather until the
-    backward's end: not counted yet."""
+    backward's end (zero_launch_bytes)."""
     if layout.zero != 2 or workload.zero2_accumulate != "shard":
         return 0
     k = layout.shard_ranks
@@ -247,7 +225,7 @@ def rank_peak_bytes(
     on the last stage at the loss its transient; or in a block's backward, the head's
     logits let go, its gradients, the block being rebuilt (cp splits the tokens of
     either), ZeRO-2's bucket and ZeRO-3's whole units. Or the peak comes later, where
-    ZeRO's or PowerSGD's reductions leave backward, the activations gone."""
+    ZeRO's or the compressed reductions leave backward, the activations gone."""
     acts = activations.stage_activation_bytes(
         model, workload, layout, microbatches, stage, "fused", device
     )

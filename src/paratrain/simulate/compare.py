@@ -23,6 +23,7 @@ from paratrain.config import RunConfig, device_type
 from paratrain.mesh import MeshShape
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.peak_state import state_at_peak
 from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
 from paratrain.plan.rank_diloco import (
@@ -34,7 +35,7 @@ from paratrain.plan.rank_diloco import (
 )
 from paratrain.plan.rank_flops import rank_step_flops
 from paratrain.plan.rank_muon import muon_flops
-from paratrain.plan.rank_peak import rank_peak_bytes, state_at_peak, update_peak_bytes
+from paratrain.plan.rank_peak import rank_peak_bytes, update_peak_bytes
 from paratrain.plan.rank_traffic import AXES, Coords
 from paratrain.plan.run_inputs import planner_inputs
 from paratrain.simulate.memory import CATEGORIES
