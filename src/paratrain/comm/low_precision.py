@@ -32,7 +32,9 @@ def encoded_mean(flat: torch.Tensor, group: CommGroup, codec: Codec) -> torch.Te
         return codec.decode(codec.encode(flat), flat.numel())
     sizes = chunk_sizes(flat.numel(), k)
     total = sum_encoded(encode_chunks(flat, codec, sizes), group, codec, sizes)
-    return gather_encoded(codec.encode(total / k), group, codec, sizes)
+    mine = codec.encode(total.div_(k))
+    del total  # not held beside the gathered means
+    return gather_encoded(mine, group, codec, sizes)
 
 
 def encode_chunks(flat: torch.Tensor, codec: Codec, sizes: list[int]) -> list[torch.Tensor]:
