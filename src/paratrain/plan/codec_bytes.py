@@ -39,12 +39,16 @@ def codec_all_reduce_bytes(elements: int, codec: str, k: int, rank: int) -> int:
 
 
 def decode_bytes(n: int, codec: str) -> int:
-    """Decoding n elements of a scaled codec (int8, sign; comm/codecs.py `decode`) at its
-    largest: the float32 values, the zero-padded blocks, their product with the scales,
-    and the scales' copy."""
+    """Decoding n elements (comm/codecs.py `decode`) at its largest. bfloat16: a copy of
+    the bytes, then float32. A scaled codec: the float32 values, the zero-padded blocks,
+    their product with the scales, and the scales' copy; fp4's values are made from its
+    codes through int64 indices, the magnitudes and their negation (14 bytes an
+    element beside the scales), more than that."""
+    if codec == "bfloat16":
+        return 6 * n
     blocks = -(-n // SCALE_BLOCK)
-    assert ENCODINGS[codec][1], codec
-    return 4 * (n + 2 * blocks * SCALE_BLOCK + blocks)
+    scaled = 4 * (n + 2 * blocks * SCALE_BLOCK + blocks)
+    return max(scaled, 14 * n + 4 * blocks) if codec == "fp4" else scaled
 
 
 def codec_mean_peak_bytes(sizes: list[int], codec: str, gathered: bool) -> int:

@@ -87,7 +87,8 @@ def _memory(
         at = Coords(stage=stage, dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
         elements = outer_elements(model, workload, group_layout(layout), group_coords(layout, at))
         outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
-        peak = max(peak, outer_step_peak_bytes(state["total"], outer))
+        p = cfg.parallel
+        peak = max(peak, outer_step_peak_bytes(state["total"], outer, p.outer_dtype, p.replicas))
     peak = max(peak, update_peak_bytes(workload, state, device, outer) or 0)
     return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
