@@ -436,6 +436,11 @@ BACKWARD_PEAKS = {
         "--model", "gpt-tiny", "--dp-mode", "diloco", "--replicas", "2", "--zero", "1",
         "--outer-dtype", "fp4",
     ],
+    # Streaming DiLoCo: simulated since simulate sets no checkpoint interval of its own
+    "diloco streaming int8 gpt-tiny": [
+        "--model", "gpt-tiny", "--dp-mode", "diloco", "--replicas", "2", "--zero", "1",
+        "--outer-dtype", "int8", "--fragments", "2", "--sync-every", "2",
+    ],
     "zb-h1 stage 2 of 4 gpt-tiny": [
         "--model", "gpt-tiny", "--pp", "4", "--schedule", "zb-h1", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--ranks", "2",

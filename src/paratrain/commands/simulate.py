@@ -64,6 +64,7 @@ def checked_config(args: argparse.Namespace) -> Any:
         raise ValueError("--dp-mode async: the parameter server is not simulated")
     if "train.steps" not in given:
         cfg.train.steps = 1  # a simulation's default: one full step
+    cfg.train.checkpoint_every = 0  # none is written (its save is planned once, at the end)
     cfg.parallel.nproc = args.world
     cfg = resolve_and_check(cfg, args.world)
     check_effective(cfg, given)
