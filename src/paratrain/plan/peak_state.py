@@ -28,8 +28,8 @@ def state_at_peak(
     -4.4% with them (the micro-batch in backward has let go of some of its own)."""
     alive = state["total"] - (state["optimizer"] if first_step else 0)
     alone = not flat_buffered(workload, layout) and layout.dp * layout.cp == 1
-    alone = alone and workload.recompute == "none"
     every_forward_first = in_flight_chunks(layout, microbatches, stage) == (
         microbatches * layout.chunks
     )
-    return alive - (state["grads"] if alone and every_forward_first else 0)
+    before_backward = every_forward_first and workload.recompute == "none"
+    return alive - (state["grads"] if alone and before_backward else 0)

@@ -127,9 +127,7 @@ def codec_state_bytes(flat: list[int], zero: int, k: int, rank: int, replicas: i
     return ERROR_BYTES * (shard + comm.chunk_elements(shard, replicas)[rank // s])
 
 
-def compress_reduce_bytes(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int, first: bool = False
-) -> int:
+def compress_reduce_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
     """A compressed bucket's reduction at its peak, after backward, at the largest bucket
     (compression.py `reduce`). PowerSGD's (powersgd.py `powersgd_mean`): three float32
     copies, the gradient plus its error, the approximate mean and the new error (P and Q
@@ -139,40 +137,58 @@ def compress_reduce_bytes(
     are narrower, their float32 copy (zero.py `_launch`). Without them the planner's peak
     was under the measured one by 14.2% (gpt-tiny over dp 4), 17.4% (ZeRO-2) and 12.5%
     (llama-tiny in bf16) with PowerSGD; with int8, 3.9% (gpt-tiny over dp 4; 36.9%
-    before the reduction held fewer float32 copies). 0 without compression. `first`:
-    the first bucket's alone, which backward reduces beside the activations of every
+    before the reduction held fewer float32 copies). 0 without compression."""
+    buckets = _compressed_buckets(model, workload, layout, stage)
+    return max((_reduction_bytes(b, workload, layout, True) for b in buckets), default=0)
+
+
+def first_compressed_bucket_bytes(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int
+) -> int:
+    """The first bucket's reduction, which backward runs beside the activations of every
     block but part of one where that bucket is smaller than a block (0 otherwise, and
-    where it is also the last: gpt-tiny's ZeRO-2 with 0.25 MiB buckets, +7.3% without)."""
-    name, k = codec(workload), layout.data_ranks
+    where it is also the last, reduced as backward ends); ZeRO-2's bucket itself is
+    already beside them (rank_peak.py zero2_bucket_bytes). gpt-tiny's ZeRO-2 with int8
+    and 0.25 MiB buckets: +7.3% without it."""
+    buckets = _compressed_buckets(model, workload, layout, stage)
+    block = sum(n for n, _ in model.tensors(layout.tp).block)
+    if len(buckets) < 2 or sum(buckets[0]) >= block:
+        return 0
+    return _reduction_bytes(buckets[0], workload, layout, False)
+
+
+def _compressed_buckets(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int
+) -> list[list[int]]:
+    """The buckets a rank reduces compressed, in launch order, as the pieces their
+    reduction gives each rank (one piece where it is an all-reduce); none where the
+    counts here do not price the compression (HSDP's compression takes its own path)."""
     powersgd = powersgd_predicted(model, workload)
-    if not (powersgd or name) or k == 1 or layout.zero == 3 or layout.replicas > 1:
-        return 0
-    grad = workload.precision.grad_bytes
-    if layout.zero == 0 and grad == ERROR_BYTES:  # DataParallel's own buckets
-        buckets = [[n] for n in gradient_buckets(model, workload, layout, Coords(stage=stage))]
-        launch = 0
-    else:
-        chunks = chunk_tensors(model, layout, stage)
-        buckets = [b for c in chunks for b in sharded_buckets(c, workload, k if layout.zero else 1)]
-        # ZeRO-2's own bucket: already beside the activations (zero2_bucket_bytes)
-        own = layout.zero == 2 and workload.zero2_accumulate == "shard" and not first
-        launch = grad * own + ERROR_BYTES * (grad != ERROR_BYTES)
-    if first:
-        block = sum(n for n, _ in model.tensors(layout.tp).block)
-        buckets = buckets[:1] if len(buckets) > 1 and sum(buckets[0]) < block else []
-    if not buckets:
-        return 0
-    if powersgd:
-        return max(sum(b) for b in buckets) * (3 * ERROR_BYTES + launch)
-    assert name is not None
-    return max(sum(b) * launch + _codec_reduce(b, name, k, layout.zero) for b in buckets)
+    if not (powersgd or codec(workload)) or layout.data_ranks == 1:
+        return []
+    if layout.zero == 3 or layout.replicas > 1:
+        return []
+    if layout.zero == 0 and workload.precision.grad_bytes == ERROR_BYTES:  # DataParallel's
+        return [[n] for n in gradient_buckets(model, workload, layout, Coords(stage=stage))]
+    k = layout.data_ranks if layout.zero else 1
+    return [b for c in chunk_tensors(model, layout, stage) for b in sharded_buckets(c, workload, k)]
 
 
-def _codec_reduce(pieces: list[int], name: str, k: int, zero: int) -> int:
-    """`codec_mean_peak_bytes` of a bucket: its ZeRO pieces, or an all-reduce's chunks."""
-    if zero:
-        return codec_mean_peak_bytes(pieces, name, gathered=False)
-    return codec_mean_peak_bytes(comm.chunk_elements(sum(pieces), k), name, gathered=True)
+def _reduction_bytes(pieces: list[int], workload: Workload, layout: Layout, own: bool) -> int:
+    """One bucket's compressed reduction at its largest, with its launch under
+    ZeroDataParallel: the float32 copy of narrower gradients and, `own`, ZeRO-2's bucket."""
+    grad, n = workload.precision.grad_bytes, sum(pieces)
+    launch = 0
+    if layout.zero or grad != ERROR_BYTES:  # ZeroDataParallel
+        bucket = own and layout.zero == 2 and workload.zero2_accumulate == "shard"
+        launch = grad * bucket + ERROR_BYTES * (grad != ERROR_BYTES)
+    name = codec(workload)
+    if name is None:  # PowerSGD
+        return n * (3 * ERROR_BYTES + launch)
+    if layout.zero:
+        return n * launch + codec_mean_peak_bytes(pieces, name, gathered=False)
+    chunks = comm.chunk_elements(n, layout.data_ranks)
+    return n * launch + codec_mean_peak_bytes(chunks, name, gathered=True)
 
 
 def powersgd_predicted(model: ModelSpec, workload: Workload) -> bool:

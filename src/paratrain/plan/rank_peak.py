@@ -25,7 +25,7 @@ from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages
-from paratrain.plan.rank_compress import compress_reduce_bytes
+from paratrain.plan.rank_compress import compress_reduce_bytes, first_compressed_bucket_bytes
 from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
 
 REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py reduce_dtype)
@@ -242,7 +242,7 @@ def rank_peak_bytes(
     transient = (rebuilt_block_bytes(model, workload, layout, device) + gradients) / layout.cp
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)
-    transient += compress_reduce_bytes(model, workload, layout, stage, first=True)
+    transient += first_compressed_bucket_bytes(model, workload, layout, stage)
     at_loss, head = 0.0, 0.0
     if stage == layout.pp - 1:
         at_loss = acts + outputs
