@@ -8,6 +8,7 @@ count toward the collective that uses it.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +20,8 @@ from paratrain.comm.group import CommGroup
 from paratrain.comm.ledger import CallRecord
 from paratrain.comm.traffic import Traffic
 from paratrain.comm.wait import Work, hold_until, wait_works
+
+ALGORITHM_TAGS = 0x7A160000  # + 16 bits of a group's name: never 0, the public calls' tag
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -157,7 +160,7 @@ def exchange(
     recvs = [(t, src) for t, src in recvs if t.numel() > 0]
     start = time.perf_counter()
     if not ordering.ordered(group):
-        wait_works(group, record, _post(group, sends, recvs))
+        wait_works(group, record, _post(group, sends, recvs, algorithm_tag(group)))
     elif group.streams.collective.is_current():
         wait_works(group, record, ordering.post_batch(group, sends, recvs))
     else:
@@ -171,14 +174,27 @@ def exchange(
     return Traffic(sent, sum(_nbytes(t) for t, _ in recvs), len(sends))
 
 
+def algorithm_tag(group: CommGroup) -> int:
+    """The tag of our algorithms' messages in `group` (gloo's order). Gloo matches
+    point-to-point messages by (peer, tag) alone, and groups as large as the world share
+    its process group: at tag 0 a ring all-reduce of the dp_cp group, on its thread, took
+    context parallelism's messages, sent meanwhile from backward on the same process
+    group (`train --cp 2 --comm-algo ring` on 2 ranks: a size mismatch in gloo at step
+    2). A tag per group name keeps each group's algorithms to their own messages."""
+    return ALGORITHM_TAGS + zlib.crc32(group.name.encode()) % 2**16
+
+
 def _post(
     group: CommGroup,
     sends: list[tuple[torch.Tensor, int]],
     recvs: list[tuple[torch.Tensor, int]],
+    tag: int = 0,
 ) -> list[dist.Work]:
-    ops = [dist.P2POp(dist.irecv, t, group.to_global(src), group.pg) for t, src in recvs]
+    pg = group.pg
+    ops = [dist.P2POp(dist.irecv, t, group.to_global(src), pg, tag=tag) for t, src in recvs]
     ops += [
-        dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), group.pg) for t, dst in sends
+        dist.P2POp(dist.isend, t.contiguous(), group.to_global(dst), pg, tag=tag)
+        for t, dst in sends
     ]
     return dist.batch_isend_irecv(ops) if ops else []
 
