@@ -46,6 +46,7 @@ def accumulate_gradients(
     # (sum of token losses, tokens) on this rank, beside the losses
     sums = torch.zeros(2, dtype=torch.float64, device=micro_batches[0].device)
     last = len(micro_batches) - 1
+    counted: comm.Pending | None = None
     for i, batch in enumerate(micro_batches):
         inputs, targets = split(batch)  # (b, T/cp) each; padding fed as token 0
         tokens = int((targets != IGNORE_INDEX).sum())
@@ -57,12 +58,15 @@ def accumulate_gradients(
                 for wrapper in (model, *others):
                     sync.enter_context(wrapper.no_sync())
             mean_loss = model(inputs, targets, **split.keywords(batch))
+            sums[0] += mean_loss.detach().double() * tokens
+            sums[1] += tokens
+            if i == last:  # complete: reduced behind the last backward, not after it
+                counted = comm.all_reduce(sums, model.group, op="sum", async_op=True)
             (mean_loss * tokens).backward()
-        sums[0] += mean_loss.detach().double() * tokens
-        sums[1] += tokens
     for wrapper in (model, *others):
         wrapper.finish_gradient_sync()
-    comm.all_reduce(sums, model.group, op="sum")
+    assert counted is not None  # the last micro-batch launched it
+    counted.wait()
     total_tokens = max(1.0, float(sums[1]))
     return float(sums[0]) / total_tokens, int(sums[1])
 
