@@ -41,7 +41,8 @@ def gather_to_owners(
 ) -> dict[int, torch.Tensor]:
     """The whole update of each matrix this rank owns, from the tp ranks' shards.
 
-    updates: this rank's shard of each matrix its replica owns (any tp rank)."""
+    updates: this rank's shard of each matrix its replica owns (any tp rank), emptied once
+    packed for sending (as `scatter_from_owners` does its results)."""
     k, me = tp.size, tp.rank
     ours = [i for i in sorted(updates) if owner_of(owners[i], k)[0] == dp_rank]
     to = [[i for i in ours if owner_of(owners[i], k)[1] == t] for t in range(k)]
@@ -51,13 +52,17 @@ def gather_to_owners(
     outs = [sum(updates[i].numel() for i in mine)] * k  # every shard is as large
     device = next(iter(updates.values())).device if updates else tp.device
     flat = torch.cat(send) if send else torch.empty(0, device=device)
+    shapes = {i: updates[i].shape for i in mine}  # every tp rank's shard is as large
+    send.clear()
+    updates.clear()
     got = comm.all_to_all(flat, tp, ins, outs)
+    del flat
     pieces: dict[int, list[torch.Tensor]] = {i: [] for i in mine}
     offset = 0
     for _ in range(k):
         for i in mine:
-            n = updates[i].numel()
-            pieces[i].append(got[offset : offset + n].view(updates[i].shape))
+            n = shapes[i].numel()
+            pieces[i].append(got[offset : offset + n].view(shapes[i]))
             offset += n
     return {i: torch.cat(pieces[i], dim=dims[i]) for i in mine}
 
@@ -73,7 +78,8 @@ def scatter_from_owners(
 ) -> dict[int, torch.Tensor]:
     """This rank's shard (flat, `dtype`) of each result its replica owns.
 
-    results: the whole results this rank computed (its own matrices); shapes: the local
+    results: the whole results this rank computed (its own matrices), emptied once packed
+    for sending, so that they do not sit beside the all-to-all's buffers; shapes: the local
     shard shape of every matrix its replica owns."""
     k, width = tp.size, dtype.itemsize
     send, ins = [], []
@@ -90,6 +96,8 @@ def scatter_from_owners(
     outs = [width * sum(shapes[i].numel() for i in by_owner[t]) for t in range(k)]
     device = tp.device
     flat = torch.cat(send) if send else torch.empty(0, device=device, dtype=torch.uint8)
+    send.clear()
+    results.clear()
     got = comm.all_to_all(flat, tp, ins, outs)
     out, offset = {}, 0
     for t in range(k):
@@ -110,7 +118,8 @@ def gather_over_replicas(
     dtype: torch.dtype,
 ) -> dict[int, torch.Tensor]:
     """This rank's shard of every stepped matrix's result: one all-gather over dp of each
-    replica's shards (raw bytes), replica by replica."""
+    replica's shards (raw bytes), replica by replica. `shards` is emptied once packed, so
+    that the buffer they view (the all-to-all's) is gone before the gathered one comes."""
     width = dtype.itemsize
     by_replica = [[i for i in stepped if owner_of(owners[i], tp)[0] == d] for d in range(dp.size)]
     if dp.size == 1:
@@ -122,6 +131,7 @@ def gather_over_replicas(
         if own
         else torch.empty(0, device=dp.device, dtype=torch.uint8)
     )
+    shards.clear()
     gathered = comm.all_gather_flat(flat, dp, sizes=sizes)
     out, offset = {}, 0
     for ours in by_replica:

@@ -180,9 +180,11 @@ class ShardedMuon:
         dp: the tp ranks at its dp place hold the other shards of the same matrices."""
         assert self.tp is not None
         s, owners = self.settings, self.tp_owners
-        full = muon_exchange.gather_to_owners(whole, owners, self.dims, self.me, self.tp)
-        done = {i: muon_math.newton_schulz(m, s.ns_steps, s.ns_dtype) for i, m in full.items()}
         shapes = {i: m.shape for i, m in whole.items()}
+        # Each stage's buffers go once used, as in WholeMuon._split_results
+        full = muon_exchange.gather_to_owners(whole, owners, self.dims, self.me, self.tp)
+        done = {i: muon_math.newton_schulz(full.pop(i), s.ns_steps, s.ns_dtype)
+                for i in sorted(full)}  # fmt: skip
         return muon_exchange.scatter_from_owners(
             done, shapes, owners, self.dims, self.me, self.tp, s.ns_dtype
         )
@@ -191,7 +193,10 @@ class ShardedMuon:
         return [i for i, owner in enumerate(self.owners) if owner == rank]
 
     def _to_owners(self, updates: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Each owner's matrices whole, from every rank's pieces (float32 all-to-all)."""
+        """Each owner's matrices whole, from every rank's pieces (float32 all-to-all).
+        `updates` is emptied once packed: Nesterov's are copies, not to sit beside the
+        all-to-all's buffers (ZeRO-1 gpt-tiny over tp 2, dp 2: +33.5% over the planner's
+        peak with every stage's buffers kept to the step's end, +1.0% so)."""
         me, k = self.me, self.k
         send = [updates[i] for r in range(k) for i in self._owned(r) if i in updates]
         ins = [
@@ -202,7 +207,10 @@ class ShardedMuon:
         outs = [sum(self.pieces[q][i].numel for i in mine if i in self.pieces[q]) for q in range(k)]
         device = self.shards[0].optimized.device
         flat = torch.cat(send) if send else torch.empty(0, device=device)
+        send.clear()
+        updates.clear()
         got = comm.all_to_all(flat, self.group, ins, outs) if k > 1 else flat
+        del flat
         whole = {i: torch.empty(self.matrices[i][1].numel, device=device) for i in mine}
         offset = 0
         for q in range(k):
@@ -215,7 +223,8 @@ class ShardedMuon:
 
     def _from_owners(self, flat: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Every rank's pieces of the results, from their owners' `flat` results (in the
-        matrices' row-major order; an all-to-all of the Newton-Schulz precision's bytes)."""
+        matrices' row-major order; an all-to-all of the Newton-Schulz precision's bytes),
+        which are emptied once packed."""
         me, k, dtype = self.me, self.k, self.settings.ns_dtype
         width = dtype.itemsize
         mine = self._owned(me)
@@ -235,6 +244,8 @@ class ShardedMuon:
         ]
         device = self.shards[0].optimized.device
         out = torch.cat(send).to(dtype) if send else torch.empty(0, device=device, dtype=dtype)
+        send.clear()
+        flat.clear()
         got = out.view(torch.uint8)
         if k > 1:
             got = comm.all_to_all(got, self.group, ins, outs)
