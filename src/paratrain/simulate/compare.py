@@ -23,6 +23,7 @@ from paratrain.config import RunConfig, device_type
 from paratrain.mesh import MeshShape
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.model import ModelSpec
+from paratrain.plan.muon_peak import muon_step_peak_bytes
 from paratrain.plan.peak_state import state_at_peak
 from paratrain.plan.rank_checkpoint import checkpoint_bytes
 from paratrain.plan.rank_compress import compress_flops
@@ -74,8 +75,8 @@ def _memory(
     state: dict[str, int],
 ) -> dict[str, int | None]:
     """The planner's peak (plan/rank_peak.py), the larger of the activations', the
-    optimizer update's and DiLoCo's outer step's, and the activations in it; the
-    measurement's other categories are not predicted."""
+    optimizer update's (AdamW's, Muon's) and DiLoCo's outer step's, and the activations
+    in it; the measurement's other categories are not predicted."""
     k, device, stage = cfg.train.microbatches, device_type(cfg), c["pp"]
     alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage)
     counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
@@ -83,13 +84,14 @@ def _memory(
         return dict.fromkeys(MEMORY_KEYS)
     peak, acts = counted
     outer = None
+    at = Coords(stage=stage, dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
     if cfg.parallel.dp_mode == "diloco":
-        at = Coords(stage=stage, dp_rank=c["dp"], tp_rank=c["tp"], cp_rank=c["cp"])
         elements = outer_elements(model, workload, group_layout(layout), group_coords(layout, at))
         outer = outer_state(elements, cfg.parallel.outer_momentum > 0)
         p = cfg.parallel
         peak = max(peak, outer_step_peak_bytes(state["total"], outer, p.outer_dtype, p.replicas))
     peak = max(peak, update_peak_bytes(workload, state, device, outer) or 0)
+    peak = max(peak, muon_step_peak_bytes(model, workload, layout, at, state, device) or 0)
     return {**dict.fromkeys(MEMORY_KEYS), "peak": round(peak), "activations": round(acts)}
 
 
