@@ -299,6 +299,7 @@ W8 = ["--world", "8", "--global-batch", "64"]
         ([*W8, "--ranks", "0,8"], "rank 8 is outside the world of 8"),
         ([*W8, "--ranks", "last"], "give 'roles' or ranks"),
         ([*W8, "--data", "x.txt"], "has no meaning under simulation"),
+        ([*W8, "--val-batches", "4"], "the evaluation after the last step is not simulated"),
         ([*W8, "--dtype", "float16"], "--dtype float16"),
         ([*W8, "--dp-mode", "async"], "--dp-mode async: the parameter server"),
         ([*W8, "--num-experts", "8", "--ep", "2"], "--num-experts 8: a router's token counts"),

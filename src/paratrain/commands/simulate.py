@@ -32,6 +32,7 @@ REFUSED = {
     "data.path": "the data are fake tokens of the run's shapes",
     "data.tokenizer": "the data are fake tokens of the run's shapes",
     "data.val_fraction": "the data are fake tokens of the run's shapes",
+    "train.val_batches": "the evaluation after the last step is not simulated",
 }
 
 
@@ -65,6 +66,7 @@ def checked_config(args: argparse.Namespace) -> Any:
     if "train.steps" not in given:
         cfg.train.steps = 1  # a simulation's default: one full step
     cfg.train.checkpoint_every = 0  # none is written (its save is planned once, at the end)
+    cfg.train.val_batches = 0  # nothing after the last step is measured but the save's plan
     cfg.parallel.nproc = args.world
     cfg = resolve_and_check(cfg, args.world)
     check_effective(cfg, given)
