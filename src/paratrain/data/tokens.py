@@ -189,21 +189,27 @@ class BatchSampler:
         start = window * self.seq_len
         return self.tokens[start : start + self.seq_len + 1]
 
-    def global_batch_at(self, step: int) -> torch.Tensor:
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows start to stop - 1 of the whole run's sequence (step s's global batch is
+        rows s G to (s + 1) G - 1): (stop - start, T + 1) int64."""
         rows = []
-        for i in range(step * self.global_batch, (step + 1) * self.global_batch):
+        for i in range(start, stop):
             epoch, pos = divmod(i, self.num_windows)
             rows.append(self.row(int(self._order(epoch)[pos])))
-        return torch.stack(rows).long()  # (G, T + 1)
+        return torch.stack(rows).long()
+
+    def global_batch_at(self, step: int) -> torch.Tensor:
+        return self.rows(step * self.global_batch, (step + 1) * self.global_batch)  # (G, T + 1)
 
     def replica_microbatches(
         self, step: int, replica: int, num_replicas: int, micro_batch: int
     ) -> list[torch.Tensor]:
-        """Replica r's K micro-batches of b rows each, from step's global batch."""
-        batch = self.global_batch_at(step)
+        """Replica r's K micro-batches of b rows each, from step's global batch. Only its
+        own rows are read: the global batch, stacked whole, stayed alive behind the
+        micro-batches' views, G rows on every rank (dp times its own)."""
         per_replica = self.global_batch // num_replicas
-        mine = batch[replica * per_replica : (replica + 1) * per_replica]
-        return list(mine.split(micro_batch))
+        first = step * self.global_batch + replica * per_replica
+        return list(self.rows(first, first + per_replica).split(micro_batch))
 
 
 def validation_batches(
