@@ -2,7 +2,8 @@
 process below it (the ranks, `paratrain train` runs and their agents), so that a test's
 subprocesses count for it even when they run beside other tests.
 
-    .venv/bin/python -m pytest -p scripts.test_cpu -n 3 --dist loadfile   # writes test-cpu.jsonl
+    rm -f test-cpu.jsonl   # each run appends (TEST_CPU_OUT names another file)
+    .venv/bin/python -m pytest -p scripts.test_cpu -n 3 --dist loadfile
     .venv/bin/python scripts/test_cpu.py test-cpu.jsonl                   # per file, then per test
 
 A process that ended during the test is counted through its parent's cutime/cstime
