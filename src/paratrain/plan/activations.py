@@ -247,10 +247,14 @@ def stage_activation_bytes(
     In-flight micro-batches x the stage's layers (as the runtime splits them: 126 layers
     over 16 stages give some 8 and some 7) x one layer's count, plus the fp32
     logits on the stage that holds the head: once per micro-batch in flight there (K for
-    GPipe, whose last stage also runs every forward first; min(K, S) for ZB-H1, whose last
-    stage keeps graphs until their deferred W; 1 otherwise). `attention` as in
+    GPipe, whose last stage also runs every forward first; 1 otherwise). `attention` as in
     `block_activation_bytes`; "fused" also counts the final LayerNorm's and the head's
-    inputs (`head_activation_bytes`), so that it is the whole stage as it runs.
+    inputs (`head_activation_bytes`), so that it is the whole stage as it runs. ZB-H1's
+    last stage keeps min(K, S) graphs until their deferred W, but only from the head
+    down: the loss above it, whose log-softmax holds the logits, goes as BI ends (BW
+    holds the head's node, not the loss), so the logits count once (`zb_h1_logits_bytes`)
+    and the heads' inputs min(K, S) times (zb-h1 zero2 pp 4 with 8 KiB buckets, the last
+    stage: -7.2% with the logits of every graph, docs/planner.md).
     """
     if workload.activation_bytes_override is not None:
         return workload.activation_bytes_override
@@ -263,8 +267,18 @@ def stage_activation_bytes(
     if stage == layout.pp - 1:
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         heads = last_held.get(layout.schedule, 1)
-        held += heads * head_bytes(model, workload, layout, attention, device)
+        once = zb_h1_logits_bytes(model, workload, layout, stage) * layout.cp
+        held += heads * (head_bytes(model, workload, layout, attention, device) - once) + once
     return held / layout.cp
+
+
+def zb_h1_logits_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> float:
+    """The fp32 logits, 4 s b V / (t cp), that ZB-H1's last stage holds for one graph only
+    (stage_activation_bytes); 0 elsewhere."""
+    if layout.schedule != "zb-h1" or stage != layout.pp - 1 or layout.pp == 1:
+        return 0.0
+    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
+    return 4 * s * b * model.shape.vocab_size / t / layout.cp
 
 
 def activation_bytes(

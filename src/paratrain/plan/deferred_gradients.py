@@ -22,6 +22,11 @@ to s weight passes (parallel/pipeline/schedules.py `zb_h1`), so as the BI of the
 micro-batch ends, min(s + 1, K) sets are alive. The MLP's gradients that a plain
 backward holds beside its activations (rank_peak.py backward_working_bytes) are among
 them (fc's, gate's and up's): rank_peak takes the larger of the two, not their sum.
+
+As BW ends (where ZeRO's reductions leave it, rank_peak.py), BW has freed what each
+consumer saved, its input X (its calls run with retain_graph=False), but not what the
+input path saved for BI alone, which stays until the micro-batch's graph goes, after
+BW (weight_pass_bytes).
 """
 
 from __future__ import annotations
@@ -72,3 +77,39 @@ def deferred_gradient_bytes(
         )
         one += workload.micro_batch * m.seq_len * (norm * m.d_model + e * m.vocab_size / t)
     return min(stage + 1, microbatches) * one
+
+
+def weight_pass_bytes(
+    model: ModelSpec,
+    workload: Workload,
+    layout: Layout,
+    microbatches: int,
+    stage: int,
+    device: str,
+    waiting: bool,
+) -> float:
+    """ZB-H1: what stage `stage` holds of micro-batch m's backward as m's weight pass ends,
+    besides the graphs that wait for theirs (rank_peak counts their activations), and with
+    `waiting` their dYs too. Of m, the tensors only the input path saved, per token
+    (t = tp): GPT's SDPA q, k, v and output and gelu's input, e 8h / t; Llama's SDPA
+    tensors, and g, u and silu(g) of its MLP, e (4h + 3f) / t, with the rotary tables; the
+    logsumexp, 4a / t; and the dY of BW's last call (the head's on the last stage, else the
+    MLP's output projection). The consumers' inputs are gone (module docstring).
+    zb-h1 zero2 pp 2 with 8 KiB buckets, the last stage: +20.8% without this, -1.2% with
+    it (docs/planner.md). Without recomputation only: with it, BI recomputes each block
+    (not counted yet); the CPU's composite rms_norm keeps an fp32 input more (neither)."""
+    if layout.schedule != "zb-h1" or stage == 0 or workload.recompute != "none":
+        return 0.0
+    m, t, b = model.shape, layout.tp, workload.micro_batch
+    h, a, e = m.d_model, m.n_head, workload.precision.activation_bytes
+    if model.arch == "llama":
+        path = e * (4 * h + 3 * ffn_width(m)) / t
+        tables = 2 * e * m.seq_len * (h // a)  # cos and sin, per sequence
+    else:
+        path, tables = e * 8 * h / t, 0
+    layers = stage_layers(m.n_layer, stage, layout.pp, layout.chunks)
+    kept = layers * (b * m.seq_len * (path + 4 * a / t) + b * tables)
+    last = b * m.seq_len * e * (m.vocab_size / t if stage == layout.pp - 1 else h)
+    sets = min(stage + 1, microbatches)
+    others = deferred_gradient_bytes(model, workload, layout, microbatches, stage, device)
+    return (kept + last) / layout.cp + (others * (sets - 1) / sets if waiting else 0.0)

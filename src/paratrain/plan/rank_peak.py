@@ -4,7 +4,8 @@ last stage what the loss holds; in backward the MLP's gradients, the block that
 recomputation rebuilds, ZB-H1's kept gradients (plan/deferred_gradients.py), ZeRO-2's
 bucket and ZeRO-3's whole units; and on a pipeline stage the output each graph in flight
 keeps for its backward and GPipe's posted receives (plan/activations.py). Or the peak is
-where ZeRO's reductions leave backward, the activations gone, a compressed bucket's
+where ZeRO's reductions leave backward, the activations gone (under ZB-H1 a weight
+pass, whose graph is not: deferred_gradients.weight_pass_bytes), a compressed bucket's
 reduction (plan/rank_compress.py), the optimizer's update (update_peak_bytes) or
 DiLoCo's outer step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of
 the measured peak (docs/planner.md). The state alive then: plan/peak_state.py. Not
@@ -19,7 +20,7 @@ import dataclasses
 from paratrain.models.presets import ffn_width
 from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
-from paratrain.plan.deferred_gradients import deferred_gradient_bytes
+from paratrain.plan.deferred_gradients import deferred_gradient_bytes, weight_pass_bytes
 from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
@@ -257,7 +258,10 @@ def rank_peak_bytes(
     # 1F1B, stage 0: +17.1% with PowerSGD, +12.7% under ZB-H1 with 0.25 MiB buckets)
     graphs = in_flight_chunks(layout, microbatches, stage)
     each = layout.zero == 2 and workload.zero2_accumulate == "shard"
-    others = (acts + outputs) * (graphs - 1) / graphs if each else 0.0
+    waiting = acts - activations.zb_h1_logits_bytes(model, workload, layout, stage) + outputs
+    others = waiting * (graphs - 1) / graphs if each else 0.0
+    # Under ZB-H1 the reductions leave the weight pass, which keeps some of its graph
+    others += weight_pass_bytes(model, workload, layout, microbatches, stage, device, each)
     ends = (zero_launch_bytes(model, workload, layout, stage),
             zero3_backward_end_bytes(model, workload, layout, stage),
             compress_reduce_bytes(model, workload, layout, stage))  # fmt: skip
