@@ -19,6 +19,7 @@ method for its own layers (`llama_layer_activation_bytes`).
 from __future__ import annotations
 
 from paratrain.plan import moe
+from paratrain.plan.head_memory import zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.llama_activations import cpu_norm_extra, llama_layer_activation_bytes
 from paratrain.plan.model import ModelSpec
@@ -270,15 +271,6 @@ def stage_activation_bytes(
         once = zb_h1_logits_bytes(model, workload, layout, stage) * layout.cp
         held += heads * (head_bytes(model, workload, layout, attention, device) - once) + once
     return held / layout.cp
-
-
-def zb_h1_logits_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> float:
-    """The fp32 logits, 4 s b V / (t cp), that ZB-H1's last stage holds for one graph only
-    (stage_activation_bytes); 0 elsewhere."""
-    if layout.schedule != "zb-h1" or stage != layout.pp - 1 or layout.pp == 1:
-        return 0.0
-    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    return 4 * s * b * model.shape.vocab_size / t / layout.cp
 
 
 def activation_bytes(

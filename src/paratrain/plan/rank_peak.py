@@ -1,6 +1,7 @@
 """A rank's peak memory: its model state alive then, its stage's activations as our
 runtime saves them on the run's device, and what is held beside them at the peak: on the
-last stage what the loss holds; in backward the MLP's gradients, the block that
+last stage what the loss holds, or the head's backward after it (plan/head_memory.py); in
+backward the MLP's gradients, the block that
 recomputation rebuilds, ZB-H1's kept gradients (plan/deferred_gradients.py), ZeRO-2's
 bucket and ZeRO-3's whole units; and on a pipeline stage the output each graph in flight
 keeps for its backward and GPipe's posted receives (plan/activations.py). Or the peak is
@@ -22,6 +23,7 @@ from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
 from paratrain.plan.deferred_gradients import deferred_gradient_bytes, weight_pass_bytes
 from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
+from paratrain.plan.head_memory import head_backward_bytes, logits_bytes, zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
@@ -244,10 +246,13 @@ def rank_peak_bytes(
     transient += zero2_bucket_bytes(model, workload, layout, stage)
     transient += zero3_backward_bytes(model, workload, layout, stage)
     transient += first_compressed_bucket_bytes(model, workload, layout, stage)
-    at_loss, head = 0.0, 0.0
+    at_loss, at_head, head = 0.0, 0.0, 0.0
     if stage == layout.pp - 1:
         at_loss = acts + outputs
         at_loss += activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
+        # then the head's backward, the loss's saved logits gone
+        at_head = acts + outputs - logits_bytes(model, workload, layout)
+        at_head += head_backward_bytes(model, workload, layout)
         # The head's backward ran before the blocks' and let go of its micro-batch's
         # logits, unless ZB-H1 keeps the graph for its W or the interleaved schedule ran a
         # later micro-batch's last chunk in between (llama3-70b over pp 8: +9.3% if freed)
@@ -258,14 +263,14 @@ def rank_peak_bytes(
     # 1F1B, stage 0: +17.1% with PowerSGD, +12.7% under ZB-H1 with 0.25 MiB buckets)
     graphs = in_flight_chunks(layout, microbatches, stage)
     each = layout.zero == 2 and workload.zero2_accumulate == "shard"
-    waiting = acts - activations.zb_h1_logits_bytes(model, workload, layout, stage) + outputs
+    waiting = acts - zb_h1_logits_bytes(model, workload, layout, stage) + outputs
     others = waiting * (graphs - 1) / graphs if each else 0.0
     # Under ZB-H1 the reductions leave the weight pass, which keeps some of its graph
     others += weight_pass_bytes(model, workload, layout, microbatches, stage, device, each)
     ends = (zero_launch_bytes(model, workload, layout, stage),
             zero3_backward_end_bytes(model, workload, layout, stage),
             compress_reduce_bytes(model, workload, layout, stage))  # fmt: skip
-    return state + max(in_blocks, at_loss, *(others + e for e in ends if e)), acts
+    return state + max(in_blocks, at_loss, at_head, *(others + e for e in ends if e)), acts
 
 
 def update_peak_bytes(
