@@ -78,7 +78,8 @@ def _memory(
     optimizer update's (AdamW's, Muon's) and DiLoCo's outer step's, and the activations
     in it; the measurement's other categories are not predicted."""
     k, device, stage = cfg.train.microbatches, device_type(cfg), c["pp"]
-    alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage)
+    diloco = cfg.parallel.dp_mode == "diloco"
+    alive = state_at_peak(workload, layout, state, cfg.train.steps == 1, k, stage, diloco)
     counted = rank_peak_bytes(model, workload, layout, k, stage, alive, device)
     if counted is None:
         return dict.fromkeys(MEMORY_KEYS)
