@@ -21,15 +21,16 @@ def state_at_peak(
     step's update, after that step's backward, but under DiLoCo before the first step:
     its outer step is built over the pieces a checkpoint saves (train/diloco.py), whose
     moments AdamW makes then, and it makes its own momentum (`diloco zero1 dp 64 in 4
-    groups, int8`, tests/test_simulate.py: +7.0% with both taken away). And DataParallel without flat buffers over
-    a group of one keeps no gradient buckets and drops its gradients before each forward
-    (data_parallel/wrapper.py `zero_grad`): where every forward of the step runs first
-    (one micro-batch, or GPipe) they are gone at the peak, which comes before any
-    backward, unless recomputation keeps so little that the gradients backward makes
-    outweigh what it frees. Then the peak is in backward and counted with every
-    gradient beside the activations, an upper bound: GPipe with full recomputation over
-    pp 2, both stages, gpt-tiny and llama-tiny, +2.7% to +6.8% without them, -3.7% to
-    -4.4% with them (the micro-batch in backward has let go of some of its own)."""
+    groups, int8`, tests/test_simulate.py: +7.0% with both taken away). And DataParallel
+    without flat buffers over a group of one keeps no gradient buckets and drops its
+    gradients before each forward (data_parallel/wrapper.py `zero_grad`): where every
+    forward of the step runs first (one micro-batch, or GPipe) they are gone at the
+    peak, which comes before any backward, unless recomputation keeps so little that the
+    gradients backward makes outweigh what it frees. Then the peak is in backward and
+    counted with every gradient beside the activations, an upper bound: GPipe with full
+    recomputation over pp 2, both stages, gpt-tiny and llama-tiny, +2.7% to +6.8%
+    without them, -3.7% to -4.4% with them (the micro-batch in backward has let go of
+    some of its own)."""
     alive = state["total"] - (state["optimizer"] if first_step and not diloco else 0)
     alone = not flat_buffered(workload, layout) and layout.dp * layout.cp == 1
     every_forward_first = in_flight_chunks(layout, microbatches, stage) == (
