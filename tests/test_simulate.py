@@ -495,6 +495,8 @@ BACKWARD_PEAKS = {
         "--max-seq-len", "32", "--world", "16", "--tp", "2", "--pp", "4", "--zero", "1",
         "--schedule", "interleaved", "--chunks", "2", "--ranks", "15",
     ],
+    # LoRA: ZeRO-2's bucket holds the adapters' gradients alone, the base frozen
+    "zero2 lora gpt-tiny": ["--model", "gpt-tiny", "--zero", "2", "--lora-rank", "8"],
     "zb-h1 stage 2 of 4 gpt-tiny": [
         "--model", "gpt-tiny", "--pp", "4", "--schedule", "zb-h1", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--ranks", "2",
@@ -518,7 +520,9 @@ def test_the_peak_is_the_planners_within_5_percent_where_backward_holds_it(name,
     and +28% without the dYs it keeps (plan/deferred_gradients.py), and with ZeRO-2's
     small buckets +15.2% when the weight pass was taken to have let go of its whole
     graph and the waiting graph's dYs (`weight_pass_bytes`); the interleaved last stage
-    +5.7% without the head's backward (head_memory.py); full recomputation's
+    +5.7% without the head's backward (head_memory.py); LoRA's ZeRO-2 -24.5% when its
+    bucket was counted over the frozen base's tensors too (grad_buckets.py
+    `trained_chunk_tensors`); full recomputation's
     stage 0 +7.5% without the MLP's gradients beside the rebuilt block; ZeRO-2 with
     PowerSGD +17.4% without its reduction's copies (plan/rank_compress.py); DiLoCo -10.3%
     when AdamW's update counted the outer copies (plan/rank_diloco.py). With smaller

@@ -19,6 +19,7 @@ A bucket size of 0 (`ONE_BUCKET`) never cuts.
 from __future__ import annotations
 
 from paratrain.plan.layout import ONE_BUCKET, Layout, Workload
+from paratrain.plan.lora import adapter_tensors
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_groups import Coords
@@ -39,6 +40,18 @@ def chunk_tensors(model: ModelSpec, layout: Layout, stage: int) -> list[list[int
             tensors = tensors[:-1]  # the head is the token table: one parameter
         out.append([n for n, _ in tensors])
     return out
+
+
+def trained_chunk_tensors(
+    model: ModelSpec, workload: Workload, layout: Layout, stage: int
+) -> list[list[int]]:
+    """`chunk_tensors` of the parameters a chunk trains, which its gradient buffers hold:
+    under LoRA each block's adapters alone (plan/lora.py), the base frozen."""
+    if workload.lora is None:
+        return chunk_tensors(model, layout, stage)
+    per_block = [n for n, _ in adapter_tensors(model, workload.lora, layout.tp)]
+    layers = virtual_stage_layers(model.shape.n_layer, layout.pp, layout.chunks)
+    return [per_block * layers[vs] for vs in stage_virtual_stages(stage, layout.pp, layout.chunks)]
 
 
 def ddp_bucket_sizes(numels: list[int], workload: Workload) -> list[int]:

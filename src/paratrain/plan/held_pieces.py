@@ -17,28 +17,11 @@ from __future__ import annotations
 
 import math
 
-from paratrain.models.plans import PLANS
-from paratrain.plan.layout import Layout, LoraSpec, Workload
+from paratrain.plan.layout import Layout, Workload
+from paratrain.plan.lora import Tensor, adapter_tensors
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.muon import block_matrices
 from paratrain.plan.pipeline import stage_virtual_stages, virtual_stage_layers
 from paratrain.plan.rank_memory import tied_root
-
-Tensor = tuple[int, bool]  # (elements on one tp rank, split over tp)
-
-
-def adapter_tensors(model: ModelSpec, lora: LoraSpec, tp: int) -> list[Tensor]:
-    """One block's trained tensors under LoRA, as the block registers them: per target,
-    A (r, in) then B (out, r); a column-parallel base's A whole and B split over tp, a
-    row-parallel base's A split and B whole (parallel/lora.py split_lora)."""
-    plan, r = PLANS[model.arch], lora.rank
-    out: list[Tensor] = []
-    for i in sorted(lora.targets):
-        rows, cols = block_matrices(model.shape)[i]
-        rowwise = plan.tensor_parallel[plan.lora_targets[i]] == "rowwise"
-        out += [(r * cols // tp, True), (rows * r, False)] if rowwise else [
-            (r * cols, False), (rows // tp * r, True)]  # fmt: skip
-    return out
 
 
 def trained_units(

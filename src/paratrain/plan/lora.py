@@ -28,21 +28,27 @@ from paratrain.plan.memory import ModelState, local_params, model_state_bytes
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.muon import block_matrices
 
+Tensor = tuple[int, bool]  # (elements on one tp rank, split over tp)
+
 
 def block_params(model: ModelSpec, lora: LoraSpec, tp: int = 1) -> int:
     """Adapter parameters of one block on one tp rank: r (in + out) per adapted (out, in)
-    matrix, split as parallel/lora.py's split_lora splits them: a column-parallel base's
-    B by its rows, r (in + out / tp); a row-parallel base's A by its columns, r (in / tp
-    + out)."""
-    plan = PLANS[model.arch]
-    total = 0
-    for i in lora.targets:
-        out, into = block_matrices(model.shape)[i]
-        if plan.tensor_parallel[plan.lora_targets[i]] == "rowwise":
-            total += lora.rank * (into // tp + out)
-        else:
-            total += lora.rank * (into + out // tp)
-    return total
+    matrix, split as `adapter_tensors` says."""
+    return sum(n for n, _ in adapter_tensors(model, lora, tp))
+
+
+def adapter_tensors(model: ModelSpec, lora: LoraSpec, tp: int = 1) -> list[Tensor]:
+    """One block's trained tensors under LoRA, as the block registers them: per target,
+    A (r, in) then B (out, r); a column-parallel base's A whole and B split over tp, a
+    row-parallel base's A split and B whole (parallel/lora.py split_lora)."""
+    plan, r = PLANS[model.arch], lora.rank
+    out: list[Tensor] = []
+    for i in sorted(lora.targets):
+        rows, cols = block_matrices(model.shape)[i]
+        rowwise = plan.tensor_parallel[plan.lora_targets[i]] == "rowwise"
+        out += [(r * cols // tp, True), (rows * r, False)] if rowwise else [
+            (r * cols, False), (rows // tp * r, True)]  # fmt: skip
+    return out
 
 
 def adapter_params(model: ModelSpec, lora: LoraSpec) -> int:

@@ -22,7 +22,7 @@ from paratrain.models.presets import ffn_width
 from paratrain.plan import activations
 from paratrain.plan.activations import in_flight_chunks
 from paratrain.plan.deferred_gradients import deferred_gradient_bytes, weight_pass_bytes
-from paratrain.plan.grad_buckets import chunk_tensors, sharded_buckets
+from paratrain.plan.grad_buckets import sharded_buckets, trained_chunk_tensors
 from paratrain.plan.head_memory import head_backward_bytes, logits_bytes, zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
@@ -116,7 +116,10 @@ def zero2_bucket_bytes(model: ModelSpec, workload: Workload, layout: Layout, sta
     if layout.zero != 2 or workload.zero2_accumulate != "shard":
         return 0
     k = layout.shard_ranks
-    firsts = [sum(sharded_buckets(c, workload, k)[0]) for c in chunk_tensors(model, layout, stage)]
+    firsts = [
+        sum(sharded_buckets(c, workload, k)[0])
+        for c in trained_chunk_tensors(model, workload, layout, stage)
+    ]
     return max(firsts) * workload.precision.grad_bytes
 
 
@@ -136,7 +139,7 @@ def zero_launch_bytes(model: ModelSpec, workload: Workload, layout: Layout, stag
         return 0  # a compressed bucket is reduced at its launch (compress_reduce_bytes)
     k, grad = layout.shard_ranks, workload.precision.grad_bytes
     narrow, most = grad != REDUCE_BYTES, 0
-    for tensors in chunk_tensors(model, layout, stage):
+    for tensors in trained_chunk_tensors(model, workload, layout, stage):
         buckets = sharded_buckets(tensors, workload, k)
         sends = sum(sum(p) * (bucket or narrow) + reduce_scratch(p) for p in buckets)
         most = max(most, sends * REDUCE_BYTES + sum(buckets[-1]) * grad * (bucket and narrow))
