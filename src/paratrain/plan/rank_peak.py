@@ -27,16 +27,13 @@ from paratrain.plan.head_memory import head_backward_bytes, logits_bytes, zb_h1_
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.memory import ModelState
 from paratrain.plan.model import ModelSpec
-from paratrain.plan.pipeline import stage_virtual_stages
 from paratrain.plan.rank_compress import compress_reduce_bytes, first_compressed_bucket_bytes
-from paratrain.plan.rank_memory import exact, flat_buffers, tied_root
-
-REDUCE_BYTES = 4  # gradients are reduced in fp32 (parallel/mixed_precision.py reduce_dtype)
-
-
-def padded(n: int, k: int) -> int:
-    """A flat buffer of n elements sharded k ways holds k ceil(n / k) (flat_buffer.py)."""
-    return k * -(-n // k)
+from paratrain.plan.zero3_peak import (
+    REDUCE_BYTES,
+    zero3_backward_bytes,
+    zero3_backward_end_bytes,
+    zero3_block_bytes,
+)
 
 
 def message_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
@@ -157,52 +154,6 @@ def reduce_scratch(pieces: list[int]) -> int:
     return longest + (longest * len(pieces) if len(set(pieces)) > 1 else 0)
 
 
-def zero3_backward_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> int:
-    """ZeRO-3 in backward (data_parallel/fsdp.py): the unit computing and the `prefetch`
-    units gathered ahead of it, whole, beside the root unit (a tied token table, whole
-    from forward to its gradient), and the unit's gradient buffer, made whole at its
-    first gradient; at the largest unit, in the parameters' dtype, each unit padded to
-    k ceil(n / k). On the stage holding the head, its unit was reduced first, and its
-    reduction's fp32 input and this rank's piece of the result stay beside them: the fake
-    group, like gloo at these sizes, has not finished it when the next unit's poll
-    looks (`_launch_ready`). llama-tiny over dp 4: 23.5% under the measured peak without
-    any of it."""
-    if layout.zero != 3 or not exact(model):
-        return 0
-    k = layout.shard_ranks
-    chunks = flat_buffers(model, layout, stage)
-    units = [padded(n, k) for chunk in chunks for n in chunk]
-    root = tied_root(model, layout, stage)
-    if root:
-        units.remove(padded(root, k))
-    largest = max(units, default=0)
-    gathered = padded(root, k) + min(1 + workload.prefetch, len(units)) * largest
-    pending = 0
-    if layout.pp * layout.chunks - 1 in stage_virtual_stages(stage, layout.pp, layout.chunks):
-        head = padded(chunks[-1][-1], k)  # the last chunk's last unit: the final norm and head
-        pending = (head + head // k) * REDUCE_BYTES
-    return (gathered + largest) * workload.precision.param_bytes + pending
-
-
-def zero3_backward_end_bytes(
-    model: ModelSpec, workload: Workload, layout: Layout, stage: int
-) -> int:
-    """ZeRO-3 as a backward ends, the activations gone: each unit's reduction still in
-    flight, its fp32 input and this rank's piece of the result (the fake group, like gloo
-    at these sizes, finishes none before the backward's end waits for them all, fsdp.py
-    `_flush`), and beside them three units' worth of whole parameters at the size of the
-    first unit, which backward runs last (gathered, the root or the one before it, and
-    its gradient buffer). gpt-tiny in bf16 over dp 4 peaks here: 15% above the planner
-    without it."""
-    if layout.zero != 3 or not exact(model):
-        return 0
-    k = layout.shard_ranks
-    units = [padded(n, k) for chunk in flat_buffers(model, layout, stage) for n in chunk]
-    in_flight = sum(n + n // k for n in units) * REDUCE_BYTES
-    last = units[0]  # the first unit of the first chunk: the embeddings (or the root)
-    return in_flight + 3 * last * workload.precision.param_bytes
-
-
 def backward_working_bytes(model: ModelSpec, workload: Workload, tp: int) -> float:
     """A block's backward at its MLP, beside the activations: the hidden layer's gradient
     and what the activation's backward makes from it, (b, s, f / t) each in the
@@ -270,8 +221,10 @@ def rank_peak_bytes(
     others = waiting * (graphs - 1) / graphs if each else 0.0
     # Under ZB-H1 the reductions leave the weight pass, which keeps some of its graph
     others += weight_pass_bytes(model, workload, layout, microbatches, stage, device, each)
+    working = block_gradient_bytes(model, workload, layout)
     ends = (zero_launch_bytes(model, workload, layout, stage),
             zero3_backward_end_bytes(model, workload, layout, stage),
+            zero3_block_bytes(model, workload, layout, stage, device, working),
             compress_reduce_bytes(model, workload, layout, stage))  # fmt: skip
     return state + max(in_blocks, at_loss, at_head, *(others + e for e in ends if e)), acts
 
