@@ -1,18 +1,18 @@
-"""A rank's peak memory: its model state alive then, its stage's activations as our
-runtime saves them on the run's device, and what is held beside them at the peak: on the
-last stage what the loss holds, or the head's backward after it (plan/head_memory.py); in
-backward the MLP's gradients, the block that
-recomputation rebuilds, ZB-H1's kept gradients (plan/deferred_gradients.py), ZeRO-2's
-bucket and ZeRO-3's whole units; and on a pipeline stage the output each graph in flight
-keeps for its backward and GPipe's posted receives (plan/activations.py). Or the peak is
-where ZeRO's reductions leave backward, the activations gone (under ZB-H1 a weight
-pass, whose graph is not: deferred_gradients.weight_pass_bytes), a compressed bucket's
-reduction (plan/rank_compress.py), the optimizer's update (update_peak_bytes) or
-DiLoCo's outer step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of
-the measured peak (docs/planner.md). The state alive then: plan/peak_state.py. Not
-counted yet: ZB-H1 with selective recomputation, whose input pass keeps its recomputed
-tensors until the weight pass; a bf16 Llama chunk's received input on the CPU (its
-composite norm keeps an fp32 copy instead)."""
+"""A rank's peak memory: its model state alive then, its stage's activations as our runtime
+saves them on the run's device, and what is held beside them at the peak: on the last
+stage what the loss holds, or the head's backward after it (plan/head_memory.py); in
+backward the MLP's gradients, the block that recomputation rebuilds, ZB-H1's kept
+gradients (plan/deferred_gradients.py), ZeRO-2's bucket and ZeRO-3's whole units
+(plan/zero3_peak.py); and on a pipeline stage the output each graph in flight keeps for
+its backward and GPipe's posted receives (plan/activations.py). Or the peak is where
+ZeRO's reductions leave backward, the activations gone (under ZB-H1 a weight pass, whose
+graph is not: deferred_gradients.weight_pass_bytes), a compressed bucket's reduction
+(plan/rank_compress.py), the optimizer's update (update_peak_bytes) or DiLoCo's outer
+step (plan/rank_diloco.py). `paratrain simulate` holds it within 5% of the measured peak
+(docs/planner.md). The state alive then: plan/peak_state.py. Not counted yet: ZB-H1 with
+selective recomputation, whose input pass keeps its recomputed tensors until the weight
+pass; a bf16 Llama chunk's received input on the CPU (its composite norm keeps an fp32
+copy instead)."""
 
 from __future__ import annotations
 
