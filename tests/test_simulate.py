@@ -511,6 +511,10 @@ BACKWARD_PEAKS = {
     ],
     # LoRA: ZeRO-2's bucket holds the adapters' gradients alone, the base frozen
     "zero2 lora gpt-tiny": ["--model", "gpt-tiny", "--zero", "2", "--lora-rank", "8"],
+    # and its activations: A x and a scaled B per adapted matrix; the CPU's frozen norms
+    "zero2 lora llama-tiny bf16": [
+        "--model", "llama-tiny", "--zero", "2", "--lora-rank", "8", "--dtype", "bfloat16",
+    ],
     "zb-h1 stage 2 of 4 gpt-tiny": [
         "--model", "gpt-tiny", "--pp", "4", "--schedule", "zb-h1", "--global-batch", "16",
         "--seq-len", "256", "--max-seq-len", "256", "--ranks", "2",
@@ -536,9 +540,11 @@ def test_the_peak_is_the_planners_within_5_percent_where_backward_holds_it(name,
     graph and the waiting graph's dYs (`weight_pass_bytes`); the interleaved last stage
     +5.7% without the head's backward (head_memory.py); LoRA's ZeRO-2 -24.5% when its
     bucket was counted over the frozen base's tensors too (grad_buckets.py
-    `trained_chunk_tensors`); ZeRO-3 over 16 ranks -8.7% with three of the first unit at
-    the backward's end where one is held, and with a tied table in fp32 +14.1% before
-    the blocks' term (plan/zero3_peak.py); full recomputation's
+    `trained_chunk_tensors`), and llama-tiny's in bf16 -8.2% before LoRA's own saved
+    tensors were counted (lora.py `adapter_activation_bytes`); ZeRO-3 over 16 ranks
+    -8.7% with three of the first unit at the backward's end where one is held, and
+    with a tied table in fp32 +14.1% before the blocks' term (plan/zero3_peak.py); full
+    recomputation's
     stage 0 +7.5% without the MLP's gradients beside the rebuilt block; ZeRO-2 with
     PowerSGD +17.4% without its reduction's copies (plan/rank_compress.py); DiLoCo -10.3%
     when AdamW's update counted the outer copies (plan/rank_diloco.py). With smaller

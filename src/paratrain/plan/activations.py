@@ -22,6 +22,7 @@ from paratrain.plan import moe
 from paratrain.plan.head_memory import zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.llama_activations import cpu_norm_extra, llama_layer_activation_bytes
+from paratrain.plan.lora import adapter_activation_bytes
 from paratrain.plan.model import ModelSpec
 from paratrain.plan.pipeline import stage_layers
 
@@ -180,14 +181,18 @@ def block_activation_bytes(
     p, b, recompute = workload.precision, workload.micro_batch, workload.recompute
     if model.num_experts:  # the busiest rank's experts: k f wide, times the imbalance
         model = moe.dense_equivalent(model, workload.moe_imbalance)
+    r = tp if sequence_parallel else 1
+    adapters = (
+        adapter_activation_bytes(model, workload, tp, device, r) if attention == "fused" else 0.0
+    )
     if model.arch == "llama":
-        return llama_layer_activation_bytes(
+        return adapters + llama_layer_activation_bytes(
             model, b, tp, recompute, sequence_parallel, p.activation_bytes, device
         )
     s, h, a = model.shape.seq_len, model.shape.d_model, model.shape.n_head
     e, sp = p.activation_bytes, sequence_parallel
     if attention == "fused" and recompute == "none":
-        return fused_gpt_layer_activation_bytes(s, b, h, a, tp, sp, element_bytes=e)
+        return adapters + fused_gpt_layer_activation_bytes(s, b, h, a, tp, sp, element_bytes=e)
     return layer_activation_bytes(s, b, h, a, tp, recompute, sp, element_bytes=e)
 
 

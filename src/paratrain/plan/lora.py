@@ -94,3 +94,30 @@ def held_frozen_bytes(base_buffers: list[int], workload: Workload, layout: Layou
     every unit's buffer (`base_buffers`: rank_memory.flat_buffers' counts)."""
     k = layout.shard_ranks if layout.zero >= 3 else 1
     return workload.precision.param_bytes * sum(math.ceil(n / k) for n in base_buffers)
+
+
+def adapter_activation_bytes(
+    model: ModelSpec, workload: Workload, tp: int, device: str, r: int = 1
+) -> float:
+    """What LoRA changes in one block's saved tensors per micro-batch, without
+    recomputation: each adapted matrix saves its (tokens, rank) product A x and the scaled
+    copy of B that its addmm multiplies by (parallel/lora.py `add_update` makes b * scaling
+    in every forward), in the activations' precision; and a Llama's composite rms_norm on
+    the CPU no longer keeps its fp32 normalised input, which only its frozen weight's
+    gradient needed: 4 h / r per token and norm less, r = tp under sequence parallelism
+    (plan/llama_activations.py `cpu_norm_extra`)."""
+    lora = workload.lora
+    if lora is None or workload.recompute != "none":
+        return 0.0
+    tokens = model.shape.seq_len * workload.micro_batch
+    pairs = adapter_tensors(model, lora, tp)
+    b_elements = sum(n for n, _ in pairs[1::2])
+    added = (
+        tokens * lora.rank * len(pairs) // 2 + b_elements
+    ) * workload.precision.activation_bytes
+    frozen_norms = (
+        2 * 4 * model.shape.d_model / r * tokens
+        if model.arch == "llama" and device == "cpu"
+        else 0.0
+    )
+    return added - frozen_norms
