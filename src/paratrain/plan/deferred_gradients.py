@@ -95,9 +95,10 @@ def weight_pass_bytes(
     tensors, and g, u and silu(g) of its MLP, e (4h + 3f) / t, with the rotary tables; the
     logsumexp, 4a / t; and the dY of BW's last call (the head's on the last stage, else the
     MLP's output projection). The consumers' inputs are gone (module docstring).
-    zb-h1 zero2 pp 2 with 8 KiB buckets, the last stage: +20.8% without this, -1.2% with
-    it (docs/planner.md). Without recomputation only: with it, BI recomputes each block
-    (not counted yet); the CPU's composite rms_norm keeps an fp32 input more (neither)."""
+    zb-h1 zero2 pp 2 with 8 KiB buckets, the last stage: +20.8% without this, +1.5% with
+    it and the logits counted once (docs/planner.md). Without recomputation only: with
+    it, BI recomputes each block (not counted yet); the CPU's composite rms_norm keeps an
+    fp32 input more (neither)."""
     if layout.schedule != "zb-h1" or stage == 0 or workload.recompute != "none":
         return 0.0
     m, t, b = model.shape, layout.tp, workload.micro_batch

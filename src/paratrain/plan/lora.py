@@ -110,11 +110,9 @@ def adapter_activation_bytes(
     if lora is None or workload.recompute != "none":
         return 0.0
     tokens = model.shape.seq_len * workload.micro_batch
-    pairs = adapter_tensors(model, lora, tp)
-    b_elements = sum(n for n, _ in pairs[1::2])
-    added = (
-        tokens * lora.rank * len(pairs) // 2 + b_elements
-    ) * workload.precision.activation_bytes
+    pairs = adapter_tensors(model, lora, tp)  # A, B of each adapted matrix
+    b_elements, matrices = sum(n for n, _ in pairs[1::2]), len(pairs) // 2
+    added = (tokens * lora.rank * matrices + b_elements) * workload.precision.activation_bytes
     frozen_norms = (
         2 * 4 * model.shape.d_model / r * tokens
         if model.arch == "llama" and device == "cpu"

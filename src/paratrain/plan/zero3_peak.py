@@ -98,7 +98,8 @@ def zero3_block_bytes(
     for j in range(1, min(blocks, len(units) - len(ahead)) + 1):
         at = len(ahead) + j - 1  # block j's unit
         in_flight = sum(n + n // k for n in units[at + 1 :]) * REDUCE_BYTES
-        before = units[at - 1] if at else 0  # gathered ahead of block j: block j - 1's unit
+        # gathered ahead of block j: block j - 1's unit, or the embeddings (the root is whole)
+        before = units[at - 1] if at > (1 if root else 0) else 0
         whole = units[at] * (p.param_bytes + p.grad_bytes)
         whole += min(workload.prefetch, 1) * before * p.param_bytes + table
         most = max(most, in_flight + whole + (j * acts + working) / layout.cp)
