@@ -88,6 +88,16 @@ def test_a_group_computes_ahead_the_round_after_the_last_and_checks_it_was_that_
     assert not computes_the_same(replace(after, participants=(0,), slots=(16,)), after, 2)
 
 
+def test_a_relaunched_group_does_not_take_a_round_its_last_incarnation_asked_for():
+    """Group 1 asked for round 7 at step 5 and died; its relaunch (incarnation 2) asked
+    before the coordinator saw it silent. A round decided on the first ask is not its."""
+    decided = Quorum(7, 4, 2, (0, 1), slots=(12, 13), incarnations=(1, 1))
+    assert decided.asked_by(0, 1) and not decided.asked_by(1, 2)
+    assert Quorum(7, 4, 2, (0,), slots=(12,), incarnations=(1,)).asked_by(1, 2)  # left out
+    assert Quorum.from_json(decided.to_json()) == decided
+    assert following(decided, True, 3, "drop").incarnations == (1, 1)
+
+
 def test_the_samples_dropped_are_the_slices_no_committed_round_trained():
     def round_(step: int, slots: dict[int, int], mode: str) -> dict:
         used = {str(g): list(samples(s, 12, 3)) for g, s in slots.items()}

@@ -72,9 +72,13 @@ def test_every_group_lost_rewinds_to_the_checkpoint_and_resume_works_on_another_
     live peer each starts from the checkpoint of step 6, the record says `rewind`, and the
     run ends bitwise equal to the same run without faults and to the replay of its record.
     Then `--resume` of that run on another layout (2 groups of 2 ranks) trains its 2 more
-    steps as a plain HSDP resume of it does, and the record goes on (rounds numbered on)."""
-    every_3 = [*FT, "--nproc", "2", "--replicas", "2", "--zero", "1", "--global-batch", "8",
-               "--checkpoint-every", "3"]  # fmt: skip
+    steps as a plain HSDP resume of it does, and the record goes on (rounds numbered on).
+
+    The heartbeat timeout is one no relaunch here outlasts: both groups are back, their
+    hearts beating, before the coordinator could see them silent, and each must not take
+    the round its last incarnation asked for (decided, never voted) for its own."""
+    every_3 = [*FT, "--heartbeat-timeout-s", "60", "--nproc", "2", "--replicas", "2",
+               "--zero", "1", "--global-batch", "8", "--checkpoint-every", "3"]  # fmt: skip
     run(tmp_path / "plain", *every_3)
     out = tmp_path / "lost"
     run(out, *every_3, "--max-restarts", "1", "--inject-fault", "kill:0:8,kill:1:8")

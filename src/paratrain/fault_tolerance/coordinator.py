@@ -114,7 +114,7 @@ class Coordinator:
             while not self._stop.is_set():
                 self.round = r
                 self.store.set("round", str(r))
-                decision = self._wait_for_quorum(r, history.next_step)
+                decision, incarnations = self._wait_for_quorum(r, history.next_step)
                 if decision is None:  # stopped, or nobody left to train
                     self.store.set(f"quorum/{r}", Quorum(r, END, generation, ()).to_json())
                     return
@@ -126,7 +126,8 @@ class Coordinator:
                 slots = decision.slots or assign_slots(
                     step, participants, self.replicas, self.ft_data, history.trained
                 )
-                quorum = Quorum(r, step, generation, participants, decision.heal, slots)
+                asked_by = tuple(incarnations[g] for g in participants)
+                quorum = Quorum(r, step, generation, participants, decision.heal, slots, asked_by)
                 self.store.set(f"quorum/{r}", quorum.to_json())
                 decided = time.monotonic() - self.started
                 committed = self._wait_for_votes(quorum)
@@ -141,28 +142,32 @@ class Coordinator:
                     generation += 1  # a failed gloo group is not reused
                 r += 1
 
-    def _asks(self, r: int, now: float) -> dict[int, int]:
-        asks = {}
+    def _asks(self, r: int, now: float) -> tuple[dict[int, int], dict[int, int]]:
+        """The live groups' asks for round `r`: the step each is at, and the incarnation
+        of the group that asked."""
+        asks, incarnations = {}, {}
         for g in range(self.replicas):
             key = f"ask/{r}/{g}"
             if self.store.check([key]) and (self.script is not None or self._alive(g, now)):
-                asks[g] = int(self.store.get(key))
-        return asks
+                step, incarnation = self.store.get(key).split()
+                asks[g], incarnations[g] = int(step), int(incarnation)
+        return asks, incarnations
 
-    def _wait_for_quorum(self, r: int, next_step: int) -> Decision | None:
+    def _wait_for_quorum(self, r: int, next_step: int) -> tuple[Decision | None, dict[int, int]]:
         """Every live group has asked (or one heartbeat timeout has passed since the first
         ask), and enough did; None when no group can ever ask again. A round that goes
         back before `next_step` (every group from a checkpoint) waits for every live group:
-        one left out as late could hold the later state."""
+        one left out as late could hold the later state. With the decision, the
+        incarnations that asked."""
         first_ask, now = None, time.monotonic()
         while not self._stop.is_set():
-            asks = self._asks(r, now)
+            asks, incarnations = self._asks(r, now)
             if self.script is not None:
                 if r >= len(self.script.rounds):
-                    return None
+                    return None, {}
                 decision = self.script.decision(r, asks)
                 if decision is not None:
-                    return decision
+                    return decision, incarnations
             else:
                 waiting = [g for g in range(self.replicas) if self._alive(g, now) and g not in asks]
                 if asks and first_ask is None:
@@ -171,12 +176,12 @@ class Coordinator:
                 if not waiting or late:
                     decision = decide(asks, self.min_replicas)
                     if decision is not None and (not waiting or decision.step >= next_step):
-                        return decision
+                        return decision, incarnations
                 if not waiting and self._nobody_else_can_come(asks):
-                    return None  # e.g. relaunched after the others finished: nothing to join
+                    return None, {}  # e.g. relaunched after the others finished: nothing to join
             alive = [g for g in range(self.replicas) if g in asks or self._alive(g, now)]
             now = self._next_look([f"ask/{r}/{g}" for g in alive], now)
-        return None
+        return None, {}
 
     def _next_look(self, keys: list[str], last: float) -> float:
         """When to look again: once every key is there, or LOOK_S after the last look."""
@@ -216,7 +221,9 @@ class Coordinator:
 
     def _wait_for_votes(self, quorum: Quorum) -> bool:
         """True when every participant voted that its round succeeded; False at the first
-        failed vote or when a participant that has not voted goes silent."""
+        failed vote or when a participant that has not voted goes silent, or is relaunched
+        (its heart beats again before it was seen silent: the incarnation that asked is
+        gone)."""
         keys = [f"vote/{quorum.round}/{g}" for g in quorum.participants]
         now = time.monotonic()
         while True:
@@ -228,10 +235,18 @@ class Coordinator:
                 return False
             if len(votes) == len(quorum.participants):
                 return True
-            silent = [g for g in quorum.participants if g not in votes and not self._alive(g, now)]
+            silent = [
+                g
+                for g, incarnation in zip(quorum.participants, quorum.incarnations, strict=True)
+                if g not in votes
+                and (not self._alive(g, now) or self._incarnation(g) != incarnation)
+            ]
             if silent and self.script is None:
                 return False
             now = self._next_look(keys, now)
+
+    def _incarnation(self, group: int) -> int:
+        return self.store.add(f"inc/{group}", 0)
 
     def _record(self, quorum: Quorum, committed: bool) -> dict[str, object]:
         used = {

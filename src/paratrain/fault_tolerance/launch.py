@@ -194,6 +194,8 @@ def protocol_line(ft: dict[str, Any]) -> str:
         f"({ft['aborted']} aborted); {ft['trained_samples']} samples trained, "
         f"{ft['dropped_samples']} dropped (--ft-data {ft['ft_data']})"
         + (f"; {exits}" if exits else "")
-        + "".join(f"; every group went back to step {s}'s checkpoint" for s in ft["rewinds"])
+        + "".join(
+            f"; every group started again at step {s}, from a checkpoint" for s in ft["rewinds"]
+        )
         + f"; rounds in {ft['quorum_log']}"
     )

@@ -40,7 +40,8 @@ class Participant:
         self.beat_every_s = max(heartbeat_timeout_s / 10, 0.02)
         self.options = replace(mesh.control.options, timeout_s=timeout_s)
         self.next_round: int | None = None
-        self.asked = -1  # the round asked for last
+        self.asked, self.asked_step = -1, -1  # the round asked for last, at that step
+        self.incarnation = 0  # this launch of the group: the leader counts them in the store
         self._groups: dict[int, CommGroup] = {}
         self._stop = threading.Event()
         self._beats: threading.Thread | None = None
@@ -75,19 +76,35 @@ class Participant:
             return
         self.start_beating()
         r = self.next_round
-        if r is None:  # joining: where the coordinator is now
+        if r is None:  # joining: where the coordinator is now, as a new incarnation
+            self.incarnation = self.store.add(f"inc/{self.group}", 1)
             r = int(self.store.get("round"))
-        self.store.set(f"ask/{r}/{self.group}", str(step))
-        self.asked, self.next_round = r, r + 1
+        self._ask(r, step)
+
+    def _ask(self, r: int, step: int) -> None:
+        self.store.set(f"ask/{r}/{self.group}", f"{step} {self.incarnation}")
+        self.asked, self.asked_step, self.next_round = r, step, r + 1
 
     def decision(self) -> Quorum:
         """The decision of the round asked for last (collective over the group: the leader
         waits for it, everyone learns it)."""
         answer = None
         if self.leader:
+            answer = self._answer()
+        return Quorum.from_json(comm.broadcast_object(answer, self.mesh.control))
+
+    def _answer(self) -> str:
+        """The leader's wait for the round asked for. A group relaunched faster than the
+        coordinator saw it die may find a round decided on its last incarnation's ask (which
+        fails: that incarnation never votes): it asks again in the next round."""
+        while True:
             self._wait(f"quorum/{self.asked}")
             answer = self.store.get(f"quorum/{self.asked}").decode()
-        return Quorum.from_json(comm.broadcast_object(answer, self.mesh.control))
+            if Quorum.from_json(answer).asked_by(self.group, self.incarnation):
+                return answer
+            log.warning("replica group %d: round %d was decided for the group before its "
+                        "relaunch; asking in the next", self.group, self.asked)  # fmt: skip
+            self._ask(self.asked + 1, self.asked_step)
 
     def _wait(self, key: str) -> None:
         """Until the key is set (`store.wait` returns at once then), or the coordinator's

@@ -4,7 +4,7 @@ faults a user asks for. No I/O here; coordinator.py and participant.py move thes
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 FAULT_KINDS = ("kill", "hang", "allreduce-error")
 
@@ -21,6 +21,9 @@ class Quorum:
     heal: (group, source) pairs: the group is behind and copies the whole training state
         from the source before computing.
     slots: per participant, the slice of the sample stream it trains (`samples`).
+    incarnations: per participant, the incarnation of the group that asked (its leader's
+        count of launches): a relaunched group does not take a round decided on an ask of
+        the incarnation before it.
     """
 
     round: int
@@ -29,9 +32,16 @@ class Quorum:
     participants: tuple[int, ...]
     heal: tuple[tuple[int, int], ...] = ()
     slots: tuple[int, ...] = ()
+    incarnations: tuple[int, ...] = ()
 
     def slot_of(self, group: int) -> int:
         return self.slots[self.participants.index(group)]
+
+    def asked_by(self, group: int, incarnation: int) -> bool:
+        """Whether the round, if `group` takes part, was decided on that incarnation's ask."""
+        if group not in self.participants:
+            return True
+        return self.incarnations[self.participants.index(group)] == incarnation
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -41,7 +51,8 @@ class Quorum:
         d = json.loads(text)
         heal = tuple((int(g), int(s)) for g, s in d["heal"])
         participants, slots = tuple(d["participants"]), tuple(d["slots"])
-        return cls(d["round"], d["step"], d["generation"], participants, heal, slots)
+        incarnations = tuple(d["incarnations"])
+        return cls(d["round"], d["step"], d["generation"], participants, heal, slots, incarnations)
 
 
 @dataclass(frozen=True)
@@ -137,7 +148,9 @@ def following(previous: Quorum, committed: bool, replicas: int, ft_data: str) ->
     trained = previous.slots[0] + len(previous.slots) * int(committed)
     slots = assign_slots(step, previous.participants, replicas, ft_data, trained)
     generation = previous.generation + (0 if committed else 1)
-    return Quorum(previous.round + 1, step, generation, previous.participants, (), slots)
+    return replace(
+        previous, round=previous.round + 1, step=step, generation=generation, heal=(), slots=slots
+    )
 
 
 def computes_the_same(decided: Quorum, guess: Quorum, group: int) -> bool:
