@@ -352,6 +352,17 @@ def test_roles_add_the_middle_ranks_that_hold_a_partial_or_no_zero_shard():
         assert disagreements(measured, predicted[measured["rank"]]) == []
 
 
+def test_a_peak_beyond_the_tolerance_is_a_disagreement(capsys, monkeypatch):
+    """The exit status counts the peak as it counts an exact quantity: with no tolerance
+    left, rank 7's peak (within 5%, not equal) makes the run exit 1 and names it."""
+    from paratrain.simulate import compare
+
+    monkeypatch.setattr(compare, "PEAK_TOLERANCE", 0.0)
+    assert cli.main(["simulate", *W8, "--ranks", "7"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().endswith("the planner and the runtime disagree: rank 7 memory peak"), err
+
+
 def test_json_gives_measured_and_predicted_under_the_same_keys(capsys):
     assert cli.main(["simulate", *W8, "--ranks", "7", "--json"]) == 0
     (line,) = capsys.readouterr().out.strip().splitlines()

@@ -82,15 +82,15 @@ def checked_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     cfg = checked_config(args)
-    from paratrain.simulate.compare import comparison_lines, disagreements, rank_predictions
+    from paratrain.simulate.compare import comparison_lines, differences, rank_predictions
     from paratrain.simulate.ranks import parse_ranks, simulate_ranks
 
     ranks = parse_ranks(args.ranks, cfg)  # before any process starts
     predicted = rank_predictions(cfg, ranks)
-    differ = False
+    differ = []
     for measured, host in simulate_ranks(cfg, ranks):
         mine = predicted[measured["rank"]]
-        differ = differ or bool(disagreements(measured, mine))
+        differ += [f"rank {measured['rank']} {what}" for what in differences(measured, mine)]
         if args.json:
             row = {"rank": measured["rank"], "measured": measured, "predicted": mine}
             print(json.dumps(row | {"host": host}), flush=True)
@@ -99,5 +99,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  (this machine: {host['seconds']:.0f} s, "
               f"{host['max_rss_bytes'] / 2**30:.2f} GiB at most)", flush=True)  # fmt: skip
     if differ:
-        print("paratrain simulate: the planner and the runtime disagree", file=sys.stderr)
+        print(f"paratrain simulate: the planner and the runtime disagree: {', '.join(differ)}",
+              file=sys.stderr)  # fmt: skip
     return 1 if differ else 0
