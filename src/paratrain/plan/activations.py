@@ -19,7 +19,7 @@ method for its own layers (`llama_layer_activation_bytes`).
 from __future__ import annotations
 
 from paratrain.plan import moe
-from paratrain.plan.head_memory import zb_h1_logits_bytes
+from paratrain.plan.head_memory import logits_bytes, zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.llama_activations import cpu_norm_extra, llama_layer_activation_bytes
 from paratrain.plan.lora import adapter_activation_bytes
@@ -134,8 +134,8 @@ def head_bytes(
 ) -> float:
     """What one micro-batch keeps at the head, on the last stage: the fp32 logits,
     4 s b V / t, and for "fused" the final norm's and the head's inputs too."""
-    s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    logits = 4 * s * b * model.shape.vocab_size / t
+    b, t = workload.micro_batch, layout.tp
+    logits = logits_bytes(model, workload, layout)
     if attention == "fused":
         e, r = workload.precision.activation_bytes, t if layout.sequence_parallel else 1
         logits += head_activation_bytes(model, b, e, device, r)
@@ -273,7 +273,7 @@ def stage_activation_bytes(
     if stage == layout.pp - 1:
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         heads = last_held.get(layout.schedule, 1)
-        once = zb_h1_logits_bytes(model, workload, layout, stage) * layout.cp
+        once = zb_h1_logits_bytes(model, workload, layout, stage)
         held += heads * (head_bytes(model, workload, layout, attention, device) - once) + once
     return held / layout.cp
 

@@ -10,10 +10,11 @@ from paratrain.plan.model import ModelSpec
 
 
 def logits_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> float:
-    """The stage count's charge for the loss: fp32 logits, 4 s b V / t, a cp-th of the
-    tokens on a cp rank."""
+    """The stage count's charge for the loss: fp32 logits, 4 s b V / t, over the whole
+    sequence (a cp rank holds a cp-th of it: the callers divide, as the stage count
+    divides its sum)."""
     s, b, t = model.shape.seq_len, workload.micro_batch, layout.tp
-    return 4 * s * b * model.shape.vocab_size / t / layout.cp
+    return 4 * s * b * model.shape.vocab_size / t
 
 
 def zb_h1_logits_bytes(model: ModelSpec, workload: Workload, layout: Layout, stage: int) -> float:

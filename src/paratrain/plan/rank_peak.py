@@ -205,7 +205,7 @@ def rank_peak_bytes(
         at_loss = acts + outputs
         at_loss += activations.loss_transient_bytes(model, workload, layout.tp) / layout.cp
         # then the head's backward, the loss's saved logits gone
-        at_head = acts + outputs - logits_bytes(model, workload, layout)
+        at_head = acts + outputs - logits_bytes(model, workload, layout) / layout.cp
         at_head += head_backward_bytes(model, workload, layout)
         # The head's backward ran before the blocks' and let go of its micro-batch's
         # logits, unless ZB-H1 keeps the graph for its W or the interleaved schedule ran a
@@ -217,7 +217,7 @@ def rank_peak_bytes(
     # 1F1B, stage 0: +17.1% with PowerSGD, +12.7% under ZB-H1 with 0.25 MiB buckets)
     graphs = in_flight_chunks(layout, microbatches, stage)
     each = layout.zero == 2 and workload.zero2_accumulate == "shard"
-    waiting = acts - zb_h1_logits_bytes(model, workload, layout, stage) + outputs
+    waiting = acts - zb_h1_logits_bytes(model, workload, layout, stage) / layout.cp + outputs
     others = waiting * (graphs - 1) / graphs if each else 0.0
     # Under ZB-H1 the reductions leave the weight pass, which keeps some of its graph
     others += weight_pass_bytes(model, workload, layout, microbatches, stage, device, each)
