@@ -513,6 +513,12 @@ BACKWARD_PEAKS = {
         "--max-seq-len", "32", "--pp", "2", "--zero", "2", "--schedule", "zb-h1",
         "--bucket-mb", "0.0078125", "--ranks", "3",
     ],
+    # ZB-H1 keeps what an input pass recomputed until the weight pass: selective
+    # recomputation saves nothing on a graph between the two (input_passes_alive)
+    "zb-h1 selective llama-tiny, the last stage": [
+        "--model", "llama-tiny", "--pp", "2", "--schedule", "zb-h1",
+        "--recompute", "selective", "--ranks", "3",
+    ],
     # the head's backward, the loss's softmax gone: the logits' gradient and the head's
     # weight gradient, made whole before it is added to its buffer (head_memory.py)
     "interleaved tp 2 zero1, the last stage": [

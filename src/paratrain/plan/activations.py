@@ -18,7 +18,10 @@ method for its own layers (`llama_layer_activation_bytes`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paratrain.plan import moe
+from paratrain.plan.deferred_gradients import input_passes_alive
 from paratrain.plan.head_memory import logits_bytes, zb_h1_logits_bytes
 from paratrain.plan.layout import Layout, Workload
 from paratrain.plan.llama_activations import cpu_norm_extra, llama_layer_activation_bytes
@@ -270,6 +273,10 @@ def stage_activation_bytes(
     per_layer = block_activation_bytes(model, workload, t, attention, device, sp)
     layers = stage_layers(model.shape.n_layer, stage, layout.pp, layout.chunks)
     held = in_flight_microbatches(layout, microbatches, stage) * layers * per_layer
+    if workload.recompute == "selective":  # ZB-H1's BI recomputes, and keeps it for BW
+        whole = replace(workload, recompute="none")
+        saved = block_activation_bytes(model, whole, t, attention, device, sp) - per_layer
+        held += input_passes_alive(layout, microbatches, stage) * layers * saved
     if stage == layout.pp - 1:
         last_held = {"gpipe": microbatches, "zb-h1": min(microbatches, layout.pp)}
         heads = last_held.get(layout.schedule, 1)

@@ -55,6 +55,15 @@ def consumer_gradient_bytes(model: ModelSpec, workload: Workload, tp: int, devic
     return workload.micro_batch * m.seq_len * per_token
 
 
+def input_passes_alive(layout: Layout, microbatches: int, stage: int) -> int:
+    """Micro-batches of stage `stage` whose input pass has run and whose weight pass has
+    not, as an input pass ends: min(s + 1, K) under ZB-H1 (module docstring); none on the
+    first stage (it has no input pass) or under another schedule."""
+    if layout.schedule != "zb-h1" or stage == 0:
+        return 0
+    return min(stage + 1, microbatches)
+
+
 def deferred_gradient_bytes(
     model: ModelSpec,
     workload: Workload,
@@ -65,7 +74,8 @@ def deferred_gradient_bytes(
 ) -> float:
     """The dYs stage `stage` of a ZB-H1 pipeline holds as an input pass ends: min(s + 1, K)
     micro-batches' (module docstring); 0 for other schedules and for the first stage."""
-    if layout.schedule != "zb-h1" or stage == 0:
+    sets = input_passes_alive(layout, microbatches, stage)
+    if not sets:
         return 0.0
     m, t = model.shape, layout.tp
     layers = stage_layers(m.n_layer, stage, layout.pp, layout.chunks)
@@ -76,7 +86,7 @@ def deferred_gradient_bytes(
             norm_gradient_element_bytes(model, workload, device),
         )
         one += workload.micro_batch * m.seq_len * (norm * m.d_model + e * m.vocab_size / t)
-    return min(stage + 1, microbatches) * one
+    return sets * one
 
 
 def weight_pass_bytes(
@@ -111,6 +121,6 @@ def weight_pass_bytes(
     layers = stage_layers(m.n_layer, stage, layout.pp, layout.chunks)
     kept = layers * (b * m.seq_len * (path + 4 * a / t) + b * tables)
     last = b * m.seq_len * e * (m.vocab_size / t if stage == layout.pp - 1 else h)
-    sets = min(stage + 1, microbatches)
+    sets = input_passes_alive(layout, microbatches, stage)
     others = deferred_gradient_bytes(model, workload, layout, microbatches, stage, device)
     return (kept + last) / layout.cp + (others * (sets - 1) / sets if waiting else 0.0)
