@@ -43,6 +43,13 @@ demo: setup
 # fault-tolerance tests start one worker per group, where the server costs what the
 # worker did (one such test 36 -> 42 busy core-seconds, one run each), and a worker
 # forked so missed the terminal's Ctrl-C save (test_stop_signals).
+# Ranks forked from each elastic agent instead (torch's start method "fork", the agent
+# importing what a rank needs first; 2026-12-08, one run each, this Xeon): the fault-
+# tolerance, stop and CLI files 1,673 (spawned, earlier that day) -> 859 busy core-seconds.
+# Left out: torch's function context reports only the first rank it saw fail, so the
+# launcher named a rank that printed nothing (test_reliability_cli's damaged checkpoint,
+# once in one run); a rank's return value needs a private hook into torch's `_wrap`; and
+# it exposed a relaunch faster than the heartbeat timeout, since fixed (incarnations).
 # Where the CPU goes (2026-12-07, Intel Xeon, a slow hour: 1,894 tests, 25 min 42 s, 3,079
 # busy core-seconds, of which 2,986 were counted per test by scripts/test_cpu.py, `pytest
 # -p scripts.test_cpu`: each xdist worker and every process below it): the fault-tolerance
