@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,40 @@ def test_a_relaunched_group_does_not_take_a_round_its_last_incarnation_asked_for
     assert Quorum(7, 4, 2, (0,), slots=(12,), incarnations=(1,)).asked_by(1, 2)  # left out
     assert Quorum.from_json(decided.to_json()) == decided
     assert following(decided, True, 3, "drop").incarnations == (1, 1)
+
+
+def test_a_participant_relaunched_before_its_vote_fails_the_round(tmp_path):
+    """The coordinator's side, driven through its store as two groups' leaders would: group
+    1 is relaunched after round 0 was decided on its ask, its heart never stopping. The
+    round fails (that incarnation never votes) at once, not after a heartbeat timeout, and
+    the next round is decided on the relaunch's ask."""
+    import torch.distributed as dist
+
+    from paratrain.fault_tolerance.coordinator import Coordinator
+
+    coordinator = Coordinator(2, 1, 60.0, tmp_path / "quorum.jsonl", 8, "drop")
+    host, port = coordinator.address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=20))
+    try:
+        for group in (0, 1):
+            store.add(f"hb/{group}", 1)
+            store.add(f"inc/{group}", 1)
+            store.set(f"ask/0/{group}", "3 1")  # step 3, first incarnation
+        store.wait(["quorum/0"])
+        decided = Quorum.from_json(store.get("quorum/0").decode())
+        assert (decided.step, decided.participants, decided.incarnations) == (3, (0, 1), (1, 1))
+        store.set("vote/0/0", "1")
+        store.add("inc/1", 1)  # relaunched; its heart beats on
+        store.add("hb/1", 1)
+        store.wait(["commit/0"])  # 20 s at most: the heartbeat timeout is 60
+        assert store.get("commit/0") == b"0"
+        store.set("ask/1/0", "3 1")
+        store.set("ask/1/1", "0 2")  # the relaunch, from the start
+        store.wait(["quorum/1"])
+        again = Quorum.from_json(store.get("quorum/1").decode())
+        assert (again.step, again.heal, again.incarnations) == (3, ((1, 0),), (1, 2))
+    finally:
+        coordinator.close()
 
 
 def test_the_samples_dropped_are_the_slices_no_committed_round_trained():

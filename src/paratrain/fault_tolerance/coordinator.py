@@ -241,7 +241,7 @@ class Coordinator:
                 if g not in votes
                 and (not self._alive(g, now) or self._incarnation(g) != incarnation)
             ]
-            if silent and self.script is None:
+            if (silent and self.script is None) or self._stop.is_set():
                 return False
             now = self._next_look(keys, now)
 
