@@ -67,6 +67,18 @@ def test_the_launcher_names_the_rank_that_printed(tmp_path):
     assert failure_line(rank, failure).endswith("(its error is printed above)")
 
 
+def test_a_launch_leaves_no_directory_of_the_agent_behind(tmp_path, monkeypatch):
+    """torch's agent keeps its per-rank error files in a directory of its own, by default
+    a torchelastic_* in the temporary directory, never removed; ours goes with the launch."""
+    import tempfile
+
+    from paratrain.launch import launch_workers
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    launch_workers(1, ["--version"])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_launcher_never_claims_output_that_was_not_printed(tmp_path):
     killed = _failure(tmp_path, 1, -signal.SIGKILL, False)
     failures = {0: _failure(tmp_path, 0, 1, True), 1: killed}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from signal import SIGKILL, SIGTERM
@@ -64,6 +65,16 @@ def launch_local(
 def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
     """Run `python -m paratrain ARGV` in N local workers with torchrun's environment."""
     # torch here, not at the top: a refused command never loads it (cli answers in < 2 s)
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    # The agent's per-rank error files, in a directory removed once the launch is over
+    # (and its failure line read): torch's default, a torchelastic_* in /tmp, stays.
+    with tempfile.TemporaryDirectory(prefix="paratrain-elastic-") as logs:
+        _launch(nproc, argv, max_restarts, DefaultLogsSpecs(log_dir=logs))
+
+
+def _launch(nproc: int, argv: list[str], max_restarts: int, logs_specs: Any) -> None:
+    """launch_workers' launch, its agent's files under `logs_specs`."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -79,6 +90,7 @@ def launch_workers(nproc: int, argv: list[str], max_restarts: int = 0) -> None:
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        logs_specs=logs_specs,
         **compat.launch_shutdown_timeout(SHUTDOWN_TIMEOUT_S),
     )
     # The agent's own lines ("Sending process ... SIGTERM", "failed (exitcode: 1) ...")
